@@ -1,0 +1,48 @@
+# Two commands on a fresh machine: `make book` and `make test`. Both set up .venv first.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.install-stamp
+NBBUILD := .nbbuild
+LESSONS := $(wildcard lessons/*.md)
+# pip prints a warning per package for local index folders it cannot use; keep the log readable.
+PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+
+.PHONY: book test unit lessons strict-book setup clean
+
+setup: $(STAMP)
+
+# torch first and pinned: a bare `torch` requirement would pull several GB of CUDA packages.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 2>&1 | $(PIPQUIET)
+	$(PY) -m pip install -q -r requirements.txt 2>&1 | $(PIPQUIET)
+	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(PIPQUIET)
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . --keep-going
+	@echo "The book: $(CURDIR)/_build/html/index.html"
+
+test: unit lessons strict-book
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/
+
+# nbmake runs only .ipynb files and skips paths containing _build: convert into .nbbuild (ignored).
+lessons: $(STAMP)
+	rm -rf $(NBBUILD) && mkdir -p $(NBBUILD)/lessons
+	for f in $(LESSONS); do \
+	  $(VENV)/bin/jupytext --quiet --to ipynb "$$f" -o "$(NBBUILD)/lessons/$$(basename "$${f%.md}").ipynb"; \
+	done
+	$(PY) -m pytest --nbmake --nbmake-timeout=240 -p no:cacheprovider $(NBBUILD)/lessons
+
+strict-book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@echo "The book: $(CURDIR)/_build/html/index.html"
+
+clean:
+	rm -rf _build $(NBBUILD) .pytest_cache

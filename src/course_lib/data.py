@@ -1,0 +1,97 @@
+"""A real text corpus that exists offline on every machine: the Python standard library's own source.
+
+Tokens are bytes (vocabulary 256), so no tokenizer has to be built or downloaded. Files are taken in
+sorted order from the running Python's standard library, so the corpus is the same on every machine with
+the same Python version (it differs slightly between Python versions; records note the version).
+Batches are a pure function of ``(seed, step)``.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+VOCAB_SIZE = 256
+
+
+def stdlib_source_files() -> list[Path]:
+    """The top-level ``*.py`` files of the standard library, sorted by name."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.is_file())
+    if not files:
+        raise RuntimeError(f"no Python source files found in the standard library folder {root}")
+    return files
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Byte tokens of the corpus (uint8 tensor on the CPU) and the files they came from."""
+
+    tokens: torch.Tensor
+    files: tuple[str, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+
+def load_corpus(n_bytes: int) -> Corpus:
+    """The first ``n_bytes`` bytes of the standard library's sources (files concatenated in order)."""
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, int):
+        raise TypeError(f"n_bytes must be an int, got {type(n_bytes).__name__}")
+    if n_bytes < 1024:
+        raise ValueError(f"n_bytes must be at least 1024, got {n_bytes}")
+    chunks, used, total = [], [], 0
+    for path in stdlib_source_files():
+        data = path.read_bytes()
+        chunks.append(data[: n_bytes - total])
+        used.append(path.name)
+        total += len(chunks[-1])
+        if total >= n_bytes:
+            break
+    if total < n_bytes:
+        raise ValueError(f"the standard library holds only {total} bytes of top-level sources; "
+                         f"asked for {n_bytes}")
+    tokens = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).clone()
+    return Corpus(tokens=tokens, files=tuple(used))
+
+
+@dataclass(frozen=True)
+class BatchSampler:
+    """Deterministic random windows of a corpus for next-byte prediction.
+
+    ``split`` ``"train"`` uses the first 90% of the tokens, ``"val"`` the last 10%.
+    """
+
+    corpus: Corpus
+    batch_size: int
+    context: int
+    seed: int = 0
+    split: str = "train"
+
+    def __post_init__(self) -> None:
+        if self.split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {self.split!r}")
+        if self.batch_size < 1 or self.context < 1:
+            raise ValueError("batch_size and context must be positive")
+        if self._hi - self._lo <= self.context + 1:
+            raise ValueError(f"the {self.split} split has too few tokens for context {self.context}")
+
+    @property
+    def _lo(self) -> int:
+        return 0 if self.split == "train" else int(self.corpus.n_tokens * 0.9)
+
+    @property
+    def _hi(self) -> int:
+        return int(self.corpus.n_tokens * 0.9) if self.split == "train" else self.corpus.n_tokens
+
+    def batch(self, step: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets (int64, shape ``[batch_size, context]``) for ``step``: same step, same batch."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + int(step) + (7 if self.split == "val" else 0))
+        starts = torch.randint(self._lo, self._hi - self.context - 1, (self.batch_size,), generator=gen)
+        offsets = torch.arange(self.context + 1)
+        windows = self.corpus.tokens[starts[:, None] + offsets[None, :]].to(torch.int64)
+        return windows[:, :-1].to(device), windows[:, 1:].to(device)

@@ -1,0 +1,186 @@
+"""The one place that decides where experiments run and how big they are.
+
+* :func:`select_device`: CUDA when available, else the CPU.
+* :func:`size_profile`: ``"full"`` on a GPU, ``"small"`` on the CPU; the environment variable
+  ``COURSE_SIZE=small|full`` overrides it. Experiments size themselves with :meth:`SizeProfile.pick`.
+* :func:`describe_hardware`: the one-line description every lesson shows at its top.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+PROFILES = ("small", "full")
+SIZE_ENV_VAR = "COURSE_SIZE"
+
+T = TypeVar("T")
+
+
+def select_device() -> torch.device:
+    """``cuda`` when a CUDA GPU is visible, otherwise ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class SizeProfile:
+    """How big the experiments are: ``"small"`` (CPU, seconds) or ``"full"`` (GPU).
+
+    ``forced`` is true when the ``COURSE_SIZE`` environment variable chose the profile.
+    """
+
+    name: str
+    forced: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in PROFILES:
+            raise ValueError(f"size profile must be one of {PROFILES}, got {self.name!r}")
+
+    def pick(self, *, small: T, full: T) -> T:
+        """The value for this profile, e.g. ``profile.pick(small=200, full=5000)`` training steps."""
+        return small if self.name == "small" else full
+
+    @property
+    def is_small(self) -> bool:
+        return self.name == "small"
+
+
+def size_profile(device: torch.device | str | None = None) -> SizeProfile:
+    """The size profile: ``COURSE_SIZE`` if set, else ``full`` on CUDA and ``small`` elsewhere."""
+    env = os.environ.get(SIZE_ENV_VAR)
+    if env is not None and env.strip() != "":
+        value = env.strip().lower()
+        if value not in PROFILES:
+            raise ValueError(
+                f"environment variable {SIZE_ENV_VAR}={env!r} is not a size profile; use one of {PROFILES}"
+            )
+        return SizeProfile(value, forced=True)
+    dev = torch.device(device) if device is not None else select_device()
+    return SizeProfile("full" if dev.type == "cuda" else "small")
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _probe(name: str) -> bool | None:
+    """Call a private torch CPU-capability probe if this torch has it (feature detection)."""
+    fn = getattr(getattr(torch._C, "_cpu", None), name, None)
+    if fn is None:
+        return None
+    try:
+        return bool(fn())
+    except Exception:  # pragma: no cover - a probe that exists but fails counts as unknown
+        return None
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    """What the experiments run on.
+
+    ``fast_bf16`` / ``fast_fp16``: whether the hardware has native low-precision matrix arithmetic (on a
+    CPU: AVX512-BF16/AMX or AVX512-FP16/AMX-FP16; on a GPU: compute capability 8.0+ for bf16, 7.0+ for
+    fp16 tensor cores). ``None`` where it cannot be told.
+    """
+
+    device_type: str
+    name: str
+    compute_capability: str | None
+    cpu_capability: str | None
+    fast_bf16: bool | None
+    fast_fp16: bool | None
+    profile: SizeProfile
+    torch_version: str
+    cuda_version: str | None
+
+    @property
+    def summary(self) -> str:
+        """One line for the top of a lesson."""
+        def yn(flag: bool | None) -> str:
+            return "unknown" if flag is None else ("yes" if flag else "no")
+
+        if self.device_type == "cuda":
+            hw = f"GPU {self.name} (compute capability {self.compute_capability}, CUDA {self.cuda_version})"
+        else:
+            cap = f", {self.cpu_capability}" if self.cpu_capability else ""
+            hw = f"CPU {self.name}{cap}"
+        forced = f", set by {SIZE_ENV_VAR}" if self.profile.forced else ""
+        return (f"{hw}; fast bf16: {yn(self.fast_bf16)}, fast fp16: {yn(self.fast_fp16)}; "
+                f"torch {self.torch_version}; size profile '{self.profile.name}'{forced}")
+
+    @property
+    def caveat(self) -> str:
+        """What a reader must know about the numbers on this page, given where it ran."""
+        parts = []
+        if self.profile.is_small:
+            parts.append("Experiments on this page ran at reduced size (the 'small' profile).")
+        if self.device_type != "cuda":
+            parts.append("Timings measured here are CPU timings, not GPU timings; speed claims in this "
+                         "course come only from recorded GPU runs.")
+        return " ".join(parts)
+
+    def banner_markdown(self) -> str:
+        """Markdown for the top of a lesson: the hardware line and, where it applies, the caveat."""
+        text = f"**Ran on:** {self.summary}."
+        return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
+
+
+def describe_hardware(device: torch.device | str | None = None) -> HardwareInfo:
+    """Describe the device experiments use (default: :func:`select_device`)."""
+    dev = torch.device(device) if device is not None else select_device()
+    profile = size_profile(dev)
+    cuda_version = torch.version.cuda
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("a CUDA device was asked for, but torch sees no CUDA GPU")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        major, minor = props.major, props.minor
+        return HardwareInfo(
+            device_type="cuda", name=props.name, compute_capability=f"{major}.{minor}",
+            cpu_capability=None, fast_bf16=(major, minor) >= (8, 0), fast_fp16=(major, minor) >= (7, 0),
+            profile=profile, torch_version=torch.__version__, cuda_version=cuda_version,
+        )
+    if dev.type != "cpu":
+        raise ValueError(f"unsupported device type {dev.type!r}: the course runs on 'cuda' or 'cpu'")
+    flags = _cpu_flags()
+    bf16 = _probe("_is_avx512_bf16_supported")
+    if bf16 is None and flags:
+        bf16 = bool({"avx512_bf16", "amx_bf16"} & flags)
+    amx = _probe("_is_amx_tile_supported")
+    fp16 = _probe("_is_amx_fp16_supported")
+    if fp16 is None and flags:
+        fp16 = bool({"avx512_fp16", "amx_fp16"} & flags)
+    if amx and bf16 is False:
+        bf16 = True
+    capability = None
+    get_cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if get_cap is not None:
+        capability = get_cap()
+    return HardwareInfo(
+        device_type="cpu", name=_cpu_model_name(), compute_capability=None, cpu_capability=capability,
+        fast_bf16=bf16, fast_fp16=fp16, profile=profile, torch_version=torch.__version__,
+        cuda_version=cuda_version,
+    )

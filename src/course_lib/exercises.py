@@ -1,0 +1,94 @@
+"""Auto-checked exercises: functions that check a reader's answer and explain what is wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .formats import FloatFormat, get_format
+
+CHECKABLE_PROPERTIES = ("max_finite", "min_normal", "min_subnormal", "epsilon")
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The verdict on one answer: ``correct`` and a message for the reader (Markdown)."""
+
+    correct: bool
+    message: str
+
+    def _repr_markdown_(self) -> str:
+        return ("✅ " if self.correct else "❌ ") + self.message
+
+    def __str__(self) -> str:
+        return self._repr_markdown_()
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= rel * abs(b)
+
+
+def _likely_mistakes(f: FloatFormat, prop: str) -> list[tuple[float, str]]:
+    """(wrong value, explanation) pairs for the usual slips when deriving ``prop`` of ``f`` by hand."""
+    truth = getattr(f, prop)
+    out: list[tuple[float, str]] = []
+    for specials in ("ieee", "fn", "finite"):
+        if specials == f.specials:
+            continue
+        try:
+            other = dataclasses.replace(f, specials=specials, overflow="saturate")
+        except ValueError:
+            continue
+        value = getattr(other, prop)
+        if value != truth:
+            rule = {"ieee": "the all-ones exponent holds only inf and NaN (IEEE style)",
+                    "fn": "only the all-ones code is NaN and there is no inf ('fn' style)",
+                    "finite": "every code is a finite number"}
+            out.append((value, f"that would be right if {rule[specials]}; in {f.name}, "
+                               f"{rule[f.specials]}."))
+    if prop == "max_finite":
+        out.append((2.0 ** f.max_exponent, "that is the largest power of two; the largest value also has "
+                                           "its mantissa bits set (times 1.11...1 in binary)."))
+    if prop == "min_subnormal":
+        out.append((f.min_normal, "that is the smallest *normal* value; subnormals (exponent field 0) "
+                                  "go lower, down to one unit of the last mantissa bit."))
+    if prop == "min_normal":
+        out.append((f.min_subnormal, "that is the smallest *subnormal*; the smallest normal has exponent "
+                                     "field 1 and an implicit leading 1."))
+    if prop == "epsilon":
+        out.append((2.0 ** -(f.mantissa_bits + 1), "that is half an epsilon (the largest rounding error "
+                                                   "near 1, the 'unit roundoff'); epsilon is the gap "
+                                                   "from 1 to the next value."))
+    out.append((truth * 2, "off by a factor of 2: check the bias, 2**(exponent_bits-1) - 1 = "
+                           f"{f.bias}, and that the exponent field is biased, not two's complement."))
+    out.append((truth / 2, "off by a factor of 2: check the bias, 2**(exponent_bits-1) - 1 = "
+                           f"{f.bias}, and which exponent field values are usable."))
+    return out
+
+
+def check_format_property(fmt: str | FloatFormat, prop: str, answer, *, rel_tol: float = 1e-2) -> Feedback:
+    """Check a reader's value for a property of a format, e.g. ``("FP8 E5M2", "max_finite", 57344)``.
+
+    An answer within ``rel_tol`` (relative) counts as correct, so a rounded decimal like ``6e-8`` passes;
+    a wrong answer that matches a typical slip gets an explanation of that slip.
+    """
+    f = get_format(fmt)
+    if prop not in CHECKABLE_PROPERTIES:
+        raise ValueError(f"prop must be one of {CHECKABLE_PROPERTIES}, got {prop!r}")
+    truth = getattr(f, prop)
+    if answer is None or answer is ...:
+        return Feedback(False, f"No answer yet: set your value for the {prop.replace('_', ' ')} of "
+                               f"{f.name} and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Give a number (int or float), not {type(answer).__name__}.")
+    answer = float(answer)
+    if _close(answer, truth, rel_tol):
+        exact = "" if answer == truth else f" (exactly {truth!r})"
+        return Feedback(True, f"Correct: the {prop.replace('_', ' ')} of {f.name} is {answer:g}{exact}.")
+    for wrong, why in _likely_mistakes(f, prop):
+        if _close(answer, wrong, rel_tol):
+            return Feedback(False, f"Not quite: {answer:g} — {why}")
+    return Feedback(False, f"Not quite: {answer:g} is not the {prop.replace('_', ' ')} of {f.name}. "
+                           f"Write out the bits: {f.sign_bits} sign, {f.exponent_bits} exponent "
+                           f"(bias {f.bias}) and {f.mantissa_bits} mantissa bits.")

@@ -1,0 +1,129 @@
+"""The course's one model thread: a small GPT-style byte-level language model.
+
+Attention is written out (``q @ k.T``, softmax, ``@ v``) rather than fused, so that every op a lesson
+talks about (matmul, softmax, layer norm, cross-entropy) is a visible op that autocast and hooks see.
+Dimensions are multiples of 64, the shapes tensor cores like.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .data import VOCAB_SIZE
+from .device import SizeProfile
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of :class:`TinyGPT`. ``d_model`` must be a multiple of 64 and of ``n_heads``."""
+
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 2
+    context: int = 64
+    vocab_size: int = VOCAB_SIZE
+    mlp_ratio: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads", "context", "vocab_size", "mlp_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive int, got {value!r}")
+        if self.d_model % 64:
+            raise ValueError(f"d_model must be a multiple of 64, got {self.d_model}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+
+
+def gpt_config_for(profile: SizeProfile) -> GPTConfig:
+    """The course model's shape for a size profile (small: trains in seconds on a CPU)."""
+    return profile.pick(
+        small=GPTConfig(d_model=64, n_layers=2, n_heads=2, context=64),
+        full=GPTConfig(d_model=384, n_layers=6, n_heads=6, context=256),
+    )
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        mask = torch.tril(torch.ones(cfg.context, cfg.context, dtype=torch.bool))
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.n_heads))
+        scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
+        attn = F.softmax(scores, dim=-1)
+        y = (attn @ v).transpose(1, 2).reshape(b, t, c)
+        return self.proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.out = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """Byte-level GPT: embeddings, ``n_layers`` pre-norm blocks, final norm, untied output head."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits ``[batch, time, vocab]`` and, when ``targets`` are given, the mean cross-entropy."""
+        t = idx.shape[1]
+        if t > self.cfg.context:
+            raise ValueError(f"sequence length {t} exceeds the model's context {self.cfg.context}")
+        pos = torch.arange(t, device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits, loss
+
+
+def build_gpt(cfg: GPTConfig, *, seed: int = 0, device: torch.device | str = "cpu") -> TinyGPT:
+    """A freshly initialised :class:`TinyGPT`, identical for the same ``cfg`` and ``seed``."""
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = TinyGPT(cfg)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return model.to(device)

@@ -1,0 +1,147 @@
+"""Figures. Each function takes results (or formats) and returns a matplotlib ``Figure``; none shows it."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from .formats import FloatFormat, get_format, list_formats, spacing  # noqa: E402
+
+# Colour-blind-safe (Okabe-Ito) colours for sign, exponent and mantissa; readable on light and dark.
+SIGN_COLOUR = "#D55E00"
+EXPONENT_COLOUR = "#0072B2"
+MANTISSA_COLOUR = "#009E73"
+FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9",
+                  "#009E73", "#F0E442", "#882255"]
+
+
+def _formats(formats) -> list[FloatFormat]:
+    return list_formats() if formats is None else [get_format(f) for f in formats]
+
+
+def plot_bit_layouts(formats=None) -> Figure:
+    """One row per format: its sign, exponent and mantissa bits as coloured cells, drawn from the registry."""
+    fmts = _formats(formats)
+    width = max(f.bits for f in fmts)
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(fmts) + 1.0))
+    for row, f in enumerate(fmts):
+        y = len(fmts) - 1 - row
+        fields = [("S", f.sign_bits, SIGN_COLOUR), ("E", f.exponent_bits, EXPONENT_COLOUR),
+                  ("M", f.mantissa_bits, MANTISSA_COLOUR)]
+        x = 0
+        for letter, n, colour in fields:
+            for i in range(n):
+                ax.add_patch(Rectangle((x + i, y + 0.1), 0.92, 0.8, facecolor=colour, edgecolor="white"))
+            if n:
+                ax.text(x + n / 2, y + 0.5, f"{letter}{n}" if n > 1 else letter, ha="center", va="center",
+                        color="white", fontsize=8, fontweight="bold")
+            x += n
+        ax.text(-0.6, y + 0.5, f.name, ha="right", va="center", fontsize=10)
+        ax.text(width + 0.6, y + 0.5, f"{f.bits} bits", ha="left", va="center", fontsize=9)
+    ax.set_xlim(-9, width + 5)
+    ax.set_ylim(-0.2, len(fmts) + 0.2)
+    ax.axis("off")
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in (SIGN_COLOUR, EXPONENT_COLOUR, MANTISSA_COLOUR)]
+    ax.legend(handles, ["sign", "exponent", "mantissa (fraction)"], loc="upper center",
+              bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False)
+    ax.set_title("Bit layout of each format (one cell per bit)")
+    fig.tight_layout()
+    return fig
+
+
+def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_of="FP16") -> Figure:
+    """Representable magnitudes of every format on one log axis, with a model's tensors placed on it.
+
+    ``magnitudes``: a :class:`~course_lib.magnitudes.TrainingMagnitudes` measured live (optional);
+    ``recorded``: an optional ``(label, TrainingMagnitudes)`` from a GPU record, drawn beside it.
+    Formats: light bar = subnormal range, dark bar = normal range. Tensors: thick bar = 1st to 99th
+    percentile of the non-zero magnitudes, thin line = smallest to largest, dot = median.
+    ``limits_of``: a format whose smallest subnormal, smallest normal and largest value are drawn as
+    vertical lines across the figure (None for none).
+    """
+    fmts = _formats(formats)
+    tensor_sets = []
+    if magnitudes is not None:
+        tensor_sets.append(("this run", magnitudes))
+    if recorded is not None:
+        tensor_sets.append(recorded)
+    n_tensor_rows = sum(len(m.histograms) for _, m in tensor_sets)
+    rows = len(fmts) + n_tensor_rows
+    fig, ax = plt.subplots(figsize=(11, 0.38 * rows + 1.6))
+    labels = []
+    y = rows - 1
+    for i, f in enumerate(fmts):
+        colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        if f.min_subnormal < f.min_normal:
+            ax.plot([f.min_subnormal, f.min_normal], [y, y], color=colour, lw=7, alpha=0.35,
+                    solid_capstyle="butt")
+        ax.plot([f.min_normal, f.max_finite], [y, y], color=colour, lw=7, solid_capstyle="butt")
+        labels.append((y, f.name))
+        y -= 1
+    for set_label, mags in tensor_sets:
+        for kind, hist in mags.histograms.items():
+            lo, p1, p50, p99, hi = (hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))
+            if not math.isnan(lo):
+                ax.plot([lo, hi], [y, y], color="#555555", lw=1.2)
+                ax.plot([p1, p99], [y, y], color="#CC79A7", lw=7, solid_capstyle="butt")
+                ax.plot([p50], [y], "o", color="black", ms=4)
+            suffix = f" ({set_label})" if len(tensor_sets) > 1 else ""
+            labels.append((y, f"{kind}{suffix}"))
+            y -= 1
+    if n_tensor_rows:
+        ax.axhline(rows - len(fmts) - 0.5, color="#888888", lw=0.8, ls=":")
+    if limits_of is not None:
+        lim = get_format(limits_of)
+        for value, style in ((lim.min_subnormal, ":"), (lim.min_normal, "--"), (lim.max_finite, "-")):
+            ax.axvline(value, color="#D55E00", lw=0.9, ls=style, alpha=0.8)
+        ax.text(lim.max_finite, rows - 0.4, f" {lim.name} max", color="#D55E00", fontsize=8, va="bottom")
+        ax.text(lim.min_subnormal, rows - 0.4, f"{lim.name} min subnormal ", color="#D55E00", fontsize=8,
+                va="bottom", ha="right")
+    ax.set_xscale("log", base=10)
+    ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
+    ax.set_ylim(-0.8, rows - 0.2)
+    ax.set_xlabel("magnitude |x| (log scale)")
+    ax.grid(axis="x", alpha=0.3)
+    title = "Representable magnitudes (light: subnormal, dark: normal)"
+    if n_tensor_rows:
+        title += "\nand a real model's tensors (bar: 1st-99th percentile, line: min-max, dot: median)"
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, points: int = 4000) -> Figure:
+    """Relative gap between neighbouring values, ``spacing(x)/x``, against magnitude, per format.
+
+    Flat at about epsilon across the normal range; rising in the subnormal range, where the absolute gap
+    stays fixed while x shrinks. Curves stop at each format's smallest subnormal and largest value.
+    """
+    fmts = _formats(formats)
+    x = np.logspace(math.log10(lo), math.log10(hi), points)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    for i, f in enumerate(fmts):
+        mask = (x >= f.min_subnormal) & (x <= f.max_finite)
+        if not mask.any():
+            continue
+        rel = spacing(x[mask], f) / x[mask]
+        colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        ax.step(x[mask], rel, where="post", color=colour, lw=1.4, label=f.name)
+        if lo <= f.min_normal <= hi:
+            ax.axvline(f.min_normal, color=colour, lw=0.8, ls=":", alpha=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("magnitude x (log scale)")
+    ax.set_ylabel("relative spacing  ulp(x) / x  (log2 scale)")
+    ax.set_title("Precision against magnitude: flat in the normal range, worse below the smallest normal "
+                 "(dotted lines)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,99 @@
+"""Run named experiments at full size and record them with provenance.
+
+Usage::
+
+    python -m course_lib.record EXPERIMENT [EXPERIMENT ...] --out results/
+    python -m course_lib.record --list
+
+Each experiment writes ``results/<experiment>__<device>__<date>.json`` and the raw log of the run beside
+it. Records are for real hardware measurements: on a machine without a GPU the command refuses unless
+``--allow-cpu`` is given (the tests use that, writing into a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .device import SizeProfile, describe_hardware, select_device, size_profile
+from .experiments import EXPERIMENTS, get_experiment, run_experiment
+from .results import Record, capture_provenance, save_record, to_jsonable
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m course_lib.record", description=__doc__.split("\n\n")[0])
+    p.add_argument("experiments", nargs="*", help="names of registered experiments (see --list)")
+    p.add_argument("--out", type=Path, default=Path("results"), help="folder for records (default: results)")
+    p.add_argument("--size", choices=("small", "full"), default="full",
+                   help="size profile to run at (default: full)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="allow recording on a CPU (for tests; course records come from GPUs)")
+    p.add_argument("--list", action="store_true", help="list the registered experiments and exit")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if args.list:
+        for name in sorted(EXPERIMENTS):
+            exp = EXPERIMENTS[name]
+            print(f"{name}{' (needs CUDA)' if exp.requires_cuda else ''}: {exp.description}")
+        return 0
+    if not args.experiments:
+        print("name at least one experiment (see --list)", file=sys.stderr)
+        return 2
+    try:
+        for name in args.experiments:
+            get_experiment(name)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    device = select_device() if args.device is None else args.device
+    hw = describe_hardware(device)
+    if hw.device_type != "cuda" and not args.allow_cpu:
+        print("refusing to record on a CPU: course records are GPU measurements (use --allow-cpu for tests)",
+              file=sys.stderr)
+        return 2
+    profile = SizeProfile(args.size, forced=True)
+    command = " ".join(["python -m course_lib.record", *map(shlex.quote, argv)])
+    status = 0
+    for name in args.experiments:
+        log = io.StringIO()
+
+        def say(line: str) -> None:
+            stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
+            print(stamped, flush=True)
+            log.write(stamped + "\n")
+
+        say(f"experiment {name} on {hw.summary}")
+        say(f"command: {command}")
+        provenance = capture_provenance(command, device)
+        start = time.perf_counter()
+        try:
+            output = run_experiment(name, profile, device)
+        except Exception:  # record nothing for a failed run, but keep going with the others
+            say("FAILED:\n" + traceback.format_exc())
+            status = 1
+            continue
+        elapsed = time.perf_counter() - start
+        say(f"finished in {elapsed:.1f} s")
+        say("parameters: " + json.dumps(to_jsonable(output.parameters)))
+        say("values: " + json.dumps(to_jsonable(output.values)))
+        record = Record(experiment=name, parameters={**output.parameters, "size": args.size,
+                                                     "seconds": elapsed},
+                        values=output.values, provenance=provenance)
+        path = save_record(record, args.out, log_text=log.getvalue())
+        print(f"wrote {path}", flush=True)
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""Recorded measurements: a JSON record format with mandatory provenance.
+
+A record holds what an experiment measured on real hardware (``values``), how it was asked
+(``parameters``), and where and how it ran (``provenance``: device name, compute capability, torch and CUDA
+versions, date, the exact command, git commit). Loading validates the provenance and refuses a record
+that lacks any of it. A raw log may sit beside the record (``log_file``, a path relative to the record).
+
+Records are only ever written by :mod:`course_lib.record` from a real run; nothing here invents one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SCHEMA_VERSION = 1
+RESULTS_ENV_VAR = "COURSE_RESULTS_DIR"
+GIT_COMMIT_ENV_VAR = "COURSE_GIT_COMMIT"
+
+REQUIRED_PROVENANCE = ("device_name", "device_type", "torch_version", "date", "command", "git_commit",
+                       "python_version")
+
+
+class RecordError(ValueError):
+    """A record file is malformed or lacks provenance."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where and how a measurement was taken. ``compute_capability``/``cuda_version`` are None on CPU."""
+
+    device_name: str
+    device_type: str
+    torch_version: str
+    date: str                 # ISO 8601, UTC
+    command: str              # the exact command line that produced the record
+    git_commit: str           # the course commit that ran (or what the caller passed in)
+    python_version: str
+    compute_capability: str | None = None
+    cuda_version: str | None = None
+    hostname: str | None = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One experiment's recorded result."""
+
+    experiment: str
+    parameters: dict[str, Any]
+    values: dict[str, Any]
+    provenance: Provenance
+    log_file: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def label(self) -> str:
+        """Short hardware label for a figure legend or table column, e.g. ``"NVIDIA H200 (sm 9.0)"``."""
+        p = self.provenance
+        cc = f" (sm {p.compute_capability})" if p.compute_capability else ""
+        return f"{p.device_name}{cc}"
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert dataclasses, numpy and torch values, tuples and paths into plain JSON types.
+
+    Non-finite floats become the strings ``"inf"``, ``"-inf"`` and ``"nan"`` so the file stays strict JSON.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return to_jsonable(obj.detach().cpu().tolist())
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return "nan"
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, torch.dtype):
+        return str(obj)
+    raise TypeError(f"cannot store a {type(obj).__name__} in a record")
+
+
+def _git_commit() -> str:
+    env = os.environ.get(GIT_COMMIT_ENV_VAR)
+    if env:
+        return env.strip()
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent)
+        if out.returncode == 0 and out.stdout.strip():
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10,
+                                   cwd=Path(__file__).resolve().parent)
+            return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def capture_provenance(command: str, device: torch.device | str | None = None) -> Provenance:
+    """Provenance of a run happening now on ``device`` (default: the course's selected device).
+
+    ``command`` is the exact command line; the git commit comes from ``COURSE_GIT_COMMIT`` when set
+    (for machines that receive a copy of the tree without ``.git``), else from ``git rev-parse``.
+    """
+    from .device import describe_hardware
+
+    if not isinstance(command, str) or not command.strip():
+        raise ValueError("provenance needs the exact command that ran, as a non-empty string")
+    hw = describe_hardware(device)
+    return Provenance(
+        device_name=hw.name,
+        device_type=hw.device_type,
+        torch_version=torch.__version__,
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        command=command,
+        git_commit=_git_commit(),
+        python_version=platform.python_version(),
+        compute_capability=hw.compute_capability,
+        cuda_version=hw.cuda_version if hw.device_type == "cuda" else None,
+        hostname=platform.node() or None,
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "device"
+
+
+def record_filename(record: Record) -> str:
+    """``<experiment>__<device>__<YYYYmmddTHHMMSS>.json``."""
+    stamp = re.sub(r"[^0-9T]", "", record.provenance.date.split("+")[0])
+    return f"{record.experiment}__{_slug(record.provenance.device_name)}__{stamp}.json"
+
+
+def save_record(record: Record, out_dir: str | Path, *, log_text: str | None = None) -> Path:
+    """Write ``record`` as JSON under ``out_dir`` (and its raw log beside it); return the JSON path."""
+    _validate_record_dict(_record_to_dict(record), source="record to save")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / record_filename(record)
+    if log_text is not None:
+        log_path = path.with_suffix(".log")
+        log_path.write_text(log_text, encoding="utf-8")
+        record = dataclasses.replace(record, log_file=log_path.name)
+    path.write_text(json.dumps(_record_to_dict(record), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _record_to_dict(record: Record) -> dict[str, Any]:
+    return {
+        "schema_version": record.schema_version,
+        "experiment": record.experiment,
+        "parameters": to_jsonable(record.parameters),
+        "values": to_jsonable(record.values),
+        "provenance": to_jsonable(record.provenance),
+        "log_file": record.log_file,
+    }
+
+
+def _validate_record_dict(data: Any, *, source: str) -> None:
+    if not isinstance(data, dict):
+        raise RecordError(f"{source}: a record is a JSON object, got {type(data).__name__}")
+    for key in ("experiment", "parameters", "values", "provenance"):
+        if key not in data:
+            raise RecordError(f"{source}: record lacks '{key}'")
+    if not isinstance(data["experiment"], str) or not data["experiment"]:
+        raise RecordError(f"{source}: 'experiment' must be a non-empty string")
+    for key in ("parameters", "values", "provenance"):
+        if not isinstance(data[key], dict):
+            raise RecordError(f"{source}: '{key}' must be an object")
+    prov = data["provenance"]
+    missing = [k for k in REQUIRED_PROVENANCE if not isinstance(prov.get(k), str) or not prov.get(k).strip()]
+    if missing:
+        raise RecordError(f"{source}: provenance lacks {', '.join(missing)}; a record without its "
+                          "provenance cannot be shown as a measurement")
+    if prov["device_type"] == "cuda":
+        lacking = [k for k in ("compute_capability", "cuda_version") if not prov.get(k)]
+        if lacking:
+            raise RecordError(f"{source}: a GPU record must give {', '.join(lacking)}")
+    try:
+        _dt.datetime.fromisoformat(prov["date"])
+    except ValueError:
+        raise RecordError(f"{source}: provenance date {prov['date']!r} is not ISO 8601") from None
+
+
+def _from_jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _from_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_from_jsonable(v) for v in obj]
+    if obj == "nan":
+        return math.nan
+    if obj == "inf":
+        return math.inf
+    if obj == "-inf":
+        return -math.inf
+    return obj
+
+
+def load_record(path: str | Path) -> Record:
+    """Read and validate one record; raise :class:`RecordError` naming what is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    _validate_record_dict(data, source=str(path))
+    prov_fields = {f.name for f in dataclasses.fields(Provenance)}
+    prov = Provenance(**{k: v for k, v in data["provenance"].items() if k in prov_fields})
+    if data.get("log_file") and not (path.parent / data["log_file"]).is_file():
+        raise RecordError(f"{path}: its raw log {data['log_file']!r} is missing")
+    return Record(
+        experiment=data["experiment"],
+        parameters=_from_jsonable(data["parameters"]),
+        values=_from_jsonable(data["values"]),
+        provenance=prov,
+        log_file=data.get("log_file"),
+        schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
+        path=path,
+    )
+
+
+def default_results_dir() -> Path:
+    """``$COURSE_RESULTS_DIR``, else the ``results/`` folder of the course checkout around the cwd."""
+    env = os.environ.get(RESULTS_ENV_VAR)
+    if env:
+        return Path(env)
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_config.yml").is_file() and (folder / "results").is_dir():
+            return folder / "results"
+    package_root = Path(__file__).resolve().parents[2]
+    return package_root / "results"
+
+
+def load_records(experiment: str | None = None, results_dir: str | Path | None = None,
+                 *, device_type: str | None = None) -> list[Record]:
+    """All valid records under ``results_dir`` (default :func:`default_results_dir`), newest first.
+
+    Filters by experiment name and device type (``"cuda"``/``"cpu"``) when given. A malformed record
+    raises :class:`RecordError` rather than being skipped: a broken measurement must be noticed.
+    """
+    folder = Path(results_dir) if results_dir is not None else default_results_dir()
+    if not folder.is_dir():
+        return []
+    records = [load_record(p) for p in sorted(folder.rglob("*.json"))]
+    if experiment is not None:
+        records = [r for r in records if r.experiment == experiment]
+    if device_type is not None:
+        records = [r for r in records if r.provenance.device_type == device_type]
+    return sorted(records, key=lambda r: r.provenance.date, reverse=True)
+
+
+def describe_records(records: list[Record]) -> str:
+    """Markdown: one line per record naming its hardware, versions, date and command."""
+    if not records:
+        return "*No recorded result for this experiment yet.*"
+    lines = []
+    for r in records:
+        p = r.provenance
+        cuda = f", CUDA {p.cuda_version}" if p.cuda_version else ""
+        lines.append(f"- **{r.label}**: torch {p.torch_version}{cuda}, {p.date}, commit "
+                     f"`{p.git_commit[:12]}`, command `{p.command}`")
+    return "\n".join(lines)
+
+
+def python_command_line() -> str:
+    """The command line of the running Python process, as a shell would show it."""
+    return " ".join([Path(sys.executable).name, *sys.argv])

@@ -1,0 +1,110 @@
+"""ipywidgets explorers for live Jupyter. Teaching content never lives only here: every lesson also shows
+a static table or figure computed by the same library functions."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from .formats import FloatFormat, bit_string, decode, explain_value, get_format, list_formats
+
+
+def _fmt_number(x: float, digits: int | None = None) -> str:
+    """Exact shortest repr by default (stored values), or ``digits`` significant digits (errors)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(float(x)) if digits is None else f"{x:.{digits}g}"
+
+
+def explain_value_html(value: float, formats=None) -> str:
+    """An HTML table of :func:`~course_lib.formats.explain_value` for one number."""
+    rows = explain_value(value, formats)
+    body = "".join(
+        f"<tr><td>{html.escape(r.format)}</td><td><code>{html.escape(r.bits)}</code></td>"
+        f"<td>{_fmt_number(r.stored)}</td><td>{_fmt_number(r.abs_error, 3)}</td>"
+        f"<td>{_fmt_number(r.rel_error, 3)}</td></tr>"
+        for r in rows
+    )
+    return ("<table><thead><tr><th>format</th><th>bits (sign exponent mantissa)</th><th>stored value</th>"
+            "<th>absolute error</th><th>relative error</th></tr></thead><tbody>" + body + "</tbody></table>")
+
+
+class FormatExplorer:
+    """Type a number and see its bits in every format; pick a format and click bits to flip them.
+
+    ``.widget`` is the ipywidgets container to display. The state (``value``, ``format``, ``code``) and
+    the HTML shown are plain attributes so tests can drive the explorer without a browser.
+    """
+
+    def __init__(self, value: float = 0.1, format: str | FloatFormat = "FP16", formats=None):
+        import ipywidgets as w
+
+        self.formats = list_formats() if formats is None else [get_format(f) for f in formats]
+        self.format = get_format(format)
+        self.number = w.Text(value=str(value), description="number:", continuous_update=False)
+        self.table = w.HTML()
+        self.picker = w.Dropdown(options=[f.name for f in self.formats], value=self.format.name,
+                                 description="flip bits of:")
+        self.bits_box = w.HBox()
+        self.decoded = w.HTML()
+        self.number.observe(self._on_number, names="value")
+        self.picker.observe(self._on_format, names="value")
+        self.widget = w.VBox([self.number, self.table, self.picker, self.bits_box, self.decoded])
+        self._buttons: list = []
+        self.code = 0
+        self._set_number(str(value))
+
+    # -- state changes -------------------------------------------------------------------------------
+    def _set_number(self, text: str) -> None:
+        try:
+            value = float(text)
+        except ValueError:
+            self.table.value = f"<b>{html.escape(text)!s} is not a number</b>"
+            return
+        self.value = value
+        self.table.value = explain_value_html(value, self.formats)
+        row = [r for r in explain_value(value, [self.format])][0]
+        self.set_code(row.code if row.code is not None else 0)
+
+    def set_code(self, code: int) -> None:
+        """Show bit pattern ``code`` of the selected format as toggle buttons and its decoded value."""
+        import ipywidgets as w
+
+        f = self.format
+        if not 0 <= code < 2**f.bits:
+            raise ValueError(f"{f.name} codes lie in 0..{2**f.bits - 1}, got {code}")
+        self.code = int(code)
+        bits = format(self.code, f"0{f.bits}b")
+        kinds = ["sign"] * f.sign_bits + ["exponent"] * f.exponent_bits + ["mantissa"] * f.mantissa_bits
+        styles = {"sign": "danger", "exponent": "info", "mantissa": "success"}
+        self._buttons = []
+        for i, (b, kind) in enumerate(zip(bits, kinds)):
+            btn = w.ToggleButton(value=b == "1", description=b, button_style=styles[kind], tooltip=kind,
+                                 layout=w.Layout(width="2.2em", padding="0"))
+            btn.observe(lambda change, i=i: self.flip(i), names="value")
+            self._buttons.append(btn)
+        self.bits_box.children = tuple(self._buttons)
+        value = float(decode(self.code, f))
+        self.decoded.value = (f"{html.escape(f.name)} code <code>{bit_string(self.code, f)}</code> "
+                              f"= <b>{_fmt_number(value)}</b>")
+
+    def flip(self, position: int) -> None:
+        """Flip bit ``position`` (0 = the most significant, leftmost bit) of the shown pattern."""
+        f = self.format
+        if not 0 <= position < f.bits:
+            raise ValueError(f"{f.name} has bits 0..{f.bits - 1}, got {position}")
+        self.set_code(self.code ^ (1 << (f.bits - 1 - position)))
+
+    def _on_number(self, change) -> None:
+        self._set_number(change["new"])
+
+    def _on_format(self, change) -> None:
+        self.format = get_format(change["new"])
+        self._set_number(str(self.value))
+
+
+def format_explorer(value: float = 0.1, format: str = "FP16", formats=None):
+    """The explorer's widget, ready to display in Jupyter (see :class:`FormatExplorer`)."""
+    return FormatExplorer(value, format, formats).widget

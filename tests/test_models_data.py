@@ -1,0 +1,69 @@
+import math
+
+import pytest
+import torch
+
+from course_lib.data import BatchSampler, load_corpus
+from course_lib.device import SizeProfile
+from course_lib.models import GPTConfig, build_gpt, gpt_config_for
+
+
+def test_corpus_is_deterministic_python_source():
+    a, b = load_corpus(50_000), load_corpus(50_000)
+    assert a.n_tokens == 50_000 and torch.equal(a.tokens, b.tokens) and a.files == b.files
+    assert b"def " in bytes(a.tokens.tolist())
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    corpus = load_corpus(50_000)
+    s = BatchSampler(corpus, 4, 32, seed=1)
+    x0, y0 = s.batch(0)
+    x0b, _ = s.batch(0)
+    x1, _ = s.batch(1)
+    assert torch.equal(x0, x0b) and not torch.equal(x0, x1)
+    assert x0.shape == (4, 32) and x0.dtype == torch.int64
+    assert torch.equal(x0[:, 1:], y0[:, :-1])  # targets are the inputs shifted by one byte
+    v, _ = BatchSampler(corpus, 4, 32, split="val").batch(0)
+    assert int(v.numel()) == 128
+
+
+def test_data_bad_input():
+    with pytest.raises(ValueError, match="at least 1024"):
+        load_corpus(10)
+    with pytest.raises(TypeError, match="n_bytes must be an int"):
+        load_corpus(1e6)
+    with pytest.raises(ValueError, match="split must be"):
+        BatchSampler(load_corpus(5000), 2, 8, split="test")
+
+
+def test_model_shapes_initial_loss_and_determinism():
+    cfg = GPTConfig(d_model=64, n_layers=1, n_heads=2, context=16)
+    m = build_gpt(cfg, seed=3)
+    idx = torch.randint(0, 256, (2, 16))
+    logits, loss = m(idx, idx)
+    assert logits.shape == (2, 16, 256)
+    assert loss.item() == pytest.approx(math.log(256), rel=0.05)  # near-uniform predictions at init
+    m2 = build_gpt(cfg, seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        m(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_model_is_causal():
+    m = build_gpt(GPTConfig(d_model=64, n_layers=2, n_heads=2, context=16), seed=0)
+    idx = torch.randint(0, 256, (1, 16))
+    changed = idx.clone()
+    changed[0, 10] = (changed[0, 10] + 1) % 256
+    a, _ = m(idx)
+    b, _ = m(changed)
+    assert torch.allclose(a[0, :10], b[0, :10]) and not torch.allclose(a[0, 10:], b[0, 10:])
+
+
+def test_config_validation_and_profiles():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        GPTConfig(d_model=100)
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        GPTConfig(d_model=64, n_heads=3)
+    with pytest.raises(ValueError, match="positive int"):
+        GPTConfig(n_layers=0)
+    assert gpt_config_for(SizeProfile("small")).d_model < gpt_config_for(SizeProfile("full")).d_model

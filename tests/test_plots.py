@@ -1,0 +1,36 @@
+import pytest
+
+from course_lib import plots
+from course_lib.formats import list_formats
+from course_lib.magnitudes import measure_training_magnitudes
+
+
+def test_bit_layout_draws_one_cell_per_bit():
+    fig = plots.plot_bit_layouts(["FP16", "FP8 E4M3"])
+    ax = fig.axes[0]
+    assert len(ax.patches) == 16 + 8
+    labels = {t.get_text() for t in ax.texts}
+    assert {"FP16", "FP8 E4M3", "E5", "M10", "16 bits"} <= labels
+
+
+def test_ranges_figure_has_log_axis_and_tensor_rows(small_profile):
+    mags = measure_training_magnitudes(small_profile, steps=2)
+    fig = plots.plot_format_ranges(["FP16", "BF16"], mags)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert ticks[:2] == ["FP16", "BF16"] and "Adam second moment" in ticks
+    two = plots.plot_format_ranges(["FP16"], mags, recorded=("GPU", mags))
+    assert any("(GPU)" in t.get_text() for t in two.axes[0].get_yticklabels())
+
+
+def test_spacing_figure_one_curve_per_format():
+    fig = plots.plot_relative_spacing(["FP32", "FP16"])
+    ax = fig.axes[0]
+    assert [l.get_label() for l in ax.get_lines() if not l.get_label().startswith("_")] == ["FP32", "FP16"]
+    assert len(plots.plot_relative_spacing().axes[0].get_legend().get_texts()) == len(list_formats())
+
+
+def test_unknown_format_is_an_error():
+    with pytest.raises(ValueError, match="unknown format"):
+        plots.plot_bit_layouts(["FP7"])

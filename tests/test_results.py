@@ -1,0 +1,122 @@
+import json
+import math
+
+import pytest
+
+from course_lib import record as R
+from course_lib.results import (Provenance, Record, RecordError, capture_provenance, describe_records,
+                                load_record, load_records, save_record, to_jsonable)
+
+
+def make_record(**prov_overrides):
+    prov = dict(device_name="NVIDIA H200", device_type="cuda", torch_version="2.11.0",
+                date="2026-11-21T10:00:00+00:00", command="python -m course_lib.record x",
+                git_commit="abc123", python_version="3.12.3", compute_capability="9.0", cuda_version="13.0")
+    prov.update(prov_overrides)
+    return Record(experiment="demo", parameters={"n": 3}, values={"x": [1.0, math.inf, math.nan]},
+                  provenance=Provenance(**prov))
+
+
+def test_roundtrip_with_log(tmp_path):
+    path = save_record(make_record(), tmp_path, log_text="raw output\n")
+    assert path.name == "demo__nvidia-h200__20261121T100000.json"
+    assert path.with_suffix(".log").read_text() == "raw output\n"
+    back = load_record(path)
+    assert back.experiment == "demo" and back.parameters == {"n": 3}
+    assert back.values["x"][:2] == [1.0, math.inf] and math.isnan(back.values["x"][2])
+    assert back.provenance.compute_capability == "9.0" and back.log_file == path.with_suffix(".log").name
+    assert back.label == "NVIDIA H200 (sm 9.0)"
+    json.loads(path.read_text())  # strict JSON: no NaN/Infinity literals
+
+
+@pytest.mark.parametrize("field", ["device_name", "torch_version", "date", "command", "git_commit"])
+def test_loading_refuses_missing_provenance(tmp_path, field):
+    path = save_record(make_record(), tmp_path)
+    data = json.loads(path.read_text())
+    del data["provenance"][field]
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match=f"provenance lacks {field}"):
+        load_record(path)
+
+
+def test_gpu_record_needs_capability_and_cuda_version(tmp_path):
+    with pytest.raises(RecordError, match="GPU record must give compute_capability"):
+        save_record(make_record(compute_capability=None), tmp_path)
+
+
+def test_missing_log_and_bad_json_are_errors(tmp_path):
+    path = save_record(make_record(), tmp_path, log_text="x")
+    path.with_suffix(".log").unlink()
+    with pytest.raises(RecordError, match="raw log .* is missing"):
+        load_record(path)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(RecordError, match="not valid JSON"):
+        load_record(bad)
+    bad.write_text(json.dumps({"experiment": "x", "parameters": {}, "values": {}}))
+    with pytest.raises(RecordError, match="lacks 'provenance'"):
+        load_record(bad)
+
+
+def test_load_records_filters_and_sorts(tmp_path):
+    save_record(make_record(date="2026-01-01T00:00:00+00:00"), tmp_path)
+    save_record(make_record(date="2026-02-01T00:00:00+00:00"), tmp_path)
+    save_record(make_record(device_type="cpu", device_name="cpu box", compute_capability=None,
+                            cuda_version=None), tmp_path)
+    assert [r.provenance.date[:7] for r in load_records("demo", tmp_path, device_type="cuda")] == \
+        ["2026-02", "2026-01"]
+    assert len(load_records("demo", tmp_path)) == 3
+    assert load_records("other", tmp_path) == []
+    assert load_records("demo", tmp_path / "missing") == []
+    assert "NVIDIA H200" in describe_records(load_records("demo", tmp_path))
+    assert "No recorded result" in describe_records([])
+
+
+def test_to_jsonable_rejects_unknown_objects():
+    with pytest.raises(TypeError, match="cannot store a object"):
+        to_jsonable(object())
+
+
+def test_capture_provenance_needs_a_command(monkeypatch):
+    monkeypatch.setenv("COURSE_GIT_COMMIT", "deadbeef")
+    prov = capture_provenance("python -m x", "cpu")
+    assert prov.git_commit == "deadbeef" and prov.device_type == "cpu" and prov.cuda_version is None
+    with pytest.raises(ValueError, match="exact command"):
+        capture_provenance("  ", "cpu")
+
+
+def test_record_cli_writes_record_and_log(tmp_path, capsys):
+    status = R.main(["model_magnitudes", "--size", "small", "--device", "cpu", "--allow-cpu",
+                     "--out", str(tmp_path)])
+    assert status == 0
+    (rec,) = load_records("model_magnitudes", tmp_path)
+    assert rec.provenance.command.startswith("python -m course_lib.record model_magnitudes")
+    assert rec.parameters["size"] == "small" and rec.parameters["seconds"] > 0
+    log = (tmp_path / rec.log_file).read_text()
+    assert "experiment model_magnitudes" in log and "finished in" in log
+    from course_lib.magnitudes import training_magnitudes_from_dict
+    mags = training_magnitudes_from_dict(rec.values["magnitudes"])
+    assert mags.histograms["weights"].nonzero > 0
+
+
+def test_record_cli_refusals(tmp_path, capsys):
+    assert R.main(["model_magnitudes", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert "refusing to record on a CPU" in capsys.readouterr().err
+    assert R.main(["nope", "--out", str(tmp_path)]) == 2
+    assert "unknown experiment 'nope'" in capsys.readouterr().err
+    assert R.main([]) == 2
+    # a GPU-only experiment on the CPU fails clearly and records nothing
+    assert R.main(["tf32_matmul_rounding", "--size", "small", "--device", "cpu", "--allow-cpu",
+                   "--out", str(tmp_path)]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert list(tmp_path.glob("*.json")) == []
+    assert R.main(["--list"]) == 0
+    assert "tf32_matmul_rounding (needs CUDA)" in capsys.readouterr().out
+
+
+def test_committed_results_all_load():
+    """Every record committed under results/ must validate (provenance, raw log)."""
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[1] / "results"
+    for rec in load_records(results_dir=folder):
+        assert rec.provenance.device_type == "cuda"
