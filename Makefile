@@ -23,7 +23,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(PIPQUIET)
 	touch $(STAMP)
 
+# Sphinx rebuilds only pages whose source changed, so a change in course_lib would leave old outputs:
+# every build starts from a clean _build and executes every page.
 book: $(STAMP)
+	rm -rf _build
 	$(VENV)/bin/jupyter-book build . --keep-going
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
@@ -41,6 +44,7 @@ lessons: $(STAMP)
 	$(PY) -m pytest --nbmake --nbmake-timeout=240 -p no:cacheprovider $(NBBUILD)/lessons
 
 strict-book: $(STAMP)
+	rm -rf _build
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-from .formats import FloatFormat, get_format, list_formats, spacing  # noqa: E402
+from .formats import FloatFormat, get_format, list_formats, spacing
 
 # Colour-blind-safe (Okabe-Ito) colours for sign, exponent and mantissa; readable on light and dark.
 SIGN_COLOUR = "#D55E00"
@@ -20,6 +17,14 @@ EXPONENT_COLOUR = "#0072B2"
 MANTISSA_COLOUR = "#009E73"
 FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9",
                   "#009E73", "#F0E442", "#882255"]
+
+
+def _finish(fig: Figure) -> Figure:
+    """Lay out and detach from pyplot: the caller displays or glues the figure; Jupyter's inline backend
+    must not show it a second time at the end of the cell, and no figure piles up in pyplot's registry."""
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
 
 
 def _formats(formats) -> list[FloatFormat]:
@@ -52,8 +57,7 @@ def plot_bit_layouts(formats=None) -> Figure:
     ax.legend(handles, ["sign", "exponent", "mantissa (fraction)"], loc="upper center",
               bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False)
     ax.set_title("Bit layout of each format (one cell per bit)")
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_of="FP16") -> Figure:
@@ -113,8 +117,7 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
     if n_tensor_rows:
         title += "\nand a real model's tensors (bar: 1st-99th percentile, line: min-max, dot: median)"
     ax.set_title(title)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, points: int = 4000) -> Figure:
@@ -143,5 +146,4 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
                  "(dotted lines)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
