@@ -15,6 +15,8 @@ from .formats import FloatFormat, get_format, list_formats, spacing
 SIGN_COLOUR = "#D55E00"
 EXPONENT_COLOUR = "#0072B2"
 MANTISSA_COLOUR = "#009E73"
+TENSOR_COLOUR = "#555555"   # measured tensors: grey, so they never share a format's colour
+LIMIT_COLOUR = "#D55E00"
 FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9",
                   "#009E73", "#F0E442", "#882255"]
 
@@ -35,7 +37,7 @@ def plot_bit_layouts(formats=None) -> Figure:
     """One row per format: its sign, exponent and mantissa bits as coloured cells, drawn from the registry."""
     fmts = _formats(formats)
     width = max(f.bits for f in fmts)
-    fig, ax = plt.subplots(figsize=(11, 0.45 * len(fmts) + 1.0))
+    fig, ax = plt.subplots(figsize=(8, 0.36 * len(fmts) + 1.0))
     for row, f in enumerate(fmts):
         y = len(fmts) - 1 - row
         fields = [("S", f.sign_bits, SIGN_COLOUR), ("E", f.exponent_bits, EXPONENT_COLOUR),
@@ -50,7 +52,7 @@ def plot_bit_layouts(formats=None) -> Figure:
             x += n
         ax.text(-0.6, y + 0.5, f.name, ha="right", va="center", fontsize=10)
         ax.text(width + 0.6, y + 0.5, f"{f.bits} bits", ha="left", va="center", fontsize=9)
-    ax.set_xlim(-9, width + 5)
+    ax.set_xlim(-6.5, width + 4)
     ax.set_ylim(-0.2, len(fmts) + 0.2)
     ax.axis("off")
     handles = [Rectangle((0, 0), 1, 1, color=c) for c in (SIGN_COLOUR, EXPONENT_COLOUR, MANTISSA_COLOUR)]
@@ -78,7 +80,7 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
         tensor_sets.append(recorded)
     n_tensor_rows = sum(len(m.histograms) for _, m in tensor_sets)
     rows = len(fmts) + n_tensor_rows
-    fig, ax = plt.subplots(figsize=(11, 0.38 * rows + 1.6))
+    fig, ax = plt.subplots(figsize=(8.5, 0.32 * rows + 1.6))
     labels = []
     y = rows - 1
     for i, f in enumerate(fmts):
@@ -94,8 +96,8 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
             lo, p1, p50, p99, hi = (hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))
             if not math.isnan(lo):
                 ax.plot([lo, hi], [y, y], color="#555555", lw=1.2)
-                ax.plot([p1, p99], [y, y], color="#CC79A7", lw=7, solid_capstyle="butt")
-                ax.plot([p50], [y], "o", color="black", ms=4)
+                ax.plot([p1, p99], [y, y], color=TENSOR_COLOUR, lw=7, solid_capstyle="butt")
+                ax.plot([p50], [y], "o", color="white", mec="black", ms=5)
             suffix = f" ({set_label})" if len(tensor_sets) > 1 else ""
             labels.append((y, f"{kind}{suffix}"))
             y -= 1
@@ -103,11 +105,11 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
         ax.axhline(rows - len(fmts) - 0.5, color="#888888", lw=0.8, ls=":")
     if limits_of is not None:
         lim = get_format(limits_of)
-        for value, style in ((lim.min_subnormal, ":"), (lim.min_normal, "--"), (lim.max_finite, "-")):
-            ax.axvline(value, color="#D55E00", lw=0.9, ls=style, alpha=0.8)
-        ax.text(lim.max_finite, rows - 0.4, f" {lim.name} max", color="#D55E00", fontsize=8, va="bottom")
-        ax.text(lim.min_subnormal, rows - 0.4, f"{lim.name} min subnormal ", color="#D55E00", fontsize=8,
-                va="bottom", ha="right")
+        for value, style, what in ((lim.min_subnormal, ":", "smallest subnormal"),
+                                   (lim.min_normal, "--", "smallest normal"),
+                                   (lim.max_finite, "-", "largest value")):
+            ax.axvline(value, color=LIMIT_COLOUR, lw=1.0, ls=style, label=f"{lim.name} {what}")
+        ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
     ax.set_xscale("log", base=10)
     ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
     ax.set_ylim(-0.8, rows - 0.2)
@@ -128,7 +130,7 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
     """
     fmts = _formats(formats)
     x = np.logspace(math.log10(lo), math.log10(hi), points)
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, ax = plt.subplots(figsize=(8.5, 5))
     for i, f in enumerate(fmts):
         mask = (x >= f.min_subnormal) & (x <= f.max_finite)
         if not mask.any():
@@ -142,8 +144,8 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
     ax.set_yscale("log", base=2)
     ax.set_xlabel("magnitude x (log scale)")
     ax.set_ylabel("relative spacing  ulp(x) / x  (log2 scale)")
-    ax.set_title("Precision against magnitude: flat in the normal range, worse below the smallest normal "
-                 "(dotted lines)")
+    ax.set_title("Precision against magnitude: flat in the normal range,\n"
+                 "worse below the smallest normal (dotted lines)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     return _finish(fig)
