@@ -1,0 +1,132 @@
+"""The teaching loss scaler against torch.amp.GradScaler, side by side, bit for bit."""
+
+import math
+
+import pytest
+import torch
+
+from course_lib.device import SizeProfile
+from course_lib.scaling import (TeachingLossScaler, grad_scaler_defaults, record_grad_scaler_run,
+                                replay_scale_schedule, steps_to_double)
+
+
+class CountingSGD(torch.optim.SGD):
+    def __init__(self, params):
+        super().__init__(params, lr=0.01)
+        self.calls = 0
+
+    def step(self, closure=None):
+        self.calls += 1
+        return super().step(closure)
+
+
+def gradient_stream(n_steps, seed=0):
+    """Per-step multipliers c (the loss is sum(p * c), so the gradient is c): ordinary values over many
+    binades, planted inf, NaN, and values that overflow float32 once scaled."""
+    gen = torch.Generator().manual_seed(seed)
+    stream = []
+    for step in range(n_steps):
+        c = torch.randn(2, 37, generator=gen) * torch.exp2(torch.randint(-30, 5, (2, 37), generator=gen).float())
+        if step % 11 == 3:
+            c[0, 5] = math.inf
+        if step % 13 == 7:
+            c[1, 2] = math.nan
+        if step % 17 == 9:
+            c[1, 0] = 1e36  # finite, but times the scale it overflows float32
+        stream.append(c)
+    return stream
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),
+    dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3),
+    dict(init_scale=1000.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=2),
+    dict(init_scale=3.0e38, growth_factor=2.0, backoff_factor=0.5, growth_interval=1),  # growth would overflow
+])
+def test_teaching_scaler_matches_grad_scaler_bit_for_bit(kwargs):
+    grad_dtype = torch.float32
+    params_real = [torch.nn.Parameter(torch.zeros(2, 37, dtype=grad_dtype))]
+    params_mine = [torch.nn.Parameter(torch.zeros(2, 37, dtype=grad_dtype))]
+    real, mine = torch.amp.GradScaler("cpu", **kwargs), TeachingLossScaler(**kwargs)
+    opt_real, opt_mine = CountingSGD(params_real), CountingSGD(params_mine)
+    for step, c in enumerate(gradient_stream(60)):
+        for opt, params, scale_fn in ((opt_real, params_real, real.scale), (opt_mine, params_mine, mine.scale_loss)):
+            opt.zero_grad(set_to_none=True)
+            loss = (params[0].float() * c.float()).sum()
+            scale_fn(loss).backward()
+        assert torch.equal(params_real[0].grad.view(torch.int32), params_mine[0].grad.view(torch.int32))
+        real.unscale_(opt_real)
+        found_inf = mine.unscale_([params_mine[0].grad])
+        g_real, g_mine = params_real[0].grad, params_mine[0].grad
+        same = (g_real == g_mine) | (torch.isnan(g_real) & torch.isnan(g_mine))
+        assert bool(same.all()), f"unscaled gradients differ at step {step}"
+        calls = opt_real.calls
+        real.step(opt_real)
+        assert mine.step(opt_mine, found_inf) == (opt_real.calls > calls), f"skip decision differs at {step}"
+        real.update()
+        mine.update(found_inf)
+        state = real.state_dict()
+        assert mine.scale == state["scale"], f"scale differs at step {step}"
+        assert mine.growth_tracker == state["_growth_tracker"], f"growth tracker differs at step {step}"
+        assert torch.equal(params_real[0].data, params_mine[0].data)
+    assert opt_real.calls == opt_mine.calls
+
+
+def test_both_refuse_fp16_gradients():
+    """A model cast to .half() has FP16 gradients: unscaling them in FP16 would lose what the scale saved."""
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    real = torch.amp.GradScaler("cpu")
+    real.scale(p.float().sum()).backward()
+    assert p.grad.dtype == torch.float16
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        real.unscale_(torch.optim.SGD([p], lr=0.1))
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        TeachingLossScaler().unscale_([p.grad])
+
+
+def test_scale_grows_only_after_growth_interval_clean_steps():
+    defaults = grad_scaler_defaults("cpu")
+    assert defaults.growth_interval == 2000 and defaults.init_scale == 2.0**16
+    assert steps_to_double() == defaults.growth_interval
+    trace = replay_scale_schedule([math.inf] * 10, init_scale=8.0, growth_interval=4)
+    assert trace.scales == (8.0, 8.0, 8.0, 8.0, 16.0, 16.0, 16.0, 16.0, 32.0, 32.0)
+    assert trace.growth_trackers == (1, 2, 3, 0, 1, 2, 3, 0, 1, 2)
+
+
+def test_replay_backs_off_and_resets_tracker():
+    trace = replay_scale_schedule([math.inf, 5.0, math.inf, 0.0], init_scale=8.0, growth_interval=2)
+    assert trace.skipped == (False, True, False, True)
+    assert trace.scales == (8.0, 8.0, 4.0, 4.0)
+    assert trace.growth_trackers == (1, 0, 1, 0) and trace.n_skipped == 2 and trace.final_scale == 4.0
+
+
+def test_flight_recorder_is_reproduced_by_replay():
+    rec = record_grad_scaler_run(SizeProfile("small"), steps=25, init_scale=2.0**24, growth_interval=5)
+    assert rec.steps == 25 and rec.skipped[0]  # 2**24 is far too large for FP16 gradients
+    assert rec.scales[1] == rec.scales[0] / 2
+    assert any(not s for s in rec.skipped)
+    replay = replay_scale_schedule(rec.overflow_thresholds(), init_scale=rec.init_scale,
+                                   growth_factor=rec.growth_factor, backoff_factor=rec.backoff_factor,
+                                   growth_interval=rec.growth_interval)
+    assert replay.scales == rec.scales and replay.skipped == rec.skipped
+    assert replay.growth_trackers == rec.growth_trackers
+    assert rec.as_trace().n_skipped == sum(rec.skipped)
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="growth_interval must be a positive int"):
+        TeachingLossScaler(growth_interval=0)
+    with pytest.raises(ValueError, match="backoff_factor must lie in"):
+        TeachingLossScaler(backoff_factor=1.5)
+    with pytest.raises(ValueError, match="growth_factor must be > 1"):
+        TeachingLossScaler(growth_factor=1.0)
+    with pytest.raises(TypeError, match="init_scale must be a finite number"):
+        TeachingLossScaler(init_scale=math.inf)
+    with pytest.raises(TypeError, match="loss must be a torch.Tensor"):
+        TeachingLossScaler().scale_loss(1.0)
+    with pytest.raises(TypeError, match="list of tensors"):
+        TeachingLossScaler().unscale_(torch.zeros(3))
+    with pytest.raises(ValueError, match="non-negative numbers"):
+        replay_scale_schedule([-1.0])
+    with pytest.raises(TypeError, match="SizeProfile"):
+        record_grad_scaler_run("small")
