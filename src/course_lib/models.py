@@ -127,3 +127,42 @@ def build_gpt(cfg: GPTConfig, *, seed: int = 0, device: torch.device | str = "cp
     finally:
         torch.random.set_rng_state(gen_state)
     return model.to(device)
+
+
+class DeepMLP(nn.Module):
+    """A deep plain MLP (Linear + tanh, no normalisation, no residuals): the extreme underflow case.
+
+    With a small initial weight scale, each layer shrinks the backward signal, so the gradients of the
+    first layers are orders of magnitude smaller than those of the last.
+    """
+
+    def __init__(self, width: int = 64, depth: int = 16, init_std: float = 0.5, seed: int = 0):
+        super().__init__()
+        for name, value in (("width", width), ("depth", depth)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if not init_std > 0:
+            raise ValueError(f"init_std must be positive, got {init_std}")
+        gen_state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(seed)
+            self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+            for layer in self.layers:
+                nn.init.normal_(layer.weight, std=init_std / math.sqrt(width))
+                nn.init.zeros_(layer.bias)
+        finally:
+            torch.random.set_rng_state(gen_state)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = torch.tanh(layer(x))
+        return self.layers[-1](x)
+
+
+def regression_batch(width: int, batch_size: int, step: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A deterministic synthetic regression batch for :class:`DeepMLP`: inputs N(0, 1), targets
+    ``sin`` of a fixed random projection of the inputs (same ``(seed, step)``, same batch)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randn(batch_size, width, generator=gen)
+    proj = torch.randn(width, width, generator=torch.Generator().manual_seed(seed + 12345)) / math.sqrt(width)
+    return x, torch.sin(x @ proj)

@@ -149,3 +149,144 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     return _finish(fig)
+
+
+# ---- lesson 2: underflow and overflow --------------------------------------------------------------
+
+def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, title: str | None = None,
+                            ax=None) -> Figure:
+    """Histogram of log2|g| (times ``loss_scale``) with the format's regions shaded and labelled with
+    the measured fractions: flushed to zero, subnormal, normal, overflow. Exact zeros are counted apart."""
+    from .gradients import summarize_underflow
+    from .magnitudes import log2_histogram
+
+    f = get_format(fmt)
+    summary = summarize_underflow(values, f, loss_scale)
+    scaled = values.detach().flatten().double() * loss_scale
+    hist = log2_histogram(scaled)
+    edges = hist.binade_edges
+    counts = np.asarray(hist.counts, dtype=float)
+    nz = np.flatnonzero(counts)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    else:
+        fig = ax.figure
+    lo = min(edges[nz[0]] - 2, math.log2(f.min_subnormal) - 4) if nz.size else -30
+    hi = max(edges[nz[-1]] + 3, math.log2(f.max_finite) + 2) if nz.size else 20
+    flush_edge = math.log2(f.min_subnormal / 2)
+    sub_lo, normal_lo, top = math.log2(f.min_subnormal), math.log2(f.min_normal), math.log2(f.max_finite)
+    ax.axvspan(lo, flush_edge, color="#D55E00", alpha=0.15, lw=0)
+    ax.axvspan(flush_edge, normal_lo, color="#E69F00", alpha=0.18, lw=0)
+    ax.axvspan(normal_lo, top, color="#009E73", alpha=0.12, lw=0)
+    ax.axvspan(top, hi, color="#CC79A7", alpha=0.18, lw=0)
+    ax.bar(edges + 0.5, counts / max(hist.total, 1) * 100, width=0.9, color="#333333")
+    ymax = max(counts.max() / max(hist.total, 1) * 100 * 1.35, 1.0) if nz.size else 1.0
+    ax.set_ylim(0, ymax)
+    y = ymax * 0.9
+    labels = [((lo + flush_edge) / 2, f"flushed to 0\n{summary.flushed:.1%}"),
+              ((flush_edge + normal_lo) / 2, f"subnormal\n{summary.subnormal:.1%}"),
+              ((normal_lo + min(top, hi)) / 2, f"normal\n{summary.normal:.1%}"),
+              ((top + hi) / 2, f"overflow\n{summary.overflow:.1%}")]
+    for x, text in labels:
+        if lo <= x <= hi:
+            ax.text(x, y, text, ha="center", va="top", fontsize=8)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel(f"log2 |gradient x {loss_scale:g}|" if loss_scale != 1 else "log2 |gradient|")
+    ax.set_ylabel("% of values")
+    scale_text = f", loss scale {loss_scale:g}" if loss_scale != 1 else ""
+    ax.set_title(title or f"Gradients against {f.name}'s regions{scale_text} (exact zeros: {summary.zero:.1%})")
+    ax.grid(axis="y", alpha=0.3)
+    return _finish(fig)
+
+
+def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title: str | None = None) -> Figure:
+    """Per layer, in backward order, the 1st/50th/99th percentile of |gradient|, with the format's
+    smallest normal and subnormal as lines: how gradients shrink going backwards."""
+    f = get_format(fmt)
+    layers = list(reversed(capture.of_kind(kind)))
+    names, p1, p50, p99 = [], [], [], []
+    for g in layers:
+        v = g.values.abs()
+        v = v[v > 0].double()
+        q = torch_quantiles(v, (0.01, 0.5, 0.99))
+        names.append(g.name)
+        p1.append(q[0])
+        p50.append(q[1])
+        p99.append(q[2])
+    fig, ax = plt.subplots(figsize=(8.5, 0.28 * len(names) + 1.8))
+    y = np.arange(len(names))
+    ax.hlines(y, p1, p99, color="#555555", lw=5)
+    ax.plot(p50, y, "o", color="white", mec="black", ms=5, label="median")
+    ax.axvline(f.min_normal, color=LIMIT_COLOUR, ls="--", lw=1, label=f"{f.name} smallest normal")
+    ax.axvline(f.min_subnormal, color=LIMIT_COLOUR, ls=":", lw=1, label=f"{f.name} smallest subnormal")
+    ax.set_yticks(y, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"|{kind} gradient| (bar: 1st to 99th percentile)")
+    ax.set_ylabel("layer (top: last layer, where backpropagation starts)")
+    ax.set_title(title or f"{kind.capitalize()} gradients layer by layer, going backwards")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    return _finish(fig)
+
+
+def torch_quantiles(values, qs) -> list[float]:
+    """Quantiles of a 1-D tensor (numpy, so that any size works)."""
+    if values.numel() == 0:
+        return [math.nan] * len(qs)
+    return [float(v) for v in np.quantile(values.cpu().numpy(), qs)]
+
+
+def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False) -> Figure:
+    """Lines of per-step values, one per named run (loss curves, zero fractions, ...)."""
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    for i, (label, values) in enumerate(series.items()):
+        ax.plot(np.arange(len(values)), values, color=FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)],
+                lw=1.5, label=label)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _finish(fig)
+
+
+# ---- lesson 3: loss scaling --------------------------------------------------------------------------
+
+def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
+    """Fractions of non-zero gradients that survive, flush to zero and overflow against the loss scale."""
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=2, label="survive")
+    ax.plot(sweep.scales, np.array(sweep.flushed) * 100, color="#E69F00", lw=1.5, label="flushed to zero")
+    ax.plot(sweep.scales, np.array(sweep.overflow) * 100, color="#CC79A7", lw=1.5, label="overflow")
+    for label, x in (marks or {}).items():
+        ax.axvline(x, color="#555555", ls=":", lw=1)
+        ax.text(x, 50, f" {label}", rotation=90, va="center", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("loss scale (log2 axis)")
+    ax.set_ylabel("% of non-zero gradients")
+    ax.set_title(f"What a loss scale does to the gradients in {sweep.format}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _finish(fig)
+
+
+def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Figure:
+    """Scale per step (log2 axis) for one or more :class:`~course_lib.scaling.ScaleTrace`, skipped steps
+    marked with crosses."""
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    for i, (label, trace) in enumerate(traces.items()):
+        colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
+        steps = np.arange(len(trace.scales))
+        ax.step(steps, trace.scales, where="post", color=colour, lw=1.5, label=f"{label} ({trace.n_skipped} skipped)")
+        skipped = np.flatnonzero(trace.skipped)
+        ax.plot(skipped, np.array(trace.scales)[skipped], "x", color=colour, ms=6)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss scale (log2 axis)")
+    ax.set_title(title + " (x: skipped step)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _finish(fig)

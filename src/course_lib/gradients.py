@@ -1,0 +1,273 @@
+"""Capturing real gradients and asking what each low-precision format would do to them.
+
+* :func:`capture_gradients` runs one forward and backward pass with hooks on every ``nn.Linear`` and
+  keeps, per layer, the gradient of its output (the *activation gradient*) and of its weight.
+* :func:`summarize_underflow` says, for a tensor of gradients, a format and a loss scale, which fraction
+  is already zero, which would flush to zero, which would become subnormal and which would overflow,
+  using :func:`course_lib.formats.round_to_format` (no second copy of any format's limits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .formats import FloatFormat, get_format, round_to_format
+
+UNDERFLOW_FORMATS = ("FP16", "BF16", "FP8 E4M3", "FP8 E5M2")
+
+
+@dataclass(frozen=True)
+class LayerGradient:
+    """Gradients of one layer: ``kind`` is ``"activation"`` or ``"weight"``; ``values`` is float32 on the
+    CPU, flattened (a deterministic subsample when the layer has more than the cap)."""
+
+    name: str
+    kind: str
+    index: int          # position of the layer in the forward pass (0 = first)
+    values: torch.Tensor
+    numel: int          # elements before subsampling
+
+
+@dataclass(frozen=True)
+class GradientCapture:
+    """Every ``nn.Linear``'s activation and weight gradients from one backward pass."""
+
+    layers: tuple[LayerGradient, ...]
+    loss: float
+
+    def of_kind(self, kind: str) -> list[LayerGradient]:
+        if kind not in ("activation", "weight"):
+            raise ValueError(f"kind must be 'activation' or 'weight', got {kind!r}")
+        return [g for g in self.layers if g.kind == kind]
+
+    def all_values(self, kind: str) -> torch.Tensor:
+        return torch.cat([g.values for g in self.of_kind(kind)])
+
+
+def _subsample(t: torch.Tensor, cap: int) -> torch.Tensor:
+    flat = t.detach().flatten().float()
+    if flat.numel() > cap:
+        # every k-th element: deterministic, and unbiased for the magnitudes of a large tensor
+        flat = flat[:: -(-flat.numel() // cap)]
+    return flat.cpu().clone()
+
+
+def capture_gradients(model: nn.Module, loss_fn, *, max_values_per_layer: int = 250_000) -> GradientCapture:
+    """Run ``loss = loss_fn(model)``, backpropagate it, and keep every ``nn.Linear``'s gradients.
+
+    ``loss_fn`` takes the model and returns a scalar loss tensor. The model's ``.grad`` fields are
+    overwritten. Gradients are kept as they arrive (in the model's dtype), converted to float32.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError("the model has no nn.Linear layer to capture")
+    act_grads: dict[str, torch.Tensor] = {}
+    sizes: dict[str, int] = {}
+
+    def make_hook(name: str):
+        def hook(_module, _inputs, output):
+            if output.requires_grad:
+                def on_grad(g):
+                    act_grads[name] = _subsample(g, max_values_per_layer)
+                    sizes[name] = g.numel()
+                output.register_hook(on_grad)
+        return hook
+
+    handles = [m.register_forward_hook(make_hook(name)) for name, m in linears]
+    try:
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError("loss_fn must return a scalar tensor")
+        loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+    layers = []
+    for i, (name, m) in enumerate(linears):
+        if name in act_grads:
+            layers.append(LayerGradient(name, "activation", i, act_grads[name], sizes[name]))
+        if m.weight.grad is not None:
+            layers.append(LayerGradient(name, "weight", i, _subsample(m.weight.grad, max_values_per_layer),
+                                        m.weight.grad.numel()))
+    return GradientCapture(tuple(layers), float(loss.detach()))
+
+
+@dataclass(frozen=True)
+class UnderflowSummary:
+    """What casting ``loss_scale * gradients`` to ``format`` does, as fractions of all values.
+
+    ``zero``: already exactly zero; ``flushed``: non-zero but rounds to zero; ``subnormal``: lands in the
+    subnormal range (reduced precision); ``overflow``: beyond the largest finite value (inf, or NaN for a
+    format without inf); ``normal``: the rest, stored with full relative precision.
+    """
+
+    format: str
+    loss_scale: float
+    count: int
+    zero: float
+    flushed: float
+    subnormal: float
+    overflow: float
+
+    @property
+    def normal(self) -> float:
+        return 1.0 - self.zero - self.flushed - self.subnormal - self.overflow
+
+    @property
+    def lost(self) -> float:
+        """Non-zero values that do not survive: flushed to zero or overflowed."""
+        return self.flushed + self.overflow
+
+
+def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale: float = 1.0) -> UnderflowSummary:
+    """Fractions of ``values`` (any float tensor) that are zero, flush, go subnormal or overflow in ``fmt``
+    after multiplying by ``loss_scale`` (computed exactly, in float64)."""
+    f = get_format(fmt)
+    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+        raise TypeError("values must be a floating-point torch tensor")
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or not loss_scale > 0:
+        raise ValueError(f"loss_scale must be a positive number, got {loss_scale!r}")
+    v = values.detach().flatten().to(torch.float64)
+    v = v[torch.isfinite(v)]
+    n = v.numel()
+    if n == 0:
+        raise ValueError("no finite values to summarise")
+    scaled = v * float(loss_scale)
+    r = round_to_format(scaled, f, overflow="inf" if f.has_inf else ("nan" if f.has_nan else "saturate"))
+    zero = v == 0
+    overflow = ~torch.isfinite(r) if f.has_nan else (scaled.abs() > f.max_finite)
+    flushed = ~zero & (r == 0)
+    subnormal = (r != 0) & torch.isfinite(r) & (r.abs() < f.min_normal)
+    return UnderflowSummary(f.name, float(loss_scale), n, float(zero.double().mean()),
+                            float(flushed.double().mean()), float(subnormal.double().mean()),
+                            float(overflow.double().mean()))
+
+
+def underflow_table(capture: GradientCapture, formats=UNDERFLOW_FORMATS, loss_scale: float = 1.0,
+                    kind: str = "activation") -> list[tuple[str, UnderflowSummary]]:
+    """``(layer name, summary)`` for every layer of ``kind`` and every format."""
+    return [(g.name, summarize_underflow(g.values, f, loss_scale))
+            for g in capture.of_kind(kind) for f in formats]
+
+
+@dataclass(frozen=True)
+class ScaleSweep:
+    """Fractions of non-zero gradients that survive (neither flush nor overflow) and that overflow, per
+    loss scale."""
+
+    format: str
+    scales: tuple[float, ...]
+    survive: tuple[float, ...]
+    overflow: tuple[float, ...]
+    flushed: tuple[float, ...]
+
+
+def sweep_loss_scale(values: torch.Tensor, scales, fmt: str | FloatFormat = "FP16") -> ScaleSweep:
+    """:func:`summarize_underflow` over many loss scales, as fractions of the *non-zero* values."""
+    nonzero = values[values != 0]
+    if nonzero.numel() == 0:
+        raise ValueError("all values are zero: nothing to sweep")
+    sums = [summarize_underflow(nonzero, fmt, float(s)) for s in scales]
+    return ScaleSweep(get_format(fmt).name, tuple(float(s) for s in scales),
+                      tuple(1.0 - s.lost for s in sums), tuple(s.overflow for s in sums),
+                      tuple(s.flushed for s in sums))
+
+
+# ---- training runs ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CapturedTraining:
+    """FP32 training of the course model with gradient captures at chosen steps."""
+
+    losses: tuple[float, ...]
+    captures: dict[int, GradientCapture]
+
+
+def train_and_capture(profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+                      capture_at: tuple[int, ...] | None = None, seed: int = 0, lr: float = 3e-3) -> CapturedTraining:
+    """Train the course GPT in FP32 with AdamW; capture every layer's gradients at ``capture_at`` steps
+    (default: the first and the last)."""
+    from .data import BatchSampler, load_corpus
+    from .models import build_gpt, gpt_config_for
+
+    steps = profile.pick(small=150, full=3000) if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    capture_at = (0, steps - 1) if capture_at is None else tuple(capture_at)
+    if any(not 0 <= s < steps for s in capture_at):
+        raise ValueError(f"capture steps must lie in 0..{steps - 1}, got {capture_at}")
+    device = torch.device(device)
+    cfg = gpt_config_for(profile)
+    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
+                           profile.pick(small=16, full=64), cfg.context, seed=seed)
+    model = build_gpt(cfg, seed=seed, device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses, captures = [], {}
+    for step in range(steps):
+        x, y = sampler.batch(step, device)
+        if step in capture_at:
+            cap = capture_gradients(model, lambda m: m(x, y)[1])
+            captures[step] = cap
+            losses.append(cap.loss)
+        else:
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(x, y)
+            loss.backward()
+            losses.append(float(loss.detach()))
+        opt.step()
+    return CapturedTraining(tuple(losses), captures)
+
+
+@dataclass(frozen=True)
+class NaiveFP16Comparison:
+    """The same training run in FP32 and with the model cast to FP16 (``.half()``, no loss scaling).
+
+    ``zero_grad_fraction``: per step, the fraction of parameter-gradient entries that are exactly zero.
+    """
+
+    steps: int
+    adam_eps: float
+    losses: dict[str, tuple[float, ...]]
+    zero_grad_fraction: dict[str, tuple[float, ...]]
+
+
+def compare_naive_fp16(profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+                       seed: int = 0, lr: float = 3e-3, adam_eps: float = 1e-4) -> NaiveFP16Comparison:
+    """Train the course GPT twice from the same initialisation: in FP32, and cast to FP16 with no scaler.
+
+    Adam's ``eps`` is set to a value FP16 can hold (the default 1e-8 rounds to zero in FP16, a second,
+    separate failure) so that the comparison isolates what FP16's range does to the gradients.
+    """
+    from .data import BatchSampler, load_corpus
+    from .models import build_gpt, gpt_config_for
+
+    steps = profile.pick(small=40, full=1000) if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    device = torch.device(device)
+    cfg = gpt_config_for(profile)
+    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
+                           profile.pick(small=16, full=64), cfg.context, seed=seed)
+    losses, zeros = {}, {}
+    for label, dtype in (("FP32", torch.float32), ("FP16 (.half(), no scaling)", torch.float16)):
+        model = build_gpt(cfg, seed=seed, device=device).to(dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps, weight_decay=0.0)
+        run_losses, run_zeros = [], []
+        for step in range(steps):
+            x, y = sampler.batch(step, device)
+            opt.zero_grad(set_to_none=True)
+            _, loss = model(x, y)
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            n = sum(g.numel() for g in grads)
+            run_zeros.append(sum(int((g == 0).sum()) for g in grads) / n)
+            run_losses.append(float(loss.detach().float()))
+            opt.step()
+        losses[label], zeros[label] = tuple(run_losses), tuple(run_zeros)
+    return NaiveFP16Comparison(steps, adam_eps, losses, zeros)
