@@ -308,3 +308,340 @@ def record_grad_scaler_run(
     return FlightRecording(tuple(losses), tuple(scales), tuple(skipped), tuple(trackers), tuple(maxima),
                            float(init_scale), float(growth_factor), float(backoff_factor), growth_interval,
                            str(device))
+
+
+# ---- pitfalls: an auditor that watches a real GradScaler loop ----------------------------------------
+
+PITFALLS = {
+    "disabled_scaler": "GradScaler is disabled: created without a device on a machine without CUDA (it "
+                       "targets 'cuda' by default and silently turns itself off). Pass the device: "
+                       "torch.amp.GradScaler('cpu') or torch.amp.GradScaler('cuda').",
+    "clip_before_unscale": "Gradients were clipped while still scaled: the clipping threshold applied to "
+                           "gradients `scale` times too large. Call scaler.unscale_(optimizer) before "
+                           "clipping.",
+    "update_every_microbatch": "scaler.step/update ran before all micro-batches of an accumulation window "
+                               "were scaled and backpropagated: with gradient accumulation, scale every "
+                               "micro-batch's loss but step and update only once per window.",
+    "scheduler_on_skipped_step": "The LR scheduler stepped on an iteration whose optimizer step was skipped "
+                                 "(inf/NaN gradients). Step the scheduler only when the optimizer stepped: "
+                                 "compare scaler.get_scale() before and after update(), or use an optimizer "
+                                 "step hook.",
+    "unscale_twice": "scaler.unscale_(optimizer) was called twice before update(): the second call would "
+                     "divide the gradients by the scale again. GradScaler refuses it.",
+    "fp16_params": "The model's parameters are FP16 (model.half()), so their gradients are FP16 and "
+                   "GradScaler refuses to unscale them. Keep parameters in FP32 and let autocast run the "
+                   "FP16 compute.",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pitfall detected, where first seen: ``iteration`` is the number of ``update()`` calls before it."""
+
+    pitfall: str
+    iteration: int
+    message: str
+
+
+class ScalerAudit:
+    """Watches a training loop that uses a real ``torch.amp.GradScaler`` and reports known pitfalls.
+
+    Use as a context manager around the loop::
+
+        with ScalerAudit(scaler, optimizer, scheduler=sched, accumulation_steps=4) as audit:
+            ...  # the unchanged training loop
+        audit.findings
+
+    It wraps the scaler's methods, ``torch.nn.utils.clip_grad_norm_``/``clip_grad_value_`` and the
+    scheduler's ``step`` for the duration, and restores them on exit. A GradScaler error inside the loop
+    (``unscale_`` twice, FP16 gradients) is recorded as a finding and re-raised.
+    """
+
+    def __init__(self, scaler, optimizer, *, scheduler=None, accumulation_steps: int = 1):
+        if not isinstance(scaler, torch.amp.GradScaler):
+            raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be a positive int, got {accumulation_steps!r}")
+        self.scaler, self.optimizer, self.scheduler = scaler, optimizer, scheduler
+        self.accumulation_steps = accumulation_steps
+        self.findings: list[Finding] = []
+        self._iteration = 0
+        self._unscaled = False
+        self._stepped = False
+        self._scaled_since_update = 0
+        self._saved: list[tuple[object, str, object]] = []
+
+    def _flag(self, pitfall: str) -> None:
+        if not any(f.pitfall == pitfall for f in self.findings):  # report each pitfall once, where first seen
+            self.findings.append(Finding(pitfall, self._iteration, PITFALLS[pitfall]))
+
+    def _patch(self, owner, name: str, wrapper) -> None:
+        original = getattr(owner, name)
+        self._saved.append((owner, name, owner.__dict__.get(name)))
+        setattr(owner, name, wrapper(original))
+
+    def __enter__(self) -> "ScalerAudit":
+        if not self.scaler.is_enabled():
+            self._flag("disabled_scaler")
+        audit = self
+        self._hook = self.optimizer.register_step_post_hook(lambda *_: setattr(audit, "_stepped", True))
+
+        def wrap_scale(original):
+            def scale(outputs):
+                audit._scaled_since_update += 1
+                return original(outputs)
+            return scale
+
+        def wrap_unscale(original):
+            def unscale_(optimizer):
+                try:
+                    result = original(optimizer)
+                except RuntimeError as exc:
+                    if "already been called" in str(exc):
+                        audit._flag("unscale_twice")
+                    raise
+                except ValueError as exc:
+                    if "FP16 gradients" in str(exc):
+                        audit._flag("fp16_params")
+                    raise
+                audit._unscaled = True
+                return result
+            return unscale_
+
+        def wrap_step(original):
+            def step(optimizer, *args, **kwargs):
+                if audit._scaled_since_update < audit.accumulation_steps:
+                    audit._flag("update_every_microbatch")
+                try:
+                    return original(optimizer, *args, **kwargs)
+                except ValueError as exc:
+                    if "FP16 gradients" in str(exc):
+                        audit._flag("fp16_params")
+                    raise
+            return step
+
+        def wrap_update(original):
+            def update(*args, **kwargs):
+                result = original(*args, **kwargs)
+                audit._iteration += 1
+                audit._unscaled = False
+                audit._scaled_since_update = 0
+                audit._last_update_stepped = audit._stepped
+                audit._stepped = False
+                return result
+            return update
+
+        def wrap_clip(original):
+            def clip(*args, **kwargs):
+                if audit.scaler.is_enabled() and not audit._unscaled:
+                    audit._flag("clip_before_unscale")
+                return original(*args, **kwargs)
+            return clip
+
+        self._patch(self.scaler, "scale", wrap_scale)
+        self._patch(self.scaler, "unscale_", wrap_unscale)
+        self._patch(self.scaler, "step", wrap_step)
+        self._patch(self.scaler, "update", wrap_update)
+        for fn in ("clip_grad_norm_", "clip_grad_value_"):
+            self._patch(torch.nn.utils, fn, wrap_clip)
+        if self.scheduler is not None:
+            def wrap_sched(original):
+                def step(*args, **kwargs):
+                    if getattr(audit, "_last_update_stepped", True) is False and audit.scaler.is_enabled():
+                        audit._flag("scheduler_on_skipped_step")
+                    return original(*args, **kwargs)
+                return step
+            self._patch(self.scheduler, "step", wrap_sched)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for owner, name, previous in reversed(self._saved):
+            if owner is torch.nn.utils:
+                setattr(owner, name, previous)
+            elif previous is None:
+                delattr(owner, name)  # back to the class's method
+            else:  # pragma: no cover - an attribute that was already an instance override
+                setattr(owner, name, previous)
+        self._saved.clear()
+        self._hook.remove()
+        return False
+
+    @property
+    def pitfalls(self) -> list[str]:
+        return [f.pitfall for f in self.findings]
+
+
+@dataclass(frozen=True)
+class PitfallDemo:
+    """The outcome of running a small training loop with (or without) one planted mistake."""
+
+    name: str
+    findings: tuple[Finding, ...]
+    error: str | None       # the exception GradScaler raised, if it raised one
+    optimizer_steps: int
+    scheduler_steps: int
+
+
+def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cpu") -> PitfallDemo:
+    """Run a small regression loop with GradScaler on ``device`` under :class:`ScalerAudit`, with the
+    mistake ``name`` planted (one of :data:`PITFALLS`), or the correct loop when ``name`` is None.
+
+    The loop: a linear model, MSE loss, SGD, a StepLR scheduler, gradient clipping, and accumulation over
+    two micro-batches. The first iteration overflows on purpose (an enormous initial scale), so a skipped
+    step happens in every run.
+    """
+    import warnings
+
+    if name is not None and name not in PITFALLS:
+        raise ValueError(f"unknown pitfall {name!r}; known: {', '.join(PITFALLS)}")
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    if name == "fp16_params":
+        model = model.half()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    opt_steps: list[bool] = []
+    opt.register_step_post_hook(lambda *_: opt_steps.append(True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the no-device GradScaler warns that CUDA is missing
+        if name == "disabled_scaler" and not torch.cuda.is_available():
+            scaler = torch.amp.GradScaler()
+        else:
+            # the first step overflows (2**120 times a loss of 1e20), then the scale backs off far enough
+            scaler = torch.amp.GradScaler(device, init_scale=2.0**120, backoff_factor=2.0**-100,
+                                          growth_interval=1000)
+    accumulation = 2
+    sched_steps, error = [0], None
+    with ScalerAudit(scaler, opt, scheduler=sched, accumulation_steps=accumulation) as audit:
+        try:
+            for _ in range(iterations):
+                opt.zero_grad(set_to_none=True)
+                for micro in range(accumulation):
+                    x = torch.randn(16, 8, generator=gen).to(next(model.parameters()).dtype)
+                    loss = ((model(x).float() - 1.0) ** 2).mean() * 1e20  # large: overflows at 2**120
+                    scaler.scale(loss / accumulation).backward()
+                    if name == "update_every_microbatch":
+                        scaler.step(opt)
+                        scaler.update()
+                if name == "update_every_microbatch":
+                    continue
+                if name != "clip_before_unscale":
+                    scaler.unscale_(opt)
+                if name == "unscale_twice":
+                    scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                before = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+                skipped = scaler.get_scale() < before  # the public way to know the step was skipped
+                if name == "scheduler_on_skipped_step" or not skipped:
+                    sched.step()
+                    sched_steps[0] += 1
+        except (RuntimeError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    return PitfallDemo(name or "correct loop", tuple(audit.findings), error, len(opt_steps), sched_steps[0])
+
+
+# ---- static against dynamic scaling on the real model -------------------------------------------------
+
+@dataclass(frozen=True)
+class ScalingRun:
+    """One FP16-autocast training run: losses, scale per step, skipped steps."""
+
+    label: str
+    losses: tuple[float, ...]
+    scales: tuple[float, ...]
+    skipped: tuple[bool, ...]
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped)
+
+
+def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, static_scales=(1.0, 2.0**8, 2.0**24),
+                            steps: int | None = None, dynamic_growth_interval: int | None = None,
+                            seed: int = 0, lr: float = 3e-3) -> list[ScalingRun]:
+    """Train the course GPT with FP16 autocast under each static loss scale and under GradScaler.
+
+    Static scaling multiplies the loss by a fixed number, unscales the gradients and skips a step whose
+    gradients are not finite, never changing the scale. Every run starts from the same weights and sees
+    the same batches.
+    """
+    from .data import BatchSampler, load_corpus
+    from .models import build_gpt, gpt_config_for
+
+    steps = profile.pick(small=30, full=1000) if steps is None else steps
+    interval = profile.pick(small=10, full=DEFAULT_GROWTH_INTERVAL) if dynamic_growth_interval is None \
+        else dynamic_growth_interval
+    device = torch.device(device)
+    cfg = gpt_config_for(profile)
+    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
+                           profile.pick(small=16, full=64), cfg.context, seed=seed)
+    runs = []
+    for label, static in [*((f"static {s:g}", float(s)) for s in static_scales), ("dynamic (GradScaler)", None)]:
+        model = build_gpt(cfg, seed=seed, device=device)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        scaler = torch.amp.GradScaler(device.type, growth_interval=interval) if static is None else None
+        losses, scales, skipped = [], [], []
+        for step in range(steps):
+            x, y = sampler.batch(step, device)
+            with torch.autocast(device.type, dtype=torch.float16):
+                _, loss = model(x, y)
+            opt.zero_grad(set_to_none=True)
+            if scaler is None:
+                (loss * static).backward()
+                grads = [p.grad for p in model.parameters() if p.grad is not None]
+                finite = all(bool(torch.isfinite(g).all()) for g in grads)
+                if finite:
+                    for g in grads:
+                        g.div_(static)
+                    opt.step()
+                scales.append(static)
+                skipped.append(not finite)
+            else:
+                scale = scaler.get_scale()
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                scales.append(scale)
+                skipped.append(scaler.get_scale() < scale)
+            losses.append(float(loss.detach()))
+        runs.append(ScalingRun(label, tuple(losses), tuple(scales), tuple(skipped)))
+    return runs
+
+
+def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwargs) -> dict[str, int]:
+    """Run :class:`TeachingLossScaler` and ``torch.amp.GradScaler`` side by side on a random gradient
+    stream with planted inf and NaN; count the steps on which scale, tracker, skip decision and unscaled
+    gradients agree bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    real, mine = torch.amp.GradScaler("cpu", **scaler_kwargs), TeachingLossScaler(**scaler_kwargs)
+    p_real, p_mine = torch.nn.Parameter(torch.zeros(64)), torch.nn.Parameter(torch.zeros(64))
+    opt_real = torch.optim.SGD([p_real], lr=0.0)
+    ran = []
+    opt_real.register_step_post_hook(lambda *_: ran.append(True))
+    agree = {"steps": 0, "scale": 0, "growth_tracker": 0, "skip": 0, "gradients": 0}
+    for step in range(n_steps):
+        c = torch.randn(64, generator=gen) * torch.exp2(torch.randint(-40, 10, (64,), generator=gen).float())
+        if torch.rand((), generator=gen) < 0.05:
+            c[3] = math.inf if step % 2 else math.nan
+        opt_real.zero_grad(set_to_none=True)
+        p_mine.grad = None
+        real.scale((p_real * c).sum()).backward()
+        mine.scale_loss((p_mine * c).sum()).backward()
+        real.unscale_(opt_real)
+        found = mine.unscale_([p_mine.grad])
+        same_grads = bool(((p_real.grad == p_mine.grad) | (p_real.grad.isnan() & p_mine.grad.isnan())).all())
+        n_ran = len(ran)
+        real.step(opt_real)
+        real.update()
+        mine.update(found)
+        state = real.state_dict()
+        agree["steps"] += 1
+        agree["scale"] += int(state["scale"] == mine.scale)
+        agree["growth_tracker"] += int(state["_growth_tracker"] == mine.growth_tracker)
+        agree["skip"] += int((len(ran) == n_ran) == found)
+        agree["gradients"] += int(same_grads)
+    return agree

@@ -108,3 +108,24 @@ class FormatExplorer:
 def format_explorer(value: float = 0.1, format: str = "FP16", formats=None):
     """The explorer's widget, ready to display in Jupyter (see :class:`FormatExplorer`)."""
     return FormatExplorer(value, format, formats).widget
+
+
+def loss_scale_explorer(values, fmt: str = "FP16"):
+    """A slider over log2(loss scale): how much of ``values`` (gradients) survives, flushes or overflows
+    in ``fmt``. The static page shows the same as :func:`course_lib.plots.plot_scale_sweep`."""
+    import ipywidgets as w
+
+    from .gradients import summarize_underflow
+
+    nonzero = values[values != 0]
+    out = w.HTML()
+
+    def show(change=None):
+        s = summarize_underflow(nonzero, fmt, 2.0 ** slider.value)
+        out.value = (f"loss scale 2<sup>{slider.value}</sup>: survive <b>{1 - s.lost:.2%}</b>, flushed to "
+                     f"zero {s.flushed:.2%}, subnormal {s.subnormal:.2%}, overflow {s.overflow:.2%}")
+
+    slider = w.IntSlider(value=0, min=-4, max=40, description="log2 scale:")
+    slider.observe(show, names="value")
+    show()
+    return w.VBox([slider, out])
