@@ -130,3 +130,46 @@ def test_bad_arguments_are_clear_errors():
         replay_scale_schedule([-1.0])
     with pytest.raises(TypeError, match="SizeProfile"):
         record_grad_scaler_run("small")
+
+
+@pytest.mark.parametrize("pitfall", list(__import__("course_lib.scaling", fromlist=["x"]).PITFALLS))
+def test_each_detector_catches_its_planted_pitfall(pitfall):
+    from course_lib.scaling import run_pitfall_demo
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        demo = run_pitfall_demo(pitfall)
+    assert [f.pitfall for f in demo.findings] == [pitfall]
+    if pitfall in ("unscale_twice", "fp16_params"):
+        assert demo.error is not None
+
+
+def test_correct_loop_raises_no_finding_and_restores_everything():
+    from course_lib.scaling import ScalerAudit, run_pitfall_demo
+
+    clip = torch.nn.utils.clip_grad_norm_
+    demo = run_pitfall_demo(None)
+    assert demo.findings == () and demo.error is None
+    assert demo.optimizer_steps == demo.scheduler_steps == 3  # the first, overflowing step is skipped
+    assert torch.nn.utils.clip_grad_norm_ is clip
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerAudit(scaler, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)):
+        assert "scale" in scaler.__dict__
+    assert "scale" not in scaler.__dict__
+    with pytest.raises(ValueError, match="unknown pitfall"):
+        run_pitfall_demo("typo")
+    with pytest.raises(TypeError, match="GradScaler"):
+        ScalerAudit(object(), None)
+
+
+def test_side_by_side_check_and_static_runs():
+    from course_lib.scaling import compare_with_grad_scaler, train_with_loss_scaling
+
+    agree = compare_with_grad_scaler(120, growth_interval=3)
+    assert set(agree.values()) == {120}
+    runs = train_with_loss_scaling(SizeProfile("small"), static_scales=(1.0, 2.0**30), steps=3,
+                                   dynamic_growth_interval=2)
+    labels = [r.label for r in runs]
+    assert labels == ["static 2^0", "static 2^30", "dynamic (GradScaler)"]
+    assert runs[1].n_skipped == 3 and runs[0].n_skipped == 0

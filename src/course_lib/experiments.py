@@ -84,3 +84,35 @@ def _tf32_matmul_rounding(profile: SizeProfile, device: torch.device) -> Experim
     n = profile.pick(small=256, full=4096)
     result = tf32_matmul_check(n, device)
     return ExperimentOutput(parameters={"n": n}, values={"check": result})
+
+
+# ---- lessons 2 and 3: underflow, loss scaling -----------------------------------------------------
+
+@register("underflow_statistics",
+          "Per-format underflow/overflow fractions of the course model's activation and weight gradients, "
+          "first and last step of FP32 training, per layer and overall (lesson 2).")
+def _underflow_statistics(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .gradients import UNDERFLOW_FORMATS, summarize_underflow, train_and_capture, underflow_table
+
+    run = train_and_capture(profile, device)
+    values = {}
+    for step, cap in run.captures.items():
+        values[f"step_{step}"] = {
+            "overall": {kind: {f: summarize_underflow(cap.all_values(kind), f) for f in UNDERFLOW_FORMATS}
+                        for kind in ("activation", "weight")},
+            "per_layer_activation": [{"layer": name, "summary": s} for name, s in underflow_table(cap)],
+        }
+    return ExperimentOutput(parameters={"profile": profile.name, "steps": len(run.losses)},
+                            values={"losses": run.losses, "captures": values})
+
+
+@register("scaler_flight_recording",
+          "A real torch.amp.GradScaler run of the course model with FP16 autocast at GradScaler's "
+          "defaults: scale, skipped steps and growth tracker per step (lesson 3).")
+def _scaler_flight_recording(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .scaling import record_grad_scaler_run
+
+    rec = record_grad_scaler_run(profile, device)
+    return ExperimentOutput(parameters={"profile": profile.name, "steps": rec.steps,
+                                        "init_scale": rec.init_scale, "growth_interval": rec.growth_interval},
+                            values={"recording": rec})

@@ -580,7 +580,11 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
     sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
                            profile.pick(small=16, full=64), cfg.context, seed=seed)
     runs = []
-    for label, static in [*((f"static {s:g}", float(s)) for s in static_scales), ("dynamic (GradScaler)", None)]:
+    def name(scale: float) -> str:
+        exponent = math.log2(scale)
+        return f"static 2^{int(exponent)}" if exponent == int(exponent) else f"static {scale:g}"
+
+    for label, static in [*((name(float(s)), float(s)) for s in static_scales), ("dynamic (GradScaler)", None)]:
         model = build_gpt(cfg, seed=seed, device=device)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         scaler = torch.amp.GradScaler(device.type, growth_interval=interval) if static is None else None

@@ -1,0 +1,92 @@
+import math
+
+import pytest
+import torch
+
+from course_lib.device import SizeProfile
+from course_lib.gradients import (capture_gradients, compare_naive_fp16, summarize_underflow, sweep_loss_scale,
+                                  train_and_capture, underflow_table)
+from course_lib.models import DeepMLP, regression_batch
+
+
+def test_summary_fractions_on_hand_made_values():
+    # FP16: 0 (zero), 2**-26 (flushes), 2**-20 (subnormal), 1.0 (normal), 1e5 (overflow)
+    values = torch.tensor([0.0, 2.0**-26, 2.0**-20, 1.0, 1e5])
+    s = summarize_underflow(values, "FP16")
+    assert (s.zero, s.flushed, s.subnormal, s.overflow) == (0.2, 0.2, 0.2, 0.2)
+    assert s.normal == pytest.approx(0.2) and s.lost == pytest.approx(0.4)
+    scaled = summarize_underflow(values, "FP16", loss_scale=2.0**10)
+    assert scaled.flushed == 0.0 and scaled.subnormal == 0.2  # 2**-26 * 2**10 = 2**-16 is subnormal
+    bf16 = summarize_underflow(values, "BF16")
+    assert bf16.flushed == bf16.subnormal == bf16.overflow == 0.0
+    e4m3 = summarize_underflow(torch.tensor([1000.0, 1.0]), "FP8 E4M3")
+    assert e4m3.overflow == 0.5  # E4M3 saturates by default; the summary still counts overflow
+
+
+def test_half_the_smallest_subnormal_is_a_tie_to_zero():
+    s = summarize_underflow(torch.tensor([2.0**-25, 2.0**-25 * 1.5]), "FP16")
+    assert s.flushed == 0.5 and s.subnormal == 0.5
+
+
+def test_capture_gets_every_linear_in_forward_order():
+    mlp = DeepMLP(width=64, depth=5)
+    x, y = regression_batch(64, 8, step=0)
+    cap = capture_gradients(mlp, lambda m: ((m(x) - y) ** 2).mean())
+    acts = cap.of_kind("activation")
+    assert [g.name for g in acts] == [f"layers.{i}" for i in range(5)]
+    assert [g.index for g in acts] == list(range(5))
+    assert all(g.numel == 8 * 64 for g in acts)
+    # the last layer's output gradient is d(mean squared error)/d(output) = 2 (out - y) / N
+    out = mlp(x)
+    torch.testing.assert_close(acts[-1].values, (2 * (out - y) / out.numel()).flatten().detach())
+    assert len(cap.of_kind("weight")) == 5 and math.isfinite(cap.loss)
+
+
+def test_deep_mlp_gradients_shrink_going_backwards():
+    mlp = DeepMLP(width=64, depth=12)
+    x, y = regression_batch(64, 64, step=0)
+    acts = capture_gradients(mlp, lambda m: ((m(x) - y) ** 2).mean()).of_kind("activation")
+    medians = [float(g.values.abs().median()) for g in acts]
+    assert medians == sorted(medians) and medians[-1] > 100 * medians[0]
+
+
+def test_subsampling_caps_values():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 512))
+    cap = capture_gradients(model, lambda m: m(torch.ones(100, 8)).sum(), max_values_per_layer=1000)
+    (act,) = cap.of_kind("activation")
+    assert act.numel == 51200 and act.values.numel() <= 1000
+
+
+def test_sweep_and_table():
+    values = torch.tensor([2.0**-30, 2.0**-10, 2.0**5])
+    sweep = sweep_loss_scale(values, [1.0, 2.0**10, 2.0**20], "FP16")
+    assert sweep.flushed[0] == pytest.approx(1 / 3) and sweep.flushed[1] == 0.0
+    assert sweep.overflow[2] == pytest.approx(1 / 3) and sweep.survive[1] == 1.0
+    run = train_and_capture(SizeProfile("small"), steps=2)
+    assert set(run.captures) == {0, 1} and len(run.losses) == 2
+    rows = underflow_table(run.captures[1], ("FP16", "BF16"))
+    assert len(rows) == 2 * len(run.captures[1].of_kind("activation"))
+
+
+def test_naive_fp16_loses_more_gradients_than_fp32():
+    result = compare_naive_fp16(SizeProfile("small"), steps=6)
+    fp32, fp16 = result.zero_grad_fraction.values()
+    assert fp16[-1] > fp32[-1]
+    assert all(math.isfinite(v) for v in next(iter(result.losses.values())))
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="floating-point"):
+        summarize_underflow(torch.tensor([1, 2]), "FP16")
+    with pytest.raises(ValueError, match="loss_scale must be a positive"):
+        summarize_underflow(torch.ones(2), "FP16", loss_scale=0)
+    with pytest.raises(ValueError, match="no finite values"):
+        summarize_underflow(torch.tensor([math.inf]), "FP16")
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        capture_gradients(torch.nn.ReLU(), lambda m: torch.ones(1, requires_grad=True).sum())
+    with pytest.raises(ValueError, match="capture steps"):
+        train_and_capture(SizeProfile("small"), steps=3, capture_at=(5,))
+    with pytest.raises(ValueError, match="all values are zero"):
+        sweep_loss_scale(torch.zeros(3), [1.0])
+    with pytest.raises(ValueError, match="depth must be a positive int"):
+        DeepMLP(depth=0)

@@ -1,0 +1,28 @@
+import math
+
+from course_lib.overflow import bf16_model_in_fp16, matmul_overflow, softmax_overflow
+
+
+def test_softmax_naive_overflows_and_safe_forms_match_reference():
+    r = softmax_overflow((2.0, 8.0, 12.0), target=2)
+    assert math.isinf(r.exp_fp16[2]) and math.isnan(r.naive_fp16[2]) and math.isnan(r.naive_cross_entropy_fp16)
+    for safe in (r.max_subtracted_fp16, r.torch_softmax_fp16):
+        assert all(abs(a - b) < 1e-3 for a, b in zip(safe, r.reference_fp64))
+    assert abs(r.torch_cross_entropy_fp16 + math.log(r.reference_fp64[2])) < 1e-2
+    assert 11 < r.largest_safe_exp_input < 11.1
+
+
+def test_matmul_overflows_only_in_fp16():
+    r = matmul_overflow(4096, 4.5)
+    assert r.exact == 82944.0 and math.isinf(r.results["FP16"])
+    assert r.results["FP32"] == r.exact and r.results["FP16, inputs scaled by 1/16"] == r.exact
+    small = matmul_overflow(16, 4.5)
+    assert small.results["FP16"] == small.exact
+
+
+def test_planted_large_activation_breaks_fp16_not_bf16():
+    r = bf16_model_in_fp16()
+    assert r.largest_activation_bf16 > r.fp16_max
+    assert math.isfinite(r.loss_bf16) and math.isnan(r.loss_fp16) and r.nonfinite_fp16_outputs > 0
+    mild = bf16_model_in_fp16(channel_gain=1.0)
+    assert math.isfinite(mild.loss_fp16) and mild.nonfinite_fp16_outputs == 0
