@@ -193,20 +193,16 @@ def train_and_capture(profile, device: torch.device | str = "cpu", *, steps: int
                       capture_at: tuple[int, ...] | None = None, seed: int = 0, lr: float = 3e-3) -> CapturedTraining:
     """Train the course GPT in FP32 with AdamW; capture every layer's gradients at ``capture_at`` steps
     (default: the first and the last)."""
-    from .data import BatchSampler, load_corpus
-    from .models import build_gpt, gpt_config_for
+    from .models import course_setup
 
-    steps = profile.pick(small=150, full=3000) if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    setup = course_setup(profile, device, steps=steps, default_steps=(150, 3000), seed=seed)
+    steps, device, sampler = setup.steps, setup.device, setup.sampler
+    if steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     capture_at = (0, steps - 1) if capture_at is None else tuple(capture_at)
     if any(not 0 <= s < steps for s in capture_at):
         raise ValueError(f"capture steps must lie in 0..{steps - 1}, got {capture_at}")
-    device = torch.device(device)
-    cfg = gpt_config_for(profile)
-    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
-                           profile.pick(small=16, full=64), cfg.context, seed=seed)
-    model = build_gpt(cfg, seed=seed, device=device)
+    model = setup.model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses, captures = [], {}
     for step in range(steps):
@@ -244,19 +240,13 @@ def compare_naive_fp16(profile, device: torch.device | str = "cpu", *, steps: in
     Adam's ``eps`` is set to a value FP16 can hold (the default 1e-8 rounds to zero in FP16, a second,
     separate failure) so that the comparison isolates what FP16's range does to the gradients.
     """
-    from .data import BatchSampler, load_corpus
-    from .models import build_gpt, gpt_config_for
+    from .models import course_setup
 
-    steps = profile.pick(small=40, full=1000) if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    device = torch.device(device)
-    cfg = gpt_config_for(profile)
-    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
-                           profile.pick(small=16, full=64), cfg.context, seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
+    steps, device, sampler = setup.steps, setup.device, setup.sampler
     losses, zeros = {}, {}
     for label, dtype in (("FP32", torch.float32), ("FP16 (.half(), no scaling)", torch.float16)):
-        model = build_gpt(cfg, seed=seed, device=device).to(dtype)
+        model = setup.model(seed).to(dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, eps=adam_eps, weight_decay=0.0)
         run_losses, run_zeros = [], []
         for step in range(steps):

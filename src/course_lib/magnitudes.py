@@ -14,9 +14,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .data import BatchSampler, load_corpus
 from .device import SizeProfile
-from .models import GPTConfig, build_gpt, gpt_config_for
+from .models import GPTConfig, course_setup
 
 # Binades covered: 2**-160 (below every format's smallest subnormal except FP32's 2**-149) to 2**130.
 LOG2_LO = -160
@@ -173,17 +172,10 @@ def measure_training_magnitudes(
 
     Sizes come from ``profile`` (model shape, batch size, default number of steps).
     """
-    if not isinstance(profile, SizeProfile):
-        raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
-    steps = profile.pick(small=60, full=600) if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-    device = torch.device(device)
-    cfg = gpt_config_for(profile)
-    batch_size = profile.pick(small=16, full=64)
-    corpus = load_corpus(profile.pick(small=1_000_000, full=20_000_000))
-    sampler = BatchSampler(corpus, batch_size, cfg.context, seed=seed)
-    model = build_gpt(cfg, seed=seed, device=device)
+    setup = course_setup(profile, device, steps=steps, default_steps=(60, 600), seed=seed)
+    steps, device, cfg, sampler = setup.steps, setup.device, setup.config, setup.sampler
+    batch_size = sampler.batch_size
+    model = setup.model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     for step in range(steps):

@@ -166,3 +166,37 @@ def regression_batch(width: int, batch_size: int, step: int, seed: int = 0) -> t
     x = torch.randn(batch_size, width, generator=gen)
     proj = torch.randn(width, width, generator=torch.Generator().manual_seed(seed + 12345)) / math.sqrt(width)
     return x, torch.sin(x @ proj)
+
+
+@dataclass(frozen=True)
+class CourseSetup:
+    """What every training experiment on the course model starts from, sized by the profile."""
+
+    config: GPTConfig
+    sampler: "BatchSampler"  # noqa: F821 - from course_lib.data
+    steps: int
+    device: torch.device
+
+    def model(self, seed: int = 0) -> TinyGPT:
+        """A fresh model; the same ``seed`` gives the same initial weights in every run."""
+        return build_gpt(self.config, seed=seed, device=self.device)
+
+
+def course_setup(profile: SizeProfile, device: torch.device | str = "cpu", *, steps: int | None,
+                 default_steps: tuple[int, int], seed: int = 0) -> CourseSetup:
+    """Model shape, batches and step count for an experiment on the course model.
+
+    ``default_steps`` is ``(small, full)``, used when ``steps`` is None. Batch size and corpus size come
+    from the profile.
+    """
+    from .data import BatchSampler, load_corpus
+
+    if not isinstance(profile, SizeProfile):
+        raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
+    steps = profile.pick(small=default_steps[0], full=default_steps[1]) if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    cfg = gpt_config_for(profile)
+    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
+                           profile.pick(small=16, full=64), cfg.context, seed=seed)
+    return CourseSetup(cfg, sampler, steps, torch.device(device))

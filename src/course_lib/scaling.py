@@ -253,21 +253,12 @@ def record_grad_scaler_run(
     seed: int = 0,
 ) -> FlightRecording:
     """Train the course model with FP16 autocast and a real ``torch.amp.GradScaler``; log every step."""
-    from .data import BatchSampler, load_corpus
-    from .device import SizeProfile
-    from .models import build_gpt, gpt_config_for
+    from .models import course_setup
 
-    if not isinstance(profile, SizeProfile):
-        raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
+    setup = course_setup(profile, device, steps=steps, default_steps=(60, 2000), seed=seed)
     _check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval)
-    steps = profile.pick(small=60, full=2000) if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    device = torch.device(device)
-    cfg = gpt_config_for(profile)
-    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
-                           profile.pick(small=16, full=64), cfg.context, seed=seed)
-    model = build_gpt(cfg, seed=seed, device=device)
+    steps, device, sampler = setup.steps, setup.device, setup.sampler
+    model = setup.model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     scaler = torch.amp.GradScaler(device.type, init_scale=init_scale, growth_factor=growth_factor,
                                   backoff_factor=backoff_factor, growth_interval=growth_interval)
@@ -569,23 +560,19 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
     gradients are not finite, never changing the scale. Every run starts from the same weights and sees
     the same batches.
     """
-    from .data import BatchSampler, load_corpus
-    from .models import build_gpt, gpt_config_for
+    from .models import course_setup
 
-    steps = profile.pick(small=30, full=1000) if steps is None else steps
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 1000), seed=seed)
+    steps, device, sampler = setup.steps, setup.device, setup.sampler
     interval = profile.pick(small=10, full=DEFAULT_GROWTH_INTERVAL) if dynamic_growth_interval is None \
         else dynamic_growth_interval
-    device = torch.device(device)
-    cfg = gpt_config_for(profile)
-    sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=20_000_000)),
-                           profile.pick(small=16, full=64), cfg.context, seed=seed)
     runs = []
     def name(scale: float) -> str:
         exponent = math.log2(scale)
         return f"static 2^{int(exponent)}" if exponent == int(exponent) else f"static {scale:g}"
 
     for label, static in [*((name(float(s)), float(s)) for s in static_scales), ("dynamic (GradScaler)", None)]:
-        model = build_gpt(cfg, seed=seed, device=device)
+        model = setup.model(seed)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         scaler = torch.amp.GradScaler(device.type, growth_interval=interval) if static is None else None
         losses, scales, skipped = [], [], []
