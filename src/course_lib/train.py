@@ -1,0 +1,306 @@
+"""One training loop for every precision recipe the course compares.
+
+A :class:`Recipe` is a small declarative object (autocast dtype, parameter dtype, loss scaler, TF32,
+FP32 master weights); :func:`train` is the single loop that runs any of them, with the production pieces
+real loops need: gradient accumulation, clipping after unscaling, an LR schedule that does not advance on
+skipped steps, checkpoint save/resume including the scaler's state, and evaluation under autocast. It uses
+the ``torch.amp`` APIs with an explicit device type throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .data import BatchSampler
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one training run uses precision.
+
+    ``autocast_dtype``: run the forward under ``torch.autocast`` with this dtype (None: no autocast).
+    ``param_dtype``: the dtype the model's parameters are stored in.
+    ``grad_scaler``: use ``torch.amp.GradScaler`` (dynamic loss scaling).
+    ``tf32``: allow TF32 tensor cores for FP32 matrix products (CUDA, compute capability 8.0+).
+    ``master_weights``: keep an FP32 copy of low-precision parameters; the optimizer updates the copy
+    and the model receives it rounded.
+    """
+
+    name: str
+    description: str
+    autocast_dtype: torch.dtype | None = None
+    param_dtype: torch.dtype = torch.float32
+    grad_scaler: bool = False
+    tf32: bool = False
+    master_weights: bool = False
+
+    def unsupported_reason(self, device: torch.device | str) -> str | None:
+        """Why ``device`` cannot run this recipe, or None when it can."""
+        device = torch.device(device)
+        needs_bf16 = torch.bfloat16 in (self.autocast_dtype, self.param_dtype)
+        if device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(device)
+            if self.tf32 and (major, minor) < (8, 0):
+                return f"TF32 needs compute capability 8.0 or newer; this GPU has {major}.{minor}"
+            if needs_bf16 and not torch.cuda.is_bf16_supported():
+                return f"this GPU (compute capability {major}.{minor}) has no native BF16"
+            return None
+        if device.type == "cpu":
+            if self.tf32:
+                return "TF32 is a tensor-core format of NVIDIA GPUs; a CPU has no TF32 mode"
+            return None
+        return f"unsupported device type {device.type!r}"
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("fp32", "FP32 everywhere"),
+    Recipe("tf32", "FP32 storage, TF32 tensor cores for matrix products", tf32=True),
+    Recipe("bf16_autocast", "FP32 weights, BF16 autocast", autocast_dtype=torch.bfloat16),
+    Recipe("fp16_autocast_scaler", "FP32 weights, FP16 autocast, dynamic loss scaling",
+           autocast_dtype=torch.float16, grad_scaler=True),
+    Recipe("fp16_autocast_no_scaler", "FP32 weights, FP16 autocast, no loss scaling",
+           autocast_dtype=torch.float16),
+    Recipe("bf16_pure", "BF16 weights and optimizer state, no FP32 master copy", param_dtype=torch.bfloat16),
+    Recipe("bf16_master", "BF16 weights and compute, FP32 master weights for the update",
+           param_dtype=torch.bfloat16, master_weights=True),
+)}
+
+
+def get_recipe(recipe: str | Recipe, device: torch.device | str | None = None) -> Recipe:
+    """A recipe by name; with ``device``, also refuse clearly one the device cannot run."""
+    if isinstance(recipe, Recipe):
+        r = recipe
+    elif isinstance(recipe, str):
+        if recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+        r = RECIPES[recipe]
+    else:
+        raise TypeError(f"a recipe is a name or a Recipe, not {type(recipe).__name__}")
+    if device is not None:
+        reason = r.unsupported_reason(device)
+        if reason:
+            raise ValueError(f"recipe {r.name!r} cannot run on {torch.device(device)}: {reason}")
+    return r
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Loop settings. ``steps`` counts optimizer steps (each of ``accumulation_steps`` micro-batches)."""
+
+    steps: int
+    lr: float = 3e-3
+    accumulation_steps: int = 1
+    clip_norm: float | None = 1.0
+    warmup_steps: int = 0
+    schedule: str = "constant"        # or "cosine"
+    weight_decay: float = 0.0
+    eval_every: int = 0               # 0: no evaluation
+    eval_batches: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "accumulation_steps", "warmup_steps", "eval_every", "eval_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if self.accumulation_steps < 1:
+            raise ValueError("accumulation_steps must be at least 1")
+        if self.schedule not in ("constant", "cosine"):
+            raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+
+
+@dataclass
+class History:
+    """Per optimizer step: loss (mean over micro-batches), gradient norm (unscaled, before clipping), loss
+    scale, skipped or not, learning rate, wall time, tokens per second; and peak memory (bytes, CUDA only)
+    and evaluation losses ``(step, loss)``."""
+
+    recipe: str
+    losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    tokens_per_second: list[float] = field(default_factory=list)
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+
+
+class TrainState:
+    """Everything a run needs to continue: model, optimizer, scaler, scheduler, FP32 masters, step."""
+
+    def __init__(self, model: torch.nn.Module, recipe: Recipe, config: TrainConfig, device: torch.device):
+        self.model, self.recipe, self.config, self.device = model, recipe, config, device
+        model.to(device=device, dtype=recipe.param_dtype)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if recipe.master_weights:
+            self.masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+            opt_params = self.masters
+        else:
+            self.masters = None
+            opt_params = params
+        self.params = params
+        self.optimizer = torch.optim.AdamW(opt_params, lr=config.lr, weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=recipe.grad_scaler)
+        self.step = 0
+
+    def _lr_factor(self, step: int) -> float:
+        c = self.config
+        if c.warmup_steps and step < c.warmup_steps:
+            return (step + 1) / c.warmup_steps
+        if c.schedule == "cosine":
+            progress = min(1.0, (step - c.warmup_steps) / max(1, c.steps - c.warmup_steps))
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "masters": None if self.masters is None else [m.detach().clone() for m in self.masters],
+                "step": self.step, "recipe": self.recipe.name, "rng": torch.random.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("recipe") != self.recipe.name:
+            raise ValueError(f"checkpoint is for recipe {state.get('recipe')!r}, not {self.recipe.name!r}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.masters is not None:
+            with torch.no_grad():
+                for m, saved in zip(self.masters, state["masters"]):
+                    m.copy_(saved)
+        self.step = int(state["step"])
+        torch.random.set_rng_state(state["rng"])
+
+
+def save_checkpoint(state: TrainState, path: str | Path) -> Path:
+    """Write the run's full state (including the scaler's scale and growth tracker) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state.state_dict(), path)
+    return path
+
+
+def load_checkpoint(state: TrainState, path: str | Path) -> TrainState:
+    """Restore ``state`` (built with the same model shape, recipe and config) from ``path``."""
+    state.load_state_dict(torch.load(Path(path), weights_only=False))
+    return state
+
+
+def _autocast(recipe: Recipe, device: torch.device):
+    if recipe.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=recipe.autocast_dtype)
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def evaluate(state: TrainState, sampler: BatchSampler, batches: int = 2) -> float:
+    """Mean loss over ``batches`` batches of ``sampler``, in eval mode, under the recipe's autocast."""
+    state.model.eval()
+    total = 0.0
+    with torch.no_grad(), _autocast(state.recipe, state.device), _tf32(state.recipe.tf32):
+        for i in range(batches):
+            x, y = sampler.batch(i, state.device)
+            total += float(state.model(x, y)[1].float())
+    state.model.train()
+    return total / batches
+
+
+def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
+          val_sampler: BatchSampler | None = None, history: History | None = None) -> History:
+    """Run ``steps`` optimizer steps (default: up to ``config.steps``) from ``state.step`` on.
+
+    Batches are ``sampler.batch(step * accumulation_steps + micro)``, so a resumed run sees exactly the
+    batches the uninterrupted run would have seen.
+    """
+    recipe, config, device = state.recipe, state.config, state.device
+    history = History(recipe.name) if history is None else history
+    end = config.steps if steps is None else state.step + steps
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model, opt, scaler = state.model, state.optimizer, state.scaler
+    stepped = []
+    hook = opt.register_step_post_hook(lambda *_: stepped.append(True))
+    try:
+        with _tf32(recipe.tf32):
+            while state.step < end:
+                start = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                for p in state.params:
+                    p.grad = None
+                loss_sum = 0.0
+                tokens = 0
+                for micro in range(config.accumulation_steps):
+                    x, y = sampler.batch(state.step * config.accumulation_steps + micro, device)
+                    with _autocast(recipe, device):
+                        _, loss = model(x, y)
+                    scaler.scale(loss / config.accumulation_steps).backward()
+                    loss_sum += float(loss.detach().float())
+                    tokens += x.numel()
+                if state.masters is not None:
+                    for m, p in zip(state.masters, state.params):
+                        m.grad = None if p.grad is None else p.grad.float()
+                scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+                scaler.unscale_(opt)  # a no-op when the scaler is disabled
+                opt_params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+                norm = torch.nn.utils.clip_grad_norm_(
+                    opt_params, config.clip_norm if config.clip_norm is not None else math.inf)
+                n_before = len(stepped)
+                scaler.step(opt)
+                scaler.update()
+                ran = len(stepped) > n_before
+                if ran:
+                    state.scheduler.step()  # never on a skipped step
+                    if state.masters is not None:
+                        with torch.no_grad():
+                            for m, p in zip(state.masters, state.params):
+                                p.copy_(m)  # rounds the FP32 master to the model's dtype
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                elapsed = time.perf_counter() - start
+                history.losses.append(loss_sum / config.accumulation_steps)
+                history.grad_norms.append(float(norm))
+                history.scales.append(scale)
+                history.skipped.append(not ran)
+                history.lrs.append(opt.param_groups[0]["lr"])
+                history.step_seconds.append(elapsed)
+                history.tokens_per_second.append(tokens / elapsed if elapsed > 0 else math.nan)
+                state.step += 1
+                if val_sampler is not None and config.eval_every and state.step % config.eval_every == 0:
+                    history.eval_losses.append((state.step, evaluate(state, val_sampler, config.eval_batches)))
+    finally:
+        hook.remove()
+    if device.type == "cuda":
+        history.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
+    return history
+
+
+def run_recipe(recipe: str | Recipe, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+               seed: int = 0, lr: float = 3e-3, **config_kwargs) -> History:
+    """Train the course GPT from seed ``seed`` with ``recipe`` at the profile's size; return the history."""
+    from .models import course_setup
+
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
+    state = TrainState(setup.model(seed), r, TrainConfig(steps=setup.steps, lr=lr, **config_kwargs), device)
+    return train(state, setup.sampler)

@@ -1,0 +1,49 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib.amp import autocast_op_lists, classify, cuda_policy, trace_autocast
+
+
+def test_tracer_sees_the_dtypes_autocast_chose():
+    a = torch.randn(8, 8)
+    b = torch.randn(8, 8, requires_grad=True)
+
+    def step():
+        h = a @ b                                  # autocast: lower precision
+        s = torch.softmax(h, dim=-1)               # CPU: stays in its input's dtype
+        n = F.layer_norm(h.float(), (8,))          # explicit FP32 input stays FP32
+        return (s.float().sum() + n.sum())
+
+    trace = trace_autocast(step, device_type="cpu", dtype=torch.bfloat16)
+    assert trace.dtype_of("mm") == ("bfloat16",)
+    assert trace.dtype_of("_softmax") == ("bfloat16",)
+    assert trace.dtype_of("native_layer_norm")[0] == "float32"
+    assert any(e.phase == "backward" for e in trace.events)
+    rows = {r["op"]: r for r in trace.op_table()}
+    assert rows["mm"]["runs_in"] == "low precision" and rows["_to_copy"]["runs_in"] == "cast"
+    with pytest.raises(ValueError, match="did not run"):
+        trace.dtype_of("conv2d")
+
+
+def test_tracer_bad_input():
+    with pytest.raises(ValueError, match="autocast dtype"):
+        trace_autocast(lambda: None, dtype=torch.float32)
+    with pytest.raises(ValueError, match="device_type"):
+        trace_autocast(lambda: None, device_type="tpu")
+    with pytest.raises(ValueError, match="scalar loss"):
+        trace_autocast(lambda: torch.ones(3, requires_grad=True) * 2)
+
+
+def test_cuda_lists_from_the_installed_header():
+    lists = autocast_op_lists()
+    assert {"mm", "linear", "bmm", "addmm"} <= lists["lower precision"]
+    assert {"exp", "layer_norm", "mse_loss"} <= lists["fp32"]
+    assert {"softmax", "sum", "log_softmax"} <= lists["fp32 (via dtype argument)"]
+    assert {"addcmul", "dot", "index_put"} <= lists["promote"]
+    assert cuda_policy("_softmax", lists) == "fp32 (via dtype argument)"
+    assert cuda_policy("native_layer_norm", lists) == "fp32"
+    assert cuda_policy("view", lists) == "-"
+    assert classify("add", ("float32", "bfloat16"), ("float32",)) == "fp32"
+    with pytest.raises(FileNotFoundError):
+        autocast_op_lists("/nonexistent/autocast_mode.h")

@@ -1,0 +1,87 @@
+import math
+
+import pytest
+import torch
+
+from course_lib.device import SizeProfile
+from course_lib.models import course_setup
+from course_lib.train import (RECIPES, TrainConfig, TrainState, get_recipe, load_checkpoint, run_recipe,
+                              save_checkpoint, train)
+
+SMALL = SizeProfile("small")
+CPU_RECIPES = [name for name in RECIPES if name != "tf32"]
+
+
+@pytest.mark.parametrize("name", CPU_RECIPES)
+def test_every_recipe_lowers_the_loss(name):
+    history = run_recipe(name, SMALL, steps=12)
+    assert len(history.losses) == 12 and all(math.isfinite(v) for v in history.losses)
+    assert sum(history.losses[-3:]) / 3 < history.losses[0] - 0.5
+
+
+def test_recipe_errors_are_clear():
+    with pytest.raises(ValueError, match="unknown recipe 'fp64'"):
+        get_recipe("fp64")
+    with pytest.raises(ValueError, match="recipe 'tf32' cannot run on cpu: TF32 is a tensor-core format"):
+        get_recipe("tf32", "cpu")
+    with pytest.raises(TypeError, match="a recipe is a name"):
+        get_recipe(3)
+    with pytest.raises(ValueError, match="accumulation_steps"):
+        TrainConfig(steps=1, accumulation_steps=0)
+    with pytest.raises(ValueError, match="schedule"):
+        TrainConfig(steps=1, schedule="linear")
+
+
+def _state(recipe, steps, model_seed=0, **kw):
+    setup = course_setup(SMALL, "cpu", steps=steps, default_steps=(1, 1), seed=0)
+    return TrainState(setup.model(model_seed), get_recipe(recipe), TrainConfig(steps=steps, **kw),
+                      setup.device), setup
+
+
+def test_scheduler_does_not_advance_on_skipped_steps():
+    state, setup = _state("fp16_autocast_scaler", 4, warmup_steps=10)
+    state.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # the first steps overflow FP16
+    history = train(state, setup.sampler)
+    skipped = sum(history.skipped)
+    assert skipped >= 1
+    assert state.scheduler.last_epoch == 4 - skipped
+    # warmup: the LR grows only on steps that ran
+    assert history.lrs[0] == history.lrs[skipped - 1]
+
+
+def test_resume_from_checkpoint_reproduces_the_run(tmp_path):
+    straight, setup = _state("fp16_autocast_scaler", 6)
+    full = train(straight, setup.sampler)
+    first, setup = _state("fp16_autocast_scaler", 6)
+    train(first, setup.sampler, steps=3)
+    path = save_checkpoint(first, tmp_path / "ckpt.pt")
+    resumed, setup = _state("fp16_autocast_scaler", 6, model_seed=1)  # different init: the checkpoint must win
+    load_checkpoint(resumed, path)
+    assert resumed.scaler.get_scale() == first.scaler.get_scale() and resumed.step == 3
+    rest = train(resumed, setup.sampler)
+    assert rest.losses == full.losses[3:]
+    with pytest.raises(ValueError, match="checkpoint is for recipe"):
+        load_checkpoint(_state("fp32", 6)[0], path)
+
+
+def test_bf16_without_master_weights_loses_small_updates():
+    """With a small learning rate, AdamW's updates fall below half a BF16 ulp of most weights."""
+    pure, setup = _state("bf16_pure", 1, lr=1e-5)
+    before = [p.detach().clone() for p in pure.params]
+    train(pure, setup.sampler)
+    unchanged = sum(int((p == b).sum()) for p, b in zip(pure.params, before)) / sum(b.numel() for b in before)
+    master, setup = _state("bf16_master", 1, lr=1e-5)
+    masters_before = [m.detach().clone() for m in master.masters]
+    train(master, setup.sampler)
+    master_unchanged = sum(int((m == b).sum()) for m, b in zip(master.masters, masters_before)) / \
+        sum(b.numel() for b in masters_before)
+    assert unchanged > 0.5 and master_unchanged < 0.2
+    assert master.params[0].dtype == torch.bfloat16 and master.masters[0].dtype == torch.float32
+
+
+def test_accumulation_and_evaluation():
+    state, setup = _state("bf16_autocast", 4, accumulation_steps=2, eval_every=2, eval_batches=1)
+    val = type(setup.sampler)(setup.sampler.corpus, 4, setup.config.context, split="val")
+    history = train(state, setup.sampler, val_sampler=val)
+    assert len(history.losses) == 4 and [s for s, _ in history.eval_losses] == [2, 4]
+    assert all(t > 0 for t in history.tokens_per_second) and history.peak_memory_bytes is None
