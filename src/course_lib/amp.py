@@ -148,3 +148,124 @@ def cuda_policy(op: str, lists: dict[str, frozenset[str]] | None = None) -> str:
         if names & ops:
             return policy
     return "-"
+
+
+# ---- what autocast does not touch ---------------------------------------------------------------------
+
+def _name(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def autocast_exceptions(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> dict[str, str]:
+    """Output dtypes of cases autocast leaves alone, each run under ``torch.autocast``.
+
+    Keys: an eligible matmul (for contrast), an in-place op on an FP32 tensor, a matmul with ``out=``, a
+    tensor created with an explicit dtype, a matmul inside ``autocast(enabled=False)``, and a matmul on
+    FP64 inputs (autocast only touches FP32 inputs of eligible ops).
+    """
+    device = torch.device(device_type)
+    a = torch.randn(4, 4, device=device)
+    b = torch.randn(4, 4, device=device)
+    out = torch.empty(4, 4, device=device)
+    acc = torch.zeros(4, 4, device=device)
+    with torch.autocast(device_type, dtype=dtype):
+        result = {
+            "a @ b (eligible op)": _name(a @ b),
+            "acc.add_(a @ b) (in-place into FP32)": _name(acc.add_(a @ b)),
+            "torch.mm(a, b, out=out)": _name(torch.mm(a, b, out=out)),
+            "torch.ones(4, dtype=torch.float32)": _name(torch.ones(4, device=device, dtype=torch.float32)),
+            "a.double() @ b.double()": _name(a.double() @ b.double()),
+        }
+        with torch.autocast(device_type, enabled=False):
+            result["a @ b inside autocast(enabled=False)"] = _name(a @ b)
+    return result
+
+
+def make_fp32_function(device_type: str):
+    """A custom autograd function ``y = x ** 2`` (computed in FP32 under autocast) for ``device_type``."""
+    seen: dict[str, str] = {}
+
+    class Square(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type=device_type, cast_inputs=torch.float32)
+        def forward(ctx, x):
+            seen["forward input"] = _name(x)
+            seen["autocast inside forward"] = str(torch.is_autocast_enabled(device_type))
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type=device_type)
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            seen["backward grad"] = _name(grad)
+            return 2 * x * grad
+
+    return Square, seen
+
+
+def custom_function_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> dict[str, str]:
+    """Run :func:`make_fp32_function`'s op on a low-precision activation under autocast."""
+    square, seen = make_fp32_function(device_type)
+    w = torch.randn(4, 4, device=device_type, requires_grad=True)
+    x = torch.randn(4, 4, device=device_type)
+    with torch.autocast(device_type, dtype=dtype):
+        h = x @ w                       # low precision
+        y = square.apply(h)
+        seen["activation before the op"] = _name(h)
+        seen["op output"] = _name(y)
+    y.float().sum().backward()
+    return dict(seen)
+
+
+def checkpointing_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> dict[str, object]:
+    """Gradients of a small block with and without activation checkpointing under autocast.
+
+    Checkpointing re-runs the forward during backward; torch restores the autocast state for the
+    recomputation, so the gradients must be identical, bit for bit."""
+    from torch.utils.checkpoint import checkpoint
+
+    gen = torch.Generator().manual_seed(seed)
+    block = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    block = block.to(device_type)
+    x = torch.randn(32, 64, generator=gen).to(device_type)
+    grads = {}
+    for label, use_ckpt in (("plain", False), ("checkpointed", True)):
+        block.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=dtype):
+            y = checkpoint(block, x, use_reentrant=False) if use_ckpt else block(x)
+        y.float().pow(2).mean().backward()
+        grads[label] = [p.grad.clone() for p in block.parameters()]
+    identical = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["checkpointed"]))
+    return {"identical gradients": identical, "output dtype": _name(y)}
+
+
+def trace_course_model(device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0) -> AutocastTrace:
+    """Trace one forward and backward pass of the course GPT (small shape) under autocast on ``device``.
+
+    ``dtype`` defaults to FP16 on CUDA and BF16 on the CPU (each device's usual autocast dtype)."""
+    from .device import SizeProfile
+    from .models import course_setup
+
+    device = torch.device(device)
+    dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)
+    setup = course_setup(SizeProfile("small"), device, steps=1, default_steps=(1, 1), seed=seed)
+    model = setup.model(seed)
+    x, y = setup.sampler.batch(0, device)
+    return trace_autocast(lambda: model(x, y)[1], device_type=device.type, dtype=dtype)
+
+
+def sensitive_ops_trace(device: torch.device | str, dtype: torch.dtype | None = None) -> dict[str, str]:
+    """Output dtype of softmax, layer_norm, exp and sum applied under autocast to a low-precision
+    activation (the output of a matmul) on ``device``: where CPU and CUDA autocast differ."""
+    device = torch.device(device)
+    dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)
+    a = torch.randn(8, 8, device=device)
+    with torch.autocast(device.type, dtype=dtype):
+        h = a @ a
+        return {"matmul output": _name(h), "softmax": _name(torch.softmax(h, -1)),
+                "layer_norm": _name(torch.nn.functional.layer_norm(h, (8,))),
+                "exp": _name(torch.exp(h)), "sum": _name(h.sum())}

@@ -116,3 +116,18 @@ def _scaler_flight_recording(profile: SizeProfile, device: torch.device) -> Expe
     return ExperimentOutput(parameters={"profile": profile.name, "steps": rec.steps,
                                         "init_scale": rec.init_scale, "growth_interval": rec.growth_interval},
                             values={"recording": rec})
+
+
+# ---- lesson 4: autocast -------------------------------------------------------------------------------
+
+@register("autocast_trace",
+          "Dtypes in and out of every op of the course model's forward and backward under CUDA FP16 "
+          "autocast, and of softmax/layer_norm/exp/sum on a low-precision input (lesson 4).",
+          requires_cuda=True)
+def _autocast_trace(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .amp import sensitive_ops_trace, trace_course_model
+
+    trace = trace_course_model(device)
+    return ExperimentOutput(parameters={"dtype": trace.dtype},
+                            values={"forward": trace.op_table("forward"), "backward": trace.op_table("backward"),
+                                    "sensitive_ops": sensitive_ops_trace(device)})
