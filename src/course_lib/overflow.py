@@ -114,3 +114,47 @@ def bf16_model_in_fp16(channel_gain: float = 2.0**21, device: torch.device | str
         hook.remove()
     return ActivationOverflow(largest_bf16, float(loss_bf16.float()), float(loss_fp16.float()),
                               int((~torch.isfinite(logits16)).sum()), get_format("FP16").max_finite)
+
+
+@dataclass(frozen=True)
+class FP16FineTune:
+    """Fine-tuning the planted BF16 model with FP16 autocast and GradScaler: per step, loss, scale and
+    whether the step was skipped."""
+
+    losses: tuple[float, ...]
+    scales: tuple[float, ...]
+    skipped: tuple[bool, ...]
+
+
+def finetune_bf16_model_in_fp16(steps: int = 8, channel_gain: float = 2.0**21, device: torch.device | str = "cpu",
+                                seed: int = 0) -> FP16FineTune:
+    """The model of :func:`bf16_model_in_fp16`, fine-tuned with FP16 autocast and a GradScaler.
+
+    The overflow is in the forward activations, not the gradients, so no loss scale can help: the loss
+    is NaN at every step, every step is skipped and the scale only backs off."""
+    from .data import BatchSampler, load_corpus
+    from .device import SizeProfile
+    from .models import build_gpt, gpt_config_for
+
+    device = torch.device(device)
+    cfg = gpt_config_for(SizeProfile("small"))
+    model = build_gpt(cfg, seed=seed, device=device)
+    with torch.no_grad():
+        model.blocks[0].out.weight[0].mul_(channel_gain)
+    sampler = BatchSampler(load_corpus(100_000), 4, cfg.context, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler(device.type)
+    losses, scales, skipped = [], [], []
+    for step in range(steps):
+        x, y = sampler.batch(step, device)
+        with torch.autocast(device.type, dtype=torch.float16):
+            _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(float(loss.detach().float()))
+        scales.append(scale)
+        skipped.append(scaler.get_scale() < scale)
+    return FP16FineTune(tuple(losses), tuple(scales), tuple(skipped))

@@ -304,3 +304,42 @@ def run_recipe(recipe: str | Recipe, profile, device: torch.device | str = "cpu"
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
     state = TrainState(setup.model(seed), r, TrainConfig(steps=setup.steps, lr=lr, **config_kwargs), device)
     return train(state, setup.sampler)
+
+
+@dataclass(frozen=True)
+class Parity:
+    """Final losses per recipe over several seeds (mean of the last ``tail`` steps of each run)."""
+
+    recipes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    final_losses: dict[str, tuple[float, ...]]
+    curves: dict[str, tuple[float, ...]]   # the first seed's loss curve per recipe
+
+    def mean(self, recipe: str) -> float:
+        v = self.final_losses[recipe]
+        return sum(v) / len(v)
+
+    def spread(self, recipe: str) -> float:
+        """Sample standard deviation over seeds (0 for a single seed)."""
+        v = self.final_losses[recipe]
+        if len(v) < 2:
+            return 0.0
+        m = self.mean(recipe)
+        return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+
+def convergence_parity(profile, device: torch.device | str = "cpu", *,
+                       recipes=("fp32", "fp16_autocast_scaler", "bf16_autocast", "fp16_autocast_no_scaler"),
+                       seeds=(0, 1, 2), steps: int | None = None, tail: int = 5, lr: float = 3e-3) -> Parity:
+    """Train the course model with each recipe from each seed (model init and batches both follow it)."""
+    if tail < 1:
+        raise ValueError(f"tail must be at least 1, got {tail}")
+    finals, curves = {}, {}
+    for name in recipes:
+        values = []
+        for seed in seeds:
+            h = run_recipe(name, profile, device, steps=steps, seed=seed, lr=lr)
+            values.append(sum(h.losses[-tail:]) / len(h.losses[-tail:]))
+            curves.setdefault(name, tuple(h.losses))
+        finals[name] = tuple(values)
+    return Parity(tuple(recipes), tuple(seeds), finals, curves)
