@@ -26,3 +26,11 @@ def test_planted_large_activation_breaks_fp16_not_bf16():
     assert math.isfinite(r.loss_bf16) and math.isnan(r.loss_fp16) and r.nonfinite_fp16_outputs > 0
     mild = bf16_model_in_fp16(channel_gain=1.0)
     assert math.isfinite(mild.loss_fp16) and mild.nonfinite_fp16_outputs == 0
+
+
+def test_fp16_finetune_of_overflowing_model_skips_every_step():
+    from course_lib.overflow import finetune_bf16_model_in_fp16
+
+    ft = finetune_bf16_model_in_fp16(steps=3)
+    assert all(ft.skipped) and all(math.isnan(v) for v in ft.losses)
+    assert ft.scales == (65536.0, 32768.0, 16384.0)

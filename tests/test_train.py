@@ -85,3 +85,16 @@ def test_accumulation_and_evaluation():
     history = train(state, setup.sampler, val_sampler=val)
     assert len(history.losses) == 4 and [s for s, _ in history.eval_losses] == [2, 4]
     assert all(t > 0 for t in history.tokens_per_second) and history.peak_memory_bytes is None
+
+
+def test_convergence_parity_statistics():
+    from course_lib.train import convergence_parity
+
+    parity = convergence_parity(SMALL, recipes=("fp32", "bf16_autocast"), seeds=(0, 1), steps=3, tail=2)
+    assert set(parity.final_losses) == {"fp32", "bf16_autocast"}
+    v = parity.final_losses["fp32"]
+    assert parity.mean("fp32") == pytest.approx(sum(v) / 2)
+    assert parity.spread("fp32") == pytest.approx(abs(v[0] - v[1]) / math.sqrt(2))
+    assert v[0] != v[1]  # different seeds, different runs
+    with pytest.raises(ValueError, match="tail"):
+        convergence_parity(SMALL, tail=0)

@@ -131,3 +131,27 @@ def _autocast_trace(profile: SizeProfile, device: torch.device) -> ExperimentOut
     return ExperimentOutput(parameters={"dtype": trace.dtype},
                             values={"forward": trace.op_table("forward"), "backward": trace.op_table("backward"),
                                     "sensitive_ops": sensitive_ops_trace(device)})
+
+
+# ---- lesson 5: BF16 against FP16 ----------------------------------------------------------------------
+
+@register("convergence_parity",
+          "Final training loss of FP32, FP16+GradScaler, BF16 and FP16-without-scaler on the course model "
+          "over three seeds, with loss curves and step times (lesson 5).")
+def _convergence_parity(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .train import convergence_parity
+
+    parity = convergence_parity(profile, device)
+    return ExperimentOutput(parameters={"profile": profile.name, "seeds": parity.seeds},
+                            values={"final_losses": parity.final_losses, "curves": parity.curves})
+
+
+@register("bf16_update_stagnation",
+          "The course model with BF16 weights: round-to-nearest updates against FP32 master weights, "
+          "Kahan compensation and stochastic rounding, with the share of lost updates (lesson 5).")
+def _bf16_update_stagnation(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .bf16 import compare_bf16_updates
+
+    result = compare_bf16_updates(profile, device)
+    return ExperimentOutput(parameters={"profile": profile.name, "lr": result.lr},
+                            values={"losses": result.losses, "lost_fraction": result.lost_fraction})

@@ -1,0 +1,76 @@
+import math
+
+import pytest
+import torch
+
+from course_lib.bf16 import (REFERENCE_GPUS, BF16AdamW, advice_for_this_machine, precision_advice,
+                             stochastic_round_bf16)
+from course_lib.formats import get_format, round_to_format
+
+
+def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
+    x = torch.full((200_000,), 1.0 + 2.0**-10)  # an eighth of the way from 1 to the next BF16 value
+    r = stochastic_round_bf16(x, torch.Generator().manual_seed(0)).float()
+    assert set(r.unique().tolist()) == {1.0, 1.0 + 2.0**-7}
+    assert r.mean().item() == pytest.approx(1.0 + 2.0**-10, abs=3e-5)
+    exact = torch.tensor([1.0, -2.5, 0.0, math.inf, -math.inf])
+    assert torch.equal(stochastic_round_bf16(exact).float(), exact)
+    assert torch.isnan(stochastic_round_bf16(torch.tensor([math.nan]))).all()
+    with pytest.raises(TypeError, match="float32"):
+        stochastic_round_bf16(torch.ones(2, dtype=torch.float64))
+
+
+def test_stochastic_rounding_matches_nearest_distribution_bounds():
+    x = torch.randn(10_000) * 100
+    r = stochastic_round_bf16(x, torch.Generator().manual_seed(1)).float().double()
+    down = torch.from_numpy(__import__("numpy").asarray(
+        round_to_format(x.double(), "BF16", rounding="toward_zero")))
+    gap = torch.from_numpy(__import__("numpy").asarray(
+        __import__("course_lib.formats", fromlist=["spacing"]).spacing(x.double(), "BF16")))
+    assert bool(((r - down).abs() <= gap * (1 + 1e-12)).all())  # one of the two neighbours
+
+
+@pytest.mark.parametrize("rule,expected_change", [("nearest", False), ("stochastic", True), ("kahan", True)])
+def test_small_updates_survive_only_with_a_repair(rule, expected_change):
+    w = torch.nn.Parameter(torch.ones(2000, dtype=torch.bfloat16))
+    opt = BF16AdamW([w], lr=1e-4, update_rule=rule)
+    for _ in range(100):
+        w.grad = torch.ones_like(w)
+        opt.step()
+    target = 1.0 - 100 * 1e-4  # AdamW with a constant gradient moves by lr per step
+    moved = abs(w.float().mean().item() - 1.0)
+    assert (moved > 0.5 * (1 - target)) == expected_change
+    if expected_change:
+        assert w.float().mean().item() == pytest.approx(target, abs=get_format("BF16").epsilon / 2)
+
+
+def test_bf16_adamw_rejects_bad_input():
+    with pytest.raises(ValueError, match="update_rule"):
+        BF16AdamW([torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))], update_rule="round")
+    p = torch.nn.Parameter(torch.ones(1))
+    p.grad = torch.ones(1)
+    with pytest.raises(TypeError, match="bfloat16 parameters"):
+        BF16AdamW([p]).step()
+
+
+def test_precision_advice_for_reference_gpus_and_cpus():
+    advice = {name: precision_advice(cc, name=name) for name, cc in REFERENCE_GPUS}
+    assert advice["V100"].recipe == "fp16_autocast_scaler"
+    assert advice["A100"].recipe == "bf16_autocast" and "FP8 (lesson 7)" not in advice["A100"].also
+    assert advice["H100"].recipe == "bf16_autocast" and "FP8 (lesson 7)" in advice["H100"].also
+    assert precision_advice((6, 0)).recipe == "fp32"
+    assert precision_advice(None, cpu_fast_bf16=True).recipe == "bf16_autocast"
+    assert precision_advice(None, cpu_fast_bf16=False).recipe == "fp32"
+    with pytest.raises(TypeError, match="compute_capability"):
+        precision_advice("8.0")
+    assert advice_for_this_machine().recipe in ("bf16_autocast", "fp32", "fp16_autocast_scaler")
+
+
+def test_compare_bf16_updates_runs_every_rule():
+    from course_lib.bf16 import compare_bf16_updates
+    from course_lib.device import SizeProfile
+
+    result = compare_bf16_updates(SizeProfile("small"), steps=3)
+    assert len(result.losses) == 5 and set(result.lost_fraction) <= set(result.losses)
+    assert all(len(v) == 3 for v in result.losses.values())
+    assert all(0.0 <= f <= 1.0 for v in result.lost_fraction.values() for f in v)
