@@ -98,3 +98,29 @@ def test_convergence_parity_statistics():
     assert v[0] != v[1]  # different seeds, different runs
     with pytest.raises(ValueError, match="tail"):
         convergence_parity(SMALL, tail=0)
+
+
+def test_two_optimizers_share_one_scaler():
+    from course_lib.train import step_optimizers
+
+    gen_model, disc_model = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    opt_g = torch.optim.SGD(gen_model.parameters(), lr=0.1)
+    opt_d = torch.optim.SGD(disc_model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=2)
+    for _ in range(2):
+        for opt in (opt_g, opt_d):
+            opt.zero_grad()
+        x = torch.randn(8, 4)
+        loss_d = disc_model(gen_model(x).detach()).pow(2).mean()
+        loss_g = -disc_model(gen_model(x)).mean()
+        scaler.scale(loss_d).backward()
+        scaler.scale(loss_g).backward()
+        assert step_optimizers(scaler, [opt_g, opt_d], clip_norm=1.0).ran == (True, True)
+    assert scaler.get_scale() == 16.0  # two clean iterations, growth_interval 2: one growth, not two
+    for opt in (opt_g, opt_d):
+        opt.zero_grad()
+    scaler.scale(gen_model(torch.full((1, 4), float("inf"))).sum() + disc_model(torch.ones(1, 4)).sum()).backward()
+    assert step_optimizers(scaler, [opt_g, opt_d]).ran == (False, True)
+    assert scaler.get_scale() == 8.0
+    with pytest.raises(ValueError, match="at least one optimizer"):
+        step_optimizers(scaler, [])

@@ -238,60 +238,80 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model, opt, scaler = state.model, state.optimizer, state.scaler
-    stepped = []
-    hook = opt.register_step_post_hook(lambda *_: stepped.append(True))
-    try:
-        with _tf32(recipe.tf32):
-            while state.step < end:
-                start = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
-                for p in state.params:
-                    p.grad = None
-                loss_sum = 0.0
-                tokens = 0
-                for micro in range(config.accumulation_steps):
-                    x, y = sampler.batch(state.step * config.accumulation_steps + micro, device)
-                    with _autocast(recipe, device):
-                        _, loss = model(x, y)
-                    scaler.scale(loss / config.accumulation_steps).backward()
-                    loss_sum += float(loss.detach().float())
-                    tokens += x.numel()
+    with _tf32(recipe.tf32):
+        while state.step < end:
+            start = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            for p in state.params:
+                p.grad = None
+            loss_sum = 0.0
+            tokens = 0
+            for micro in range(config.accumulation_steps):
+                x, y = sampler.batch(state.step * config.accumulation_steps + micro, device)
+                with _autocast(recipe, device):
+                    _, loss = model(x, y)
+                scaler.scale(loss / config.accumulation_steps).backward()
+                loss_sum += float(loss.detach().float())
+                tokens += x.numel()
+            if state.masters is not None:
+                for m, p in zip(state.masters, state.params):
+                    m.grad = None if p.grad is None else p.grad.float()
+            scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+            result = step_optimizers(scaler, [opt], clip_norm=config.clip_norm)
+            ran, norm = result.ran[0], result.grad_norms[0]
+            if ran:
+                state.scheduler.step()  # never on a skipped step
                 if state.masters is not None:
-                    for m, p in zip(state.masters, state.params):
-                        m.grad = None if p.grad is None else p.grad.float()
-                scale = scaler.get_scale() if scaler.is_enabled() else 1.0
-                scaler.unscale_(opt)  # a no-op when the scaler is disabled
-                opt_params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                norm = torch.nn.utils.clip_grad_norm_(
-                    opt_params, config.clip_norm if config.clip_norm is not None else math.inf)
-                n_before = len(stepped)
-                scaler.step(opt)
-                scaler.update()
-                ran = len(stepped) > n_before
-                if ran:
-                    state.scheduler.step()  # never on a skipped step
-                    if state.masters is not None:
-                        with torch.no_grad():
-                            for m, p in zip(state.masters, state.params):
-                                p.copy_(m)  # rounds the FP32 master to the model's dtype
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                elapsed = time.perf_counter() - start
-                history.losses.append(loss_sum / config.accumulation_steps)
-                history.grad_norms.append(float(norm))
-                history.scales.append(scale)
-                history.skipped.append(not ran)
-                history.lrs.append(opt.param_groups[0]["lr"])
-                history.step_seconds.append(elapsed)
-                history.tokens_per_second.append(tokens / elapsed if elapsed > 0 else math.nan)
-                state.step += 1
-                if val_sampler is not None and config.eval_every and state.step % config.eval_every == 0:
-                    history.eval_losses.append((state.step, evaluate(state, val_sampler, config.eval_batches)))
-    finally:
-        hook.remove()
+                    with torch.no_grad():
+                        for m, p in zip(state.masters, state.params):
+                            p.copy_(m)  # rounds the FP32 master to the model's dtype
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - start
+            history.losses.append(loss_sum / config.accumulation_steps)
+            history.grad_norms.append(float(norm))
+            history.scales.append(scale)
+            history.skipped.append(not ran)
+            history.lrs.append(opt.param_groups[0]["lr"])
+            history.step_seconds.append(elapsed)
+            history.tokens_per_second.append(tokens / elapsed if elapsed > 0 else math.nan)
+            state.step += 1
+            if val_sampler is not None and config.eval_every and state.step % config.eval_every == 0:
+                history.eval_losses.append((state.step, evaluate(state, val_sampler, config.eval_batches)))
     if device.type == "cuda":
         history.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
     return history
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Per optimizer: whether its step ran, and its gradient norm (unscaled, before clipping)."""
+
+    ran: tuple[bool, ...]
+    grad_norms: tuple[float, ...]
+
+
+def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *, clip_norm: float | None = None) -> StepResult:
+    """One step of one or several optimizers sharing one GradScaler (GAN-style): unscale each, clip each,
+    step each, then update the scale once. Each optimizer is skipped on its own inf/NaN; the scale backs
+    off if any of them overflowed. A disabled scaler makes this a plain clip-and-step."""
+    if not optimizers:
+        raise ValueError("step_optimizers needs at least one optimizer")
+    ran, norms = [], []
+    for opt in optimizers:
+        marker: list[bool] = []
+        hook = opt.register_step_post_hook(lambda *_: marker.append(True))
+        try:
+            scaler.unscale_(opt)  # before clipping, so the threshold applies to true gradients
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm is not None else math.inf)
+            scaler.step(opt)
+        finally:
+            hook.remove()
+        ran.append(bool(marker))
+        norms.append(float(norm))
+    scaler.update()  # once per iteration, whatever the number of optimizers
+    return StepResult(tuple(ran), tuple(norms))
 
 
 def run_recipe(recipe: str | Recipe, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
