@@ -79,7 +79,8 @@ class AutocastTrace:
 
 
 def classify(op: str, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> str:
-    """What an op call's dtypes say about where it ran."""
+    """What an op call's dtypes say about where it ran: ``"cast"`` (a dtype conversion), ``"low
+    precision"`` (all float outputs FP16/BF16), ``"fp32"`` (all float outputs FP32), ``"mixed"``."""
     low = {"float16", "bfloat16"}
     if op in ("_to_copy", "to", "copy_"):
         return "cast"
@@ -88,7 +89,7 @@ def classify(op: str, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> str:
     if all(o in low for o in outputs):
         return "low precision"
     if all(o == "float32" for o in outputs):
-        return "fp32" if any(i in low for i in inputs) or not inputs else "fp32"
+        return "fp32"
     return "mixed"
 
 

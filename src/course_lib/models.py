@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .data import VOCAB_SIZE
+from .data import VOCAB_SIZE, BatchSampler
 from .device import SizeProfile
 
 
@@ -173,7 +173,7 @@ class CourseSetup:
     """What every training experiment on the course model starts from, sized by the profile."""
 
     config: GPTConfig
-    sampler: "BatchSampler"  # noqa: F821 - from course_lib.data
+    sampler: BatchSampler
     steps: int
     device: torch.device
 
@@ -189,7 +189,7 @@ def course_setup(profile: SizeProfile, device: torch.device | str = "cpu", *, st
     ``default_steps`` is ``(small, full)``, used when ``steps`` is None. Batch size and corpus size come
     from the profile.
     """
-    from .data import BatchSampler, load_corpus
+    from .data import load_corpus
 
     if not isinstance(profile, SizeProfile):
         raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")

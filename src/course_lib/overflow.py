@@ -135,6 +135,7 @@ def finetune_bf16_model_in_fp16(steps: int = 8, channel_gain: float = 2.0**21, d
     from .data import BatchSampler, load_corpus
     from .device import SizeProfile
     from .models import build_gpt, gpt_config_for
+    from .train import TrainConfig, TrainState, get_recipe, train
 
     device = torch.device(device)
     cfg = gpt_config_for(SizeProfile("small"))
@@ -142,19 +143,8 @@ def finetune_bf16_model_in_fp16(steps: int = 8, channel_gain: float = 2.0**21, d
     with torch.no_grad():
         model.blocks[0].out.weight[0].mul_(channel_gain)
     sampler = BatchSampler(load_corpus(100_000), 4, cfg.context, seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler(device.type)
-    losses, scales, skipped = [], [], []
-    for step in range(steps):
-        x, y = sampler.batch(step, device)
-        with torch.autocast(device.type, dtype=torch.float16):
-            _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        scale = scaler.get_scale()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(float(loss.detach().float()))
-        scales.append(scale)
-        skipped.append(scaler.get_scale() < scale)
+    state = TrainState(model, get_recipe("fp16_autocast_scaler", device),
+                       TrainConfig(steps=steps, lr=1e-4, clip_norm=None), device)
+    history = train(state, sampler)
+    losses, scales, skipped = history.losses, history.scales, history.skipped
     return FP16FineTune(tuple(losses), tuple(scales), tuple(skipped))

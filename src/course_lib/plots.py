@@ -174,7 +174,7 @@ def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, titl
     lo = min(edges[nz[0]] - 2, math.log2(f.min_subnormal) - 4) if nz.size else -30
     hi = max(edges[nz[-1]] + 3, math.log2(f.max_finite) + 2) if nz.size else 20
     flush_edge = math.log2(f.min_subnormal / 2)
-    sub_lo, normal_lo, top = math.log2(f.min_subnormal), math.log2(f.min_normal), math.log2(f.max_finite)
+    normal_lo, top = math.log2(f.min_normal), math.log2(f.max_finite)
     ax.axvspan(lo, flush_edge, color="#D55E00", alpha=0.15, lw=0)
     ax.axvspan(flush_edge, normal_lo, color="#E69F00", alpha=0.18, lw=0)
     ax.axvspan(normal_lo, top, color="#009E73", alpha=0.12, lw=0)

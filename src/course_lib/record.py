@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .device import SizeProfile, describe_hardware, select_device, size_profile
+from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, get_experiment, run_experiment
 from .results import Record, capture_provenance, save_record, to_jsonable
 
