@@ -261,3 +261,31 @@ def compare_naive_fp16(profile, device: torch.device | str = "cpu", *, steps: in
             opt.step()
         losses[label], zeros[label] = tuple(run_losses), tuple(run_zeros)
     return NaiveFP16Comparison(steps, adam_eps, losses, zeros)
+
+
+def summary_rows(captures: dict[int, GradientCapture], formats=UNDERFLOW_FORMATS,
+                 kind: str = "activation") -> list[tuple[int, UnderflowSummary]]:
+    """``(step, summary)`` per captured step and format, over all of a kind's gradients."""
+    return [(step, summarize_underflow(cap.all_values(kind), f)) for step, cap in sorted(captures.items())
+            for f in formats]
+
+
+def summary_rows_from_record(values: dict, kind: str = "activation") -> list[tuple[int, UnderflowSummary]]:
+    """The same rows from a recorded ``underflow_statistics`` experiment's ``values``."""
+    try:
+        rows = []
+        for key, data in sorted(values["captures"].items(), key=lambda kv: int(kv[0].split("_")[1])):
+            step = int(key.split("_")[1])
+            for summary in data["overall"][kind].values():
+                rows.append((step, UnderflowSummary(**summary)))
+        return rows
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not an underflow_statistics record: {exc}") from None
+
+
+def summary_markdown(rows: list[tuple[int, UnderflowSummary]]) -> str:
+    """A Markdown table of :func:`summary_rows` (live or recorded)."""
+    head = ("| step | format | already zero | flushed to zero | subnormal | overflow |\n"
+            "|---|---|---|---|---|---|\n")
+    return head + "\n".join(f"| {step} | {s.format} | {s.zero:.2%} | {s.flushed:.2%} | {s.subnormal:.2%} | "
+                            f"{s.overflow:.2%} |" for step, s in rows) + "\n"

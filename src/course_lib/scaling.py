@@ -636,3 +636,11 @@ def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwar
         agree["skip"] += int((len(ran) == n_ran) == found)
         agree["gradients"] += int(same_grads)
     return agree
+
+
+def flight_recording_from_dict(data: dict) -> FlightRecording:
+    """Rebuild a :class:`FlightRecording` from a recorded ``scaler_flight_recording``'s ``values["recording"]``."""
+    try:
+        return FlightRecording(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+    except TypeError as exc:
+        raise ValueError(f"not a scaler flight recording: {exc}") from None
