@@ -34,3 +34,11 @@ def test_spacing_figure_one_curve_per_format():
 def test_unknown_format_is_an_error():
     with pytest.raises(ValueError, match="unknown format"):
         plots.plot_bit_layouts(["FP7"])
+
+
+def test_run_differences():
+    fig = plots.plot_runs({"ref": [1.0, 2.0, 3.0], "b": [1.5, 2.5, 3.5]}, ylabel="y", title="t", minus="ref")
+    lines = [l for l in fig.axes[0].get_lines() if l.get_label() == "b"]
+    assert list(lines[0].get_ydata()) == [0.5, 0.5, 0.5]
+    with pytest.raises(ValueError, match="no run named"):
+        plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", minus="z")

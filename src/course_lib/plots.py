@@ -237,12 +237,34 @@ def torch_quantiles(values, qs) -> list[float]:
     return [float(v) for v in np.quantile(values.cpu().numpy(), qs)]
 
 
-def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False) -> Figure:
-    """Lines of per-step values, one per named run (loss curves, zero fractions, ...)."""
+def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minus: str | None = None,
+              smooth: int = 1) -> Figure:
+    """Lines of per-step values, one per named run (loss curves, zero fractions, ...).
+
+    ``minus``: the name of a run to subtract from every other (drawn as the zero line), to show
+    differences too small to see on the raw curves; ``smooth``: moving-average window in steps."""
+    if minus is not None and minus not in series:
+        raise ValueError(f"no run named {minus!r} to subtract; runs: {', '.join(series)}")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"smooth must be a positive int, got {smooth!r}")
+
+    def prepared(values):
+        v = np.asarray(values, dtype=float)
+        if minus is not None:
+            v = v - np.asarray(series[minus], dtype=float)[: len(v)]
+        if smooth > 1 and len(v) >= smooth:
+            v = np.convolve(v, np.ones(smooth) / smooth, mode="valid")
+        return v
+
     fig, ax = plt.subplots(figsize=(8.5, 4))
-    for i, (label, values) in enumerate(series.items()):
-        ax.plot(np.arange(len(values)), values, color=FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)],
-                lw=1.5, label=label)
+    if minus is not None:
+        ax.axhline(0.0, color="#000000", lw=1, label=minus)
+    for i, (label, raw) in enumerate(series.items()):
+        if label == minus:
+            continue
+        values = prepared(raw)
+        ax.plot(np.arange(len(values)) + (smooth - 1), values,
+                color=FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)], lw=1.5, label=label)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel("training step")
