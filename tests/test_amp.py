@@ -47,3 +47,28 @@ def test_cuda_lists_from_the_installed_header():
     assert classify("add", ("float32", "bfloat16"), ("float32",)) == "fp32"
     with pytest.raises(FileNotFoundError):
         autocast_op_lists("/nonexistent/autocast_mode.h")
+
+
+def test_sensitive_loss_needs_the_disabled_region():
+    import math
+
+    from course_lib.amp import sensitive_loss_demo
+
+    r = sensitive_loss_demo("cpu")
+    assert r["logits dtype"] == "float16" and math.isinf(r["naive loss (FP16)"])
+    assert abs(r["loss in autocast(enabled=False)"] - r["FP64 reference"]) < 1e-2
+
+
+def test_exceptions_custom_function_and_checkpointing():
+    from course_lib.amp import autocast_exceptions, checkpointing_demo, custom_function_demo
+
+    ex = autocast_exceptions("cpu", torch.bfloat16)
+    assert ex["a @ b (eligible op)"] == "bfloat16"
+    assert ex["acc.add_(a @ b) (in-place into FP32)"] == "float32"
+    assert ex["torch.mm(a, b, out=out)"] == "float32"
+    assert ex["a.double() @ b.double()"] == "float64"
+    assert ex["a @ b inside autocast(enabled=False)"] == "float32"
+    custom = custom_function_demo("cpu", torch.bfloat16)
+    assert custom["forward input"] == "float32" and custom["autocast inside forward"] == "False"
+    assert custom["activation before the op"] == "bfloat16" and custom["op output"] == "float32"
+    assert checkpointing_demo("cpu")["identical gradients"] is True

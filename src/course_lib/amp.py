@@ -270,3 +270,24 @@ def sensitive_ops_trace(device: torch.device | str, dtype: torch.dtype | None = 
         return {"matmul output": _name(h), "softmax": _name(torch.softmax(h, -1)),
                 "layer_norm": _name(torch.nn.functional.layer_norm(h, (8,))),
                 "exp": _name(torch.exp(h)), "sum": _name(h.sum())}
+
+
+def sensitive_loss_demo(device_type: str = "cpu", logit_scale: float = 16.0, seed: int = 0) -> dict[str, float]:
+    """A hand-written log-sum-exp loss under FP16 autocast, computed naively and inside an
+    ``autocast(enabled=False)`` region on FP32 inputs.
+
+    The logits come from a matrix product, so autocast makes them FP16; ``exp`` of a logit above
+    log(65504) is infinite in FP16, and the naive loss is inf. Inside the disabled region, after
+    ``.float()``, the same formula is finite. Returns both losses and the FP64 reference."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(4, 16, generator=gen).to(device_type)
+    w = (torch.randn(16, 8, generator=gen) * logit_scale / 4).to(device_type)
+    with torch.autocast(device_type, dtype=torch.float16):
+        logits = a @ w
+        naive = torch.log(torch.exp(logits).sum(-1)).mean()
+        with torch.autocast(device_type, enabled=False):
+            safe = torch.log(torch.exp(logits.float()).sum(-1)).mean()
+    reference = torch.logsumexp((a.double() @ w.double()), -1).mean()
+    return {"logits dtype": _name(logits), "max logit": float(logits.float().max()),
+            "naive loss (FP16)": float(naive.float()), "loss in autocast(enabled=False)": float(safe),
+            "FP64 reference": float(reference)}
