@@ -67,6 +67,8 @@ def test_tf32_hand_worked_properties():
     assert f.min_normal == 2.0**-126
     assert f.min_subnormal == 2.0**-136
     assert f.max_finite == 2.0**127 * (2 - 2.0**-10)
+    assert f.binades == pytest.approx(math.log2(f.max_finite) + 136)
+    assert f.normal_binades == pytest.approx(math.log2(f.max_finite) + 126)
 
 
 @pytest.mark.parametrize("name", [n for n in F.FORMATS if F.get_format(n).bits <= 16])

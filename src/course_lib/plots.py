@@ -208,7 +208,7 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     for g in layers:
         v = g.values.abs()
         v = v[v > 0].double()
-        q = torch_quantiles(v, (0.01, 0.5, 0.99))
+        q = _quantiles(v, (0.01, 0.5, 0.99))
         names.append(g.name)
         p1.append(q[0])
         p50.append(q[1])
@@ -230,7 +230,7 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     return _finish(fig)
 
 
-def torch_quantiles(values, qs) -> list[float]:
+def _quantiles(values, qs) -> list[float]:
     """Quantiles of a 1-D tensor (numpy, so that any size works)."""
     if values.numel() == 0:
         return [math.nan] * len(qs)

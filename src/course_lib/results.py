@@ -18,7 +18,6 @@ import os
 import platform
 import re
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,7 +288,3 @@ def describe_records(records: list[Record]) -> str:
                      f"`{p.git_commit[:12]}`, command `{p.command}`")
     return "\n".join(lines)
 
-
-def python_command_line() -> str:
-    """The command line of the running Python process, as a shell would show it."""
-    return " ".join([Path(sys.executable).name, *sys.argv])
