@@ -14,6 +14,17 @@ def test_corpus_is_deterministic_python_source():
     assert b"def " in bytes(a.tokens.tolist())
 
 
+def test_full_profile_corpus_exists_and_starts_with_the_small_one():
+    # The full profile's corpus must exist on any Python (a GPU image's standard library too: its
+    # top-level modules alone hold under 5 MB), and a small corpus is the prefix of a larger one.
+    from course_lib.models import FULL_CORPUS_BYTES
+
+    full, small = load_corpus(FULL_CORPUS_BYTES), load_corpus(1_000_000)
+    assert full.n_tokens == FULL_CORPUS_BYTES
+    assert torch.equal(full.tokens[:1_000_000], small.tokens)
+    assert not any({"test", "tests", "site-packages"} & set(f.split("/")) for f in full.files)
+
+
 def test_batches_are_a_function_of_seed_and_step():
     corpus = load_corpus(50_000)
     s = BatchSampler(corpus, 4, 32, seed=1)

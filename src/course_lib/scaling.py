@@ -484,6 +484,7 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
     step happens in every run.
     """
     import warnings
+    from unittest import mock
 
     if name is not None and name not in PITFALLS:
         raise ValueError(f"unknown pitfall {name!r}; known: {', '.join(PITFALLS)}")
@@ -497,8 +498,12 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
     opt.register_step_post_hook(lambda *_: opt_steps.append(True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the no-device GradScaler warns that CUDA is missing
-        if name == "disabled_scaler" and not torch.cuda.is_available():
-            scaler = torch.amp.GradScaler()
+        if name == "disabled_scaler":
+            # The mistake as it happens on a machine without CUDA: no device given, so GradScaler targets
+            # 'cuda', finds no CUDA and turns itself off. On a GPU machine, hide CUDA from it for this one
+            # construction, so the demo plants the same mistake everywhere.
+            with mock.patch.object(torch.cuda, "is_available", return_value=False):
+                scaler = torch.amp.GradScaler()
         else:
             # the first step overflows (2**120 times a loss of 1e20), then the scale backs off far enough
             scaler = torch.amp.GradScaler(device, init_scale=2.0**120, backoff_factor=2.0**-100,
