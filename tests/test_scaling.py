@@ -173,3 +173,17 @@ def test_side_by_side_check_and_static_runs():
     labels = [r.label for r in runs]
     assert labels == ["static 2^0", "static 2^30", "dynamic (GradScaler)"]
     assert runs[1].n_skipped == 3 and runs[0].n_skipped == 0
+
+
+def test_flight_recorder_ends_when_the_scale_collapses_to_zero():
+    # lr=1e30 makes the weights overflow FP16 after the first step, so every later step overflows; a tiny
+    # back-off takes the float32 scale to zero within a few steps (as a full-size GPU run once did over
+    # ~160 halvings), and the recorder must stop there instead of dividing by a zero scale.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rec = record_grad_scaler_run(SizeProfile("small"), steps=20, lr=1e30, backoff_factor=2.0**-60)
+    assert 2 <= rec.steps < 20
+    assert all(s > 0 for s in rec.scales) and rec.skipped[-1]
+    assert all(math.isfinite(m) for m in rec.max_activation_grad)

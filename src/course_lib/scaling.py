@@ -252,7 +252,12 @@ def record_grad_scaler_run(
     lr: float = 3e-3,
     seed: int = 0,
 ) -> FlightRecording:
-    """Train the course model with FP16 autocast and a real ``torch.amp.GradScaler``; log every step."""
+    """Train the course model with FP16 autocast and a real ``torch.amp.GradScaler``; log every step.
+
+    The recording ends early if the scale collapses to zero (every step overflowed until repeated
+    back-offs reached zero in float32, as happens when the forward pass itself is non-finite): from
+    there on torch's scaler stays at zero and no later step can carry information.
+    """
     from .models import course_setup
 
     setup = course_setup(profile, device, steps=steps, default_steps=(60, 2000), seed=seed)
@@ -283,6 +288,8 @@ def record_grad_scaler_run(
                 _, loss = model(x, y)
             opt.zero_grad(set_to_none=True)
             scale = scaler.get_scale()
+            if scale == 0.0:
+                break
             largest[0] = 0.0
             n_before = len(stepped)
             scaler.scale(loss).backward()
