@@ -155,3 +155,82 @@ def _bf16_update_stagnation(profile: SizeProfile, device: torch.device) -> Exper
     result = compare_bf16_updates(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "lr": result.lr},
                             values={"losses": result.losses, "lost_fraction": result.lost_fraction})
+
+
+# ---- lesson 6: performance and memory -----------------------------------------------------------------
+
+def matmul_sweep_sizes(profile: SizeProfile) -> tuple[int, ...]:
+    """Square sizes of the matmul sweep: powers of two with misaligned neighbours (one less)."""
+    return profile.pick(small=(64, 127, 128, 255, 256, 511, 512),
+                        full=(256, 512, 1024, 2048, 4095, 4096, 8191, 8192))
+
+
+@register("matmul_throughput",
+          "Square matmul throughput per dtype (FP32 with TF32 off, TF32, BF16, FP16, FP8 via _scaled_mm) over "
+          "aligned and misaligned sizes, copy bandwidth, and a cross-check against "
+          "torch.utils.benchmark.Timer (lesson 6).")
+def _matmul_throughput(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .bench import matmul_sweep, measure_copy_bandwidth, measure_matmul, torch_timer_matmul_seconds
+
+    sizes = matmul_sweep_sizes(profile)
+    sweep = matmul_sweep(device, sizes, budget_s=profile.pick(small=0.05, full=0.2))
+    points = [{"dtype": p.dtype, "n": p.n, "tflops": p.tflops, "median_s": p.timing.median,
+               "q25_s": p.timing.q25, "q75_s": p.timing.q75, "repeats": p.timing.repeats} for p in sweep.points]
+    check_n = profile.pick(small=512, full=4096)
+    cross = {}
+    for dtype in ("fp32", "bf16"):
+        if dtype not in sweep.skipped:
+            cross[dtype] = {"harness_s": measure_matmul(dtype, check_n, check_n, check_n, device,
+                                                        budget_s=0.5).timing.median,
+                            "torch_timer_s": torch_timer_matmul_seconds(dtype, check_n, device, min_run_time=0.5)}
+    bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
+    return ExperimentOutput(parameters={"sizes": list(sizes), "cross_check_n": check_n},
+                            values={"points": points, "skipped": sweep.skipped, "cross_check": cross,
+                                    "copy_bandwidth_gbs": bandwidth})
+
+
+@register("training_throughput",
+          "Step time, tokens/s and MFU of the course model per precision recipe over seeds, eager and "
+          "torch.compile, with loss curves and per-step times for time-to-target (lesson 6).")
+def _training_throughput(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .bench import training_throughput
+
+    recipes = ("fp32", "tf32", "bf16_autocast", "fp16_autocast_scaler") if device.type == "cuda" \
+        else ("fp32", "bf16_autocast", "fp16_autocast_scaler")
+    study = training_throughput(profile, device, recipes=recipes, seeds=(0, 1, 2),
+                                compile_too=device.type == "cuda")
+    return ExperimentOutput(
+        parameters={"profile": profile.name, "recipes": list(recipes), "seeds": [0, 1, 2],
+                    "peak_source": study.peak_source},
+        values={"flops_per_token": study.flops_per_token, "peaks": study.peaks, "table": study.table(),
+                "runs": [{"recipe": r.recipe, "seed": r.seed, "compiled": r.compiled, "losses": r.losses,
+                          "step_seconds": r.step_seconds, "tokens_per_step": r.tokens_per_step,
+                          "warmup_steps": r.warmup_steps, "peak_memory_bytes": r.peak_memory_bytes}
+                         for r in study.runs]})
+
+
+@register("training_memory",
+          "Memory of one training step of the course model per recipe, counted by component (weights, "
+          "gradients, optimizer state, masters, autocast weight copies, saved activations) and, on a GPU, "
+          "the allocator's peak for the step; activation bytes against batch and context (lesson 6).")
+def _training_memory(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .memory import account_training_memory, activation_sweep
+
+    breakdowns = [account_training_memory(r, profile, device)
+                  for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure", "bf16_master")]
+    sweep = activation_sweep("bf16_autocast", profile, device,
+                             batches=profile.pick(small=(1, 2, 4, 8), full=(8, 16, 32, 64)),
+                             contexts=profile.pick(small=(16, 32, 64), full=(64, 128, 256)))
+    return ExperimentOutput(parameters={"profile": profile.name},
+                            values={"breakdowns": breakdowns, "activation_sweep": sweep})
+
+
+@register("profiled_step",
+          "torch.profiler's top operators (self time) of one training step of the course model in FP32, "
+          "BF16 autocast and FP16 autocast, and the share of time spent in casts (lesson 6).")
+def _profiled_step(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .bench import profile_training_step
+
+    steps = [profile_training_step(r, profile, device, top=12)
+             for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler")]
+    return ExperimentOutput(parameters={"profile": profile.name}, values={"steps": steps})

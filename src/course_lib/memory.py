@@ -1,0 +1,261 @@
+"""Where a training step's memory goes, counted exactly, and a bytes-per-parameter model built on it.
+
+:func:`account_training_memory` runs one real training step of the course model with a precision recipe
+and counts, byte for byte: weights, gradients, optimizer state, FP32 master weights, and the tensors the
+forward pass saves for backward (through ``torch.autograd.graph.saved_tensors_hooks``, each storage
+counted once), split into activations and autocast's low-precision copies of the weights. On a GPU it
+also reads ``torch.cuda.max_memory_allocated`` for the step. :func:`bytes_per_parameter` is the
+persistent part of that accounting per parameter, and :func:`estimate_training_memory` scales it to any
+model size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+COMPONENTS = ("weights", "gradients", "optimizer_state", "master_weights", "autocast_weight_copies",
+              "activations")
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of the tensor's elements (``numel * element_size``)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a tensor, got {type(t).__name__}")
+    return t.numel() * t.element_size()
+
+
+def _storage_key(t: torch.Tensor) -> tuple[Any, int]:
+    s = t.untyped_storage()
+    return (t.device, s.data_ptr())
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per component of one training step (see :data:`COMPONENTS`), the batch it ran, and, on a
+    GPU, the allocator's peak for the step (``measured_peak_bytes``, None elsewhere)."""
+
+    recipe: str
+    device: str
+    n_params: int
+    batch_size: int
+    context: int
+    components: dict[str, int]
+    measured_peak_bytes: int | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.components.values())
+
+    @property
+    def persistent(self) -> int:
+        """What lives across steps: weights, gradients (until zeroed), optimizer state, masters."""
+        return sum(self.components[k] for k in ("weights", "gradients", "optimizer_state", "master_weights"))
+
+    def per_parameter(self) -> float:
+        return self.persistent / self.n_params
+
+
+_VIEW_OR_CAST_NODES = frozenset({"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
+                                  "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0"})
+
+
+def _is_parameter_copy(t: torch.Tensor, param_ids: set[int]) -> bool:
+    """Whether ``t`` is a cast (or a view of a cast) of a parameter: its autograd history leads, through
+    casts and views only, to a parameter's gradient accumulator (how autocast's weight copies look)."""
+    fn = t.grad_fn
+    for _ in range(8):
+        if fn is None:
+            return False
+        if type(fn).__name__ == "AccumulateGrad":
+            return id(fn.variable) in param_ids
+        nexts = [n for n, _ in fn.next_functions if n is not None]
+        if type(fn).__name__ not in _VIEW_OR_CAST_NODES or len(nexts) != 1:
+            return False
+        fn = nexts[0]
+    return False
+
+
+def saved_tensor_bytes(model: torch.nn.Module, run_forward) -> tuple[int, int, Any]:
+    """Bytes of the distinct storages saved for backward while ``run_forward()`` runs, split into
+    ``(activations, weight_copies, output of run_forward)``.
+
+    Parameters and buffers themselves are left out (weights are counted as weights). A saved tensor whose
+    autograd history is a cast of a parameter is a low-precision weight copy (autocast casts each weight
+    once per forward and saves the copy for backward). Each storage counts once, whatever the number of
+    views of it that were saved.
+    """
+    excluded = {_storage_key(p) for p in model.parameters()} | {_storage_key(b) for b in model.buffers()}
+    param_ids = {id(p) for p in model.parameters()}
+    seen: dict[tuple[Any, int], tuple[int, bool]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key not in excluded and key not in seen:
+            seen[key] = (t.untyped_storage().nbytes(), _is_parameter_copy(t, param_ids))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run_forward()
+    activations = sum(n for n, w in seen.values() if not w)
+    copies = sum(n for n, w in seen.values() if w)
+    return activations, copies, out
+
+
+def account_training_memory(recipe: str, profile, device: torch.device | str = "cpu", *,
+                            batch_size: int | None = None, context: int | None = None,
+                            seed: int = 0) -> MemoryBreakdown:
+    """Run two training steps of the course model with ``recipe`` and count the second one's memory.
+
+    The first step creates the optimizer state; the second is counted: its forward pass under the saved-
+    tensors hook, its backward, and the state that exists after its optimizer step.
+    """
+    from .data import BatchSampler
+    from .models import course_setup
+    from .train import TrainConfig, TrainState, get_recipe, step_optimizers, _autocast
+
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    setup = course_setup(profile, device, steps=2, default_steps=(2, 2), seed=seed)
+    cfg = setup.config
+    b = setup.sampler.batch_size if batch_size is None else batch_size
+    t = cfg.context if context is None else context
+    for name, v in (("batch_size", b), ("context", t)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if t > cfg.context:
+        raise ValueError(f"context {t} exceeds the model's context {cfg.context}")
+    sampler = BatchSampler(setup.sampler.corpus, b, t, seed=seed)
+    state = TrainState(setup.model(seed), r, TrainConfig(steps=2), device)
+    model = state.model
+    components: dict[str, int] = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    for step in range(2):
+        counting = step == 1
+        if counting and device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        state.optimizer.zero_grad(set_to_none=True)
+        for p in state.params:
+            p.grad = None
+        x, y = sampler.batch(step, device)
+
+        def forward():
+            with _autocast(r, device):
+                return model(x, y)[1]
+
+        activations, copies, loss = saved_tensor_bytes(model, forward)
+        state.scaler.scale(loss).backward()
+        if state.masters is not None:
+            for m, p in zip(state.masters, state.params):
+                m.grad = None if p.grad is None else p.grad.float()
+        grads = sum(tensor_bytes(p.grad) for p in state.params if p.grad is not None)
+        if state.masters is not None:
+            grads += sum(tensor_bytes(m.grad) for m in state.masters if m.grad is not None)
+        step_optimizers(state.scaler, [state.optimizer], clip_norm=None)
+        if state.masters is not None:
+            with torch.no_grad():
+                for m, p in zip(state.masters, state.params):
+                    p.copy_(m)
+        if counting:
+            components = {
+                "weights": sum(tensor_bytes(p) for p in state.params),
+                "gradients": grads,
+                "optimizer_state": sum(tensor_bytes(v) for st in state.optimizer.state.values()
+                                       for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
+                "master_weights": 0 if state.masters is None else sum(tensor_bytes(m) for m in state.masters),
+                "autocast_weight_copies": copies,
+                "activations": activations,
+            }
+    peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = int(torch.cuda.max_memory_allocated(device))
+    n_params = sum(p.numel() for p in state.params)
+    return MemoryBreakdown(r.name, str(device), n_params, b, t, components, peak)
+
+
+# ---- the bytes-per-parameter model -----------------------------------------------------------------------
+
+# Persistent bytes per parameter with AdamW, per recipe, as torch.amp and the course's loop keep them:
+# (weights, gradients, optimizer state, master weights and their gradients).
+_BYTES_PER_PARAM = {
+    "fp32": (4, 4, 8, 0),
+    "tf32": (4, 4, 8, 0),
+    "bf16_autocast": (4, 4, 8, 0),           # autocast keeps FP32 weights and gradients
+    "fp16_autocast_scaler": (4, 4, 8, 0),
+    "fp16_autocast_no_scaler": (4, 4, 8, 0),
+    "bf16_pure": (2, 2, 4, 0),               # AdamW's moments follow the parameter dtype
+    "bf16_master": (2, 2, 8, 8),             # FP32 master copy plus its FP32 gradient
+}
+
+
+def bytes_per_parameter(recipe: str) -> dict[str, int]:
+    """Persistent bytes per parameter of a recipe with AdamW: weights, gradients, optimizer state and
+    master weights (with the master's own gradient), as the course's loop and ``torch.amp`` keep them."""
+    if recipe not in _BYTES_PER_PARAM:
+        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(_BYTES_PER_PARAM)}")
+    w, g, o, m = _BYTES_PER_PARAM[recipe]
+    return {"weights": w, "gradients": g, "optimizer_state": o, "master_weights": m}
+
+
+def estimate_training_memory(n_params: float, recipe: str) -> dict[str, float]:
+    """Persistent training memory in bytes for a model of ``n_params`` parameters (activations excluded:
+    they depend on batch, sequence length and checkpointing, and are measured separately)."""
+    if isinstance(n_params, bool) or not isinstance(n_params, (int, float)) or not n_params > 0:
+        raise ValueError(f"n_params must be a positive number, got {n_params!r}")
+    per = bytes_per_parameter(recipe)
+    out = {k: float(v) * n_params for k, v in per.items()}
+    out["total"] = sum(out.values())
+    return out
+
+
+@dataclass(frozen=True)
+class ActivationSweep:
+    """Bytes saved for backward against batch size and sequence length, with and without activation
+    checkpointing of every block."""
+
+    recipe: str
+    points: tuple[tuple[int, int, bool, int], ...]   # (batch, context, checkpointed, bytes)
+
+
+def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *,
+                     batches=(1, 2, 4, 8), contexts=(16, 32, 64), seed: int = 0) -> ActivationSweep:
+    """Activation bytes (saved for backward, weight copies excluded) of the course model's forward pass
+    over batch sizes (at the largest context) and contexts (at the largest batch), plain and with
+    ``torch.utils.checkpoint`` around every block."""
+    from torch.utils.checkpoint import checkpoint
+
+    from .data import BatchSampler
+    from .models import course_setup
+    from .train import _autocast, get_recipe
+
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    setup = course_setup(profile, device, steps=1, default_steps=(1, 1), seed=seed)
+    model = setup.model(seed).to(dtype=r.param_dtype)
+    if max(contexts) > setup.config.context:
+        raise ValueError(f"contexts must not exceed the model's context {setup.config.context}")
+    points = []
+    shapes = sorted({(b, max(contexts)) for b in batches} | {(max(batches), t) for t in contexts})
+    for b, t in shapes:
+        x, y = BatchSampler(setup.sampler.corpus, b, t, seed=seed).batch(0, device)
+        for checkpointed in (False, True):
+            def forward():
+                with _autocast(r, device):
+                    if not checkpointed:
+                        return model(x, y)[1]
+                    pos = torch.arange(t, device=device)
+                    h = model.tok_emb(x) + model.pos_emb(pos)
+                    for block in model.blocks:
+                        h = checkpoint(block, h, use_reentrant=False)
+                    logits = model.head(model.ln_f(h))
+                    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            activations, _, loss = saved_tensor_bytes(model, forward)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            points.append((b, t, checkpointed, activations))
+    return ActivationSweep(r.name, tuple(points))
