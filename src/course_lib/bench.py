@@ -676,7 +676,7 @@ def training_throughput(profile, device: torch.device | str = "cpu", *,
     flops_per_token = 0.0
     for compiled in ((False, True) if compile_too else (False,)):
         for recipe in recipes:
-            for seed in seeds:
+            for seed in (seeds[:1] if compiled else seeds):  # compiled: one seed (compilation is slow)
                 setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
                 if setup.steps <= warmup_steps:
                     raise ValueError(f"steps ({setup.steps}) must exceed warmup_steps ({warmup_steps})")
