@@ -643,9 +643,9 @@ class ThroughputStudy:
                              "mfu": statistics.median(mfus) if mfus else None})
         return rows
 
-    def time_to_target(self, target: float, compiled: bool = False) -> dict[str, list[float | None]]:
+    def time_to_target(self, target: float, compiled: bool = False, window: int = 5) -> dict[str, list[float | None]]:
         """Per recipe, seconds to reach ``target`` for each seed (None where a run never did)."""
-        return {recipe: [r.seconds_to_loss(target) for r in self.runs_of(recipe, compiled)]
+        return {recipe: [r.seconds_to_loss(target, window) for r in self.runs_of(recipe, compiled)]
                 for recipe in self.recipes()}
 
 

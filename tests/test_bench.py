@@ -1,0 +1,245 @@
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib import bench as B
+from course_lib.device import SizeProfile
+
+
+class FakeClock:
+    """A clock that advances only when the timed function runs, by a scripted duration per call."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.calls, self.syncs = 0.0, list(durations), 0, 0
+
+    def clock(self):
+        return self.now
+
+    def sync(self):
+        self.syncs += 1
+
+    def work(self, *args):
+        self.now += self.durations[min(self.calls, len(self.durations) - 1)]
+        self.calls += 1
+        self.args_seen = getattr(self, "args_seen", []) + [args]
+
+
+def test_harness_with_a_fake_clock_median_spread_syncs_and_rotation():
+    durations = [9.0, 9.0] + [0.1, 0.3, 0.2, 0.4, 0.5] + [0.2] * 100  # two warm-ups, then timed calls
+    fake = FakeClock(durations)
+    timer = B.HostTimer(clock=fake.clock, synchronize=fake.sync)
+    t = B.time_function(fake.work, [(0,), (1,), (2,)], warmup=2, budget_s=0.5, min_repeats=5, max_repeats=50,
+                        timer=timer)
+    # the first timed call took 0.1 s, so a 0.5 s budget gives 5 repeats; warm-ups are never timed
+    assert t.repeats == 5 and t.warmup == 2
+    assert t.samples == pytest.approx((0.1, 0.3, 0.2, 0.4, 0.5))
+    assert t.median == pytest.approx(0.3) and t.q25 == pytest.approx(0.2) and t.q75 == pytest.approx(0.4)
+    assert t.relative_spread == pytest.approx(0.2 / 0.3)
+    assert fake.syncs == 2 * 5  # a synchronisation before and after every timed call
+    assert [a[0] for a in fake.args_seen] == [0, 1, 2, 0, 1, 2, 0]  # buffers taken in turn
+
+
+def test_harness_repeats_are_clamped_to_bounds():
+    fake = FakeClock([1e-6])
+    t = B.time_function(fake.work, warmup=0, budget_s=1.0, max_repeats=40,
+                        timer=B.HostTimer(fake.clock, fake.sync))
+    assert t.repeats == 40
+    slow = FakeClock([10.0])
+    assert B.time_function(slow.work, warmup=0, budget_s=1.0, min_repeats=3,
+                           timer=B.HostTimer(slow.clock, slow.sync)).repeats == 3
+
+
+def test_harness_bad_input():
+    with pytest.raises(TypeError, match="callable"):
+        B.time_function(3)
+    with pytest.raises(TypeError, match="argument tuples"):
+        B.time_function(print, [[1]])
+    with pytest.raises(ValueError, match="budget_s"):
+        B.time_function(print, budget_s=0)
+    with pytest.raises(ValueError, match="min_repeats"):
+        B.time_function(print, min_repeats=0)
+    with pytest.raises(ValueError, match="unsupported device type"):
+        B.make_timer("meta")
+    with pytest.raises(ValueError, match="at least one sample"):
+        B.Timing((), 0)
+
+
+def test_cuda_event_timer_converts_milliseconds(monkeypatch):
+    class FakeEvent:
+        clock = [0.0]
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.t = FakeEvent.clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    timer = B.make_timer("cuda")
+    assert isinstance(timer, B.CudaEventTimer)
+
+    def work():
+        FakeEvent.clock[0] += 0.25
+
+    assert timer.time_call(work) == pytest.approx(0.25)
+
+
+def test_matmul_flops_is_2mnk():
+    assert B.matmul_flops(2, 3, 4) == 48
+    assert B.matmul_flops(4096, 4096, 4096) == 2 * 4096 ** 3
+    assert B.matmul_flops(8, 1, 1024) != 2 * 8 * 1 ** 2  # the 2mn^2 shortcut is wrong when k != n
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        B.matmul_flops(1, 1, 0)
+
+
+def test_dtype_support_on_cpu_and_refusals():
+    assert B.dtype_unsupported_reason("fp32", "cpu") is None
+    assert "CPU has none" in B.dtype_unsupported_reason("tf32", "cpu")
+    with pytest.raises(ValueError, match="unknown matmul dtype"):
+        B.dtype_unsupported_reason("fp64", "cpu")
+    with pytest.raises(ValueError, match="cannot time tf32"):
+        B.measure_matmul("tf32", 16, 16, 16, "cpu")
+    with pytest.raises(ValueError, match="divisible by 16"):
+        B.matmul_operands("fp8", 15, 16, 16, "cpu")
+
+
+@pytest.mark.parametrize("cc, expect", [((7, 0), {"tf32", "bf16", "fp8"}), ((8, 0), {"fp8"}),
+                                        ((8, 9), set()), ((9, 0), set())])
+def test_dtype_support_on_gpus_from_compute_capability(monkeypatch, cc, expect):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+    monkeypatch.setattr(B, "_scaled_mm_runs", lambda device: None)
+    refused = {d for d in B.MATMUL_DTYPES if B.dtype_unsupported_reason(d, "cuda")}
+    assert refused == expect
+
+
+def test_operands_are_random_distinct_buffers_and_fp8_is_the_real_product():
+    fn, sets = B.matmul_operands("bf16", 32, 16, 48, "cpu", buffers=3)
+    assert len(sets) == 3 and sets[0][0].dtype == torch.bfloat16 and sets[0][0].shape == (32, 48)
+    assert not torch.equal(sets[0][0], sets[1][0]) and bool((sets[0][0] != 0).all())
+    if B.dtype_unsupported_reason("fp8", "cpu") is None:
+        fn8, sets8 = B.matmul_operands("fp8", 32, 16, 48, "cpu", buffers=1)
+        a, b, sa, sb = sets8[0]
+        out = fn8(a, b, sa, sb)
+        ref = (a.float() @ b.float()).to(torch.bfloat16)
+        assert out.dtype == torch.bfloat16 and out.shape == (32, 16)
+        assert torch.allclose(out.float(), ref.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_measure_matmul_and_sweep_on_cpu():
+    p = B.measure_matmul("fp32", 64, 64, 64, "cpu", budget_s=0.01)
+    assert p.flops == 2 * 64 ** 3 and p.tflops > 0 and p.timing.repeats >= 5
+    sweep = B.matmul_sweep("cpu", (16, 17), dtypes=("fp32", "tf32", "fp8"), budget_s=0.005)
+    assert "tf32" in sweep.skipped and set(sweep.tflops("fp32")) == {16, 17}
+    if "fp8" not in sweep.skipped:
+        assert set(sweep.tflops("fp8")) == {16}  # 17 is not divisible by 16: left out of FP8's line
+    assert sweep.best("fp32") == max(sweep.tflops("fp32").values())
+    with pytest.raises(ValueError, match="sizes must not be empty"):
+        B.matmul_sweep("cpu", ())
+
+
+def test_torch_timer_cross_check_runs():
+    assert B.torch_timer_matmul_seconds("fp32", 64, "cpu", min_run_time=0.01) > 0
+
+
+def test_capability_probe_is_measured_and_cached():
+    a = B.capability_probe("cpu", n=32)
+    b = B.capability_probe("cpu", n=32)
+    assert a is b and a.relative("fp32") == 1.0 and "tf32" in a.unsupported
+    assert a.relative("tf32") is None and a.faster_than_fp32("tf32") is None
+    assert "measured here at n=32" in a.summary()
+
+
+def test_copy_bandwidth_positive_and_bad_size():
+    assert B.measure_copy_bandwidth("cpu", 1 << 20, budget_s=0.01) > 0
+    with pytest.raises(ValueError, match="n_bytes"):
+        B.measure_copy_bandwidth("cpu", 10)
+
+
+def test_datasheet_peaks_are_dense_and_cited():
+    a100 = B.find_gpu_peaks("NVIDIA A100-SXM4-80GB")
+    assert a100.peak("fp16") == 312.0 and a100.peak("fp8") is None  # 624 is the sparse figure
+    h100 = B.find_gpu_peaks("NVIDIA H100 80GB HBM3")
+    assert h100.peak("fp8") == 1979.0 and h100.peak("bf16") == pytest.approx(989.5)
+    assert B.find_gpu_peaks("NVIDIA H200 NVL") is None and B.find_gpu_peaks("NVIDIA H200").name == "H200 SXM"
+    assert B.find_gpu_peaks("NVIDIA GeForce RTX 4090").peak("fp8") == 330.3
+    assert B.find_gpu_peaks("Some Other GPU") is None
+    bib = (Path(__file__).parents[1] / "book" / "references.bib").read_text()
+    keys = set(re.findall(r"@\w+\{([^,]+),", bib))
+    for entry in B.DATASHEET_PEAKS.values():
+        assert entry.source in keys, f"{entry.name}: source {entry.source} missing from the bibliography"
+        assert entry.peak("fp32") and entry.bandwidth_gbs > 0
+
+
+def test_roofline_and_op_costs_by_hand():
+    assert B.attainable_tflops(10.0, 100.0, 2000.0) == pytest.approx(20.0)   # memory-bound: 10 FLOP/B * 2 TB/s
+    assert B.attainable_tflops(1000.0, 100.0, 2000.0) == 100.0               # compute-bound
+    with pytest.raises(ValueError):
+        B.attainable_tflops(0.0, 1.0, 1.0)
+    ops = {o.name: o for o in B.transformer_op_costs(64, 2, 16, 3, bytes_per_element=2)}
+    rows = 3 * 16
+    assert ops["QKV projection"].flops == 2 * rows * 64 * 192
+    assert ops["QKV projection"].bytes_moved == (rows * 64 + 64 * 192 + rows * 192) * 2
+    assert ops["softmax"].intensity == pytest.approx(5 / 4)   # 5 FLOPs per element, 2 bytes in + 2 out
+    assert ops["AdamW step"].intensity < 1.0
+    with pytest.raises(ValueError, match="divisible"):
+        B.transformer_op_costs(64, 3, 16, 1, bytes_per_element=2)
+
+
+def test_model_flops_per_token_and_parameter_count():
+    from course_lib.models import GPTConfig, build_gpt
+
+    assert B.model_flops_per_token(1000, 2, 64, 32) == 6000 + 12 * 2 * 32 * 64
+    cfg = GPTConfig(d_model=64, n_layers=1, n_heads=2, context=16)
+    total, non_emb = B.count_parameters(build_gpt(cfg))
+    d, f = 64, 256
+    block = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    assert non_emb == block + 2 * d + d * 256 and total == non_emb + 256 * d + 16 * d
+
+
+def test_recipe_run_time_to_loss_and_mfu_by_hand():
+    run = B.RecipeRun("fp32", 0, False, (5.0, 4.0, 3.0, 2.0), (1.0, 0.5, 0.5, 0.5), 100, 1)
+    assert run.median_step_seconds == 0.5 and run.tokens_per_second == 200
+    assert run.seconds_to_loss(3.5, window=2) == pytest.approx(2.0)  # mean(4, 3) after 1 + 0.5 + 0.5 s
+    assert run.seconds_to_loss(1.0, window=2) is None
+    study = B.ThroughputStudy("cpu", (run,), flops_per_token=1e9, peaks={"fp32": 1.0}, peak_source="test")
+    assert study.mfu(run) == pytest.approx(200 * 1e9 / 1e12)
+    assert study.table()[0]["tokens_per_s"] == 200 and study.time_to_target(3.5, window=2)["fp32"] == [2.0]
+
+
+def test_training_throughput_and_profiler_run_small():
+    study = B.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32", "bf16_autocast"), seeds=(0,),
+                                  steps=4, warmup_steps=1)
+    assert [r.recipe for r in study.runs] == ["fp32", "bf16_autocast"]
+    assert all(len(r.losses) == 4 and math.isfinite(r.tokens_per_second) for r in study.runs)
+    assert set(study.peaks) == {"fp32", "bf16_autocast"} and "measured" in study.peak_source
+    with pytest.raises(ValueError, match="seeds"):
+        B.training_throughput(SizeProfile("small"), "cpu", seeds=())
+    with pytest.raises(ValueError, match="must exceed warmup_steps"):
+        B.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32",), seeds=(0,), steps=2, warmup_steps=3)
+    with pytest.raises(ValueError, match="cannot run on cpu"):
+        B.training_throughput(SizeProfile("small"), "cpu", recipes=("tf32",))
+    prof = B.profile_training_step("bf16_autocast", SizeProfile("small"), "cpu", top=5)
+    names = [op[0] for op in prof.top_ops]
+    assert len(names) == 5 and any(n in ("aten::mm", "aten::addmm", "aten::bmm") for n in names)
+    assert 0 < prof.cast_fraction < 1
+
+
+def test_mfu_peaks_on_a_gpu_come_from_the_datasheet(monkeypatch):
+    class Props:
+        name = "NVIDIA H100 80GB HBM3"
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    peaks, source = B._mfu_peaks(torch.device("cuda"), ("fp32", "bf16_autocast", "fp16_autocast_scaler"))
+    assert peaks == {"fp32": 67.0, "bf16_autocast": 989.5, "fp16_autocast_scaler": 989.5}
+    assert "H100 SXM5" in source
+    Props.name = "NVIDIA Unknown"
+    assert B._mfu_peaks(torch.device("cuda"), ("fp32",)) == ({}, "no datasheet entry for NVIDIA Unknown")
