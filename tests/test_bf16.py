@@ -56,11 +56,15 @@ def test_bf16_adamw_rejects_bad_input():
 def test_precision_advice_for_reference_gpus_and_cpus():
     advice = {name: precision_advice(cc, name=name) for name, cc in REFERENCE_GPUS}
     assert advice["V100"].recipe == "fp16_autocast_scaler"
-    assert advice["A100"].recipe == "bf16_autocast" and "FP8 (lesson 7)" not in advice["A100"].also
-    assert advice["H100"].recipe == "bf16_autocast" and "FP8 (lesson 7)" in advice["H100"].also
+    assert advice["A100"].recipe == "bf16_autocast" and "FP8" not in advice["A100"].also
+    assert advice["H100"].recipe == "bf16_autocast" and "FP8" in advice["H100"].also
     assert precision_advice((6, 0)).recipe == "fp32"
-    assert precision_advice(None, cpu_fast_bf16=True).recipe == "bf16_autocast"
-    assert precision_advice(None, cpu_fast_bf16=False).recipe == "fp32"
+    # a CPU is advised by its measured BF16 matmul speed, not by its flags
+    assert precision_advice(None, cpu_bf16_speedup=1.9).recipe == "bf16_autocast"
+    assert precision_advice(None, cpu_bf16_speedup=0.5).recipe == "fp32"
+    assert precision_advice(None).recipe == "fp32"
+    with pytest.raises(ValueError, match="positive ratio"):
+        precision_advice(None, cpu_bf16_speedup=0.0)
     with pytest.raises(TypeError, match="compute_capability"):
         precision_advice("8.0")
     assert advice_for_this_machine().recipe in ("bf16_autocast", "fp32", "fp16_autocast_scaler")

@@ -40,7 +40,22 @@ def test_cpu_description_says_sizes_are_reduced_and_timings_are_cpu():
     assert hw.summary.startswith("CPU ")
     assert "size profile 'small'" in hw.summary
     assert "not GPU timings" in hw.caveat and "reduced size" in hw.caveat
-    assert hw.summary in hw.banner_markdown()
+    assert hw.summary in hw.banner_markdown(measure=False)
+    banner = hw.banner_markdown()
+    assert "Measured matmul speed against FP32" in banner and "fast" not in banner
+
+
+def test_gpu_description_from_compute_capability(monkeypatch):
+    class Props:
+        name, major, minor = "Tesla V100-SXM2-16GB", 7, 0
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    hw = D.describe_hardware("cuda")
+    assert hw.device_type == "cuda" and hw.compute_capability == "7.0" and hw.profile.name == "full"
+    assert hw.native_fp16 and not hw.native_bf16
+    assert "BF16 tensor cores: no, FP16 tensor cores: yes" in hw.summary and hw.caveat == ""
 
 
 def test_forced_profile_is_named_in_summary(monkeypatch):

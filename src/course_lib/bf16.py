@@ -104,21 +104,28 @@ class Advice:
 REFERENCE_GPUS = (("V100", (7, 0)), ("T4", (7, 5)), ("A100", (8, 0)), ("H100", (9, 0)))
 
 
-def precision_advice(compute_capability: tuple[int, int] | None, *, cpu_fast_bf16: bool | None = None,
+def precision_advice(compute_capability: tuple[int, int] | None, *, cpu_bf16_speedup: float | None = None,
                      name: str = "") -> Advice:
     """The recipe to train in, from the hardware's capabilities.
 
     GPUs: compute capability 8.0 and newer have BF16 tensor cores (BF16 autocast, no scaler needed; TF32
     for FP32 products); 7.x have FP16 tensor cores only (FP16 autocast with GradScaler); 8.9 and newer add
-    FP8 tensor cores. CPUs (``compute_capability`` None): BF16 autocast where the CPU has native BF16
-    (AVX512-BF16 or AMX), else FP32.
+    FP8 tensor cores. CPUs (``compute_capability`` None): decided by ``cpu_bf16_speedup``, BF16 matmul
+    throughput over FP32's *measured* on that CPU (:func:`course_lib.bench.capability_probe`), never by
+    its instruction flags: BF16 autocast where BF16 matmuls measured at least 1.1x FP32, else FP32.
     """
     if compute_capability is None:
         label = name or "CPU"
-        if cpu_fast_bf16:
-            return Advice(label, "bf16_autocast", "the CPU has native BF16 arithmetic (AVX512-BF16 or AMX)")
-        return Advice(label, "fp32", "without native BF16 or FP16 arithmetic, low precision is emulated "
-                                     "and slower than FP32 on a CPU")
+        if cpu_bf16_speedup is None:
+            return Advice(label, "fp32", "BF16 speed on this CPU was not measured; FP32 is the safe default")
+        if not cpu_bf16_speedup > 0:
+            raise ValueError(f"cpu_bf16_speedup must be a positive ratio, got {cpu_bf16_speedup!r}")
+        if cpu_bf16_speedup >= 1.1:
+            return Advice(label, "bf16_autocast",
+                          f"BF16 matmuls measured {cpu_bf16_speedup:.2f}x FP32's throughput here; a whole "
+                          f"training step gains less ({{doc}}`06_performance_memory` measures it)")
+        return Advice(label, "fp32", f"BF16 matmuls measured {cpu_bf16_speedup:.2f}x FP32's throughput here: "
+                                     f"low precision brings no speed on this CPU")
     if (not isinstance(compute_capability, tuple) or len(compute_capability) != 2
             or not all(isinstance(v, int) for v in compute_capability)):
         raise TypeError(f"compute_capability is a (major, minor) tuple of ints, got {compute_capability!r}")
@@ -126,7 +133,7 @@ def precision_advice(compute_capability: tuple[int, int] | None, *, cpu_fast_bf1
     if compute_capability >= (8, 0):
         also = ["tf32 for FP32 matmuls", "fp16_autocast_scaler"]
         if compute_capability >= (8, 9):
-            also.append("FP8 (lesson 7)")
+            also.append("FP8")
         return Advice(label, "bf16_autocast", "BF16 tensor cores: FP32's range, so no loss scaling", tuple(also))
     if compute_capability >= (7, 0):
         return Advice(label, "fp16_autocast_scaler", "FP16 tensor cores but no native BF16: FP16 needs "
@@ -142,7 +149,9 @@ def advice_for_this_machine(device: torch.device | str | None = None) -> Advice:
     if hw.device_type == "cuda":
         major, minor = (int(v) for v in hw.compute_capability.split("."))
         return precision_advice((major, minor), name=hw.name)
-    return precision_advice(None, cpu_fast_bf16=hw.fast_bf16, name=hw.name)
+    from .bench import capability_probe
+
+    return precision_advice(None, cpu_bf16_speedup=capability_probe(hw.device_type).relative("bf16"), name=hw.name)
 
 
 @dataclass(frozen=True)

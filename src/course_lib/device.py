@@ -100,17 +100,18 @@ def _probe(name: str) -> bool | None:
 class HardwareInfo:
     """What the experiments run on.
 
-    ``fast_bf16`` / ``fast_fp16``: whether the hardware has native low-precision matrix arithmetic (on a
-    CPU: AVX512-BF16/AMX or AVX512-FP16/AMX-FP16; on a GPU: compute capability 8.0+ for bf16, 7.0+ for
-    fp16 tensor cores). ``None`` where it cannot be told.
+    ``native_bf16`` / ``native_fp16``: whether the hardware has instructions for low-precision matrix
+    arithmetic (on a CPU: AVX512-BF16/AMX or AVX512-FP16/AMX-FP16 flags; on a GPU: compute capability 8.0+
+    for BF16, 7.0+ for FP16 tensor cores). ``None`` where it cannot be told. Having the instruction does
+    not make a dtype fast: :func:`course_lib.bench.capability_probe` measures that, and the banner shows it.
     """
 
     device_type: str
     name: str
     compute_capability: str | None
     cpu_capability: str | None
-    fast_bf16: bool | None
-    fast_fp16: bool | None
+    native_bf16: bool | None
+    native_fp16: bool | None
     profile: SizeProfile
     torch_version: str
     cuda_version: str | None
@@ -123,11 +124,13 @@ class HardwareInfo:
 
         if self.device_type == "cuda":
             hw = f"GPU {self.name} (compute capability {self.compute_capability}, CUDA {self.cuda_version})"
+            units = "tensor cores"
         else:
             cap = f", {self.cpu_capability}" if self.cpu_capability else ""
             hw = f"CPU {self.name}{cap}"
+            units = "instructions"
         forced = f", set by {SIZE_ENV_VAR}" if self.profile.forced else ""
-        return (f"{hw}; fast bf16: {yn(self.fast_bf16)}, fast fp16: {yn(self.fast_fp16)}; "
+        return (f"{hw}; BF16 {units}: {yn(self.native_bf16)}, FP16 {units}: {yn(self.native_fp16)}; "
                 f"torch {self.torch_version}; size profile '{self.profile.name}'{forced}")
 
     @property
@@ -141,9 +144,14 @@ class HardwareInfo:
                          "course come only from recorded GPU runs.")
         return " ".join(parts)
 
-    def banner_markdown(self) -> str:
-        """Markdown for the top of a lesson: the hardware line and, where it applies, the caveat."""
+    def banner_markdown(self, *, measure: bool = True) -> str:
+        """Markdown for the top of a lesson: the hardware line, what was measured of its matmul speed per
+        dtype (``measure``: run the cached capability probe), and, where it applies, the caveat."""
         text = f"**Ran on:** {self.summary}."
+        if measure:
+            from .bench import capability_probe
+
+            text += f" Measured {capability_probe(self.device_type).summary()}."
         return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
 
 
@@ -160,7 +168,7 @@ def describe_hardware(device: torch.device | str | None = None) -> HardwareInfo:
         major, minor = props.major, props.minor
         return HardwareInfo(
             device_type="cuda", name=props.name, compute_capability=f"{major}.{minor}",
-            cpu_capability=None, fast_bf16=(major, minor) >= (8, 0), fast_fp16=(major, minor) >= (7, 0),
+            cpu_capability=None, native_bf16=(major, minor) >= (8, 0), native_fp16=(major, minor) >= (7, 0),
             profile=profile, torch_version=torch.__version__, cuda_version=cuda_version,
         )
     if dev.type != "cpu":
@@ -181,6 +189,6 @@ def describe_hardware(device: torch.device | str | None = None) -> HardwareInfo:
         capability = get_cap()
     return HardwareInfo(
         device_type="cpu", name=_cpu_model_name(), compute_capability=None, cpu_capability=capability,
-        fast_bf16=bf16, fast_fp16=fp16, profile=profile, torch_version=torch.__version__,
+        native_bf16=bf16, native_fp16=fp16, profile=profile, torch_version=torch.__version__,
         cuda_version=cuda_version,
     )
