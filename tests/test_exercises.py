@@ -29,3 +29,30 @@ def test_wrong_answers_are_explained(fmt, prop, answer, hint):
 def test_unknown_property():
     with pytest.raises(ValueError, match="prop must be one of"):
         check_format_property("FP16", "colour", 1)
+
+
+def test_check_op_bound_explains_with_the_ridge():
+    from course_lib.exercises import check_op_bound
+
+    # H100-like ceilings: ridge = 989.5e3 / 3350 ~ 295 FLOP/B
+    assert check_op_bound(1e12, 1e9, 989.5, 3350.0, "compute").correct          # 1000 FLOP/B
+    wrong = check_op_bound(5e6, 4e6, 989.5, 3350.0, "compute")                  # 1.25 FLOP/B: softmax-like
+    assert not wrong.correct and "memory-bound" in wrong.message and "ridge" in wrong.message
+    assert not check_op_bound(1, 1, 1, 1, None).correct
+    assert "not 'fast'" in check_op_bound(1, 1, 1, 1, "fast").message
+    with pytest.raises(ValueError, match="bandwidth_gbs"):
+        check_op_bound(1, 1, 1, 0, "memory")
+
+
+def test_check_bytes_per_parameter_names_the_slip():
+    from course_lib.exercises import check_bytes_per_parameter
+
+    assert check_bytes_per_parameter("fp32", 16).correct
+    assert "gradients" in check_bytes_per_parameter("fp32", 12).message
+    autocast_slip = check_bytes_per_parameter("bf16_autocast", 4 + 2 + 4 + 8)
+    assert not autocast_slip.correct and "no persistent 16-bit copy" in autocast_slip.message
+    master = check_bytes_per_parameter("bf16_master", 12)
+    assert not master.correct and "master weights" in master.message
+    assert check_bytes_per_parameter("bf16_master", 20).correct
+    with pytest.raises(ValueError, match="unknown recipe"):
+        check_bytes_per_parameter("fp64", 8)

@@ -92,3 +92,56 @@ def check_format_property(fmt: str | FloatFormat, prop: str, answer, *, rel_tol:
     return Feedback(False, f"Not quite: {answer:g} is not the {prop.replace('_', ' ')} of {f.name}. "
                            f"Write out the bits: {f.sign_bits} sign, {f.exponent_bits} exponent "
                            f"(bias {f.bias}) and {f.mantissa_bits} mantissa bits.")
+
+
+def check_op_bound(flops: float, bytes_moved: float, peak_tflops: float, bandwidth_gbs: float, answer) -> Feedback:
+    """Check whether a reader classified an operation as ``"compute"``- or ``"memory"``-bound correctly on
+    a device with ``peak_tflops`` and ``bandwidth_gbs``, and explain with the ridge point."""
+    for name, v in (("flops", flops), ("bytes_moved", bytes_moved), ("peak_tflops", peak_tflops),
+                    ("bandwidth_gbs", bandwidth_gbs)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set `answer` to \"compute\" or \"memory\" and run the cell again.")
+    if answer not in ("compute", "memory"):
+        return Feedback(False, f"Answer \"compute\" or \"memory\", not {answer!r}.")
+    intensity = flops / bytes_moved
+    ridge = peak_tflops * 1e3 / bandwidth_gbs
+    truth = "compute" if intensity >= ridge else "memory"
+    why = (f"its intensity is {intensity:.3g} FLOPs per byte and the ridge of this device is "
+           f"{ridge:.3g} FLOPs per byte (peak {peak_tflops:g} TFLOP/s over {bandwidth_gbs:g} GB/s)")
+    if answer == truth:
+        return Feedback(True, f"Correct: {truth}-bound, since {why}.")
+    hint = (" Moving the bytes takes longer than the arithmetic: a faster dtype helps only by moving fewer "
+            "bytes." if truth == "memory" else " The arithmetic takes longer than moving the bytes: a dtype "
+            "with a higher peak helps.")
+    return Feedback(False, f"Not quite: {why}, so it is {truth}-bound.{hint}")
+
+
+def check_bytes_per_parameter(recipe: str, answer) -> Feedback:
+    """Check a reader's persistent bytes per parameter (AdamW) for a recipe, explaining the usual slips."""
+    from .memory import bytes_per_parameter
+
+    parts = bytes_per_parameter(recipe)
+    truth = sum(parts.values())
+    if answer is None or answer is ...:
+        return Feedback(False, f"No answer yet: set your bytes per parameter for `{recipe}` and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Give a number of bytes, not {type(answer).__name__}.")
+    listing = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in parts.items() if v)
+    if answer == truth:
+        return Feedback(True, f"Correct: {truth} bytes per parameter ({listing}).")
+    slips = []
+    if answer == truth - parts["gradients"]:
+        slips.append("you left out the gradients, which live from backward until the optimizer step")
+    if parts["master_weights"] and answer == truth - parts["master_weights"]:
+        slips.append("you left out the FP32 master weights (and their gradient)")
+    if answer == truth - parts["optimizer_state"]:
+        slips.append("you left out AdamW's two moments")
+    if "autocast" in recipe:
+        if answer in (truth + 2, truth + 4):  # a persistent 16-bit weight copy, and 16-bit gradients too
+            slips.append("autocast keeps no persistent 16-bit copy of the weights and no 16-bit gradients: "
+                         "weights and gradients stay FP32, and the 16-bit weight copies live only during "
+                         "forward and backward")
+    detail = "; ".join(slips) if slips else f"count each piece: {listing}"
+    return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}.")
