@@ -757,3 +757,80 @@ def profile_training_step(recipe: str, profile, device: torch.device | str = "cp
     total = sum(row[1] for row in rows)
     cast = sum(row[1] for row in rows if row[0] in ("aten::_to_copy", "aten::copy_"))
     return ProfiledStep(recipe, str(device), tuple(rows[:top]), total, cast)
+
+
+# ---- tables and recorded results ---------------------------------------------------------------------
+
+
+def datasheet_markdown() -> str:
+    """A Markdown table of :data:`DATASHEET_PEAKS` (dense TFLOP/s, bandwidth, source citation)."""
+    def cell(v):
+        return "-" if v is None else f"{v:,.1f}"
+
+    head = ("| GPU | sm | FP32 | TF32 | BF16 | FP16 | FP8 | memory GB/s | source | note |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(
+        f"| {p.name} | {p.compute_capability} | " + " | ".join(cell(p.tflops[d]) for d in MATMUL_DTYPES)
+        + f" | {p.bandwidth_gbs:,.0f} | {{cite:p}}`{p.source}` | {p.note or '-'} |"
+        for p in DATASHEET_PEAKS.values())
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """One operation on one device in two dtypes: intensity and predicted time in each, and the speed-up
+    the lower precision gives it by the roofline."""
+
+    name: str
+    intensity_high: float
+    intensity_low: float
+    bound_high: str
+    bound_low: str
+    seconds_high: float
+    seconds_low: float
+
+    @property
+    def speedup(self) -> float:
+        return self.seconds_high / self.seconds_low
+
+
+def roofline_rows(d_model: int, n_heads: int, context: int, batch: int, *, peak_high: float, peak_low: float,
+                  bandwidth_gbs: float, bytes_high: int = 4, bytes_low: int = 2) -> tuple[RooflineRow, ...]:
+    """Predicted time of each operation of a transformer block with ``bytes_high``-byte elements at
+    ``peak_high`` TFLOP/s against ``bytes_low``-byte elements at ``peak_low``, on one memory system:
+    time = FLOPs / attainable throughput. The optimizer step keeps FP32 state in both."""
+    high = transformer_op_costs(d_model, n_heads, context, batch, bytes_per_element=bytes_high)
+    low = transformer_op_costs(d_model, n_heads, context, batch, bytes_per_element=bytes_low)
+    rows = []
+    for h, lo in zip(high, low):
+        if h.name == "AdamW step":
+            lo = h  # the update runs on FP32 master weights and moments in every mixed-precision recipe
+        th = h.flops / (attainable_tflops(h.intensity, peak_high, bandwidth_gbs) * 1e12)
+        tl = lo.flops / (attainable_tflops(lo.intensity, peak_low, bandwidth_gbs) * 1e12)
+        ridge_h, ridge_l = peak_high * 1e3 / bandwidth_gbs, peak_low * 1e3 / bandwidth_gbs
+        rows.append(RooflineRow(h.name, h.intensity, lo.intensity,
+                                "compute" if h.intensity >= ridge_h else "memory",
+                                "compute" if lo.intensity >= ridge_l else "memory", th, tl))
+    return tuple(rows)
+
+
+def sweep_from_values(points: Sequence[dict]) -> dict[str, dict[int, float]]:
+    """``{dtype: {n: TFLOP/s}}`` from a recorded ``matmul_throughput``'s ``values["points"]``."""
+    try:
+        out: dict[str, dict[int, float]] = {}
+        for p in points:
+            out.setdefault(p["dtype"], {})[int(p["n"])] = float(p["tflops"])
+        return out
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a matmul_throughput record's points: {exc}") from None
+
+
+def study_from_values(parameters: dict, values: dict, device: str = "recorded") -> ThroughputStudy:
+    """Rebuild a :class:`ThroughputStudy` from a recorded ``training_throughput`` experiment."""
+    try:
+        runs = tuple(RecipeRun(r["recipe"], int(r["seed"]), bool(r["compiled"]), tuple(r["losses"]),
+                               tuple(r["step_seconds"]), int(r["tokens_per_step"]), int(r["warmup_steps"]),
+                               r.get("peak_memory_bytes")) for r in values["runs"])
+        return ThroughputStudy(device, runs, float(values["flops_per_token"]), dict(values["peaks"]),
+                               str(parameters.get("peak_source", "")))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a training_throughput record: {exc}") from None
