@@ -407,12 +407,25 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
                 label=f"{label}: ridge at {peak * 1e3 / bw:.0f} FLOP/B")
     first_peak, first_bw = next(iter(ceilings.values()))
     ridge = first_peak * 1e3 / first_bw
-    for op in ops:
-        y = attainable_tflops(op.intensity, first_peak, first_bw)
-        marker = "s" if op.intensity >= ridge else "o"
-        ax.plot(op.intensity, y, marker, color="#000000", ms=6)
-        ax.annotate(op.name, (op.intensity, y), textcoords="offset points", xytext=(4, -12 if marker == "s" else 4),
-                    fontsize=8, rotation=0)
+    # operations of nearly the same intensity share one label, so labels do not overprint each other
+    groups: list[list] = []
+    for op in sorted(ops, key=lambda o: o.intensity):
+        if groups and op.intensity <= groups[-1][0].intensity * 1.3:
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    for i, group in enumerate(groups):
+        for op in group:
+            marker = "s" if op.intensity >= ridge else "o"
+            ax.plot(op.intensity, attainable_tflops(op.intensity, first_peak, first_bw), marker,
+                    color="#000000", ms=6)
+        x = group[0].intensity
+        y = attainable_tflops(x, first_peak, first_bw)
+        ax.annotate(str(i + 1), (x, y), textcoords="offset points", xytext=(-4, 7), ha="right", fontsize=9,
+                    fontweight="bold")
+    key = "\n".join(f"{i + 1}: " + " / ".join(o.name for o in g) for i, g in enumerate(groups))
+    ax.text(0.98, 0.03, key, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "#999999", "alpha": 0.9})
     ax.plot([], [], "o", color="#000000", label="op below the ridge: memory-bound")
     ax.plot([], [], "s", color="#000000", label="op above the ridge: compute-bound")
     ax.set_xscale("log")
@@ -431,7 +444,7 @@ def plot_throughput(panels: dict) -> Figure:
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
     for ax, (title, rows) in zip(axes[0], panels.items()):
         labels = [r["recipe"] + (" + compile" if r["compiled"] else "") for r in rows]
-        values = [r["tokens_per_s"] for r in rows]
+        values = [r["tokens_per_s"] / 1e3 for r in rows]
         # the seeds' range of step time, turned into a range of tokens/s around the median
         lo = [v * r["step_ms"] / r["step_ms_range"][1] for v, r in zip(values, rows)]
         hi = [v * r["step_ms"] / r["step_ms_range"][0] for v, r in zip(values, rows)]
@@ -441,7 +454,7 @@ def plot_throughput(panels: dict) -> Figure:
                 xerr=[np.array(values) - np.array(lo), np.array(hi) - np.array(values)], capsize=3)
         ax.set_yticks(y, labels, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("tokens per second (median over seeds; bar: range over seeds)")
+        ax.set_xlabel("thousand tokens per second (median over seeds; bar: range)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, axis="x")
     return _finish(fig)
@@ -456,12 +469,15 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figur
         for i, (recipe, runs) in enumerate(by_recipe.items()):
             colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
             for j, (seconds, losses) in enumerate(runs):
-                ax.plot(np.cumsum(seconds), losses, color=colour, lw=1.2, alpha=0.85,
+                # a moving average over about a thirtieth of the run, so seeds stay distinguishable
+                window = max(1, len(losses) // 30)
+                smooth = np.convolve(np.asarray(losses, float), np.ones(window) / window, mode="valid")
+                ax.plot(np.cumsum(seconds)[window - 1:], smooth, color=colour, lw=1.2, alpha=0.85,
                         label=f"{recipe} ({len(runs)} seeds)" if j == 0 else None)
         if target and title in target:
             ax.axhline(target[title], color="#555555", ls=":", lw=1.2, label="target loss")
         ax.set_xlabel("wall-clock seconds")
-        ax.set_ylabel("training loss")
+        ax.set_ylabel("training loss (moving average)")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
