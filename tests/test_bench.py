@@ -243,3 +243,27 @@ def test_mfu_peaks_on_a_gpu_come_from_the_datasheet(monkeypatch):
     assert "H100 SXM5" in source
     Props.name = "NVIDIA Unknown"
     assert B._mfu_peaks(torch.device("cuda"), ("fp32",)) == ({}, "no datasheet entry for NVIDIA Unknown")
+
+
+def test_cpu_peak_estimate_from_cpuinfo_text():
+    text = "processor: 0\ncpu MHz\t\t: 2500.0\nflags\t\t: fpu avx2 fma avx512f\n"
+    est = B.cpu_peak_estimate(text, cores=4)
+    assert (est.vector_lanes, est.fma_units, est.flops_per_cycle) == (16, 2, 64)
+    assert est.tflops == pytest.approx(4 * 2.5e9 * 64 / 1e12)
+    assert B.cpu_peak_estimate("flags: avx2 fma\ncpu MHz: 1000", cores=1).vector_lanes == 8
+    assert B.cpu_peak_estimate("flags: sse2", cores=1) is None  # no clock, no estimate
+    with pytest.raises(ValueError, match="cores"):
+        B.cpu_peak_estimate(text, cores=0)
+
+
+def test_lesson6_experiments_run_on_the_cpu_at_small_size():
+    from course_lib.experiments import run_experiment
+
+    out = run_experiment("matmul_throughput", SizeProfile("small"), "cpu")
+    assert {p["dtype"] for p in out.values["points"]} >= {"fp32", "bf16", "fp16"}
+    assert "tf32" in out.values["skipped"] and out.values["copy_bandwidth_gbs"] > 0
+    assert set(out.values["cross_check"]) == {"fp32", "bf16"}
+    mem = run_experiment("training_memory", SizeProfile("small"), "cpu")
+    assert [b.recipe for b in mem.values["breakdowns"]][0] == "fp32"
+    prof = run_experiment("profiled_step", SizeProfile("small"), "cpu")
+    assert len(prof.values["steps"]) == 3

@@ -42,3 +42,13 @@ def test_run_differences():
     assert list(lines[0].get_ydata()) == [0.5, 0.5, 0.5]
     with pytest.raises(ValueError, match="no run named"):
         plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", minus="z")
+
+
+def test_throughput_plot_takes_single_seed_rows_and_old_records():
+    from course_lib import plots
+
+    one = {"recipe": "fp32", "compiled": True, "seeds": 1, "step_ms": 3.3, "step_ms_range": (3.3, 3.3),
+           "tokens_per_s": 1e6 / 3.3, "tokens_per_s_range": (1e6 / 3.3, 1e6 / 3.3), "mfu": None}
+    old = {k: v for k, v in one.items() if k != "tokens_per_s_range"}  # a record from before the range existed
+    fig = plots.plot_throughput({"a": [one], "b": [old]})
+    assert len(fig.axes) == 2

@@ -421,6 +421,55 @@ def capability_probe(device: torch.device | str | None = None, *, n: int | None 
     return _probe(str(dev), n, budget_s)
 
 
+@dataclass(frozen=True)
+class CPUPeakEstimate:
+    """A CPU's FP32 peak estimated from cores x clock x FP32 FLOPs per cycle per core (an *estimate*:
+    the clock read is the current one, and two FMA units per core are assumed)."""
+
+    cores: int
+    clock_ghz: float
+    vector_lanes: int
+    fma_units: int
+
+    @property
+    def flops_per_cycle(self) -> int:
+        return 2 * self.vector_lanes * self.fma_units  # an FMA is two FLOPs per lane
+
+    @property
+    def tflops(self) -> float:
+        return self.cores * self.clock_ghz * 1e9 * self.flops_per_cycle / 1e12
+
+
+def cpu_peak_estimate(cpuinfo: str | None = None, cores: int | None = None) -> CPUPeakEstimate | None:
+    """Estimate this CPU's FP32 peak from ``/proc/cpuinfo`` (or the text given): the clock ("cpu MHz"),
+    the widest FP32 FMA vector (AVX-512: 16 lanes, AVX2 with FMA: 8, else 4) and ``cores`` (default: the
+    threads torch uses). None where the clock cannot be read."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return None
+    mhz = flags = None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "cpu MHz" and mhz is None:
+            try:
+                mhz = float(value)
+            except ValueError:
+                pass
+        if key.strip() == "flags" and flags is None:
+            flags = set(value.split())
+    if not mhz:
+        return None
+    flags = flags or set()
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
+    cores = torch.get_num_threads() if cores is None else cores
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores must be a positive int, got {cores!r}")
+    return CPUPeakEstimate(cores, mhz / 1e3, lanes, 2)
+
+
 # ---- datasheet peaks and the roofline -------------------------------------------------------------------
 
 
@@ -640,6 +689,8 @@ class ThroughputStudy:
                              "step_ms": 1e3 * statistics.median(steps),
                              "step_ms_range": (1e3 * min(steps), 1e3 * max(steps)),
                              "tokens_per_s": statistics.median(r.tokens_per_second for r in runs),
+                             "tokens_per_s_range": (min(r.tokens_per_second for r in runs),
+                                                    max(r.tokens_per_second for r in runs)),
                              "mfu": statistics.median(mfus) if mfus else None})
         return rows
 

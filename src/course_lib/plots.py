@@ -444,14 +444,18 @@ def plot_throughput(panels: dict) -> Figure:
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
     for ax, (title, rows) in zip(axes[0], panels.items()):
         labels = [r["recipe"] + (" + compile" if r["compiled"] else "") for r in rows]
-        values = [r["tokens_per_s"] / 1e3 for r in rows]
-        # the seeds' range of step time, turned into a range of tokens/s around the median
-        lo = [v * r["step_ms"] / r["step_ms_range"][1] for v, r in zip(values, rows)]
-        hi = [v * r["step_ms"] / r["step_ms_range"][0] for v, r in zip(values, rows)]
+        values = np.array([r["tokens_per_s"] / 1e3 for r in rows])
+        if all("tokens_per_s_range" in r for r in rows):
+            lo = np.array([r["tokens_per_s_range"][0] / 1e3 for r in rows])
+            hi = np.array([r["tokens_per_s_range"][1] / 1e3 for r in rows])
+        else:  # rows recorded before the table carried a tokens/s range: derive it from the step times
+            lo = np.array([v * r["step_ms"] / r["step_ms_range"][1] for v, r in zip(values, rows)])
+            hi = np.array([v * r["step_ms"] / r["step_ms_range"][0] for v, r in zip(values, rows)])
         colours = ["#0072B2" if r["compiled"] else "#999999" for r in rows]
         y = np.arange(len(rows))
-        ax.barh(y, values, color=colours,
-                xerr=[np.array(values) - np.array(lo), np.array(hi) - np.array(values)], capsize=3)
+        # a median of an even number of seeds need not lie inside the range by more than rounding
+        ax.barh(y, values, color=colours, xerr=[np.clip(values - lo, 0, None), np.clip(hi - values, 0, None)],
+                capsize=3)
         ax.set_yticks(y, labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel("thousand tokens per second (median over seeds; bar: range)")
