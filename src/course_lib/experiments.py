@@ -178,11 +178,13 @@ def _matmul_throughput(profile: SizeProfile, device: torch.device) -> Experiment
                "q25_s": p.timing.q25, "q75_s": p.timing.q75, "repeats": p.timing.repeats} for p in sweep.points]
     check_n = profile.pick(small=512, full=4096)
     cross = {}
+    budget = profile.pick(small=0.1, full=0.5)
     for dtype in ("fp32", "bf16"):
         if dtype not in sweep.skipped:
             cross[dtype] = {"harness_s": measure_matmul(dtype, check_n, check_n, check_n, device,
-                                                        budget_s=0.5).timing.median,
-                            "torch_timer_s": torch_timer_matmul_seconds(dtype, check_n, device, min_run_time=0.5)}
+                                                        budget_s=budget).timing.median,
+                            "torch_timer_s": torch_timer_matmul_seconds(dtype, check_n, device,
+                                                                        min_run_time=budget)}
     bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
     return ExperimentOutput(parameters={"sizes": list(sizes), "cross_check_n": check_n},
                             values={"points": points, "skipped": sweep.skipped, "cross_check": cross,
