@@ -124,3 +124,17 @@ def test_two_optimizers_share_one_scaler():
     assert scaler.get_scale() == 8.0
     with pytest.raises(ValueError, match="at least one optimizer"):
         step_optimizers(scaler, [])
+
+
+@pytest.mark.parametrize("cc, refused", [((7, 0), {"tf32", "bf16_autocast", "bf16_pure", "bf16_master"}),
+                                         ((7, 5), {"tf32", "bf16_autocast", "bf16_pure", "bf16_master"}),
+                                         ((8, 0), set()), ((9, 0), set())])
+def test_recipes_refused_by_compute_capability_not_by_emulated_bf16(monkeypatch, cc, refused):
+    from course_lib.train import RECIPES, get_recipe
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # as torch says on a V100
+    assert {name for name, r in RECIPES.items() if r.unsupported_reason("cuda")} == refused
+    if refused:
+        with pytest.raises(ValueError, match="cannot run on cuda"):
+            get_recipe("bf16_autocast", "cuda")

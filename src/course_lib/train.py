@@ -48,7 +48,9 @@ class Recipe:
             major, minor = torch.cuda.get_device_capability(device)
             if self.tf32 and (major, minor) < (8, 0):
                 return f"TF32 needs compute capability 8.0 or newer; this GPU has {major}.{minor}"
-            if needs_bf16 and not torch.cuda.is_bf16_supported():
+            # not torch.cuda.is_bf16_supported(): it reports True on compute capability 7.x, where BF16
+            # runs through emulation, slower than FP32
+            if needs_bf16 and (major, minor) < (8, 0):
                 return f"this GPU (compute capability {major}.{minor}) has no native BF16"
             return None
         if device.type == "cpu":
