@@ -132,9 +132,16 @@ def test_two_optimizers_share_one_scaler():
 def test_recipes_refused_by_compute_capability_not_by_emulated_bf16(monkeypatch, cc, refused):
     from course_lib.train import RECIPES, get_recipe
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # as torch says on a V100
     assert {name for name, r in RECIPES.items() if r.unsupported_reason("cuda")} == refused
     if refused:
         with pytest.raises(ValueError, match="cannot run on cuda"):
             get_recipe("bf16_autocast", "cuda")
+
+
+def test_cuda_recipe_without_a_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+        get_recipe("fp32", "cuda")

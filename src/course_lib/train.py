@@ -45,6 +45,8 @@ class Recipe:
         device = torch.device(device)
         needs_bf16 = torch.bfloat16 in (self.autocast_dtype, self.param_dtype)
         if device.type == "cuda":
+            if not torch.cuda.is_available():
+                return "torch sees no CUDA GPU on this machine"
             major, minor = torch.cuda.get_device_capability(device)
             if self.tf32 and (major, minor) < (8, 0):
                 return f"TF32 needs compute capability 8.0 or newer; this GPU has {major}.{minor}"
