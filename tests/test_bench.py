@@ -101,6 +101,11 @@ def test_matmul_flops_is_2mnk():
         B.matmul_flops(1, 1, 0)
 
 
+def test_no_cuda_is_a_reason_not_a_crash(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert B.dtype_unsupported_reason("bf16", "cuda") == "torch sees no CUDA GPU on this machine"
+
+
 def test_dtype_support_on_cpu_and_refusals():
     assert B.dtype_unsupported_reason("fp32", "cpu") is None
     assert "CPU has none" in B.dtype_unsupported_reason("tf32", "cpu")
@@ -115,6 +120,7 @@ def test_dtype_support_on_cpu_and_refusals():
 @pytest.mark.parametrize("cc, expect", [((7, 0), {"tf32", "bf16", "fp8"}), ((8, 0), {"fp8"}),
                                         ((8, 9), set()), ((9, 0), set())])
 def test_dtype_support_on_gpus_from_compute_capability(monkeypatch, cc, expect):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
     monkeypatch.setattr(B, "_scaled_mm_runs", lambda device: None)
     refused = {d for d in B.MATMUL_DTYPES if B.dtype_unsupported_reason(d, "cuda")}

@@ -197,6 +197,8 @@ def dtype_unsupported_reason(dtype: str, device: torch.device | str) -> str | No
     _check_dtype_name(dtype)
     device = torch.device(device)
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA GPU on this machine"
         major, minor = torch.cuda.get_device_capability(device)
         if dtype == "tf32" and (major, minor) < (8, 0):
             return f"TF32 tensor cores need compute capability 8.0+; this GPU is {major}.{minor}"
