@@ -23,7 +23,7 @@ def test_correct_answers_pass_including_rounded_decimals():
 def test_wrong_answers_are_explained(fmt, prop, answer, hint):
     fb = check_format_property(fmt, prop, answer)
     assert not fb.correct and hint in fb.message
-    assert fb._repr_markdown_().startswith("❌")
+    assert fb._repr_markdown_().startswith("**Not yet.**")
 
 
 def test_unknown_property():

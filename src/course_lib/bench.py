@@ -766,6 +766,29 @@ def _mfu_peaks(device: torch.device, recipes: Sequence[str]) -> tuple[dict[str, 
 # ---- the profiler: where a step's time goes ----------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence file descriptor 2 while the profiler starts and stops: some torch builds log
+    ``profiler_start``/``profiler_stop`` lines from C++ there, which a notebook would show as output.
+    Python-level errors still propagate as exceptions."""
+    import os
+    import sys
+
+    try:
+        fd = sys.stderr.fileno() if hasattr(sys.stderr, "fileno") else 2
+    except (OSError, ValueError):  # a notebook's stderr may have no file descriptor: use fd 2 itself
+        fd = 2
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
 @dataclass(frozen=True)
 class ProfiledStep:
     """The top operators of one training step by self time (microseconds), and the share spent in casts."""
@@ -799,7 +822,7 @@ def profile_training_step(recipe: str, profile, device: torch.device | str = "cp
     state = TrainState(setup.model(seed), r, TrainConfig(steps=3), device)
     train(state, setup.sampler, steps=2)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch_profile(activities=activities) as prof:
+    with _quiet_native_stderr(), torch_profile(activities=activities) as prof:
         train(state, setup.sampler, steps=1)
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     if device.type == "cuda" and not hasattr(prof.key_averages()[0], attr):  # older torch
@@ -820,12 +843,14 @@ def datasheet_markdown() -> str:
     def cell(v):
         return "-" if v is None else f"{v:,.1f}"
 
-    head = ("| GPU | sm | FP32 | TF32 | BF16 | FP16 | FP8 | memory GB/s | source | note |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
-    return head + "\n".join(
+    head = ("| GPU | sm | FP32 | TF32 | BF16 | FP16 | FP8 | GB/s | source |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    table = head + "\n".join(
         f"| {p.name} | {p.compute_capability} | " + " | ".join(cell(p.tflops[d]) for d in MATMUL_DTYPES)
-        + f" | {p.bandwidth_gbs:,.0f} | {{cite:p}}`{p.source}` | {p.note or '-'} |"
+        + f" | {p.bandwidth_gbs:,.0f} | {{cite:p}}`{p.source}` |"
         for p in DATASHEET_PEAKS.values())
+    notes = "\n".join(f"- {p.name}: {p.note}." for p in DATASHEET_PEAKS.values() if p.note)
+    return table + "\n\nTFLOP/s, dense; GB/s: memory bandwidth. Notes:\n\n" + notes
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ class Feedback:
     message: str
 
     def _repr_markdown_(self) -> str:
-        return ("✅ " if self.correct else "❌ ") + self.message
+        # words, not emoji: an emoji shows as an empty box where no emoji font is installed
+        return ("**Right.** " if self.correct else "**Not yet.** ") + self.message
 
     def __str__(self) -> str:
         return self._repr_markdown_()

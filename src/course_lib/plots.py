@@ -364,12 +364,14 @@ def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure
     """
     if not panels:
         raise ValueError("nothing to plot: panels is empty")
-    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 5.4), squeeze=False)
     for ax, (title, by_dtype) in zip(axes[0], panels.items()):
-        for dtype, points in by_dtype.items():
+        for j, (dtype, points) in enumerate(by_dtype.items()):
             colour = _DTYPE_COLOURS.get(dtype, "#555555")
             aligned = sorted((n, t) for n, t in points.items() if n % 8 == 0)
-            odd = sorted((n, t) for n, t in points.items() if n % 8)
+            # misaligned sizes sit next to their aligned neighbour: nudge each dtype's marker sideways so
+            # that dtypes with equal throughput do not hide each other
+            odd = sorted((n * 2 ** (0.06 * (j - 2)), t) for n, t in points.items() if n % 8)
             if aligned:
                 ax.plot(*zip(*aligned), "o-", color=colour, lw=1.8, ms=4, label=_DTYPE_NAMES.get(dtype, dtype))
             if odd:
@@ -383,11 +385,13 @@ def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure
         ax.set_ylabel("TFLOP/s (log scale)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].plot([], [], "o", mfc="none", color="#555555", label="misaligned n (not a multiple of 8)")
+    for ax in axes[0]:
+        ax.plot([], [], "o", mfc="none", color="#555555", label="misaligned n (n - 1)")
     if peaks:
         axes[0][-1].plot([], [], "--", color="#555555", label="datasheet dense peak")
     for ax in axes[0]:
-        ax.legend(fontsize=8, loc="lower right")
+        # below the axes, so that no line is covered
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
     return _finish(fig)
 
 
@@ -410,7 +414,7 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     # operations of nearly the same intensity share one label, so labels do not overprint each other
     groups: list[list] = []
     for op in sorted(ops, key=lambda o: o.intensity):
-        if groups and op.intensity <= groups[-1][0].intensity * 1.3:
+        if groups and op.intensity <= groups[-1][0].intensity * 1.05:
             groups[-1].append(op)
         else:
             groups.append([op])
@@ -423,7 +427,9 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
         y = attainable_tflops(x, first_peak, first_bw)
         ax.annotate(str(i + 1), (x, y), textcoords="offset points", xytext=(-4, 7), ha="right", fontsize=9,
                     fontweight="bold")
-    key = "\n".join(f"{i + 1}: " + " / ".join(o.name for o in g) for i, g in enumerate(groups))
+    key = "\n".join(f"{i + 1}: " + " / ".join(o.name for o in g)
+                    + (" (compute-bound)" if g[0].intensity >= ridge else " (memory-bound)")
+                    for i, g in enumerate(groups))
     ax.text(0.98, 0.03, key, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
             bbox={"facecolor": "white", "edgecolor": "#999999", "alpha": 0.9})
     ax.plot([], [], "o", color="#000000", label="op below the ridge: memory-bound")
@@ -469,9 +475,11 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figur
     device. ``panels``: ``{title: {recipe: [(seconds, losses), ...]}}``; ``target``: ``{title: loss}``
     drawn as a horizontal line."""
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
+    recipes = list(dict.fromkeys(r for by_recipe in panels.values() for r in by_recipe))
+    colours = {r: FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)] for i, r in enumerate(recipes)}
     for ax, (title, by_recipe) in zip(axes[0], panels.items()):
-        for i, (recipe, runs) in enumerate(by_recipe.items()):
-            colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
+        for recipe, runs in by_recipe.items():
+            colour = colours[recipe]  # one colour per recipe in every panel
             for j, (seconds, losses) in enumerate(runs):
                 # a moving average over about a thirtieth of the run, so seeds stay distinguishable
                 window = max(1, len(losses) // 30)
