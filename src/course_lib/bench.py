@@ -772,12 +772,10 @@ def _quiet_native_stderr():
     ``profiler_start``/``profiler_stop`` lines from C++ there, which a notebook would show as output.
     Python-level errors still propagate as exceptions."""
     import os
-    import sys
 
-    try:
-        fd = sys.stderr.fileno() if hasattr(sys.stderr, "fileno") else 2
-    except (OSError, ValueError):  # a notebook's stderr may have no file descriptor: use fd 2 itself
-        fd = 2
+    # fd 2 itself, not sys.stderr.fileno(): in a Jupyter kernel the latter is a copy of the terminal's
+    # stderr, while the C++ code writes to fd 2, which the kernel captures into the notebook
+    fd = 2
     saved = os.dup(fd)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
