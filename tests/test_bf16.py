@@ -78,3 +78,17 @@ def test_compare_bf16_updates_runs_every_rule():
     assert len(result.losses) == 5 and set(result.lost_fraction) <= set(result.losses)
     assert all(len(v) == 3 for v in result.losses.values())
     assert all(0.0 <= f <= 1.0 for v in result.lost_fraction.values() for f in v)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"betas": (1.0, 0.9)}, "betas"), ({"betas": (0.9, -0.1)}, "betas"),
+                                           ({"eps": -1.0}, "eps"), ({"weight_decay": -0.1}, "weight_decay")])
+def test_bf16_adamw_refuses_what_torch_refuses(kwargs, match):
+    import torch
+
+    from course_lib.bf16 import BF16AdamW
+
+    params = [torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))]
+    with pytest.raises(ValueError, match=match):
+        BF16AdamW(params, **kwargs)
+    with pytest.raises(ValueError):
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], **kwargs)  # the same input torch refuses

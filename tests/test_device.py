@@ -80,3 +80,8 @@ def test_unsupported_device_type():
 def test_gpu_description():  # pragma: no cover - runs on the GPU machine
     hw = D.describe_hardware("cuda")
     assert hw.compute_capability and hw.summary.startswith("GPU ")
+
+
+def test_unknown_device_string_is_a_clear_error():
+    with pytest.raises(ValueError, match="unsupported device 'tpu'"):
+        D.describe_hardware("tpu")

@@ -80,7 +80,7 @@ def test_bad_input():
         summarize_underflow(torch.tensor([1, 2]), "FP16")
     with pytest.raises(ValueError, match="loss_scale must be a positive"):
         summarize_underflow(torch.ones(2), "FP16", loss_scale=0)
-    with pytest.raises(ValueError, match="no finite values"):
+    with pytest.raises(ValueError, match="1 non-finite entries"):
         summarize_underflow(torch.tensor([math.inf]), "FP16")
     with pytest.raises(ValueError, match="no nn.Linear"):
         capture_gradients(torch.nn.ReLU(), lambda m: torch.ones(1, requires_grad=True).sum())
@@ -90,3 +90,17 @@ def test_bad_input():
         sweep_loss_scale(torch.zeros(3), [1.0])
     with pytest.raises(ValueError, match="depth must be a positive int"):
         DeepMLP(depth=0)
+
+
+def test_summarize_underflow_refuses_infinite_scale_and_non_finite_values():
+    import math
+
+    import pytest
+    import torch
+
+    from course_lib.gradients import summarize_underflow
+
+    with pytest.raises(ValueError, match="positive finite"):
+        summarize_underflow(torch.randn(10), "FP16", loss_scale=math.inf)
+    with pytest.raises(ValueError, match="2 non-finite entries"):
+        summarize_underflow(torch.tensor([1.0, math.nan, math.inf]), "FP16")

@@ -67,7 +67,6 @@ def test_load_records_filters_and_sorts(tmp_path):
         ["2026-02", "2026-01"]
     assert len(load_records("demo", tmp_path)) == 3
     assert load_records("other", tmp_path) == []
-    assert load_records("demo", tmp_path / "missing") == []
     assert "NVIDIA H200" in describe_records(load_records("demo", tmp_path))
     assert "No recorded result" in describe_records([])
 
@@ -120,3 +119,10 @@ def test_committed_results_all_load():
     folder = Path(__file__).resolve().parents[1] / "results"
     for rec in load_records(results_dir=folder):
         assert rec.provenance.device_type == "cuda"
+
+
+def test_load_records_from_a_named_folder_that_does_not_exist(tmp_path):
+    from course_lib.results import load_records
+
+    with pytest.raises(ValueError, match="does not exist"):
+        load_records("x", results_dir=tmp_path / "nope")

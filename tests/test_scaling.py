@@ -187,3 +187,55 @@ def test_flight_recorder_ends_when_the_scale_collapses_to_zero():
     assert 2 <= rec.steps < 20
     assert all(s > 0 for s in rec.scales) and rec.skipped[-1]
     assert all(math.isfinite(m) for m in rec.max_activation_grad)
+
+
+def test_teaching_scaler_at_zero_scale_matches_grad_scaler_bit_for_bit():
+    # After enough back-offs the scale reaches 0.0; GradScaler then multiplies by an infinite inverse,
+    # turns finite gradients into NaN and reports no overflow. The teaching scaler must do the same.
+    import warnings
+
+    torch.manual_seed(0)
+    g = torch.randn(8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        real = torch.amp.GradScaler("cpu", init_scale=1.0)
+    p = torch.nn.Parameter(torch.zeros(8))
+    opt = torch.optim.SGD([p], lr=0.0)
+    real.scale(p.sum())  # creates the scale tensor
+    real._scale.fill_(0.0)
+    real.scale((p * g).sum()).backward()
+    real.unscale_(opt)
+    found_real = bool(real._per_optimizer_states[id(opt)]["found_inf_per_device"][torch.device("cpu")])
+    mine = TeachingLossScaler(init_scale=1.0)
+    mine.scale = 0.0
+    grad = (g * 0.0).clone()
+    found_mine = mine.unscale_([grad])
+    assert found_mine == found_real is False
+    assert bool(torch.isnan(grad).all()) and bool(torch.isnan(p.grad).all())
+
+
+def test_teaching_scaler_refuses_a_second_unscale_and_round_trips_its_state():
+    s = TeachingLossScaler(init_scale=2.0**10, growth_interval=3)
+    grads = [torch.ones(3)]
+    s.unscale_(grads)
+    with pytest.raises(RuntimeError, match="already been called since the last update"):
+        s.unscale_(grads)
+    s.update(False)
+    s.unscale_(grads)  # allowed again after update()
+    s.update(True)
+    state = s.state_dict()
+    assert set(state) == set(torch.amp.GradScaler("cpu").state_dict())
+    other = TeachingLossScaler()
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    with pytest.raises(ValueError, match="lacks"):
+        other.load_state_dict({"scale": 1.0})
+
+
+def test_replay_and_flight_recording_bad_input():
+    from course_lib.scaling import flight_recording_from_dict, replay_scale_schedule
+
+    with pytest.raises(ValueError, match="NaN not"):
+        replay_scale_schedule([1.0, math.nan])
+    with pytest.raises(ValueError, match="expected a dict"):
+        flight_recording_from_dict("x")

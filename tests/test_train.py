@@ -145,3 +145,17 @@ def test_cuda_recipe_without_a_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
         get_recipe("fp32", "cuda")
+
+
+@pytest.mark.parametrize("kwargs, match", [({"clip_norm": -1.0}, "clip_norm"), ({"clip_norm": 0.0}, "clip_norm"),
+                                           ({"lr": math.inf}, "lr must be"), ({"lr": math.nan}, "lr must be")])
+def test_train_config_refuses_values_that_would_silently_misbehave(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(steps=1, **kwargs)
+
+
+def test_convergence_parity_needs_seeds():
+    from course_lib.train import convergence_parity
+
+    with pytest.raises(ValueError, match="at least one seed"):
+        convergence_parity(SizeProfile("small"), seeds=(), steps=1)

@@ -48,6 +48,13 @@ class BF16AdamW(torch.optim.Optimizer):
             raise ValueError(f"update_rule must be one of {UPDATE_RULES}, got {update_rule!r}")
         if not lr > 0:
             raise ValueError(f"lr must be positive, got {lr}")
+        # the same checks torch.optim.AdamW makes
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas)):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+        if not eps >= 0.0:
+            raise ValueError(f"eps must be non-negative, got {eps}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"weight_decay must be non-negative, got {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.update_rule = update_rule
         self.generator = torch.Generator().manual_seed(seed)

@@ -157,7 +157,10 @@ class HardwareInfo:
 
 def describe_hardware(device: torch.device | str | None = None) -> HardwareInfo:
     """Describe the device experiments use (default: :func:`select_device`)."""
-    dev = torch.device(device) if device is not None else select_device()
+    try:
+        dev = torch.device(device) if device is not None else select_device()
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unsupported device {device!r}: the course runs on 'cuda' or 'cpu' ({exc})") from None
     profile = size_profile(dev)
     cuda_version = torch.version.cuda
     if dev.type == "cuda":

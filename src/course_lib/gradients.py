@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -131,10 +133,15 @@ def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale
     f = get_format(fmt)
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():
         raise TypeError("values must be a floating-point torch tensor")
-    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or not loss_scale > 0:
-        raise ValueError(f"loss_scale must be a positive number, got {loss_scale!r}")
+    if (isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or not loss_scale > 0
+            or not math.isfinite(loss_scale)):
+        raise ValueError(f"loss_scale must be a positive finite number, got {loss_scale!r}")
     v = values.detach().flatten().to(torch.float64)
-    v = v[torch.isfinite(v)]
+    bad = int((~torch.isfinite(v)).sum())
+    if bad:
+        # dropping them silently would make the fractions describe fewer values than were passed
+        raise ValueError(f"values hold {bad} non-finite entries (inf or NaN); summarise finite values "
+                         "and count the non-finite ones separately")
     n = v.numel()
     if n == 0:
         raise ValueError("no finite values to summarise")

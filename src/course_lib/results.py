@@ -267,6 +267,8 @@ def load_records(experiment: str | None = None, results_dir: str | Path | None =
     """
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     if not folder.is_dir():
+        if results_dir is not None:  # asked for by name: a typo must not look like "no records yet"
+            raise ValueError(f"results folder {folder} does not exist")
         return []
     records = [load_record(p) for p in sorted(folder.rglob("*.json"))]
     if experiment is not None:

@@ -64,6 +64,7 @@ class TeachingLossScaler:
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = growth_interval
         self.growth_tracker = 0
+        self._unscaled = False  # unscale_ ran since the last update()
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss * scale``; backpropagating it gives gradients ``scale`` times too large."""
@@ -72,13 +73,21 @@ class TeachingLossScaler:
         return loss * torch.tensor(self.scale, dtype=torch.float32, device=loss.device)
 
     def inverse_scale(self) -> torch.Tensor:
-        """``1/scale``: the reciprocal computed in float64, then rounded to float32 (as GradScaler does)."""
-        return torch.tensor(1.0 / self.scale, dtype=torch.float64).to(torch.float32)
+        """``1/scale``: the reciprocal computed in float64, then rounded to float32 (as GradScaler does).
+
+        A scale that backed off all the way to 0.0 gives an infinite inverse, as in GradScaler: unscaling
+        then turns every gradient into NaN (0 * inf) without reporting an overflow.
+        """
+        return torch.tensor(self.scale, dtype=torch.float64).reciprocal().to(torch.float32)
 
     def unscale_(self, grads: list[torch.Tensor]) -> bool:
         """Divide the gradients by the scale in place; return True when any of them holds inf or NaN."""
         if not isinstance(grads, (list, tuple)) or not all(isinstance(g, torch.Tensor) for g in grads):
             raise TypeError("grads must be a list of tensors")
+        if self._unscaled:
+            # GradScaler refuses a second unscale_ before update(): it would divide by the scale again
+            raise RuntimeError("unscale_() has already been called since the last update(); a second call "
+                               "would divide the gradients by the scale again.")
         if any(g.dtype == torch.float16 for g in grads):
             # GradScaler refuses these with the same message: the parameters (and so the gradients) must
             # stay FP32 under mixed precision; unscaling in FP16 would underflow again.
@@ -89,6 +98,7 @@ class TeachingLossScaler:
             if not bool(torch.isfinite(g).all()):
                 found_inf = True
             g.mul_(self.inverse_scale().to(g.device))
+        self._unscaled = True
         return found_inf
 
     def step(self, optimizer: torch.optim.Optimizer, found_inf: bool) -> bool:
@@ -100,6 +110,7 @@ class TeachingLossScaler:
 
     def update(self, found_inf: bool) -> None:
         """Back off after an overflow; grow after ``growth_interval`` consecutive clean steps."""
+        self._unscaled = False
         if found_inf:
             self.scale = _to_float32(self.scale * self.backoff_factor)
             self.growth_tracker = 0
@@ -112,6 +123,27 @@ class TeachingLossScaler:
             self.growth_tracker = 0
         else:
             self.growth_tracker = clean_steps
+
+
+    def state_dict(self) -> dict:
+        """The scaler's state under the keys ``torch.amp.GradScaler.state_dict()`` uses."""
+        return {"scale": self.scale, "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "_growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict` (or from a ``torch.amp.GradScaler``'s state dict)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"scaler state lacks {', '.join(missing)}")
+        self.scale = _to_float32(float(state["scale"]))
+        self.growth_factor = float(state["growth_factor"])
+        self.backoff_factor = float(state["backoff_factor"])
+        self.growth_interval = int(state["growth_interval"])
+        self.growth_tracker = int(state["_growth_tracker"])
+        self._unscaled = False
 
 
 # ---- replaying a scale schedule -----------------------------------------------------------------------
@@ -155,8 +187,9 @@ def replay_scale_schedule(
     scaler = TeachingLossScaler(init_scale, growth_factor, backoff_factor, growth_interval)
     scales, skipped, trackers = [], [], []
     for threshold in overflow_threshold:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold < 0:
-            raise ValueError(f"overflow thresholds are non-negative numbers, got {threshold!r}")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+            raise ValueError(f"overflow thresholds are non-negative numbers (inf allowed, NaN not), "
+                             f"got {threshold!r}")
         overflow = scaler.scale >= threshold
         scales.append(scaler.scale)
         skipped.append(overflow)
@@ -652,6 +685,8 @@ def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwar
 
 def flight_recording_from_dict(data: dict) -> FlightRecording:
     """Rebuild a :class:`FlightRecording` from a recorded ``scaler_flight_recording``'s ``values["recording"]``."""
+    if not isinstance(data, dict):
+        raise ValueError(f"not a scaler flight recording: expected a dict, got {type(data).__name__}")
     try:
         return FlightRecording(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
     except TypeError as exc:

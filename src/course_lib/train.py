@@ -116,8 +116,11 @@ class TrainConfig:
             raise ValueError("accumulation_steps must be at least 1")
         if self.schedule not in ("constant", "cosine"):
             raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if self.clip_norm is not None and not (self.clip_norm > 0 and math.isfinite(self.clip_norm)):
+            raise ValueError(f"clip_norm must be None (no clipping) or a positive finite number, got "
+                             f"{self.clip_norm}")
 
 
 @dataclass
@@ -358,6 +361,8 @@ def convergence_parity(profile, device: torch.device | str = "cpu", *,
     """Train the course model with each recipe from each seed (model init and batches both follow it)."""
     if tail < 1:
         raise ValueError(f"tail must be at least 1, got {tail}")
+    if not seeds or not recipes:
+        raise ValueError("convergence_parity needs at least one seed and one recipe")
     finals, curves = {}, {}
     for name in recipes:
         values = []
