@@ -126,3 +126,14 @@ def test_load_records_from_a_named_folder_that_does_not_exist(tmp_path):
 
     with pytest.raises(ValueError, match="does not exist"):
         load_records("x", results_dir=tmp_path / "nope")
+
+
+def test_schema_version_must_be_an_int(tmp_path):
+    from course_lib.results import load_record
+
+    path = save_record(make_record(), tmp_path)
+    data = json.loads(path.read_text())
+    data["schema_version"] = "1"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match="'schema_version' must be an int"):
+        load_record(path)

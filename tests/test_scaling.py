@@ -239,3 +239,11 @@ def test_replay_and_flight_recording_bad_input():
         replay_scale_schedule([1.0, math.nan])
     with pytest.raises(ValueError, match="expected a dict"):
         flight_recording_from_dict("x")
+
+
+@pytest.mark.parametrize("bad", [0.0, -4.0, math.inf])
+def test_static_scales_must_be_positive_and_finite(bad):
+    from course_lib.scaling import train_with_loss_scaling
+
+    with pytest.raises(ValueError, match="static loss scales must be positive finite"):
+        train_with_loss_scaling(SizeProfile("small"), static_scales=(bad,), steps=1)

@@ -222,6 +222,13 @@ def _from_jsonable(obj: Any) -> Any:
     return obj
 
 
+def _schema_version(data: dict, path: Path) -> int:
+    value = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"{path}: field 'schema_version' must be an int, got {value!r}")
+    return value
+
+
 def load_record(path: str | Path) -> Record:
     """Read and validate one record; raise :class:`RecordError` naming what is wrong."""
     path = Path(path)
@@ -240,7 +247,7 @@ def load_record(path: str | Path) -> Record:
         values=_from_jsonable(data["values"]),
         provenance=prov,
         log_file=data.get("log_file"),
-        schema_version=int(data.get("schema_version", SCHEMA_VERSION)),
+        schema_version=_schema_version(data, path),
         path=path,
     )
 

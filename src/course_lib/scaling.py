@@ -611,7 +611,11 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
     steps, device, sampler = setup.steps, setup.device, setup.sampler
     interval = profile.pick(small=10, full=DEFAULT_GROWTH_INTERVAL) if dynamic_growth_interval is None \
         else dynamic_growth_interval
+    for s in static_scales:
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (s > 0 and math.isfinite(s)):
+            raise ValueError(f"static loss scales must be positive finite numbers, got {s!r}")
     runs = []
+
     def name(scale: float) -> str:
         exponent = math.log2(scale)
         return f"static 2^{int(exponent)}" if exponent == int(exponent) else f"static {scale:g}"
