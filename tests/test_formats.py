@@ -368,3 +368,24 @@ def test_clear_errors_for_bad_input():
         F.tf32_matmul_check(16, "cpu")
     with pytest.raises(ValueError, match="shapes differ"):
         F.tf32_rounding_agreement(torch.zeros(2), torch.zeros(3))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(exponent_bits=1, mantissa_bits=2, specials="ieee"), "no binade of normal numbers"),
+    (dict(exponent_bits=1, mantissa_bits=0, specials="fn"), "no binade of normal numbers"),
+    (dict(exponent_bits=4, mantissa_bits=0, specials="ieee"), "no NaN code"),
+])
+def test_user_formats_whose_derived_range_would_not_match_their_codes_are_refused(kwargs, match):
+    from course_lib.formats import FloatFormat
+
+    with pytest.raises(ValueError, match=match):
+        FloatFormat("X", **kwargs)
+
+
+def test_every_registered_format_still_constructs_and_its_max_is_its_largest_code():
+    from course_lib.formats import all_values, list_formats
+
+    for f in [f for f in list_formats() if f.bits <= 16]:  # all_values enumerates every code
+        values = all_values(f)
+        finite = values[np.isfinite(values)]
+        assert float(finite.max()) == f.max_finite, f.name

@@ -96,6 +96,14 @@ class FloatFormat:
             raise ValueError(f"rounding must be one of {_ROUNDINGS}, got {self.rounding!r}")
         if self.specials == "finite" and self.overflow != "saturate":
             raise ValueError("a format with no inf and no NaN can only saturate on overflow")
+        if self.specials == "ieee" and self.mantissa_bits == 0:
+            raise ValueError(f"{self.name}: IEEE-style specials need a mantissa bit, since NaN is the all-ones "
+                             "exponent with a non-zero mantissa; with no mantissa bits there is no NaN code "
+                             "(use specials='fn' for a format whose only special is NaN)")
+        if self.max_exponent < self.min_exponent:
+            raise ValueError(f"{self.name}: {self.exponent_bits} exponent bit(s) with specials="
+                             f"{self.specials!r} leave no binade of normal numbers, so the derived range "
+                             "would not match the codes; add an exponent bit")
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
