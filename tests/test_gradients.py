@@ -104,3 +104,22 @@ def test_summarize_underflow_refuses_infinite_scale_and_non_finite_values():
         summarize_underflow(torch.randn(10), "FP16", loss_scale=math.inf)
     with pytest.raises(ValueError, match="2 non-finite entries"):
         summarize_underflow(torch.tensor([1.0, math.nan, math.inf]), "FP16")
+
+
+def test_sweep_splits_subnormal_survivors_and_reports_a_plateau():
+    import pytest
+    import torch
+
+    from course_lib.formats import get_format
+
+    fp16 = get_format("FP16")
+    # half the values are normal in FP16 at scale 1, half are subnormal there and normal at scale 2**10
+    values = torch.cat([torch.full((50,), 1.0), torch.full((50,), fp16.min_normal / 8)])
+    sweep = sweep_loss_scale(values, [2.0 ** k for k in range(0, 16)], "FP16")
+    assert sweep.survive[0] == 1.0 and sweep.subnormal[0] == 0.5 and sweep.survive_normal[0] == 0.5
+    assert sweep.survive_normal[10] == 1.0
+    lo, hi = sweep.plateau(0.005)
+    assert lo == 1.0 and hi == 2.0 ** 15  # every scale here keeps every value: one wide plateau
+    assert sweep.plateau(0.005, normal=True) == (2.0 ** 3, 2.0 ** 15)  # 2**-17 * 2**3 = 2**-14: normal
+    with pytest.raises(ValueError, match="tolerance"):
+        sweep.plateau(1.5)

@@ -165,14 +165,36 @@ def underflow_table(capture: GradientCapture, formats=UNDERFLOW_FORMATS, loss_sc
 
 @dataclass(frozen=True)
 class ScaleSweep:
-    """Fractions of non-zero gradients that survive (neither flush nor overflow) and that overflow, per
-    loss scale."""
+    """Fractions of non-zero gradients per loss scale: ``survive`` (neither flush nor overflow), of which
+    ``subnormal`` land in the subnormal range (kept, with fewer significant bits), ``overflow`` and
+    ``flushed``."""
 
     format: str
     scales: tuple[float, ...]
     survive: tuple[float, ...]
     overflow: tuple[float, ...]
     flushed: tuple[float, ...]
+    subnormal: tuple[float, ...]
+
+    @property
+    def survive_normal(self) -> tuple[float, ...]:
+        """Fractions that survive as normal numbers, with full precision."""
+        return tuple(a - b for a, b in zip(self.survive, self.subnormal))
+
+    def plateau(self, tolerance: float = 0.005, *, normal: bool = False) -> tuple[float, float]:
+        """The smallest and largest scale of the contiguous range around the best scale whose surviving
+        fraction (``normal``: surviving as normal numbers) is within ``tolerance`` of the best. A single
+        "best" scale is an arbitrary point of that range."""
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must lie in [0, 1), got {tolerance}")
+        values = self.survive_normal if normal else self.survive
+        best = max(range(len(values)), key=lambda i: values[i])
+        lo = hi = best
+        while lo > 0 and values[lo - 1] >= values[best] - tolerance:
+            lo -= 1
+        while hi < len(values) - 1 and values[hi + 1] >= values[best] - tolerance:
+            hi += 1
+        return self.scales[lo], self.scales[hi]
 
 
 def sweep_loss_scale(values: torch.Tensor, scales, fmt: str | FloatFormat = "FP16") -> ScaleSweep:
@@ -183,7 +205,7 @@ def sweep_loss_scale(values: torch.Tensor, scales, fmt: str | FloatFormat = "FP1
     sums = [summarize_underflow(nonzero, fmt, float(s)) for s in scales]
     return ScaleSweep(get_format(fmt).name, tuple(float(s) for s in scales),
                       tuple(1.0 - s.lost for s in sums), tuple(s.overflow for s in sums),
-                      tuple(s.flushed for s in sums))
+                      tuple(s.flushed for s in sums), tuple(s.subnormal for s in sums))
 
 
 # ---- training runs ------------------------------------------------------------------------------------

@@ -280,7 +280,11 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
 def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
     """Fractions of non-zero gradients that survive, flush to zero and overflow against the loss scale."""
     fig, ax = plt.subplots(figsize=(8.5, 4))
-    ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=2, label="survive")
+    lo, hi = sweep.plateau()
+    ax.axvspan(lo, hi, color="#009E73", alpha=0.08, label="within 0.5 points of the best survival")
+    ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=2, label="survive (all)")
+    ax.plot(sweep.scales, np.array(sweep.survive_normal) * 100, color="#0072B2", lw=1.5, ls="--",
+            label="survive as normal numbers (full precision)")
     ax.plot(sweep.scales, np.array(sweep.flushed) * 100, color="#E69F00", lw=1.5, label="flushed to zero")
     ax.plot(sweep.scales, np.array(sweep.overflow) * 100, color="#CC79A7", lw=1.5, label="overflow")
     for label, x in (marks or {}).items():
