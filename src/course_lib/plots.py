@@ -279,7 +279,7 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
 
 def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
     """Fractions of non-zero gradients that survive, flush to zero and overflow against the loss scale."""
-    fig, ax = plt.subplots(figsize=(8.5, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
     lo, hi = sweep.plateau()
     ax.axvspan(lo, hi, color="#009E73", alpha=0.08, label="within 0.5 points of the best survival")
     ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=2, label="survive (all)")
@@ -294,7 +294,7 @@ def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
     ax.set_xlabel("loss scale (log2 axis)")
     ax.set_ylabel("% of non-zero gradients")
     ax.set_title(f"What a loss scale does to the gradients in {sweep.format}")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)  # off the data
     ax.grid(alpha=0.3)
     return _finish(fig)
 
