@@ -137,3 +137,17 @@ def test_schema_version_must_be_an_int(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(RecordError, match="'schema_version' must be an int"):
         load_record(path)
+
+
+def test_records_status_lists_every_experiment_and_its_records(tmp_path):
+    from course_lib.experiments import EXPERIMENTS
+    from course_lib.results import records_status_markdown
+
+    import dataclasses
+
+    save_record(dataclasses.replace(make_record(), experiment="model_magnitudes"), tmp_path)
+    table = records_status_markdown(tmp_path)
+    assert all(f"`{name}`" in table for name in EXPERIMENTS)
+    assert "| `model_magnitudes` | no | NVIDIA H200 (sm 9.0), " in table
+    assert "| `autocast_trace` | yes | not yet |" in table
+    assert "record model_magnitudes --out" in describe_records([], "model_magnitudes")

@@ -285,9 +285,13 @@ def load_records(experiment: str | None = None, results_dir: str | Path | None =
     return sorted(records, key=lambda r: r.provenance.date, reverse=True)
 
 
-def describe_records(records: list[Record]) -> str:
-    """Markdown: one line per record naming its hardware, versions, date and command."""
+def describe_records(records: list[Record], experiment: str | None = None) -> str:
+    """Markdown: one line per record naming its hardware, versions, date and command; with no record,
+    a short note (naming the command that records ``experiment`` on a GPU, when given)."""
     if not records:
+        if experiment:
+            return (f"*Not recorded on a GPU yet: `python -m course_lib.record {experiment} --out results/` "
+                    "records it.*")
         return "*No recorded result for this experiment yet.*"
     lines = []
     for r in records:
@@ -297,3 +301,18 @@ def describe_records(records: list[Record]) -> str:
                      f"`{p.git_commit[:12]}`, command `{p.command}`")
     return "\n".join(lines)
 
+
+
+def records_status_markdown(results_dir: str | Path | None = None) -> str:
+    """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it."""
+    from .experiments import EXPERIMENTS
+
+    records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
+        else load_records(device_type="cuda")
+    rows = []
+    for name in sorted(EXPERIMENTS):
+        mine = [r for r in records if r.experiment == name]
+        where = "; ".join(f"{r.label}, {r.provenance.date[:10]}" for r in mine) or "not yet"
+        needs = "yes" if EXPERIMENTS[name].requires_cuda else "no"
+        rows.append(f"| `{name}` | {needs} | {where} |")
+    return "| experiment | needs CUDA | recorded on a GPU |\n|---|---|---|\n" + "\n".join(rows)
