@@ -247,3 +247,22 @@ def test_static_scales_must_be_positive_and_finite(bad):
 
     with pytest.raises(ValueError, match="static loss scales must be positive finite"):
         train_with_loss_scaling(SizeProfile("small"), static_scales=(bad,), steps=1)
+
+
+def test_pitfall_consequences_are_measured():
+    import warnings
+
+    from course_lib.scaling import run_pitfall_demo
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        correct = run_pitfall_demo(None)
+        clip = run_pitfall_demo("clip_before_unscale")
+        micro = run_pitfall_demo("update_every_microbatch")
+        sched = run_pitfall_demo("scheduler_on_skipped_step")
+    assert correct.update_norm > 0 and correct.final_scale == 2.0 ** 20
+    # clipping scaled gradients shrinks the update by a factor of the order of the scale
+    assert clip.update_norm / correct.update_norm < 10 / clip.final_scale
+    assert micro.optimizer_steps == 2 * correct.optimizer_steps and micro.scheduler_steps > 0
+    assert 0.85 < sched.update_norm / correct.update_norm < 0.95  # one StepLR decay (gamma 0.9) ahead
+    assert run_pitfall_demo(None).update_norm == correct.update_norm  # same initial weights every time

@@ -513,6 +513,8 @@ class PitfallDemo:
     error: str | None       # the exception GradScaler raised, if it raised one
     optimizer_steps: int
     scheduler_steps: int
+    update_norm: float = 0.0  # how far the weights moved over the run (L2 norm of final minus initial)
+    final_scale: float = 0.0  # the scaler's scale at the end
 
 
 def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cpu") -> PitfallDemo:
@@ -529,11 +531,14 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
     if name is not None and name not in PITFALLS:
         raise ValueError(f"unknown pitfall {name!r}; known: {', '.join(PITFALLS)}")
     gen = torch.Generator().manual_seed(0)
-    model = torch.nn.Linear(8, 1)
+    with torch.random.fork_rng(devices=[]):  # the same initial weights in every demo, global RNG untouched
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 1)
     if name == "fp16_params":
         model = model.half()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    initial = [p.detach().float().clone() for p in model.parameters()]
     opt_steps: list[bool] = []
     opt.register_step_post_hook(lambda *_: opt_steps.append(True))
     with warnings.catch_warnings():
@@ -545,7 +550,8 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
             with mock.patch.object(torch.cuda, "is_available", return_value=False):
                 scaler = torch.amp.GradScaler()
         else:
-            # the first step overflows (2**120 times a loss of 1e20), then the scale backs off far enough
+            # the first step overflows (2**120 times a loss of about 1e4 exceeds float32's 3.4e38), then
+            # the scale backs off to 2**20, where every later step is finite
             scaler = torch.amp.GradScaler(device, init_scale=2.0**120, backoff_factor=2.0**-100,
                                           growth_interval=1000)
     accumulation = 2
@@ -554,14 +560,23 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
         try:
             for _ in range(iterations):
                 opt.zero_grad(set_to_none=True)
+                steps_before = len(opt_steps)
                 for micro in range(accumulation):
                     x = torch.randn(16, 8, generator=gen).to(next(model.parameters()).dtype)
-                    loss = ((model(x).float() - 1.0) ** 2).mean() * 1e20  # large: overflows at 2**120
+                    # large enough to overflow at 2**120, small enough that the unscaled gradient norm
+                    # stays finite in float32 (at 1e20 its square would overflow and clipping zero it)
+                    loss = ((model(x).float() - 1.0) ** 2).mean() * 1e4
                     scaler.scale(loss / accumulation).backward()
-                    if name == "update_every_microbatch":
+                    if name == "update_every_microbatch":  # otherwise a correct step: unscale, clip
+                        scaler.unscale_(opt)
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                         scaler.step(opt)
                         scaler.update()
                 if name == "update_every_microbatch":
+                    # the loop steps its scheduler once per iteration when the optimizer stepped in it
+                    if len(opt_steps) > steps_before:
+                        sched.step()
+                        sched_steps[0] += 1
                     continue
                 if name != "clip_before_unscale":
                     scaler.unscale_(opt)
@@ -577,7 +592,10 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
                     sched_steps[0] += 1
         except (RuntimeError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-    return PitfallDemo(name or "correct loop", tuple(audit.findings), error, len(opt_steps), sched_steps[0])
+    moved = math.sqrt(sum(float(((p.detach().float() - p0) ** 2).sum())
+                          for p, p0 in zip(model.parameters(), initial)))
+    return PitfallDemo(name or "correct loop", tuple(audit.findings), error, len(opt_steps), sched_steps[0],
+                       moved, float(scaler.get_scale()))
 
 
 # ---- static against dynamic scaling on the real model -------------------------------------------------
