@@ -62,3 +62,12 @@ def test_activations_grow_linearly_and_checkpointing_cuts_them():
     assert all(ckpt[k] < plain[k] / 3 for k in plain)
     with pytest.raises(ValueError, match="must not exceed"):
         M.activation_sweep("fp32", SizeProfile("small"), contexts=(1000,))
+
+
+def test_quadratic_share_recovers_a_known_fit():
+    # bytes = 100*T + 1*T**2: at T = 64 the quadratic term is 4096 of 10496 bytes
+    points = tuple((8, t, False, 100 * t + t * t) for t in (16, 32, 64)) + ((8, 64, True, 1),)
+    share, t = M.ActivationSweep("fp32", points).quadratic_share()
+    assert t == 64 and share == pytest.approx(4096 / 10496)
+    with pytest.raises(ValueError, match="two contexts"):
+        M.ActivationSweep("fp32", ((1, 16, False, 5),)).quadratic_share()

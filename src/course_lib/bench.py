@@ -26,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .train import _tf32
+
 # ---- the timing harness ------------------------------------------------------------------------------
 
 
@@ -218,16 +220,6 @@ def dtype_unsupported_reason(dtype: str, device: torch.device | str) -> str | No
     raise ValueError(f"unsupported device type {device.type!r}: the course runs on 'cuda' or 'cpu'")
 
 
-@contextlib.contextmanager
-def _float32_precision(dtype: str):
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
-
-
 def matmul_operands(dtype: str, m: int, n: int, k: int, device: torch.device | str, *, buffers: int = 3,
                     seed: int = 0) -> tuple[Callable[..., torch.Tensor], list[tuple]]:
     """A matmul function for ``dtype`` and ``buffers`` distinct random operand sets for it.
@@ -288,7 +280,7 @@ def measure_matmul(dtype: str, m: int, n: int, k: int, device: torch.device | st
     if reason:
         raise ValueError(f"cannot time {dtype} matmuls on {torch.device(device)}: {reason}")
     fn, sets = matmul_operands(dtype, m, n, k, device, buffers=buffers, seed=seed)
-    with _float32_precision(dtype):
+    with _tf32(dtype == "tf32"):  # the training loop's switch: TF32 on only for the tf32 dtype
         timing = time_function(fn, sets, device=device, warmup=warmup, budget_s=budget_s)
     return MatmulPoint(dtype, m, n, k, timing)
 
@@ -340,7 +332,7 @@ def torch_timer_matmul_seconds(dtype: str, n: int, device: torch.device | str, *
     if reason:
         raise ValueError(f"cannot time {dtype} matmuls on {torch.device(device)}: {reason}")
     fn, sets = matmul_operands(dtype, n, n, n, device, buffers=1)
-    with _float32_precision(dtype):
+    with _tf32(dtype == "tf32"):  # the training loop's switch: TF32 on only for the tf32 dtype
         # Timer runs on one thread unless told otherwise; the harness uses torch's setting.
         measurement = tb.Timer(stmt="fn(*args)", globals={"fn": fn, "args": sets[0]},
                                num_threads=torch.get_num_threads()).blocked_autorange(
@@ -702,8 +694,15 @@ class ThroughputStudy:
                 for recipe in self.recipes()}
 
 
-_RECIPE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16_autocast": "bf16", "fp16_autocast_scaler": "fp16",
-                 "fp16_autocast_no_scaler": "fp16", "bf16_pure": "bf16", "bf16_master": "bf16"}
+def recipe_matmul_dtype(recipe: str) -> str:
+    """The dtype a recipe's matrix products run in (one of :data:`MATMUL_DTYPES`), read off the recipe."""
+    from .train import get_recipe
+
+    r = get_recipe(recipe)
+    if r.tf32:
+        return "tf32"
+    dtype = r.autocast_dtype or r.param_dtype
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
 def training_throughput(profile, device: torch.device | str = "cpu", *,
@@ -754,7 +753,7 @@ def _mfu_peaks(device: torch.device, recipes: Sequence[str]) -> tuple[dict[str, 
         entry = find_gpu_peaks(name)
         if entry is None:
             return {}, f"no datasheet entry for {name}"
-        peaks = {r: entry.peak(_RECIPE_DTYPE[r]) for r in recipes if entry.peak(_RECIPE_DTYPE[r])}
+        peaks = {r: entry.peak(recipe_matmul_dtype(r)) for r in recipes if entry.peak(recipe_matmul_dtype(r))}
         return peaks, f"datasheet dense peaks of {entry.name}"
     # A CPU has no datasheet peak per dtype; measure every recipe against one number, the FP32 matmul
     # rate measured here, so MFU reads "share of this machine's FP32 matmul rate" for all of them.

@@ -109,12 +109,13 @@ def account_training_memory(recipe: str, profile, device: torch.device | str = "
                             seed: int = 0) -> MemoryBreakdown:
     """Run two training steps of the course model with ``recipe`` and count the second one's memory.
 
-    The first step creates the optimizer state; the second is counted: its forward pass under the saved-
-    tensors hook, its backward, and the state that exists after its optimizer step.
+    Both steps run through :func:`course_lib.train.train`. The first creates the optimizer state; the
+    second is counted: the tensors its forward pass saves for backward, its gradients, and the state that
+    exists after its optimizer step; on a GPU, the allocator's peak during that step.
     """
     from .data import BatchSampler
     from .models import course_setup
-    from .train import TrainConfig, TrainState, get_recipe, step_optimizers, _autocast
+    from .train import History, TrainConfig, TrainState, get_recipe, train
 
     device = torch.device(device)
     r = get_recipe(recipe, device)
@@ -129,51 +130,25 @@ def account_training_memory(recipe: str, profile, device: torch.device | str = "
         raise ValueError(f"context {t} exceeds the model's context {cfg.context}")
     sampler = BatchSampler(setup.sampler.corpus, b, t, seed=seed)
     state = TrainState(setup.model(seed), r, TrainConfig(steps=2), device)
-    model = state.model
-    components: dict[str, int] = {}
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    for step in range(2):
-        counting = step == 1
-        if counting and device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        state.optimizer.zero_grad(set_to_none=True)
-        for p in state.params:
-            p.grad = None
-        x, y = sampler.batch(step, device)
-
-        def forward():
-            with _autocast(r, device):
-                return model(x, y)[1]
-
-        activations, copies, loss = saved_tensor_bytes(model, forward)
-        state.scaler.scale(loss).backward()
-        if state.masters is not None:
-            for m, p in zip(state.masters, state.params):
-                m.grad = None if p.grad is None else p.grad.float()
-        grads = sum(tensor_bytes(p.grad) for p in state.params if p.grad is not None)
-        if state.masters is not None:
-            grads += sum(tensor_bytes(m.grad) for m in state.masters if m.grad is not None)
-        step_optimizers(state.scaler, [state.optimizer], clip_norm=None)
-        if state.masters is not None:
-            with torch.no_grad():
-                for m, p in zip(state.masters, state.params):
-                    p.copy_(m)
-        if counting:
-            components = {
-                "weights": sum(tensor_bytes(p) for p in state.params),
-                "gradients": grads,
-                "optimizer_state": sum(tensor_bytes(v) for st in state.optimizer.state.values()
-                                       for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
-                "master_weights": 0 if state.masters is None else sum(tensor_bytes(m) for m in state.masters),
-                "autocast_weight_copies": copies,
-                "activations": activations,
-            }
-    peak = None
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        peak = int(torch.cuda.max_memory_allocated(device))
+    train(state, sampler, steps=1)  # creates the optimizer state
+    # the counted step runs through the course's one training loop; only the forward pass saves tensors
+    # for backward, so the hook around the whole step sees exactly the forward's saved tensors
+    history = History(r.name)
+    activations, copies, _ = saved_tensor_bytes(state.model, lambda: train(state, sampler, steps=1,
+                                                                          history=history))
+    grads = sum(tensor_bytes(p.grad) for p in state.params if p.grad is not None)
+    if state.masters is not None:
+        grads += sum(tensor_bytes(m.grad) for m in state.masters if m.grad is not None)
+    components = {
+        "weights": sum(tensor_bytes(p) for p in state.params),
+        "gradients": grads,
+        "optimizer_state": sum(tensor_bytes(v) for st in state.optimizer.state.values()
+                               for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
+        "master_weights": 0 if state.masters is None else sum(tensor_bytes(m) for m in state.masters),
+        "autocast_weight_copies": copies,
+        "activations": activations,
+    }
+    peak = history.peak_memory_bytes  # train() resets the allocator's peak at the start of the step
     n_params = sum(p.numel() for p in state.params)
     return MemoryBreakdown(r.name, str(device), n_params, b, t, components, peak)
 
@@ -220,6 +195,20 @@ class ActivationSweep:
 
     recipe: str
     points: tuple[tuple[int, int, bool, int], ...]   # (batch, context, checkpointed, bytes)
+
+    def quadratic_share(self) -> tuple[float, int]:
+        """Fit ``bytes(T) = a*T + c*T**2`` through the plain points at the largest batch; return the
+        share of the ``T**2`` term (attention's scores) in the bytes at the largest context, and that
+        context."""
+        import numpy as np
+
+        b = max(p[0] for p in self.points)
+        pts = sorted((p[1], p[3]) for p in self.points if p[0] == b and not p[2])
+        if len(pts) < 2:
+            raise ValueError("the fit needs at least two contexts at the largest batch size")
+        t = np.array([p[0] for p in pts], float)
+        (a, c), *_ = np.linalg.lstsq(np.stack([t, t ** 2], 1), np.array([p[1] for p in pts], float), rcond=None)
+        return float(c * t[-1] ** 2 / (a * t[-1] + c * t[-1] ** 2)), int(t[-1])
 
 
 def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *,
