@@ -1,0 +1,683 @@
+"""FP8: scaling recipes, FP8 linear layers for training, accumulation precision, and when FP8 pays.
+
+An FP8 tensor is a pair: FP8 codes and FP32 scales. Quantising multiplies by the scale and casts with
+saturation; dequantising multiplies the codes by the inverse scale, which is exactly what
+``torch._scaled_mm`` does with its ``scale_a``/``scale_b`` arguments (checked bit for bit in the tests).
+
+Every recipe here is one granularity of the same idea, a scale per *block* of a 2-D tensor:
+
+==========================  ==========================  =================================================
+recipe                      block                       as in
+==========================  ==========================  =================================================
+:class:`CurrentScaling`     the whole tensor            torchao ``tensorwise``; TE ``Float8CurrentScaling``
+:class:`DelayedScaling`     the whole tensor, scale     Transformer Engine ``DelayedScaling``
+                            from an amax history
+:class:`RowwiseScaling`     one row (or column)         torchao ``rowwise`` (power-of-two scales)
+:class:`BlockwiseScaling`   1 x 128 tiles or 128 x 128  DeepSeek-V3
+                            blocks
+:class:`StaticScaling`      the whole tensor, fixed     (a control: FP8 with no scaling at all)
+==========================  ==========================  =================================================
+
+Scales follow torchao's convention: ``scale = fp8_max / amax`` (the amax floored at 1e-12, so an all-zero
+tensor or block gets a large finite scale instead of 0/0, and its codes stay zero), optionally rounded
+*down* to a power of two. The casts are torch's own (``Tensor.to(torch.float8_*)``) with an explicit clamp
+to ±max first: torch 2.13 saturates E4M3 on overflow but older torch returns NaN, and no torch saturates
+E5M2 (it rounds to inf). The tests check these casts against the course's software codec
+(:mod:`course_lib.formats`) bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .formats import get_format
+
+E4M3 = "FP8 E4M3"
+E5M2 = "FP8 E5M2"
+AMAX_FLOOR = 1e-12   # torchao's EPS: the smallest amax a scale is computed from
+_CHUNK = 1 << 18     # elements per chunk when casting: keeps the FP32 temporary in cache
+
+
+# ---- formats and casts ------------------------------------------------------------------------------
+
+def fp8_format(fmt: str) -> str:
+    """The canonical name (``"FP8 E4M3"`` or ``"FP8 E5M2"``) of an FP8 training format, or ValueError."""
+    if not isinstance(fmt, str):
+        raise TypeError(f"an FP8 format is given by name ('e4m3' or 'e5m2'), not {type(fmt).__name__}")
+    try:
+        name = get_format(fmt).name
+    except ValueError:
+        name = None
+    if name not in (E4M3, E5M2):
+        raise ValueError(f"unknown FP8 format {fmt!r}: FP8 training uses 'e4m3' or 'e5m2'")
+    return name
+
+
+def fp8_dtype(fmt: str) -> torch.dtype:
+    """The torch dtype of an FP8 format (``torch.float8_e4m3fn`` or ``torch.float8_e5m2``)."""
+    name = fp8_format(fmt)
+    dtype = get_format(name).torch_dtype_or_none()
+    if dtype is None:  # pragma: no cover - every supported torch has both
+        raise RuntimeError(f"this torch has no dtype for {name}")
+    return dtype
+
+
+def fp8_max(fmt: str) -> float:
+    """Largest finite value of the format: 448 (E4M3) or 57344 (E5M2)."""
+    return get_format(fp8_format(fmt)).max_finite
+
+
+_SATURATES: dict[tuple[str, str], bool] = {}
+
+
+def native_cast_saturates(fmt: str, device: torch.device | str = "cpu") -> bool:
+    """Whether this torch's own cast to ``fmt`` already saturates overflow (and inf) to ±max, measured once
+    per format and device type. True for E4M3 in torch 2.13; False in older torch and for E5M2 (inf)."""
+    name, dev = fp8_format(fmt), torch.device(device)
+    key = (name, dev.type)
+    if key not in _SATURATES:
+        big = fp8_max(name)
+        probe = torch.tensor([2 * big, -2 * big, 3e38, math.inf, -math.inf], device=dev)
+        back = probe.to(fp8_dtype(name)).float().cpu()
+        _SATURATES[key] = bool((back == torch.tensor([big, -big, big, big, -big])).all())
+    return _SATURATES[key]
+
+
+def cast_saturating(x: torch.Tensor, fmt: str, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """``x * scale`` (one scale for the whole tensor) cast to FP8: round to nearest even, saturate at ±max.
+
+    The product is formed in FP32 in chunks, so a large tensor needs no FP32 temporary of its own size
+    (allocating one costs more than the cast itself)."""
+    dtype, big = fp8_dtype(fmt), fp8_max(fmt)
+    clamp_free = native_cast_saturates(fmt, x.device)
+    flat = x.reshape(-1)
+    out = torch.empty(flat.shape, dtype=dtype, device=x.device)
+    buffer = torch.empty(min(flat.numel(), _CHUNK), dtype=torch.float32, device=x.device)
+    for start in range(0, flat.numel(), _CHUNK):
+        stop = min(start + _CHUNK, flat.numel())
+        chunk = buffer[: stop - start]
+        torch.mul(flat[start:stop], scale, out=chunk)
+        out[start:stop].copy_(chunk if clamp_free else chunk.clamp_(-big, big))
+    return out.reshape(x.shape)
+
+
+def _row_slices(rows: int, cols: int, br: int):
+    """Row slices ``(first_row, last_row, first_block, last_block)`` of about ``_CHUNK`` elements that never
+    cross a block boundary: whole row-blocks when they are small, parts of one row-block when not."""
+    per_block = br * cols
+    if per_block <= _CHUNK:
+        step = _CHUNK // per_block
+        for first in range(0, rows // br, step):
+            last = min(first + step, rows // br)
+            yield first * br, last * br, first, last
+    else:
+        step = max(1, _CHUNK // max(1, cols))
+        for b in range(rows // br):
+            for r in range(b * br, (b + 1) * br, step):
+                yield r, min(r + step, (b + 1) * br), b, b + 1
+
+
+def _cast_blocks(x2: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], fmt: str) -> Fp8Tensor:
+    """Cast a 2-D tensor with one scale per block, a cache-sized slice of rows at a time."""
+    rows, cols = x2.shape
+    br, bc = block
+    if (br, bc) == (rows, cols):
+        return Fp8Tensor(cast_saturating(x2, fmt, scales.reshape(())), scales, (br, bc), fmt)
+    dtype, big = fp8_dtype(fmt), fp8_max(fmt)
+    clamp_free = native_cast_saturates(fmt, x2.device)
+    out = torch.empty((rows, cols), dtype=dtype, device=x2.device)
+    buffer = torch.empty(min(rows * cols, max(_CHUNK, cols)), dtype=torch.float32, device=x2.device)
+    for r0, r1, b0, b1 in _row_slices(rows, cols, br):
+        s = scales[b0:b1]
+        if b1 - b0 > 1 and br > 1:
+            s = s.repeat_interleave(br, 0)
+        chunk = buffer[: (r1 - r0) * cols]
+        if bc > 1 and bc != cols:
+            # 1 x bc tiles: view the slice as rows of bc elements, one scale each
+            torch.mul(x2[r0:r1].reshape(-1, cols // bc, bc), s.reshape(-1, cols // bc, 1) if s.shape[0] == r1 - r0
+                      else s.reshape(1, cols // bc, 1), out=chunk.view(-1, cols // bc, bc))
+        else:
+            torch.mul(x2[r0:r1], s, out=chunk.view(r1 - r0, cols))
+        out[r0:r1].copy_((chunk if clamp_free else chunk.clamp_(-big, big)).view(r1 - r0, cols))
+    return Fp8Tensor(out, scales, (br, bc), fmt)
+
+
+# ---- scaled FP8 tensors -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fp8Tensor:
+    """FP8 codes ``data`` (2-D, ``[rows, cols]``) and FP32 ``scales``, one per block of ``block`` =
+    ``(block_rows, block_cols)`` elements, shaped ``[rows / block_rows, cols / block_cols]``.
+
+    The represented value of element ``(i, j)`` is ``data[i, j] * (1 / scales[i // br, j // bc])``.
+    """
+
+    data: torch.Tensor
+    scales: torch.Tensor
+    block: tuple[int, int]
+    fmt: str
+
+    def inverse_scales(self) -> torch.Tensor:
+        """The dequantisation multipliers, expanded to one per row/column where the block spans the
+        other dimension (the shape ``torch._scaled_mm`` takes)."""
+        return self.scales.reciprocal()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The represented values: codes times the inverse scale of their block (FP32 arithmetic)."""
+        return (self.data.float() * expand_blocks(self.scales.reciprocal(), self.block, self.data.shape)).to(dtype)
+
+    def t(self) -> "Fp8Tensor":
+        """The transpose (codes and scales transposed; no requantisation)."""
+        return Fp8Tensor(self.data.t(), self.scales.t(), (self.block[1], self.block[0]), self.fmt)
+
+    @property
+    def per_tensor(self) -> bool:
+        return tuple(self.block) == tuple(self.data.shape)
+
+
+def expand_blocks(per_block: torch.Tensor, block: tuple[int, int], shape) -> torch.Tensor:
+    """One value per block (``[rows/br, cols/bc]``) broadcast to one per element of a ``shape`` tensor."""
+    rows, cols = shape
+    br, bc = block
+    if (br, bc) == (rows, cols):
+        return per_block.reshape(())
+    v = per_block.reshape(rows // br, cols // bc)
+    if br > 1:
+        v = v.repeat_interleave(br, 0)
+    if bc > 1:
+        v = v.repeat_interleave(bc, 1)
+    return v
+
+
+def _as_2d(x: torch.Tensor, what: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} must be a torch tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{what} must be floating point, got {x.dtype}")
+    if x.dim() == 0:
+        return x.reshape(1, 1)
+    if x.dim() == 1:
+        return x.reshape(1, -1)
+    return x.reshape(-1, x.shape[-1])
+
+
+def _check_finite(amax: torch.Tensor) -> None:
+    """Refuse a tensor whose block amaxes show an inf or a NaN."""
+    if not bool(torch.isfinite(amax).all()):
+        raise ValueError("the tensor holds inf or NaN: a scale computed from it would be 0 or NaN, and every "
+                         "value would quantise to 0 or NaN (find the overflow first; lesson 9)")
+
+
+def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """``max |x|`` over each ``block`` of a 2-D tensor, shape ``[rows / br, cols / bc]`` (FP32)."""
+    rows, cols = x.shape
+    br, bc = block
+    if (br, bc) == (rows, cols):
+        lo, hi = torch.aminmax(x)
+        return torch.maximum(-lo, hi).float().reshape(1, 1)
+    out = torch.full((rows // br, cols // bc), 0.0, dtype=torch.float32, device=x.device)
+    buffer = torch.empty(min(rows * cols, max(_CHUNK, cols)), dtype=x.dtype, device=x.device)
+    for r0, r1, b0, b1 in _row_slices(rows, cols, br):
+        part = torch.abs(x[r0:r1], out=buffer[: (r1 - r0) * cols].view(r1 - r0, cols))
+        if bc == cols and b1 - b0 == r1 - r0:
+            amax = part.amax(dim=1, keepdim=True)
+        else:
+            # two reductions, the contiguous one first: much faster than one over dims (1, 3)
+            tiles = part.view(b1 - b0, -1, cols // bc, bc)
+            amax = (tiles.amax(dim=3) if bc > 1 else tiles.squeeze(3)).amax(dim=1)
+        torch.maximum(out[b0:b1], amax.float(), out=out[b0:b1])
+    return out
+
+
+def amax_to_scale(amax: torch.Tensor, fmt: str, *, power_of_two: bool = False) -> torch.Tensor:
+    """``fp8_max / max(amax, 1e-12)`` in FP32 (computed in float64, as torchao does), optionally rounded
+    down to a power of two. Never 0/0: an all-zero block gets a large finite scale."""
+    big = fp8_max(fmt)
+    scale = (big / torch.clamp(amax.to(torch.float64), min=AMAX_FLOOR)).to(torch.float32)
+    if power_of_two:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return scale
+
+
+def _resolve_block(block: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int]:
+    """A block with -1 meaning 'the whole dimension', checked to tile the shape exactly."""
+    rows, cols = shape
+    br = rows if block[0] == -1 else block[0]
+    bc = cols if block[1] == -1 else block[1]
+    if rows % br or cols % bc:
+        raise ValueError(f"block {br} x {bc} does not tile a {rows} x {cols} tensor: each block dimension "
+                         "must divide the tensor's (pad the tensor or choose a smaller block)")
+    return br, bc
+
+
+# ---- recipes ----------------------------------------------------------------------------------------
+
+class ScalingRecipe:
+    """One way of choosing FP8 scales. Subclasses define :meth:`scale`; all share quantize/dequantize.
+
+    ``fmt``: ``"e4m3"`` or ``"e5m2"``. Tensors of any rank are treated as 2-D ``[rows, last dim]``.
+    """
+
+    name = "recipe"
+    fmt: str
+
+    def block_for(self, shape: tuple[int, int]) -> tuple[int, int]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        """The FP32 scales this recipe would use for ``x``, one per block (shape ``[rows/br, cols/bc]``)."""
+        x2 = _as_2d(x).detach()
+        return self.scale_from_amax(block_amax(x2, self.block_for(tuple(x2.shape))))
+
+    def quantize(self, x: torch.Tensor) -> Fp8Tensor:
+        """``x`` as FP8 codes and scales (raises ValueError for inf/NaN input)."""
+        x2 = _as_2d(x).detach()
+        block = self.block_for(tuple(x2.shape))
+        amax = block_amax(x2, block)
+        _check_finite(amax)
+        return _cast_blocks(x2, self.scale_from_amax(amax), block, self.fmt)
+
+    def scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
+        """Scales from per-block amaxes (the recipes that compute them from the tensor itself)."""
+        return amax_to_scale(amax, self.fmt, power_of_two=getattr(self, "power_of_two", False))
+
+    def dequantize(self, q: Fp8Tensor) -> torch.Tensor:
+        return q.dequantize()
+
+    def round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        """``dequantize(quantize(x))`` in FP32, shaped like ``x``."""
+        return self.quantize(x).dequantize().reshape(x.shape)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
+    def describe(self) -> str:
+        return self.fmt
+
+
+class CurrentScaling(ScalingRecipe):
+    """Per-tensor *current* (dynamic) scaling: ``scale = fp8_max / amax(x)`` from this very tensor.
+
+    torchao's ``tensorwise`` recipe and Transformer Engine's ``Float8CurrentScaling``. Costs one extra pass
+    over the tensor (the amax) before the cast."""
+
+    name = "current"
+
+    def __init__(self, fmt: str = "e4m3", *, power_of_two: bool = False):
+        self.fmt, self.power_of_two = fp8_format(fmt), bool(power_of_two)
+
+    def block_for(self, shape):
+        return tuple(shape)
+
+    def describe(self):
+        return f"{self.fmt}{', power of two' if self.power_of_two else ''}"
+
+
+class StaticScaling(ScalingRecipe):
+    """A fixed scale (1.0: no scaling at all), the control that shows why FP8 needs scales."""
+
+    name = "static"
+
+    def __init__(self, fmt: str = "e4m3", scale: float = 1.0):
+        self.fmt = fp8_format(fmt)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+                math.isfinite(scale) and scale > 0):
+            raise ValueError(f"a static FP8 scale must be a positive finite number, got {scale!r}")
+        self.value = float(scale)
+
+    def block_for(self, shape):
+        return tuple(shape)
+
+    def scale_from_amax(self, amax):
+        return torch.full_like(amax, self.value)
+
+    def describe(self):
+        return f"{self.fmt}, scale {self.value:g}"
+
+
+class RowwiseScaling(ScalingRecipe):
+    """One scale per row (``axis=-1``: reduce along the last dimension) or per column (``axis=0``).
+
+    torchao's ``rowwise`` recipe: E4M3 everywhere, scales rounded down to powers of two (``power_of_two``,
+    default True), so scaling itself adds no rounding error."""
+
+    name = "rowwise"
+
+    def __init__(self, fmt: str = "e4m3", *, axis: int = -1, power_of_two: bool = True):
+        self.fmt, self.power_of_two = fp8_format(fmt), bool(power_of_two)
+        if axis not in (-1, 1, 0):
+            raise ValueError(f"axis is -1 (one scale per row) or 0 (one per column), got {axis!r}")
+        self.axis = -1 if axis == 1 else axis
+
+    def block_for(self, shape):
+        return (1, shape[1]) if self.axis == -1 else (shape[0], 1)
+
+    def describe(self):
+        return f"{self.fmt}, {'rows' if self.axis == -1 else 'columns'}" + \
+            (", power of two" if self.power_of_two else "")
+
+
+class BlockwiseScaling(ScalingRecipe):
+    """One scale per ``block`` = ``(rows, cols)`` tile: DeepSeek-V3 uses 1 x 128 tiles for activations and
+    gradients (128 x 1 where the product reduces over rows) and 128 x 128 blocks for weights, E4M3, FP32
+    scales. Each block dimension must divide the tensor's (ValueError otherwise)."""
+
+    name = "blockwise"
+
+    def __init__(self, fmt: str = "e4m3", *, block: tuple[int, int] = (1, 128), power_of_two: bool = False):
+        self.fmt, self.power_of_two = fp8_format(fmt), bool(power_of_two)
+        if (not isinstance(block, (tuple, list)) or len(block) != 2
+                or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in block)):
+            raise ValueError(f"block must be two positive ints (rows, cols), got {block!r}")
+        self.block = (int(block[0]), int(block[1]))
+
+    def block_for(self, shape):
+        return _resolve_block(self.block, shape)
+
+    def describe(self):
+        return f"{self.fmt}, {self.block[0]} x {self.block[1]} blocks"
+
+
+class DelayedScaling(ScalingRecipe):
+    """Per-tensor *delayed* scaling, Transformer Engine's ``DelayedScaling`` rule.
+
+    The scale used for a tensor at step *t* comes from the amaxes of earlier steps, kept in a history of
+    ``amax_history_len`` values (default 1024): ``amax_compute_algo="max"`` takes the largest in the history,
+    ``"most_recent"`` the last one. ``scale = fp8_max / amax / 2**margin``. A step whose amax is zero or not
+    finite keeps the previous scale. The first step uses scale 1.
+
+    Stateful: each :meth:`quantize` casts with the current scale, then records the tensor's amax and
+    updates the scale for the next step (TE updates once per iteration; here one tensor, one call).
+    """
+
+    name = "delayed"
+
+    def __init__(self, fmt: str = "e4m3", *, amax_history_len: int = 1024, amax_compute_algo: str = "max",
+                 margin: int = 0):
+        self.fmt = fp8_format(fmt)
+        if isinstance(amax_history_len, bool) or not isinstance(amax_history_len, int) or amax_history_len < 1:
+            raise ValueError(f"amax_history_len must be a positive int, got {amax_history_len!r}")
+        if amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {amax_compute_algo!r}")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+            raise ValueError(f"margin must be a finite number (a power-of-two exponent), got {margin!r}")
+        self.amax_history_len, self.amax_compute_algo, self.margin = amax_history_len, amax_compute_algo, margin
+        self.history: list[float] = []
+        self.current_scale = 1.0
+
+    def block_for(self, shape):
+        return tuple(shape)
+
+    def scale(self, x):
+        return torch.full((1, 1), self.current_scale, dtype=torch.float32, device=x.device)
+
+    def next_scale(self, history: list[float] | None = None, previous: float | None = None) -> float:
+        """The scale TE's rule gives from an amax ``history`` (default: this recipe's)."""
+        history = self.history if history is None else history
+        previous = self.current_scale if previous is None else previous
+        if not history:
+            return previous
+        amax = max(history) if self.amax_compute_algo == "max" else history[-1]
+        if not (math.isfinite(amax) and amax > 0):
+            return previous
+        scale = float(torch.tensor(fp8_max(self.fmt) / amax / 2.0 ** self.margin, dtype=torch.float32))
+        # TE: a scale that overflows FP32 (a tiny amax) becomes FP32's max
+        return scale if math.isfinite(scale) else float(torch.finfo(torch.float32).max)
+
+    def observe(self, amax: float) -> None:
+        """Record one step's amax and update the scale for the next step."""
+        self.history.append(float(amax))
+        if len(self.history) > self.amax_history_len:
+            del self.history[0]
+        self.current_scale = self.next_scale()
+
+    def quantize(self, x):
+        x2 = _as_2d(x).detach()
+        amax = float(block_amax(x2, tuple(x2.shape)))
+        if not math.isfinite(amax):
+            # TE keeps the previous scale; casting the tensor itself would give NaN codes
+            self.observe(amax)
+            raise ValueError("the tensor holds inf or NaN: delayed scaling keeps its previous scale (as "
+                             "Transformer Engine does) but the tensor cannot be cast")
+        q = _cast_blocks(x2, self.scale(x2), tuple(x2.shape), self.fmt)
+        self.observe(amax)
+        return q
+
+    def reset(self) -> None:
+        self.history, self.current_scale = [], 1.0
+
+    def describe(self):
+        return f"{self.fmt}, history {self.amax_history_len}, {self.amax_compute_algo}, margin {self.margin}"
+
+
+# ---- error metrics ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class QuantizationError:
+    """How well one recipe represents one tensor.
+
+    ``relative_error``: ``||dequant - x|| / ||x||`` (L2). ``saturated``: share of elements whose scaled
+    magnitude exceeded the format's max (clamped). ``flushed``: share of non-zero elements that became 0.
+    ``effective_bits``: ``-log2(relative_error)``, the signal-to-error ratio in bits (E4M3's 3 stored
+    mantissa bits give about 5 at best, by this measure).
+    """
+
+    recipe: str
+    relative_error: float
+    saturated: float
+    flushed: float
+    effective_bits: float
+    numel: int
+
+
+def quantization_error(x: torch.Tensor, recipe: ScalingRecipe, *, label: str | None = None) -> QuantizationError:
+    """Quantise ``x`` with ``recipe`` (a stateful recipe advances one step) and measure the damage."""
+    if not isinstance(recipe, ScalingRecipe):
+        raise TypeError(f"recipe must be a ScalingRecipe, got {type(recipe).__name__}")
+    x2 = _as_2d(x).detach().float()
+    q = recipe.quantize(x2)
+    back = q.dequantize()
+    err = float(torch.linalg.vector_norm(back - x2))
+    norm = float(torch.linalg.vector_norm(x2))
+    rel = err / norm if norm > 0 else 0.0
+    # saturated: |x| * scale > max (the scale of the element's block)
+    scaled = x2.abs() * expand_blocks(q.scales, q.block, x2.shape)
+    saturated = float((scaled > fp8_max(q.fmt)).float().mean())
+    nonzero = x2 != 0
+    flushed = float(((back == 0) & nonzero).sum()) / max(1, int(nonzero.sum()))
+    bits = -math.log2(rel) if rel > 0 else math.inf
+    return QuantizationError(label or repr(recipe), rel, saturated, flushed, bits, x2.numel())
+
+
+# ---- FP8 linear layers ------------------------------------------------------------------------------
+
+def _scaled_mm_inverse(q: Fp8Tensor, side: str) -> torch.Tensor:
+    """``q``'s inverse scales in the shape ``torch._scaled_mm`` takes for operand ``side`` ("a": [M, 1]
+    or a scalar; "b": [1, N] or a scalar), or ValueError for block scales it does not take."""
+    rows, cols = q.data.shape
+    inv = q.scales.reciprocal()
+    if q.per_tensor:
+        return inv.reshape(())
+    if side == "a" and q.block == (1, cols):
+        return inv.reshape(rows, 1)
+    if side == "b" and q.block == (rows, 1):
+        return inv.reshape(1, cols)
+    raise ValueError(f"torch._scaled_mm takes one scale per tensor or per row/column, not {q.block[0]} x "
+                     f"{q.block[1]} blocks: use backend='simulated'")
+
+
+def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
+               out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``a @ b`` of two scaled FP8 tensors (``[M, K] @ [K, N]``), with the scales applied.
+
+    ``backend="simulated"``: dequantise both (codes times inverse scales, in FP32) and multiply in FP32; runs
+    anywhere, any block shape. ``backend="scaled_mm"``: ``torch._scaled_mm`` on the codes, per-tensor or
+    row/column scales only. On the CPU the two agree bit for bit (``_scaled_mm`` dequantises the same way);
+    on a GPU the FP8 tensor cores accumulate differently (see :func:`accumulation_error`)."""
+    if a.data.shape[1] != b.data.shape[0]:
+        raise ValueError(f"inner dimensions differ: {tuple(a.data.shape)} @ {tuple(b.data.shape)}")
+    if backend == "simulated":
+        return (a.dequantize() @ b.dequantize()).to(out_dtype)
+    if backend == "scaled_mm":
+        if not hasattr(torch, "_scaled_mm"):  # pragma: no cover - torch 2.11+ has it
+            raise ValueError("this torch has no torch._scaled_mm: use backend='simulated'")
+        # _scaled_mm wants a row-major and b column-major
+        b_col = b.data.t().contiguous().t()
+        sa, sb = _scaled_mm_inverse(a, "a"), _scaled_mm_inverse(b, "b")
+        if sa.dim() != sb.dim():
+            # one operand per tensor, the other per row/column: _scaled_mm takes the row-wise form only
+            sa = sa.expand(a.data.shape[0], 1).contiguous() if sa.dim() == 0 else sa
+            sb = sb.expand(1, b.data.shape[1]).contiguous() if sb.dim() == 0 else sb
+        return torch._scaled_mm(a.data.contiguous(), b_col, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    raise ValueError(f"backend must be 'simulated' or 'scaled_mm', got {backend!r}")
+
+
+@dataclass
+class LinearScaling:
+    """The scaling of the six FP8 casts of one linear layer's three products.
+
+    ``output = x @ w.T`` reduces over K: ``x`` and ``w`` scaled along their rows. ``grad_x = g @ w``
+    reduces over N: ``g`` along rows, ``w`` along columns. ``grad_w = g.T @ x`` reduces over M: ``g`` and
+    ``x`` along columns. A role given the *same* recipe object as another is cast once and reused (a
+    per-tensor scale serves both products, as in torchao's tensorwise and Transformer Engine).
+    ``grad_weight_high_precision``: compute ``grad_w`` from the unquantised tensors (torchao's
+    ``rowwise_with_gw_hp``).
+    """
+
+    x: ScalingRecipe
+    w: ScalingRecipe
+    g: ScalingRecipe
+    x_for_grad_w: ScalingRecipe
+    w_for_grad_x: ScalingRecipe
+    g_for_grad_w: ScalingRecipe
+    grad_weight_high_precision: bool = False
+
+
+def _rowwise_pair(fmt):
+    return RowwiseScaling(fmt, axis=-1), RowwiseScaling(fmt, axis=0)
+
+
+def linear_scaling(recipe: str, *, block: int = 128) -> LinearScaling:
+    """Fresh per-layer scaling state for an FP8 training recipe:
+
+    * ``"tensorwise"``: current per-tensor scaling, E4M3 forward, E5M2 gradients (torchao's default);
+    * ``"rowwise"``: row/column scales rounded to powers of two, E4M3 everywhere (torchao);
+    * ``"rowwise_with_gw_hp"``: rowwise, with the weight gradient in high precision (torchao);
+    * ``"delayed"``: Transformer Engine's ``DelayedScaling`` defaults (history 1024, max, margin 0),
+      HYBRID (E4M3 forward, E5M2 gradients);
+    * ``"blockwise"``: DeepSeek-V3: E4M3, ``1 x block`` tiles for activations and gradients (``block x 1``
+      where a product reduces over rows), ``block x block`` for weights;
+    * ``"unscaled"``: E4M3 forward, E5M2 gradients, every scale 1: the control with no scaling.
+    """
+    if recipe == "tensorwise":
+        x, w, g = CurrentScaling("e4m3"), CurrentScaling("e4m3"), CurrentScaling("e5m2")
+        return LinearScaling(x, w, g, x, w, g)
+    if recipe in ("rowwise", "rowwise_with_gw_hp"):
+        (x, xc), (w, wc), (g, gc) = _rowwise_pair("e4m3"), _rowwise_pair("e4m3"), _rowwise_pair("e4m3")
+        if recipe == "rowwise_with_gw_hp":
+            # torchao: grad_x uses a per-tensor weight scale; grad_w runs in high precision
+            return LinearScaling(x, w, g, xc, CurrentScaling("e4m3", power_of_two=True), gc,
+                                 grad_weight_high_precision=True)
+        return LinearScaling(x, w, g, xc, wc, gc)
+    if recipe == "delayed":
+        x, w, g = DelayedScaling("e4m3"), DelayedScaling("e4m3"), DelayedScaling("e5m2")
+        return LinearScaling(x, w, g, x, w, g)
+    if recipe == "blockwise":
+        rows, cols = BlockwiseScaling("e4m3", block=(1, block)), BlockwiseScaling("e4m3", block=(block, 1))
+        grows, gcols = BlockwiseScaling("e4m3", block=(1, block)), BlockwiseScaling("e4m3", block=(block, 1))
+        w = BlockwiseScaling("e4m3", block=(block, block))
+        return LinearScaling(rows, w, grows, cols, w, gcols)
+    if recipe == "unscaled":
+        x, w, g = StaticScaling("e4m3"), StaticScaling("e4m3"), StaticScaling("e5m2")
+        return LinearScaling(x, w, g, x, w, g)
+    raise ValueError(f"unknown FP8 linear recipe {recipe!r}; known: {', '.join(FP8_LINEAR_RECIPES)}")
+
+
+FP8_LINEAR_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "blockwise", "unscaled")
+
+
+class _Fp8LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, scaling: LinearScaling, backend: str):
+        xq = scaling.x.quantize(x2)
+        wq = scaling.w.quantize(weight)
+        out = fp8_matmul(xq, wq.t(), backend=backend)
+        ctx.scaling, ctx.backend = scaling, backend
+        ctx.xq, ctx.wq = xq, wq
+        ctx.save_for_backward(x2, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x2, weight = ctx.saved_tensors
+        s, backend = ctx.scaling, ctx.backend
+        g = grad_out.float()
+        gq = s.g.quantize(g)
+        # grad_x = g @ w: the weight scaled along columns (reused when one scale serves both products)
+        wq = ctx.wq if s.w_for_grad_x is s.w else s.w_for_grad_x.quantize(weight)
+        grad_x = fp8_matmul(gq, wq, backend=backend)
+        if s.grad_weight_high_precision:
+            grad_w = g.t() @ x2.float()
+        else:
+            gq_w = gq if s.g_for_grad_w is s.g else s.g_for_grad_w.quantize(g)
+            xq_w = ctx.xq if s.x_for_grad_w is s.x else s.x_for_grad_w.quantize(x2)
+            grad_w = fp8_matmul(gq_w.t(), xq_w, backend=backend)
+        return grad_x.to(x2.dtype), grad_w.to(weight.dtype), None, None
+
+
+class Fp8Linear(nn.Module):
+    """A drop-in ``nn.Linear`` whose three matrix products (forward, grad input, grad weight) take FP8
+    operands scaled by an FP8 training ``recipe`` (see :func:`linear_scaling`). Weights stay in FP32 (the
+    master copy); the bias is added in FP32. Output dtype: the input's."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str = "tensorwise",
+                 backend: str = "simulated", block: int = 128):
+        super().__init__()
+        if backend not in ("simulated", "scaled_mm"):
+            raise ValueError(f"backend must be 'simulated' or 'scaled_mm', got {backend!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        self.recipe, self.backend, self.block = recipe, backend, block
+        self.scaling = linear_scaling(recipe, block=block)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **kwargs) -> "Fp8Linear":
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, **kwargs)
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias)
+        return layer.to(linear.weight.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        with torch.autocast(x.device.type, enabled=False):
+            out = _Fp8LinearFunction.apply(x2.float(), self.weight, self.scaling, self.backend)
+            if self.bias is not None:
+                out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, recipe={self.recipe!r}, "
+                f"backend={self.backend!r}")
+
+
+def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise", *, backend: str = "simulated",
+                   block: int = 128, skip: tuple[str, ...] = ("head",)) -> nn.Module:
+    """Replace every ``nn.Linear`` of ``model`` (in place) by an :class:`Fp8Linear` with the same weights,
+    except modules whose qualified name is in ``skip`` (default: the output head, which torchao's users and
+    Transformer Engine's examples usually keep in BF16). Returns ``model``."""
+    linear_scaling(recipe, block=block)  # validate the name first
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            qualified = f"{name}.{child_name}" if name else child_name
+            if type(child) is nn.Linear and qualified not in skip:
+                setattr(module, child_name, Fp8Linear.from_linear(child, recipe=recipe, backend=backend,
+                                                                  block=block))
+    return model
