@@ -327,3 +327,59 @@ def test_convert_to_fp8_skips_the_head_and_validates():
         fp8.convert_to_fp8(build_gpt(GPTConfig()), "nope")
     with pytest.raises(ValueError, match="backend"):
         fp8.Fp8Linear(4, 4, backend="tensor cores")
+
+
+# ---- accumulation and the roofline ------------------------------------------------------------------
+
+def test_keep_significant_bits_matches_the_codec():
+    from course_lib.formats import FloatFormat
+    x = torch.randn(10_000) * 1e3
+    acc14 = FloatFormat("acc14", 8, 13)
+    assert torch.equal(fp8._keep_significant_bits(x.clone(), 14, "nearest_even"), round_to_format(x, acc14))
+    assert torch.equal(fp8._keep_significant_bits(x.clone(), 14, "toward_zero"),
+                       round_to_format(x, acc14, rounding="toward_zero"))
+
+
+def test_accumulation_error_grows_with_k_and_promotion_bounds_it():
+    s = fp8.accumulation_error((128, 1024, 4096), dots=16)
+    limited = [m for m, _ in s.errors["14-bit accumulator"]]
+    promoted = [m for m, _ in s.errors["14-bit, promoted to FP32 every 128"]]
+    fp32 = [m for m, _ in s.errors["FP32 accumulator"]]
+    assert limited[0] < limited[1] < limited[2]
+    assert promoted[2] < limited[2] / 10 and max(fp32) < 1e-5
+    assert s.errors["14-bit accumulator"][0] == s.errors["14-bit, promoted to FP32 every 128"][0]
+    with pytest.raises(ValueError, match="accumulator_bits"):
+        fp8.accumulation_error(accumulator_bits=30)
+    with pytest.raises(ValueError, match="rounding"):
+        fp8.accumulation_error(rounding="stochastic")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_roofline_matches_torchaos(monkeypatch, recipe, fuse):
+    roofline = pytest.importorskip("torchao.testing.training.roofline_utils")
+    specs = {"bf16_peak_tops": 989.5e12, "fp8_peak_tops": 1979e12, "peak_mem_bw_bytes_sec": 3350e9,
+             "pct_achievable_gemm_tops": 0.78, "pct_achievable_mem_bw": 0.92}
+    monkeypatch.setitem(roofline.gpu_name_to_specs, "Course GPU", specs)
+    for m, k, n in ((256, 256, 256), (1024, 2048, 1024), (16384, 8192, 8192), (64, 4096, 128)):
+        ours = fp8.predict_fp8_linear(m, k, n, bf16_tflops=989.5, fp8_tflops=1979, bandwidth_gbs=3350,
+                                      recipe=recipe, fuse_casts=fuse)
+        bf16 = float(roofline.get_gemm_time_sympy(m, k, n, torch.bfloat16, None, None, "Course GPU"))
+        gemm = float(roofline.get_gemm_time_sympy(m, k, n, torch.float8_e4m3fn, recipe, None, "Course GPU"))
+        cast = float(roofline.get_float8_mem_sympy(m, k, n, recipe, None, fuse, "Course GPU"))
+        assert ours.bf16_s == pytest.approx(bf16, rel=1e-12)
+        assert ours.fp8_gemm_s == pytest.approx(gemm, rel=1e-12)
+        assert ours.fp8_cast_s == pytest.approx(cast, rel=1e-12)
+
+
+def test_roofline_small_shapes_are_slower_and_large_approach_2x():
+    kw = dict(bf16_tflops=989.5, fp8_tflops=1979, bandwidth_gbs=3350)
+    assert fp8.predict_fp8_linear(512, 512, 512, **kw).speedup < 1
+    big = fp8.predict_fp8_linear(16384, 16384, 16384, **kw).speedup
+    assert 1.6 < big < 2
+    with pytest.raises(ValueError, match="m must be"):
+        fp8.predict_fp8_linear(0, 1, 1, **kw)
+    with pytest.raises(ValueError, match="bandwidth"):
+        fp8.predict_fp8_linear(1, 1, 1, bf16_tflops=1, fp8_tflops=2, bandwidth_gbs=-1)
+    with pytest.raises(ValueError, match="roofline covers"):
+        fp8.predict_fp8_linear(16, 16, 16, recipe="delayed", **kw)

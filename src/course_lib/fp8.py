@@ -681,3 +681,165 @@ def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise", *, backend: str
                 setattr(module, child_name, Fp8Linear.from_linear(child, recipe=recipe, backend=backend,
                                                                   block=block))
     return model
+
+
+# ---- accumulation precision -------------------------------------------------------------------------
+
+def _keep_significant_bits(x: torch.Tensor, bits: int, rounding: str) -> torch.Tensor:
+    """FP32 values rounded to ``bits`` significant bits (the implicit 1 included), exponent range kept."""
+    drop = 24 - bits
+    if drop <= 0:
+        return x
+    i = x.view(torch.int32)
+    if rounding == "nearest_even":
+        lsb = (i >> drop) & 1
+        i = i + ((1 << (drop - 1)) - 1) + lsb   # carries into the exponent correctly for finite values
+    return (i & ~((1 << drop) - 1)).view(torch.float32)
+
+
+@dataclass(frozen=True)
+class AccumulationStudy:
+    """Relative error of long dot products against exact (float64) sums, per accumulator, over lengths K.
+
+    ``errors[label]``: one (median, max) pair per K, over ``dots`` independent dot products of FP8 (E4M3)
+    inputs. ``rounding``: how the limited accumulator drops bits (a model assumption, see the lesson)."""
+
+    ks: tuple[int, ...]
+    accumulator_bits: int
+    promote_every: int
+    rounding: str
+    dots: int
+    errors: dict[str, tuple[tuple[float, float], ...]]
+
+
+def accumulation_error(ks=(128, 256, 512, 1024, 2048, 4096, 8192), *, accumulator_bits: int = 14,
+                       promote_every: int = 128, dots: int = 64, rounding: str = "toward_zero",
+                       seed: int = 0) -> AccumulationStudy:
+    """Dot products of length K of non-negative FP8 inputs (``|N(0, 1)|`` cast to E4M3, so every product is
+    exact in FP32), summed three ways: an FP32 accumulator; an accumulator keeping ``accumulator_bits``
+    significant bits (DeepSeek-V3 reports about 14 on H800 FP8 tensor cores); and the same, with the partial
+    sum added into an FP32 total every ``promote_every`` products (DeepSeek-V3's fix, N_C = 128)."""
+    ks = tuple(int(k) for k in ks)
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"ks must be positive lengths, got {ks}")
+    if not isinstance(accumulator_bits, int) or not 2 <= accumulator_bits <= 24:
+        raise ValueError(f"accumulator_bits must be an int in 2..24, got {accumulator_bits!r}")
+    if not isinstance(promote_every, int) or promote_every < 1:
+        raise ValueError(f"promote_every must be a positive int, got {promote_every!r}")
+    if rounding not in ("toward_zero", "nearest_even"):
+        raise ValueError(f"rounding must be 'toward_zero' or 'nearest_even', got {rounding!r}")
+    gen = torch.Generator().manual_seed(seed)
+    k_max = max(ks)
+    a = torch.randn(dots, k_max, generator=gen).abs().to(torch.float8_e4m3fn).float()
+    b = torch.randn(dots, k_max, generator=gen).abs().to(torch.float8_e4m3fn).float()
+    products = a * b   # exact: 4-bit significands multiply into 8 bits
+    exact = products.double().cumsum(dim=1)
+    fp32 = torch.zeros(dots)
+    limited = torch.zeros(dots)
+    promoted_total, partial = torch.zeros(dots), torch.zeros(dots)
+    labels = ("FP32 accumulator", f"{accumulator_bits}-bit accumulator",
+              f"{accumulator_bits}-bit, promoted to FP32 every {promote_every}")
+    out = {label: [] for label in labels}
+    wanted = set(ks)
+    for k in range(k_max):
+        p = products[:, k]
+        fp32 = fp32 + p
+        limited = _keep_significant_bits(limited + p, accumulator_bits, rounding)
+        partial = _keep_significant_bits(partial + p, accumulator_bits, rounding)
+        if (k + 1) % promote_every == 0:
+            promoted_total, partial = promoted_total + partial, torch.zeros(dots)
+        if k + 1 in wanted:
+            ref = exact[:, k]
+            for label, value in zip(labels, (fp32, limited, promoted_total + partial)):
+                rel = ((value.double() - ref).abs() / ref).tolist()
+                rel.sort()
+                out[label].append((rel[len(rel) // 2], rel[-1]))
+    return AccumulationStudy(ks, accumulator_bits, promote_every, rounding, dots,
+                             {label: tuple(v) for label, v in out.items()})
+
+
+# ---- when FP8 pays: a roofline for one linear layer --------------------------------------------------
+
+LAUNCH_SECONDS = 2e-6   # torchao's roofline: the least time any kernel takes (measured on an H100)
+
+
+@dataclass(frozen=True)
+class Fp8LinearEstimate:
+    """Predicted time of one linear layer's forward and backward (three products), BF16 against FP8.
+
+    Seconds. ``fp8_cast_s``: the extra memory traffic of computing scales and casting (the overhead that
+    makes small shapes slower)."""
+
+    m: int
+    k: int
+    n: int
+    recipe: str
+    bf16_s: float
+    fp8_gemm_s: float
+    fp8_cast_s: float
+
+    @property
+    def fp8_s(self) -> float:
+        return self.fp8_gemm_s + self.fp8_cast_s
+
+    @property
+    def speedup(self) -> float:
+        return self.bf16_s / self.fp8_s
+
+
+def _gemm_seconds(m, k, n, bytes_in, peak_flops, bandwidth, gemm_eff, mem_eff):
+    compute = 2 * m * k * n / peak_flops / gemm_eff
+    traffic = (m * k + k * n) * bytes_in + m * n * 2   # output in BF16
+    return max(compute, traffic / bandwidth / mem_eff, LAUNCH_SECONDS)
+
+
+def _cast_kernels(numel: int, role: str, recipe: str, fuse: bool) -> list[float]:
+    """Bytes moved by each scale-and-cast kernel of one operand (BF16 in, FP8 out), torchao's model."""
+    bf16, f8 = 2, 1
+    if recipe == "tensorwise":
+        amax = 0 if fuse else bf16 * numel
+        if role == "weight":
+            return [amax, 0, bf16 * numel + f8 * numel, bf16 * numel + f8 * numel]
+        return [amax, 0, bf16 * numel + 2 * f8 * numel]
+    if recipe == "rowwise":
+        if role == "weight":
+            first = (0 if fuse else bf16 * numel) + f8 * numel
+            return [first, 2 * bf16 * numel, bf16 * numel + f8 * numel]
+        first = (0 if fuse else bf16 * numel) + f8 * numel + bf16 * numel
+        return [first, bf16 * numel + f8 * numel]
+    if recipe == "rowwise_with_gw_hp":
+        if role == "weight":
+            return [bf16 * numel + f8 * numel, 0, bf16 * numel + f8 * numel]
+        return [(0 if fuse else bf16 * numel) + f8 * numel]
+    raise ValueError(f"the roofline covers 'tensorwise', 'rowwise' and 'rowwise_with_gw_hp', not {recipe!r}")
+
+
+def predict_fp8_linear(m: int, k: int, n: int, *, bf16_tflops: float, fp8_tflops: float, bandwidth_gbs: float,
+                       recipe: str = "tensorwise", fuse_casts: bool = False, gemm_efficiency: float = 0.78,
+                       memory_efficiency: float = 0.92) -> Fp8LinearEstimate:
+    """Roofline estimate of an ``[m, k] @ [k, n]`` linear layer's forward + backward in BF16 and in FP8.
+
+    Follows torchao's float8 roofline (``torchao.testing.training.roofline_utils``, checked equal in the
+    tests): each product takes the longest of its compute time at ``gemm_efficiency`` x peak, its memory
+    time at ``memory_efficiency`` x bandwidth, and a 2 us launch; FP8 adds the cast kernels' traffic
+    (input and grad_output casts can fuse their read into the previous op: ``fuse_casts``). The default
+    efficiencies are torchao's, measured on an H100."""
+    for name, value in (("m", m), ("k", k), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, value in (("bf16_tflops", bf16_tflops), ("fp8_tflops", fp8_tflops), ("bandwidth_gbs", bandwidth_gbs),
+                        ("gemm_efficiency", gemm_efficiency), ("memory_efficiency", memory_efficiency)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    bw = bandwidth_gbs * 1e9
+    bf16_peak, fp8_peak = bf16_tflops * 1e12, fp8_tflops * 1e12
+    shapes = ((m, k, n), (m, n, k), (k, m, n))   # output, grad_input, grad_weight
+    bf16 = sum(_gemm_seconds(*s, 2, bf16_peak, bw, gemm_efficiency, memory_efficiency) for s in shapes)
+    fp8_shapes = shapes[:2] if recipe == "rowwise_with_gw_hp" else shapes
+    gemm = sum(_gemm_seconds(*s, 1, fp8_peak, bw, gemm_efficiency, memory_efficiency) for s in fp8_shapes)
+    if recipe == "rowwise_with_gw_hp":
+        gemm += _gemm_seconds(*shapes[2], 2, bf16_peak, bw, gemm_efficiency, memory_efficiency)
+    kernels = (_cast_kernels(m * k, "input", recipe, fuse_casts) + _cast_kernels(k * n, "weight", recipe, False)
+               + _cast_kernels(m * n, "grad_output", recipe, fuse_casts))
+    cast = sum(max(b / bw / memory_efficiency, LAUNCH_SECONDS) for b in kernels)
+    return Fp8LinearEstimate(m, k, n, recipe, bf16, gemm, cast)
