@@ -56,3 +56,20 @@ def test_check_bytes_per_parameter_names_the_slip():
     assert check_bytes_per_parameter("bf16_master", 20).correct
     with pytest.raises(ValueError, match="unknown recipe"):
         check_bytes_per_parameter("fp64", 8)
+
+
+def test_check_delayed_scale():
+    from course_lib.exercises import check_delayed_scale
+    history = [2.0, 8.0, 4.0]
+    assert check_delayed_scale(448 / 8, history).correct
+    assert check_delayed_scale(448 / 8 / 4, history, margin=2).correct
+    wrong = check_delayed_scale(448 / 4, history)
+    assert not wrong.correct and "most recent" in wrong.message
+    assert "inverse" in check_delayed_scale(8 / 448, history).message
+    assert "margin" in check_delayed_scale(448 / 8, history, margin=1).message
+    rolled = check_delayed_scale(448 / 8, history, amax_history_len=1)
+    assert not rolled.correct and "rolled out" in rolled.message
+    assert check_delayed_scale(448 / 4, history, amax_history_len=1).correct
+    assert check_delayed_scale(448 / 4, history, amax_compute_algo="most_recent").correct
+    assert not check_delayed_scale(None, history).correct
+    assert not check_delayed_scale("56", history).correct

@@ -383,3 +383,67 @@ def test_roofline_small_shapes_are_slower_and_large_approach_2x():
         fp8.predict_fp8_linear(1, 1, 1, bf16_tflops=1, fp8_tflops=2, bandwidth_gbs=-1)
     with pytest.raises(ValueError, match="roofline covers"):
         fp8.predict_fp8_linear(16, 16, 16, recipe="delayed", **kw)
+
+
+# ---- experiments ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small():
+    from course_lib.device import SizeProfile
+    return SizeProfile("small")
+
+
+def test_capture_linear_tensors_shapes_and_errors(small):
+    t = fp8.capture_linear_tensors(small, steps=2)
+    assert t.activation.shape == (16 * 64, 64) and t.weight.shape == (256, 64)
+    assert t.grad_output.shape == (16 * 64, 256) and len(t.losses) == 2
+    # the output gradient of a mean loss over 1024 tokens is small: far below E4M3's smallest subnormal
+    assert float(t.grad_output.abs().median()) < 2.0**-9
+    with pytest.raises(ValueError, match="not a linear layer"):
+        fp8.capture_linear_tensors(small, layer="blocks.0.ln1", steps=1)
+
+
+def test_lab_and_outlier_sweep(small):
+    t = fp8.capture_linear_tensors(small, steps=2)
+    lab = fp8.scaling_lab({"gradient": t.grad_output, "weight": t.weight}, fp8.lab_recipes(32))
+    assert lab.errors["gradient"]["no scaling (E4M3)"].flushed > 0.9
+    assert lab.errors["gradient"]["per tensor, E4M3"].flushed < 0.01
+    assert lab.errors["weight"]["per tensor, E5M2"].relative_error > lab.errors["weight"]["per tensor, E4M3"].relative_error
+    with pytest.raises(ValueError, match="does not tile"):
+        fp8.scaling_lab({"weight": t.weight}, fp8.lab_recipes(128))
+    with pytest.raises(ValueError, match="at least one"):
+        fp8.scaling_lab({}, fp8.lab_recipes(32))
+    sweep = fp8.outlier_sweep(t.activation, {"tensor": fp8.CurrentScaling(), "column": fp8.RowwiseScaling(axis=0)},
+                              factors=(1, 1e6))
+    assert sweep.flushed["tensor"][1] > 0.5 and sweep.flushed["column"][1] == sweep.flushed["column"][0]
+    with pytest.raises(ValueError, match="outside"):
+        fp8.with_outlier_channel(t.activation, channel=64)
+
+
+def test_delayed_spike_validates():
+    with pytest.raises(ValueError, match="spike_at"):
+        fp8.delayed_spike(torch.ones(4, 4), steps=5, spike_at=5)
+    run = fp8.delayed_spike(torch.randn(8, 8), steps=6, spike_at=3, factor=100.0, amax_history_len=4)
+    assert run.saturated["current"] == (0.0,) * 6
+    assert run.saturated["delayed, max of 4"][3] > 0.5 and run.saturated["delayed, max of 4"][4] == 0.0
+
+
+def test_fp8_training_runs_and_the_unscaled_control_learns_slower(small):
+    res = fp8.fp8_training(small, recipes=("tensorwise", "unscaled"), seeds=(0,), steps=30)
+    assert res.steps == 30 and len(res.curves["tensorwise"][0]) == 30
+    assert res.final("unscaled")[0] > res.final("tensorwise")[0] + 0.05
+    with pytest.raises(ValueError, match="at least one"):
+        fp8.fp8_training(small, recipes=())
+
+
+def test_fp8_experiments_run_small_on_the_cpu(small):
+    import json
+
+    from course_lib.experiments import run_experiment
+    for name in ("fp8_linear_speed", "fp8_scaling_lab"):
+        out = run_experiment(name, small, "cpu")
+        json.dumps(out.values)
+    speed = run_experiment("fp8_linear_speed", small, "cpu")
+    assert set(speed.values["seconds"]["BF16 nn.Linear"]) == {"64", "128", "256"}
+    with pytest.raises(ValueError, match="multiples of 16"):
+        fp8.fp8_linear_speed((100,), "cpu")

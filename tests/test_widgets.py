@@ -36,3 +36,18 @@ def test_explorer_follows_number_and_format():
 def test_static_html_table():
     html = explain_value_html(0.1, ["FP16"])
     assert "0 01011 1001100110" in html and "0.0999755859375" in html
+
+
+@needs_ipywidgets
+def test_delayed_scaling_explorer_follows_its_sliders():
+    import torch
+
+    from course_lib.widgets import DelayedScalingExplorer
+    e = DelayedScalingExplorer(torch.linspace(-1, 1, 64).reshape(8, 8), steps=20, spike_at=5)
+    assert e.image.value[:4] == b"\x89PNG"
+    assert e.run.saturated["current"][5] == 0.0
+    assert e.run.saturated["delayed, max of 16"][5] > 0.5
+    e.margin.value = 8       # 2**8 of headroom absorbs a 50x spike
+    assert e.run.saturated["delayed, max of 16"][5] == 0.0 and "0%" in e.summary.value
+    e.history.value = 2
+    assert "delayed, max of 2" in e.run.saturated

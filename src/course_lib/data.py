@@ -8,6 +8,8 @@ Batches are a pure function of ``(seed, step)``.
 
 from __future__ import annotations
 
+import functools
+
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +62,13 @@ def load_corpus(n_bytes: int) -> Corpus:
         raise TypeError(f"n_bytes must be an int, got {type(n_bytes).__name__}")
     if n_bytes < 1024:
         raise ValueError(f"n_bytes must be at least 1024, got {n_bytes}")
+    return _load_corpus(n_bytes)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_corpus(n_bytes: int) -> Corpus:
+    # Cached: walking the standard library takes about half a second, and a lesson trains many runs on the
+    # same corpus. The samplers only read the tokens.
     root = Path(sysconfig.get_paths()["stdlib"])
     chunks, used, total = [], [], 0
     for path in stdlib_source_files():

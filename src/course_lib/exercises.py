@@ -146,3 +146,39 @@ def check_bytes_per_parameter(recipe: str, answer) -> Feedback:
                          "forward and backward")
     detail = "; ".join(slips) if slips else f"count each piece: {listing}"
     return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}.")
+
+
+def check_delayed_scale(answer, amax_history, *, margin: int = 0, fmt: str = "e4m3",
+                        amax_compute_algo: str = "max", amax_history_len: int = 1024) -> Feedback:
+    """Check the scale delayed scaling uses at the next step after the amaxes ``amax_history`` (oldest
+    first), by Transformer Engine's rule as :class:`course_lib.fp8.DelayedScaling` implements it."""
+    from .fp8 import DelayedScaling, fp8_max
+
+    recipe = DelayedScaling(fmt, amax_history_len=amax_history_len, amax_compute_algo=amax_compute_algo,
+                            margin=margin)
+    history = [float(a) for a in amax_history]
+    for amax in history:
+        recipe.observe(amax)
+    truth = recipe.current_scale
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set your scale and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Give a number, not {type(answer).__name__}.")
+    kept = recipe.history
+    used = max(kept) if amax_compute_algo == "max" else kept[-1]
+    rule = f"{fp8_max(fmt):g} / {used:g} / 2**{margin} = {truth:.6g}"
+    if _close(float(answer), truth, 1e-3):
+        return Feedback(True, f"{rule}. The scale comes from the history, not from the tensor it casts.")
+    slips = []
+    if kept and _close(float(answer), fp8_max(fmt) / kept[-1] / 2.0**margin, 1e-3) and amax_compute_algo == "max":
+        slips.append("that uses the most recent amax; with `amax_compute_algo='max'` it is the largest amax in "
+                     "the history window")
+    if _close(float(answer), fp8_max(fmt) / used, 1e-3) and margin:
+        slips.append(f"the margin divides the scale by 2**{margin} more, leaving headroom for growth")
+    if _close(float(answer), used / fp8_max(fmt), 1e-3):
+        slips.append("that is the inverse: the scale multiplies the tensor up to the format's max, so it is "
+                     "max / amax (its inverse is what dequantisation multiplies by)")
+    if len(history) > amax_history_len and _close(float(answer), fp8_max(fmt) / max(history) / 2.0**margin, 1e-3):
+        slips.append(f"the history keeps only the last {amax_history_len} amaxes; older ones have rolled out")
+    detail = "; ".join(slips) if slips else f"the rule is max / amax / 2**margin over the history window"
+    return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}.")

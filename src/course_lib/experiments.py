@@ -236,3 +236,56 @@ def _profiled_step(profile: SizeProfile, device: torch.device) -> ExperimentOutp
     steps = [profile_training_step(r, profile, device, top=12)
              for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler")]
     return ExperimentOutput(parameters={"profile": profile.name}, values={"steps": steps})
+
+
+# ---- lesson 7: FP8 ----------------------------------------------------------------------------------
+
+def fp8_speed_sizes(profile: SizeProfile) -> tuple[int, ...]:
+    """Square linear-layer sizes of the FP8 speed study."""
+    return profile.pick(small=(64, 128, 256), full=(256, 512, 1024, 2048, 4096, 8192))
+
+
+@register("fp8_linear_speed",
+          "Forward+backward time of a square linear layer in BF16 and in FP8 (the course's layer on "
+          "torch._scaled_mm, and torchao's Float8Linear when it imports), over sizes (lesson 7).")
+def _fp8_linear_speed(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .fp8 import fp8_linear_speed
+
+    sizes = fp8_speed_sizes(profile)
+    speed = fp8_linear_speed(sizes, device, budget_s=profile.pick(small=0.05, full=0.3))
+    return ExperimentOutput(parameters={"sizes": list(sizes)},
+                            values={"seconds": {k: {str(n): s for n, s in v.items()} for k, v in speed.seconds.items()},
+                                    "skipped": speed.skipped})
+
+
+@register("fp8_training",
+          "Loss curves of the course model with FP8 linear layers per scaling recipe (tensorwise, rowwise, "
+          "delayed, blockwise, unscaled) against BF16 autocast, three seeds each (lesson 7).")
+def _fp8_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .fp8 import fp8_training
+
+    steps = profile.pick(small=40, full=400)
+    result = fp8_training(profile, device, steps=steps)
+    return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(result.recipes),
+                                        "seeds": list(result.seeds), "steps": result.steps, "block": result.block},
+                            values={"curves": {k: [list(c) for c in v] for k, v in result.curves.items()}})
+
+
+@register("fp8_scaling_lab",
+          "Quantisation error, saturation and flush-to-zero of each FP8 scaling recipe on the course model's "
+          "activation, weight and output gradient, and the outlier-channel sweep (lesson 7).")
+def _fp8_scaling_lab(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    import dataclasses
+
+    from .fp8 import capture_linear_tensors, lab_recipes, outlier_sweep, scaling_lab
+
+    block = profile.pick(small=32, full=128)
+    tensors = capture_linear_tensors(profile, device)
+    lab = scaling_lab({"activation": tensors.activation, "weight": tensors.weight,
+                       "gradient": tensors.grad_output}, lab_recipes(block))
+    recipes = {k: v for k, v in lab_recipes(block).items() if "E5M2" not in k and "no scaling" not in k}
+    sweep = outlier_sweep(tensors.activation, recipes)
+    return ExperimentOutput(
+        parameters={"profile": profile.name, "layer": tensors.layer, "steps": tensors.steps, "block": block},
+        values={"errors": {t: {r: dataclasses.asdict(e) for r, e in d.items()} for t, d in lab.errors.items()},
+                "outlier_sweep": dataclasses.asdict(sweep)})

@@ -550,3 +550,137 @@ def plot_activation_sweep(sweep) -> Figure:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _finish(fig)
+
+
+# ---- lesson 7: FP8 ----------------------------------------------------------------------------------
+
+def plot_scaling_lab(lab) -> Figure:
+    """Relative error (log scale) of each recipe on each tensor of a :class:`~course_lib.fp8.ScalingLab`,
+    one group of bars per tensor; a bar whose values were mostly flushed to zero is hatched and labelled."""
+    tensors, recipes = lab.tensors, lab.recipes
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    width = 0.8 / len(recipes)
+    for j, recipe in enumerate(recipes):
+        colour = FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)] if j else "#000000"
+        for i, tensor in enumerate(tensors):
+            e = lab.errors[tensor][recipe]
+            x = i + (j - (len(recipes) - 1) / 2) * width
+            ax.bar(x, max(e.relative_error, 1e-4), width * 0.92, color=colour,
+                   hatch="//" if e.flushed > 0.5 else None, edgecolor="white" if e.flushed <= 0.5 else "#000000",
+                   label=recipe if i == 0 else None)
+            if e.flushed > 0.5:
+                ax.text(x, max(e.relative_error, 1e-4) * 1.15, f"{100 * e.flushed:.0f}%\nflushed", ha="center",
+                        va="bottom", fontsize=7)
+    ax.set_xticks(range(len(tensors)), tensors)
+    ax.set_yscale("log")
+    ax.set_ylim(top=5)
+    ax.set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
+    ax.grid(alpha=0.3, axis="y", which="both")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    return _finish(fig)
+
+
+def plot_outlier_sweep(sweep) -> Figure:
+    """Relative error of the ordinary channels against the size of one outlier channel, per recipe."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.6))
+    for j, (recipe, errors) in enumerate(sweep.relative_error.items()):
+        ax.plot(sweep.factors, errors, "o-", color=FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)], lw=1.8,
+                ms=4, label=recipe)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"outlier channel's size (channel {sweep.channel} multiplied by this, log)")
+    ax.set_ylabel("relative error of the other channels (log)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
+    return _finish(fig)
+
+
+def plot_delayed_spike(run) -> Figure:
+    """Two panels over steps: the tensor's amax (log), and each recipe's share of saturated values."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 5.4), sharex=True,
+                                      gridspec_kw={"height_ratios": [1, 1.4]})
+    steps = np.arange(len(run.amax))
+    top.plot(steps, run.amax, "o-", color=TENSOR_COLOUR, ms=3, lw=1.2)
+    top.set_yscale("log")
+    top.set_ylabel("amax (log)")
+    top.grid(alpha=0.3, which="both")
+    styles = ["-", "--", ":"]
+    for j, (recipe, values) in enumerate(run.saturated.items()):
+        bottom.plot(steps, np.asarray(values) * 100, styles[j % 3], marker="o", ms=3,
+                    color=FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)], lw=1.8, label=recipe)
+    bottom.set_ylabel("values saturated (%)")
+    bottom.set_xlabel("step")
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=8, loc="upper right")
+    for ax in (top, bottom):
+        ax.axvline(run.spike_at, color=LIMIT_COLOUR, lw=0.8, alpha=0.6)
+    return _finish(fig)
+
+
+def plot_fp8_training(result, *, minus: str | None = None, smooth: int = 1) -> Figure:
+    """Loss curves per recipe: the mean over seeds as a line, min-max over seeds as a band. With ``minus``,
+    each recipe's per-seed difference from that recipe (same seed, same batches) is drawn instead."""
+    if minus is not None and minus not in result.curves:
+        raise ValueError(f"no recipe named {minus!r}; recipes: {', '.join(result.curves)}")
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
+    for j, recipe in enumerate(result.recipes):
+        runs = np.asarray(result.curves[recipe], dtype=float)
+        if minus is not None:
+            if recipe == minus:
+                ax.axhline(0.0, color="#000000", lw=1, label=f"{recipe} (reference)")
+                continue
+            runs = runs - np.asarray(result.curves[minus], dtype=float)
+        if smooth > 1 and runs.shape[1] >= smooth:
+            kernel = np.ones(smooth) / smooth
+            runs = np.stack([np.convolve(r, kernel, mode="valid") for r in runs])
+        x = np.arange(runs.shape[1]) + (smooth - 1 if smooth > 1 else 0)
+        colour = FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)] if recipe != "unscaled" else LIMIT_COLOUR
+        ax.plot(x, runs.mean(axis=0), color=colour, lw=1.8, label=recipe)
+        ax.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colour, alpha=0.18, lw=0)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss" if minus is None else f"loss minus {minus}'s (same seed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    return _finish(fig)
+
+
+def plot_accumulation(study) -> Figure:
+    """Median relative error (max as a bar) of K-long dot products against K, per accumulator."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
+    for j, (label, points) in enumerate(study.errors.items()):
+        med = np.array([max(p[0], 1e-9) for p in points])
+        top = np.array([max(p[1], 1e-9) for p in points])
+        colour = FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)]
+        ax.errorbar(study.ks, med, yerr=[np.zeros_like(med), top - med], fmt="o-", color=colour, capsize=3,
+                    lw=1.8, ms=4, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("K, length of the dot product (log2)")
+    ax.set_ylabel("relative error of the sum (log)")
+    ax.set_title(f"accumulator rounding: {study.rounding.replace('_', ' ')}; line: median, bar: max of "
+                 f"{study.dots}", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _finish(fig)
+
+
+def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure:
+    """Predicted FP8/BF16 speedup of a linear layer's forward+backward against its size, one line per
+    recipe (``estimates``: ``{label: [Fp8LinearEstimate, ...]}``, x axis: M = K = N). ``measured``:
+    ``{label: {n: speedup}}`` drawn as markers (recorded GPU matmuls)."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
+    for j, (label, rows) in enumerate(estimates.items()):
+        ax.plot([e.m for e in rows], [e.speedup for e in rows], "-", color=FORMAT_COLOURS[(j + 2) % 10], lw=1.8,
+                label=label)
+    for j, (label, points) in enumerate((measured or {}).items()):
+        ns = sorted(points)
+        ax.plot(ns, [points[n] for n in ns], "s", mfc="none", color=FORMAT_COLOURS[(j + 5) % 10], ms=7, mew=1.5,
+                label=label)
+    ax.axhline(1.0, color="#000000", lw=1)
+    ax.axhline(2.0, color=LIMIT_COLOUR, lw=1, ls="--", label="ratio of dense peaks (FP8 / BF16)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M = K = N (log2)")
+    ax.set_ylabel("speedup of FP8 over BF16")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
+    return _finish(fig)

@@ -129,3 +129,47 @@ def loss_scale_explorer(values, fmt: str = "FP16"):
     slider.observe(show, names="value")
     show()
     return w.VBox([slider, out])
+
+
+class DelayedScalingExplorer:
+    """Sliders for delayed scaling's amax history length, margin and the spike's size, redrawing the
+    spike figure (:func:`course_lib.plots.plot_delayed_spike`) and a one-line summary. The static page
+    shows the same figure at Transformer Engine's defaults. ``summary`` and ``run`` are plain attributes so
+    tests can drive the explorer without a browser."""
+
+    def __init__(self, tensor, *, steps: int = 40, spike_at: int = 15):
+        import ipywidgets as w
+
+        self.tensor, self.steps, self.spike_at = tensor, steps, spike_at
+        self.history = w.IntSlider(value=16, min=1, max=64, description="history:")
+        self.margin = w.IntSlider(value=0, min=0, max=8, description="margin:")
+        self.factor = w.FloatLogSlider(value=50.0, base=10, min=0, max=3, description="spike x:")
+        self.summary = w.HTML()
+        self.image = w.Image(format="png")
+        for control in (self.history, self.margin, self.factor):
+            control.observe(self._redraw, names="value")
+        self.widget = w.VBox([w.HBox([self.history, self.margin, self.factor]), self.summary, self.image])
+        self._redraw()
+
+    def _redraw(self, change=None) -> None:
+        import io
+
+        from .fp8 import delayed_spike
+        from .plots import plot_delayed_spike
+
+        self.run = delayed_spike(self.tensor, steps=self.steps, spike_at=self.spike_at, factor=self.factor.value,
+                                 amax_history_len=self.history.value, margin=self.margin.value)
+        parts = []
+        for name, sat in self.run.saturated.items():
+            err_after = self.run.relative_error[name][self.spike_at + 1:]
+            parts.append(f"{html.escape(name)}: <b>{sat[self.spike_at]:.0%}</b> saturated at the spike, "
+                         f"error after it up to {max(err_after, default=0.0):.3f}")
+        self.summary.value = "<br>".join(parts)
+        buffer = io.BytesIO()
+        plot_delayed_spike(self.run).savefig(buffer, format="png", dpi=80)
+        self.image.value = buffer.getvalue()
+
+
+def delayed_scaling_explorer(tensor, **kwargs):
+    """The explorer's widget, ready to display in Jupyter (see :class:`DelayedScalingExplorer`)."""
+    return DelayedScalingExplorer(tensor, **kwargs).widget
