@@ -166,6 +166,9 @@ class Fp8Tensor:
     scales: torch.Tensor
     block: tuple[int, int]
     fmt: str
+    # the FP32 dequantised values, computed once (converting FP8 codes to FP32 is slow on a CPU, and a
+    # per-tensor-scaled operand serves two products)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def inverse_scales(self) -> torch.Tensor:
         """The dequantisation multipliers, expanded to one per row/column where the block spans the
@@ -174,11 +177,19 @@ class Fp8Tensor:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The represented values: codes times the inverse scale of their block (FP32 arithmetic)."""
-        return (self.data.float() * expand_blocks(self.scales.reciprocal(), self.block, self.data.shape)).to(dtype)
+        return self.values().to(dtype, copy=True)
+
+    def values(self) -> torch.Tensor:
+        """The dequantised FP32 values, shared with later calls (do not modify in place)."""
+        if "values" not in self._cache:
+            inverse = expand_blocks(self.scales.reciprocal(), self.block, self.data.shape)
+            self._cache["values"] = self.data.float() * inverse
+        return self._cache["values"]
 
     def t(self) -> "Fp8Tensor":
         """The transpose (codes and scales transposed; no requantisation)."""
-        return Fp8Tensor(self.data.t(), self.scales.t(), (self.block[1], self.block[0]), self.fmt)
+        cache = {"values": self._cache["values"].t()} if "values" in self._cache else {}
+        return Fp8Tensor(self.data.t(), self.scales.t(), (self.block[1], self.block[0]), self.fmt, cache)
 
     @property
     def per_tensor(self) -> bool:
@@ -534,7 +545,7 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
     if a.data.shape[1] != b.data.shape[0]:
         raise ValueError(f"inner dimensions differ: {tuple(a.data.shape)} @ {tuple(b.data.shape)}")
     if backend == "simulated":
-        return (a.dequantize() @ b.dequantize()).to(out_dtype)
+        return (a.values() @ b.values()).to(out_dtype)
     if backend == "scaled_mm":
         if not hasattr(torch, "_scaled_mm"):  # pragma: no cover - torch 2.11+ has it
             raise ValueError("this torch has no torch._scaled_mm: use backend='simulated'")
