@@ -52,3 +52,40 @@ def test_throughput_plot_takes_single_seed_rows_and_old_records():
     old = {k: v for k, v in one.items() if k != "tokens_per_s_range"}  # a record from before the range existed
     fig = plots.plot_throughput({"a": [one], "b": [old]})
     assert len(fig.axes) == 2
+
+
+# ---- lesson 7 -----------------------------------------------------------------------------------------
+
+def test_fp8_figures_draw_their_data():
+    import torch
+
+    from course_lib import fp8
+
+    x = torch.randn(64, 64)
+    g = torch.randn(64, 64) * 1e-6
+    lab = fp8.scaling_lab({"x": x, "g": g}, fp8.lab_recipes(32))
+    ax = plots.plot_scaling_lab(lab).axes[0]
+    assert len(ax.patches) == 2 * len(lab.recipes) and ax.get_yscale() == "log"
+    assert any("flushed" in t.get_text() for t in ax.texts)   # the unscaled gradient is labelled
+    sweep = fp8.outlier_sweep(x, {"t": fp8.CurrentScaling()}, factors=(1, 10))
+    assert [l.get_label() for l in plots.plot_outlier_sweep(sweep).axes[0].get_lines()] == ["t"]
+    run = fp8.delayed_spike(x, steps=6, spike_at=2, amax_history_len=4)
+    fig = plots.plot_delayed_spike(run)
+    assert len([l for l in fig.axes[1].get_lines() if not l.get_label().startswith("_")]) == 3
+    study = fp8.accumulation_error((128, 256), dots=4)
+    assert len(plots.plot_accumulation(study).axes[0].containers) == 3
+    est = {"tw": [fp8.predict_fp8_linear(n, n, n, bf16_tflops=1, fp8_tflops=2, bandwidth_gbs=1) for n in (16, 32)]}
+    labels = [l.get_label() for l in plots.plot_fp8_speedup(est, measured={"rec": {16: 1.2}}).axes[0].get_lines()]
+    assert "tw" in labels and "rec" in labels
+
+
+def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
+    from course_lib.fp8 import Fp8Training
+
+    res = Fp8Training(("a", "b"), (0, 1), 3, 32, {"a": ((3.0, 2.0, 1.0), (3.0, 2.0, 1.5)),
+                                                  "b": ((3.0, 2.5, 1.2), (3.0, 2.0, 1.5))})
+    ax = plots.plot_fp8_training(res, minus="a").axes[0]
+    line = next(l for l in ax.get_lines() if l.get_label() == "b")
+    assert list(line.get_ydata()) == pytest.approx([0.0, 0.25, 0.1])
+    with pytest.raises(ValueError, match="no recipe"):
+        plots.plot_fp8_training(res, minus="c")
