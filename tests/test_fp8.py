@@ -447,3 +447,12 @@ def test_fp8_experiments_run_small_on_the_cpu(small):
     assert set(speed.values["seconds"]["BF16 nn.Linear"]) == {"64", "128", "256"}
     with pytest.raises(ValueError, match="multiples of 16"):
         fp8.fp8_linear_speed((100,), "cpu")
+
+
+def test_low_precision_input_is_scaled_in_fp32(monkeypatch):
+    x = (torch.randn(64, 64) * 3).bfloat16()
+    for recipe in (fp8.CurrentScaling(), fp8.RowwiseScaling(), fp8.BlockwiseScaling(block=(1, 16))):
+        assert torch.equal(recipe.quantize(x).data.view(torch.uint8), recipe.quantize(x.float()).data.view(torch.uint8))
+    monkeypatch.setattr(fp8, "_CHUNK", 256)   # the chunked path too
+    assert torch.equal(fp8.cast_saturating(x, "e4m3", 3.3).view(torch.uint8),
+                       fp8.cast_saturating(x.float(), "e4m3", 3.3).view(torch.uint8))

@@ -95,7 +95,7 @@ def cast_saturating(x: torch.Tensor, fmt: str, scale: float | torch.Tensor = 1.0
     dtype, big = fp8_dtype(fmt), fp8_max(fmt)
     clamp_free = native_cast_saturates(fmt, x.device)
     if x.numel() <= _CHUNK:
-        y = torch.mul(x, scale).float()
+        y = x.float() * scale   # in FP32, as torchao does: a BF16 product would round before the cast
         return (y if clamp_free else y.clamp_(-big, big)).to(dtype)
     flat = x.reshape(-1)
     out = torch.empty(flat.shape, dtype=dtype, device=x.device)
@@ -103,7 +103,10 @@ def cast_saturating(x: torch.Tensor, fmt: str, scale: float | torch.Tensor = 1.0
     for start in range(0, flat.numel(), _CHUNK):
         stop = min(start + _CHUNK, flat.numel())
         chunk = buffer[: stop - start]
-        torch.mul(flat[start:stop], scale, out=chunk)
+        if flat.dtype == torch.float32:
+            torch.mul(flat[start:stop], scale, out=chunk)
+        else:
+            chunk.copy_(flat[start:stop]).mul_(scale)
         out[start:stop].copy_(chunk if clamp_free else chunk.clamp_(-big, big))
     return out.reshape(x.shape)
 
