@@ -176,12 +176,27 @@ def test_rounding_equals_torch_cast_bit_for_bit(name):
     # torch follows; the library's default for E4M3 is 'saturate'.
     kwargs = {"overflow": torch_e4m3_overflow_rule()} if name == "FP8 E4M3" else {}
     cast = x.to(dtype)
-    _assert_same_values(F.round_to_format(x, f, **kwargs).numpy(), cast.float().numpy())
+    # the software codec itself (round_to_format would take torch's cast here: see the next test)
+    overflow = kwargs.get("overflow", f.overflow)
+    _assert_same_values(F._round_software(x, f, overflow, f.rounding).numpy(), cast.float().numpy())
     storage = torch.uint8 if f.bits == 8 else torch.int16
     theirs_bits = cast.view(storage).to(torch.int64) & (2**f.bits - 1)
     mine_bits = F.encode(x, f, **kwargs)
     keep = ~torch.isnan(cast.float())
     assert torch.equal(mine_bits[keep], theirs_bits[keep])
+
+
+@pytest.mark.parametrize("name", ["BF16", "FP16", "FP8 E4M3", "FP8 E5M2", "E8M0"])
+def test_round_to_format_uses_the_native_cast_only_where_it_is_identical(name):
+    f = F.get_format(name)
+    x = torch.from_numpy(_test_values(f, n=200_000))
+    expected = {"BF16": True, "FP16": True, "FP8 E5M2": True, "E8M0": False,
+                "FP8 E4M3": torch_e4m3_overflow_rule() == "saturate"}[name]
+    assert F._native_cast_agrees(f, f.overflow, f.rounding, x.device) is expected
+    _assert_same_values(F.round_to_format(x, f).numpy(), F._round_software(x, f, f.overflow, f.rounding).numpy())
+    # a rule torch does not follow always takes the software codec
+    if f.has_inf:
+        assert F._native_cast_agrees(f, "saturate", "nearest_even", x.device) is False
 
 
 def test_e4m3_default_is_saturation_and_nan_rule_matches_ml_dtypes():
