@@ -554,26 +554,34 @@ def plot_activation_sweep(sweep) -> Figure:
 
 # ---- lesson 7: FP8 ----------------------------------------------------------------------------------
 
+def _recipe_colour(j: int) -> str:
+    # the Okabe-Ito colours after black and grey, one per recipe, never the limit colour
+    palette = [c for c in FORMAT_COLOURS[2:] if c != LIMIT_COLOUR]
+    return palette[j % len(palette)]
+
+
 def plot_scaling_lab(lab) -> Figure:
     """Relative error (log scale) of each recipe on each tensor of a :class:`~course_lib.fp8.ScalingLab`,
     one group of bars per tensor; a bar whose values were mostly flushed to zero is hatched and labelled."""
     tensors, recipes = lab.tensors, lab.recipes
     fig, ax = plt.subplots(figsize=(10, 4.8))
     width = 0.8 / len(recipes)
+    floor = 1e-3
     for j, recipe in enumerate(recipes):
-        colour = FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)] if j else "#000000"
+        colour = _recipe_colour(j - 1) if j else "#000000"
         for i, tensor in enumerate(tensors):
             e = lab.errors[tensor][recipe]
             x = i + (j - (len(recipes) - 1) / 2) * width
-            ax.bar(x, max(e.relative_error, 1e-4), width * 0.92, color=colour,
-                   hatch="//" if e.flushed > 0.5 else None, edgecolor="white" if e.flushed <= 0.5 else "#000000",
+            flushed = e.flushed > 0.5
+            ax.bar(x, max(e.relative_error, floor), width * 0.92, bottom=None, color=colour,
+                   hatch="//" if flushed else None, edgecolor="#BBBBBB" if flushed else "white",
                    label=recipe if i == 0 else None)
-            if e.flushed > 0.5:
-                ax.text(x, max(e.relative_error, 1e-4) * 1.15, f"{100 * e.flushed:.0f}%\nflushed", ha="center",
+            if flushed:
+                ax.text(x, max(e.relative_error, floor) * 1.15, f"{100 * e.flushed:.0f}%\nflushed", ha="center",
                         va="bottom", fontsize=7)
     ax.set_xticks(range(len(tensors)), tensors)
     ax.set_yscale("log")
-    ax.set_ylim(top=5)
+    ax.set_ylim(floor, 5)
     ax.set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
     ax.grid(alpha=0.3, axis="y", which="both")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
@@ -581,86 +589,101 @@ def plot_scaling_lab(lab) -> Figure:
 
 
 def plot_outlier_sweep(sweep) -> Figure:
-    """Relative error of the ordinary channels against the size of one outlier channel, per recipe."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.6))
-    for j, (recipe, errors) in enumerate(sweep.relative_error.items()):
-        ax.plot(sweep.factors, errors, "o-", color=FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)], lw=1.8,
-                ms=4, label=recipe)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"outlier channel's size (channel {sweep.channel} multiplied by this, log)")
-    ax.set_ylabel("relative error of the other channels (log)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left")
+    """Two panels against the size of one outlier channel, per recipe: the share of the other channels'
+    values flushed to zero, and their relative error."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    for j, recipe in enumerate(sweep.relative_error):
+        style = dict(color=_recipe_colour(j), lw=1.8, ms=4, label=recipe, marker="o", ls=["-", "--"][j % 2])
+        left.plot(sweep.factors, np.asarray(sweep.flushed[recipe]) * 100, **style)
+        right.plot(sweep.factors, sweep.relative_error[recipe], **style)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"outlier channel's size (channel {sweep.channel} x this, log)")
+        ax.grid(alpha=0.3, which="both")
+    left.set_ylabel("other channels' values flushed to zero (%)")
+    right.set_yscale("log")
+    right.set_ylabel("relative error of the other channels (log)")
+    left.legend(fontsize=8, loc="upper left")
     return _finish(fig)
 
 
 def plot_delayed_spike(run) -> Figure:
-    """Two panels over steps: the tensor's amax (log), and each recipe's share of saturated values."""
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 5.4), sharex=True,
-                                      gridspec_kw={"height_ratios": [1, 1.4]})
+    """Three panels over steps: the tensor's amax (log), each recipe's share of saturated values, and each
+    recipe's relative error (log)."""
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(8.5, 7), sharex=True,
+                                              gridspec_kw={"height_ratios": [1, 1.3, 1.3]})
     steps = np.arange(len(run.amax))
     top.plot(steps, run.amax, "o-", color=TENSOR_COLOUR, ms=3, lw=1.2)
     top.set_yscale("log")
     top.set_ylabel("amax (log)")
-    top.grid(alpha=0.3, which="both")
     styles = ["-", "--", ":"]
-    for j, (recipe, values) in enumerate(run.saturated.items()):
-        bottom.plot(steps, np.asarray(values) * 100, styles[j % 3], marker="o", ms=3,
-                    color=FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)], lw=1.8, label=recipe)
-    bottom.set_ylabel("values saturated (%)")
+    for j, recipe in enumerate(run.saturated):
+        style = dict(ls=styles[j % 3], marker="o", ms=3, color=_recipe_colour(j), lw=1.8, label=recipe)
+        middle.plot(steps, np.asarray(run.saturated[recipe]) * 100, **style)
+        bottom.plot(steps, run.relative_error[recipe], **style)
+    middle.set_ylabel("values saturated (%)")
+    bottom.set_ylabel("relative error (log)")
+    bottom.set_yscale("log")
     bottom.set_xlabel("step")
-    bottom.grid(alpha=0.3)
-    bottom.legend(fontsize=8, loc="upper right")
-    for ax in (top, bottom):
-        ax.axvline(run.spike_at, color=LIMIT_COLOUR, lw=0.8, alpha=0.6)
+    middle.legend(fontsize=8, loc="upper right")
+    for ax in (top, middle, bottom):
+        ax.grid(alpha=0.3, which="both")
+        ax.axvline(run.spike_at, color=TENSOR_COLOUR, lw=0.8, ls=":")
     return _finish(fig)
 
 
-def plot_fp8_training(result, *, minus: str | None = None, smooth: int = 1) -> Figure:
-    """Loss curves per recipe: the mean over seeds as a line, min-max over seeds as a band. With ``minus``,
-    each recipe's per-seed difference from that recipe (same seed, same batches) is drawn instead."""
-    if minus is not None and minus not in result.curves:
-        raise ValueError(f"no recipe named {minus!r}; recipes: {', '.join(result.curves)}")
-    fig, ax = plt.subplots(figsize=(8.5, 4.4))
-    for j, recipe in enumerate(result.recipes):
+def plot_fp8_training(result, *, reference: str = "bf16_autocast", tail: int = 5) -> Figure:
+    """Left: loss curves per recipe (mean over seeds as a line, min-max over seeds as a band). Right: each
+    seed's final loss (mean of the last ``tail`` steps) minus the ``reference`` recipe's from the same seed,
+    one dot per seed."""
+    if reference not in result.curves:
+        raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.curves)}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.6, 1]})
+    others = [r for r in result.recipes if r != reference]
+    colours = {reference: "#000000", **{r: _recipe_colour(j) for j, r in enumerate(others)}}
+    for recipe in result.recipes:
         runs = np.asarray(result.curves[recipe], dtype=float)
-        if minus is not None:
-            if recipe == minus:
-                ax.axhline(0.0, color="#000000", lw=1, label=f"{recipe} (reference)")
-                continue
-            runs = runs - np.asarray(result.curves[minus], dtype=float)
-        if smooth > 1 and runs.shape[1] >= smooth:
-            kernel = np.ones(smooth) / smooth
-            runs = np.stack([np.convolve(r, kernel, mode="valid") for r in runs])
-        x = np.arange(runs.shape[1]) + (smooth - 1 if smooth > 1 else 0)
-        colour = FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)] if recipe != "unscaled" else LIMIT_COLOUR
-        ax.plot(x, runs.mean(axis=0), color=colour, lw=1.8, label=recipe)
-        ax.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colour, alpha=0.18, lw=0)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("loss" if minus is None else f"loss minus {minus}'s (same seed)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+        x = np.arange(runs.shape[1])
+        left.plot(x, runs.mean(axis=0), color=colours[recipe], lw=1.8 if recipe != reference else 2.2,
+                  label=recipe)
+        left.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colours[recipe], alpha=0.15, lw=0)
+    left.set_xlabel("training step")
+    left.set_ylabel("loss (line: mean over seeds; band: range)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8, ncol=2)
+    ref_final = result.final(reference, tail)
+    for i, recipe in enumerate(others):
+        diffs = [a - b for a, b in zip(result.final(recipe, tail), ref_final)]
+        right.plot([i] * len(diffs), diffs, "o", color=colours[recipe], ms=7, alpha=0.85)
+    right.axhline(0.0, color="#000000", lw=1)
+    right.set_xticks(range(len(others)), others, rotation=30, ha="right")
+    right.set_ylabel(f"final loss minus {reference}'s\n(same seed; one dot per seed)")
+    right.grid(alpha=0.3, axis="y")
     return _finish(fig)
 
 
-def plot_accumulation(study) -> Figure:
-    """Median relative error (max as a bar) of K-long dot products against K, per accumulator."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.4))
-    for j, (label, points) in enumerate(study.errors.items()):
-        med = np.array([max(p[0], 1e-9) for p in points])
-        top = np.array([max(p[1], 1e-9) for p in points])
-        colour = FORMAT_COLOURS[(j + 2) % len(FORMAT_COLOURS)]
-        ax.errorbar(study.ks, med, yerr=[np.zeros_like(med), top - med], fmt="o-", color=colour, capsize=3,
-                    lw=1.8, ms=4, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("K, length of the dot product (log2)")
-    ax.set_ylabel("relative error of the sum (log)")
-    ax.set_title(f"accumulator rounding: {study.rounding.replace('_', ' ')}; line: median, bar: max of "
-                 f"{study.dots}", fontsize=10)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+def plot_accumulation(studies) -> Figure:
+    """Median relative error (bar up to the max) of K-long dot products against K, per accumulator; one
+    panel per study (``{title: AccumulationStudy}``, e.g. one per rounding model). Exact sums (error 0)
+    are left out of the log axis."""
+    if not isinstance(studies, dict):
+        studies = {studies.rounding.replace("_", " "): studies}
+    fig, axes = plt.subplots(1, len(studies), figsize=(5.6 * len(studies), 4.4), squeeze=False, sharey=True)
+    for ax, (title, study) in zip(axes[0], studies.items()):
+        for j, (label, points) in enumerate(study.errors.items()):
+            ks = np.array([k for k, p in zip(study.ks, points) if p[0] > 0])
+            med = np.array([p[0] for p in points if p[0] > 0])
+            top = np.array([p[1] for p in points if p[0] > 0])
+            if len(ks):
+                ax.errorbar(ks, med, yerr=[np.zeros_like(med), top - med], fmt="o-", color=_recipe_colour(j),
+                            capsize=3, lw=1.8, ms=4, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("K, length of the dot product (log2)")
+        ax.set_title(f"accumulator rounding: {title}", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel(f"relative error of the sum (log)\nline: median, bar: max")
+    axes[0][0].legend(fontsize=8)
     return _finish(fig)
 
 
@@ -668,19 +691,19 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
     """Predicted FP8/BF16 speedup of a linear layer's forward+backward against its size, one line per
     recipe (``estimates``: ``{label: [Fp8LinearEstimate, ...]}``, x axis: M = K = N). ``measured``:
     ``{label: {n: speedup}}`` drawn as markers (recorded GPU matmuls)."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.4))
+    fig, ax = plt.subplots(figsize=(8.5, 5))
+    styles = ["-", "--", "-."]
     for j, (label, rows) in enumerate(estimates.items()):
-        ax.plot([e.m for e in rows], [e.speedup for e in rows], "-", color=FORMAT_COLOURS[(j + 2) % 10], lw=1.8,
+        ax.plot([e.m for e in rows], [e.speedup for e in rows], styles[j % 3], color=_recipe_colour(j), lw=2,
                 label=label)
     for j, (label, points) in enumerate((measured or {}).items()):
         ns = sorted(points)
-        ax.plot(ns, [points[n] for n in ns], "s", mfc="none", color=FORMAT_COLOURS[(j + 5) % 10], ms=7, mew=1.5,
-                label=label)
-    ax.axhline(1.0, color="#000000", lw=1)
-    ax.axhline(2.0, color=LIMIT_COLOUR, lw=1, ls="--", label="ratio of dense peaks (FP8 / BF16)")
+        ax.plot(ns, [points[n] for n in ns], "s", mfc="none", color="#000000", ms=8, mew=1.5, label=label)
+    ax.axhline(1.0, color=TENSOR_COLOUR, lw=1)
+    ax.axhline(2.0, color=LIMIT_COLOUR, lw=1, ls=":", label="ratio of dense peaks (FP8 / BF16)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M = K = N (log2)")
     ax.set_ylabel("speedup of FP8 over BF16")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return _finish(fig)
