@@ -255,7 +255,7 @@ def test_fp8_linear_is_close_to_fp32_and_every_recipe_trains(recipe):
     lin, f8 = _pair(recipe)
     x = torch.randn(4, 16, 64)
     ref, out = lin(x), f8(x)
-    rel = float((out - ref).norm() / ref.norm())
+    rel = float((out - ref).detach().norm() / ref.detach().norm())
     assert rel < (0.2 if recipe == "unscaled" else 0.08)
     assert rel > 0  # it did quantise
     out.sum().backward()

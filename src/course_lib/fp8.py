@@ -544,7 +544,8 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
     ``backend="simulated"``: dequantise both (codes times inverse scales, in FP32) and multiply in FP32; runs
     anywhere, any block shape. ``backend="scaled_mm"``: ``torch._scaled_mm`` on the codes, per-tensor or
     row/column scales only. On the CPU the two agree bit for bit (``_scaled_mm`` dequantises the same way);
-    on a GPU the FP8 tensor cores accumulate differently (see :func:`accumulation_error`)."""
+    on a GPU the FP8 tensor cores accumulate differently (see :func:`accumulation_error`), and per-row
+    scales may take only a BF16 ``out_dtype`` (torchao asks for BF16 and casts back)."""
     if a.data.shape[1] != b.data.shape[0]:
         raise ValueError(f"inner dimensions differ: {tuple(a.data.shape)} @ {tuple(b.data.shape)}")
     if backend == "simulated":
