@@ -11,7 +11,7 @@ LESSONS := $(wildcard lessons/*.md)
 # pip prints a warning per package for local index folders it cannot use; keep the log readable.
 PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: book test unit lessons strict-book setup clean
+.PHONY: book test unit selfcheck lessons strict-book setup clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,14 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . --keep-going
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
-test: unit lessons strict-book
+test: unit selfcheck lessons strict-book
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/
+
+# The self-check a reader runs first on a GPU, run here on the CPU: the same code paths, tiny.
+selfcheck: $(STAMP)
+	$(PY) -m course_lib.selfcheck --device cpu
 
 # nbmake runs only .ipynb files and skips paths containing _build: convert into .nbbuild (ignored).
 lessons: $(STAMP)

@@ -35,10 +35,14 @@ class SizeProfile:
 
     name: str
     forced: bool = False
+    max_steps: int | None = None   # a cap on every training run's steps (the self-check's smoke runs)
 
     def __post_init__(self) -> None:
         if self.name not in PROFILES:
             raise ValueError(f"size profile must be one of {PROFILES}, got {self.name!r}")
+        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int)
+                                           or self.max_steps < 1):
+            raise ValueError(f"max_steps must be None or a positive int, got {self.max_steps!r}")
 
     def pick(self, *, small: T, full: T) -> T:
         """The value for this profile, e.g. ``profile.pick(small=200, full=5000)`` training steps."""

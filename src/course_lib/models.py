@@ -201,6 +201,8 @@ def course_setup(profile: SizeProfile, device: torch.device | str = "cpu", *, st
     steps = profile.pick(small=default_steps[0], full=default_steps[1]) if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    if profile.max_steps is not None:
+        steps = min(steps, profile.max_steps)
     cfg = gpt_config_for(profile)
     sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=FULL_CORPUS_BYTES)),
                            profile.pick(small=16, full=64), cfg.context, seed=seed)
