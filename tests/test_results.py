@@ -92,10 +92,31 @@ def test_record_cli_writes_record_and_log(tmp_path, capsys):
     assert rec.provenance.command.startswith("python -m course_lib.record model_magnitudes")
     assert rec.parameters["size"] == "small" and rec.parameters["seconds"] > 0
     log = (tmp_path / rec.log_file).read_text()
-    assert "experiment model_magnitudes" in log and "finished in" in log
+    assert "experiment 1/1: model_magnitudes" in log and "finished in" in log
     from course_lib.magnitudes import training_magnitudes_from_dict
     mags = training_magnitudes_from_dict(rec.values["magnitudes"])
     assert mags.histograms["weights"].nonzero > 0
+
+
+def test_record_all_runs_what_the_device_can_and_keeps_going_after_a_failure(tmp_path, capsys, monkeypatch):
+    from course_lib import experiments as E
+
+    def ok(profile, device):
+        return E.ExperimentOutput({"n": 1}, {"x": 2.0})
+
+    def broken(profile, device):
+        raise RuntimeError("planted")
+
+    fake = {"a_ok": E.Experiment("a_ok", "fine", ok), "b_broken": E.Experiment("b_broken", "fails", broken),
+            "c_gpu": E.Experiment("c_gpu", "GPU only", ok, requires_cuda=True),
+            "d_ok": E.Experiment("d_ok", "fine", ok)}
+    monkeypatch.setattr(E, "EXPERIMENTS", fake)
+    monkeypatch.setattr(R, "EXPERIMENTS", fake)
+    status = R.main(["--all", "--size", "small", "--device", "cpu", "--allow-cpu", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 1 and "experiment 2/3: b_broken" in out and "c_gpu" not in out
+    assert sorted(p.name.split("__")[0] for p in tmp_path.glob("*.json")) == ["a_ok", "d_ok"]
+    assert R.main(["--all", "a_ok", "--out", str(tmp_path)]) == 2
 
 
 def test_record_cli_refusals(tmp_path, capsys):

@@ -3,6 +3,7 @@
 Usage::
 
     python -m course_lib.record EXPERIMENT [EXPERIMENT ...] --out results/
+    python -m course_lib.record --all --out results/
     python -m course_lib.record --list
 
 Each experiment writes ``results/<experiment>__<device>__<date>.json`` and the raw log of the run beside
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--allow-cpu", action="store_true",
                    help="allow recording on a CPU (for tests; course records come from GPUs)")
+    p.add_argument("--all", action="store_true", help="run every registered experiment this device can run")
     p.add_argument("--list", action="store_true", help="list the registered experiments and exit")
     return p
 
@@ -47,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
             exp = EXPERIMENTS[name]
             print(f"{name}{' (needs CUDA)' if exp.requires_cuda else ''}: {exp.description}")
         return 0
-    if not args.experiments:
-        print("name at least one experiment (see --list)", file=sys.stderr)
+    if args.all and args.experiments:
+        print("give experiment names or --all, not both", file=sys.stderr)
+        return 2
+    if not args.experiments and not args.all:
+        print("name at least one experiment (see --list), or give --all", file=sys.stderr)
         return 2
     try:
         for name in args.experiments:
@@ -62,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         print("refusing to record on a CPU: course records are GPU measurements (use --allow-cpu for tests)",
               file=sys.stderr)
         return 2
+    if args.all:
+        args.experiments = [n for n in sorted(EXPERIMENTS)
+                            if hw.device_type == "cuda" or not EXPERIMENTS[n].requires_cuda]
     profile = SizeProfile(args.size, forced=True)
     command = " ".join(["python -m course_lib.record", *map(shlex.quote, argv)])
     status = 0
-    for name in args.experiments:
+    for index, name in enumerate(args.experiments, 1):
         log = io.StringIO()
 
         def say(line: str) -> None:
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             print(stamped, flush=True)
             log.write(stamped + "\n")
 
-        say(f"experiment {name} on {hw.summary}")
+        say(f"experiment {index}/{len(args.experiments)}: {name} on {hw.summary}")
         say(f"command: {command}")
         provenance = capture_provenance(command, device)
         start = time.perf_counter()
