@@ -11,7 +11,7 @@ LESSONS := $(wildcard lessons/*.md)
 # pip prints a warning per package for local index folders it cannot use; keep the log readable.
 PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: book test unit selfcheck lessons strict-book setup clean
+.PHONY: book test lint unit selfcheck lessons strict-book setup clean
 
 setup: $(STAMP)
 
@@ -30,7 +30,10 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . --keep-going
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
-test: unit selfcheck lessons strict-book
+test: lint unit selfcheck lessons strict-book
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/

@@ -27,7 +27,7 @@ def test_ranges_figure_has_log_axis_and_tensor_rows(small_profile):
 def test_spacing_figure_one_curve_per_format():
     fig = plots.plot_relative_spacing(["FP32", "FP16"])
     ax = fig.axes[0]
-    assert [l.get_label() for l in ax.get_lines() if not l.get_label().startswith("_")] == ["FP32", "FP16"]
+    assert [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")] == ["FP32", "FP16"]
     assert len(plots.plot_relative_spacing().axes[0].get_legend().get_texts()) == len(list_formats())
 
 
@@ -38,7 +38,7 @@ def test_unknown_format_is_an_error():
 
 def test_run_differences():
     fig = plots.plot_runs({"ref": [1.0, 2.0, 3.0], "b": [1.5, 2.5, 3.5]}, ylabel="y", title="t", minus="ref")
-    lines = [l for l in fig.axes[0].get_lines() if l.get_label() == "b"]
+    lines = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "b"]
     assert list(lines[0].get_ydata()) == [0.5, 0.5, 0.5]
     with pytest.raises(ValueError, match="no run named"):
         plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", minus="z")
@@ -69,18 +69,18 @@ def test_fp8_figures_draw_their_data():
     assert any("flushed" in t.get_text() for t in ax.texts)   # the unscaled gradient is labelled
     sweep = fp8.outlier_sweep(x, {"t": fp8.CurrentScaling()}, factors=(1, 10))
     fig = plots.plot_outlier_sweep(sweep)
-    assert [l.get_label() for l in fig.axes[0].get_lines()] == ["t"] and fig.axes[1].get_yscale() == "log"
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["t"] and fig.axes[1].get_yscale() == "log"
     run = fp8.delayed_spike(x, steps=6, spike_at=2, amax_history_len=4)
     fig = plots.plot_delayed_spike(run)
     assert len(fig.axes) == 3
-    assert len([l for l in fig.axes[1].get_lines() if not l.get_label().startswith("_")]) == 3
+    assert len([ln for ln in fig.axes[1].get_lines() if not ln.get_label().startswith("_")]) == 3
     study = fp8.accumulation_error((128, 256), dots=4)
     fig = plots.plot_accumulation({"a": study, "b": study})
     assert len(fig.axes) == 2
     # the FP32 accumulator's exact sums (error 0) are left out, not drawn at a floor
     assert len(fig.axes[0].containers) == 2
     est = {"tw": [fp8.predict_fp8_linear(n, n, n, bf16_tflops=1, fp8_tflops=2, bandwidth_gbs=1) for n in (16, 32)]}
-    labels = [l.get_label() for l in plots.plot_fp8_speedup(est, measured={"rec": {16: 1.2}}).axes[0].get_lines()]
+    labels = [ln.get_label() for ln in plots.plot_fp8_speedup(est, measured={"rec": {16: 1.2}}).axes[0].get_lines()]
     assert "tw" in labels and "rec" in labels
 
 
@@ -90,9 +90,9 @@ def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
     res = Fp8Training(("a", "b"), (0, 1), 3, 32, {"a": ((3.0, 2.0, 1.0), (3.0, 2.0, 1.5)),
                                                   "b": ((3.0, 2.5, 1.2), (3.0, 2.0, 1.5))})
     fig = plots.plot_fp8_training(res, reference="a", tail=1)
-    line = next(l for l in fig.axes[0].get_lines() if l.get_label() == "b")
+    line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "b")
     assert list(line.get_ydata()) == pytest.approx([3.0, 2.25, 1.35])
-    dots = [l for l in fig.axes[1].get_lines() if l.get_marker() == "o"]
+    dots = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o"]
     assert list(dots[0].get_ydata()) == pytest.approx([0.2, 0.0])
     with pytest.raises(ValueError, match="no recipe"):
         plots.plot_fp8_training(res, reference="c")

@@ -180,5 +180,5 @@ def check_delayed_scale(answer, amax_history, *, margin: int = 0, fmt: str = "e4
                      "max / amax (its inverse is what dequantisation multiplies by)")
     if len(history) > amax_history_len and _close(float(answer), fp8_max(fmt) / max(history) / 2.0**margin, 1e-3):
         slips.append(f"the history keeps only the last {amax_history_len} amaxes; older ones have rolled out")
-    detail = "; ".join(slips) if slips else f"the rule is max / amax / 2**margin over the history window"
+    detail = "; ".join(slips) if slips else "the rule is max / amax / 2**margin over the history window"
     return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}.")

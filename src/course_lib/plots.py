@@ -682,7 +682,7 @@ def plot_accumulation(studies) -> Figure:
         ax.set_xlabel("K, length of the dot product (log2)")
         ax.set_title(f"accumulator rounding: {title}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].set_ylabel(f"relative error of the sum (log)\nline: median, bar: max")
+    axes[0][0].set_ylabel("relative error of the sum (log)\nline: median, bar: max")
     axes[0][0].legend(fontsize=8)
     return _finish(fig)
 
