@@ -73,3 +73,59 @@ def test_check_delayed_scale():
     assert check_delayed_scale(448 / 4, history, amax_compute_algo="most_recent").correct
     assert not check_delayed_scale(None, history).correct
     assert not check_delayed_scale("56", history).correct
+
+
+def test_check_value_fate():
+    from course_lib.exercises import check_value_fate
+    assert check_value_fate(1e-7, "subnormal").correct
+    assert "half the smallest subnormal" not in check_value_fate(1e-7, "subnormal").message
+    wrong = check_value_fate(1e-7, "zero")
+    assert not wrong.correct and "fewer significant bits" in wrong.message
+    assert check_value_fate(1e-8, "zero").correct
+    assert check_value_fate(65536.0, "inf").correct and check_value_fate(65504.0, "normal").correct
+    assert check_value_fate(1000.0, "inf", "FP8 E4M3").correct   # saturation in a format with no inf
+    assert not check_value_fate(1e-7, "tiny").correct
+    with pytest.raises(ValueError):
+        check_value_fate(float("nan"), "zero")
+
+
+def test_check_scale_after_against_torch_grad_scaler():
+    import torch
+
+    from course_lib.exercises import check_scale_after
+    # the real GradScaler, driven with planted inf gradients, gives the truth the checker uses
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=3)
+    overflow = {1, 5}
+    for step in range(9):
+        scaler.scale(p.sum())   # initialises the scale, as a loss would
+        p.grad = torch.tensor([float("inf") if step in overflow else 1.0])
+        scaler.step(opt)
+        scaler.update()
+    assert check_scale_after(scaler.get_scale(), 9, overflow, init_scale=8.0, growth_interval=3).correct
+    wrong = check_scale_after(8.0 * 2**9, 9, overflow, init_scale=8.0, growth_interval=3)
+    assert not wrong.correct and "does not grow every step" in wrong.message
+    assert not check_scale_after(None, 3).correct
+    with pytest.raises(ValueError):
+        check_scale_after(1.0, -1)
+
+
+def test_check_autocast_policy():
+    from course_lib.exercises import check_autocast_policy
+    assert check_autocast_policy("matmul", "lower precision").correct
+    assert check_autocast_policy("softmax", "fp32").correct
+    assert check_autocast_policy("layer_norm", "fp32").correct
+    mean = check_autocast_policy("mean", "fp32")
+    assert not mean.correct and "none of CUDA autocast's lists" in mean.message
+    assert check_autocast_policy("mean", "input dtype").correct
+    assert not check_autocast_policy("matmul", "fp16").correct
+
+
+def test_check_bf16_update():
+    from course_lib.exercises import check_bf16_update
+    assert check_bf16_update(1.0, 1e-3, False).correct          # spacing at 1 is 2**-7
+    assert check_bf16_update(1.0, 1e-2, True).correct
+    wrong = check_bf16_update(256.0, 0.5, True)
+    assert not wrong.correct and "apart" in wrong.message
+    assert not check_bf16_update(1.0, 1e-3, "no").correct

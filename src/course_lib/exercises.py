@@ -182,3 +182,122 @@ def check_delayed_scale(answer, amax_history, *, margin: int = 0, fmt: str = "e4
         slips.append(f"the history keeps only the last {amax_history_len} amaxes; older ones have rolled out")
     detail = "; ".join(slips) if slips else "the rule is max / amax / 2**margin over the history window"
     return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}.")
+
+
+FATES = ("zero", "subnormal", "normal", "inf")
+
+
+def check_value_fate(value: float, answer, fmt: str | FloatFormat = "FP16") -> Feedback:
+    """Check what becomes of ``value`` stored in ``fmt``: ``"zero"``, ``"subnormal"``, ``"normal"`` or
+    ``"inf"`` (``"inf"`` also stands for saturation in formats without infinity)."""
+    from .formats import round_to_format
+
+    f = get_format(fmt)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"value must be a finite number, got {value!r}")
+    stored = float(round_to_format(float(value), f))
+    magnitude = abs(stored)
+    if math.isinf(stored) or (not f.has_inf and magnitude == f.max_finite and abs(value) > f.max_finite):
+        truth = "inf"
+    elif stored == 0.0:
+        truth = "zero"
+    elif magnitude < f.min_normal:
+        truth = "subnormal"
+    else:
+        truth = "normal"
+    if answer is None or answer is ...:
+        return Feedback(False, f"No answer yet: set one of {', '.join(map(repr, FATES))} and run the cell again.")
+    if answer not in FATES:
+        return Feedback(False, f"Answer one of {', '.join(map(repr, FATES))}, not {answer!r}.")
+    facts = (f"{f.name} stores {value:g} as {stored:.6g}; its smallest normal is {f.min_normal:.6g}, its smallest "
+             f"subnormal {f.min_subnormal:.6g} and its largest value {f.max_finite:g}")
+    if answer == truth:
+        return Feedback(True, f"{facts}.")
+    hint = {
+        ("zero", "subnormal"): "values between the smallest subnormal and the smallest normal are kept, with "
+                               "fewer significant bits; only values below half the smallest subnormal become 0",
+        ("subnormal", "zero"): "it is below half the smallest subnormal, so it rounds to 0",
+        ("normal", "subnormal"): "it is below the smallest normal, so it is stored as a subnormal",
+        ("inf", "normal"): "it rounds to a value at or below the largest finite value",
+        ("normal", "inf"): "it rounds above the largest finite value",
+    }.get((answer, truth), f"the answer is {truth!r}")
+    return Feedback(False, f"Not quite: {facts}; {hint}.")
+
+
+def check_scale_after(answer, steps: int, overflow_steps=(), *, init_scale: float = 2.0**16,
+                      growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000) -> Feedback:
+    """Check the loss scale a dynamic scaler (GradScaler's rule) uses at step ``steps`` (counting from 0)
+    when the steps in ``overflow_steps`` overflow and the others do not."""
+    from .scaling import replay_scale_schedule
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    overflows = set(overflow_steps)
+    trace = replay_scale_schedule([0.0 if i in overflows else math.inf for i in range(steps + 1)],
+                                  init_scale=init_scale, growth_factor=growth_factor,
+                                  backoff_factor=backoff_factor, growth_interval=growth_interval)
+    truth = trace.scales[steps]
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set the scale and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Give a number, not {type(answer).__name__}.")
+    backoffs = sum(1 for i in overflows if i < steps)
+    growths = round(math.log(truth / init_scale / backoff_factor**backoffs, growth_factor)) if truth > 0 else 0
+    story = (f"{backoffs} overflow(s) before step {steps} halve the scale each time, and it grows by "
+             f"{growth_factor:g}x only after {growth_interval} overflow-free steps in a row ({growths} time(s) "
+             f"here): {truth:g}")
+    if _close(float(answer), truth, 1e-9):
+        return Feedback(True, story + ".")
+    slips = []
+    if _close(float(answer), init_scale * growth_factor ** (steps - backoffs), 1e-9) or float(answer) > truth * 4:
+        slips.append("the scale does not grow every step: it grows once per `growth_interval` clean steps")
+    if overflows and _close(float(answer), truth / backoff_factor, 1e-9):
+        slips.append("the growth counter restarts at 0 after an overflow")
+    detail = "; ".join(slips) or "replay the steps one by one"
+    return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}. {story}.")
+
+
+AUTOCAST_ANSWERS = ("lower precision", "fp32", "promote", "input dtype")
+
+
+def check_autocast_policy(op: str, answer) -> Feedback:
+    """Check which CUDA autocast policy torch applies to ``op``: ``"lower precision"``, ``"fp32"``,
+    ``"promote"`` (widest input type) or ``"input dtype"`` (on no list: the op runs in its inputs' dtype).
+    The truth is read from torch's own ``autocast_mode.h``."""
+    from .amp import cuda_policy
+
+    policy = cuda_policy(op)
+    truth = {"fp32 (via dtype argument)": "fp32", "-": "input dtype"}.get(policy, policy)
+    if answer is None or answer is ...:
+        return Feedback(False, f"No answer yet: set one of {', '.join(map(repr, AUTOCAST_ANSWERS))}.")
+    if answer not in AUTOCAST_ANSWERS:
+        return Feedback(False, f"Answer one of {', '.join(map(repr, AUTOCAST_ANSWERS))}, not {answer!r}.")
+    where = {"lower precision": "on the lower-precision list (matmul-like, gains from tensor cores)",
+             "fp32": "on the FP32 list" + (" (autocast passes it `dtype=torch.float32`)"
+                                           if policy.startswith("fp32 (") else " (precision-sensitive)"),
+             "promote": "on the promote list (runs in the widest of its inputs' types)",
+             "input dtype": "on none of CUDA autocast's lists, so it runs in whatever dtype its inputs have"}[truth]
+    if answer == truth:
+        return Feedback(True, f"`{op}` is {where}.")
+    return Feedback(False, f"Not quite: `{op}` is {where}.")
+
+
+def check_bf16_update(weight: float, update: float, answer) -> Feedback:
+    """Check whether adding ``update`` to a BF16 weight ``weight`` changes it (``answer``: True/False)."""
+    import torch
+
+    from .formats import spacing
+
+    w = torch.tensor(float(weight), dtype=torch.bfloat16)
+    after = w + torch.tensor(float(update), dtype=torch.bfloat16)
+    truth = bool(after != w)
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set True (the weight changes) or False and run the cell again.")
+    if not isinstance(answer, bool):
+        return Feedback(False, f"Answer True or False, not {answer!r}.")
+    gap = float(spacing(float(w), "BF16"))
+    facts = (f"the BF16 weight {float(w):g} has neighbours {gap:g} apart, so an update smaller than half of that "
+             f"({gap / 2:g}) is rounded away; {update:g} gives {float(after):g}")
+    if answer == truth:
+        return Feedback(True, facts + ".")
+    return Feedback(False, "Not quite: " + facts + ".")
