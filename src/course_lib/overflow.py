@@ -127,11 +127,12 @@ class FP16FineTune:
 
 
 def finetune_bf16_model_in_fp16(steps: int = 8, channel_gain: float = 2.0**21, device: torch.device | str = "cpu",
-                                seed: int = 0) -> FP16FineTune:
-    """The model of :func:`bf16_model_in_fp16`, fine-tuned with FP16 autocast and a GradScaler.
+                                seed: int = 0, recipe: str = "fp16_autocast_scaler") -> FP16FineTune:
+    """The model of :func:`bf16_model_in_fp16`, fine-tuned with FP16 autocast and a GradScaler (or with
+    another ``recipe`` of :mod:`course_lib.train`, e.g. ``"bf16_autocast"``, the fix).
 
-    The overflow is in the forward activations, not the gradients, so no loss scale can help: the loss
-    is NaN at every step, every step is skipped and the scale only backs off."""
+    With FP16 the overflow is in the forward activations, not the gradients, so no loss scale can help:
+    the loss is NaN at every step, every step is skipped and the scale only backs off."""
     from .data import BatchSampler, load_corpus
     from .device import SizeProfile
     from .models import build_gpt, gpt_config_for
@@ -143,7 +144,7 @@ def finetune_bf16_model_in_fp16(steps: int = 8, channel_gain: float = 2.0**21, d
     with torch.no_grad():
         model.blocks[0].out.weight[0].mul_(channel_gain)
     sampler = BatchSampler(load_corpus(100_000), 4, cfg.context, seed=seed)
-    state = TrainState(model, get_recipe("fp16_autocast_scaler", device),
+    state = TrainState(model, get_recipe(recipe, device),
                        TrainConfig(steps=steps, lr=1e-4, clip_norm=None), device)
     history = train(state, sampler)
     losses, scales, skipped = history.losses, history.scales, history.skipped
