@@ -34,3 +34,10 @@ def test_fp16_finetune_of_overflowing_model_skips_every_step():
     ft = finetune_bf16_model_in_fp16(steps=3)
     assert all(ft.skipped) and all(math.isnan(v) for v in ft.losses)
     assert ft.scales == (65536.0, 32768.0, 16384.0)
+
+
+def test_the_same_finetune_in_bf16_trains():
+    from course_lib.overflow import finetune_bf16_model_in_fp16
+
+    ft = finetune_bf16_model_in_fp16(steps=3, recipe="bf16_autocast")
+    assert not any(ft.skipped) and all(math.isfinite(v) for v in ft.losses)
