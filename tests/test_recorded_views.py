@@ -11,13 +11,14 @@ def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("records")
     # small, on the CPU (records for tests only; course records come from GPUs)
     assert R.main(["underflow_statistics", "scaler_flight_recording", "convergence_parity", "--size", "small",
-                   "--device", "cpu", "--allow-cpu", "--out", str(out)]) == 0
+                   "--max-steps", "6", "--device", "cpu", "--allow-cpu", "--out", str(out)]) == 0
     return {r.experiment: r for r in load_records(results_dir=out)}
 
 
 def test_underflow_rows_roundtrip(records):
     from course_lib.gradients import summary_markdown, summary_rows_from_record
 
+    assert records["underflow_statistics"].parameters["max_steps"] == 6   # a capped run says so
     rows = summary_rows_from_record(records["underflow_statistics"].values)
     assert {s.format for _, s in rows} == {"FP16", "BF16", "FP8 E4M3", "FP8 E5M2"}
     assert len({step for step, _ in rows}) == 2

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--allow-cpu", action="store_true",
                    help="allow recording on a CPU (for tests; course records come from GPUs)")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="cap every training run at N steps (smoke runs and tests; not for course records)")
     p.add_argument("--all", action="store_true", help="run every registered experiment this device can run")
     p.add_argument("--list", action="store_true", help="list the registered experiments and exit")
     return p
@@ -70,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.all:
         args.experiments = [n for n in sorted(EXPERIMENTS)
                             if hw.device_type == "cuda" or not EXPERIMENTS[n].requires_cuda]
-    profile = SizeProfile(args.size, forced=True)
+    if args.max_steps is not None and args.max_steps < 1:
+        print("--max-steps must be a positive number of steps", file=sys.stderr)
+        return 2
+    profile = SizeProfile(args.size, forced=True, max_steps=args.max_steps)
     command = " ".join(["python -m course_lib.record", *map(shlex.quote, argv)])
     status = 0
     for index, name in enumerate(args.experiments, 1):
@@ -95,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"finished in {elapsed:.1f} s")
         say("parameters: " + json.dumps(to_jsonable(output.parameters)))
         say("values: " + json.dumps(to_jsonable(output.values)))
+        capped = {"max_steps": args.max_steps} if args.max_steps is not None else {}
         record = Record(experiment=name, parameters={**output.parameters, "size": args.size,
-                                                     "seconds": elapsed},
+                                                     "seconds": elapsed, **capped},
                         values=output.values, provenance=provenance)
         path = save_record(record, args.out, log_text=log.getvalue())
         print(f"wrote {path}", flush=True)
