@@ -34,6 +34,7 @@ test: lint unit selfcheck lessons strict-book
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/mypy src
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/

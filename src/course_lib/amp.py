@@ -239,7 +239,7 @@ def checkpointing_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bflo
         with torch.autocast(device_type, dtype=dtype):
             y = checkpoint(block, x, use_reentrant=False) if use_ckpt else block(x)
         y.float().pow(2).mean().backward()
-        grads[label] = [p.grad.clone() for p in block.parameters()]
+        grads[label] = [p.grad.clone() for p in block.parameters() if p.grad is not None]
     identical = all(torch.equal(a, b) for a, b in zip(grads["plain"], grads["checkpointed"]))
     return {"identical gradients": identical, "output dtype": _name(y)}
 
@@ -272,7 +272,7 @@ def sensitive_ops_trace(device: torch.device | str, dtype: torch.dtype | None = 
                 "exp": _name(torch.exp(h)), "sum": _name(h.sum())}
 
 
-def sensitive_loss_demo(device_type: str = "cpu", logit_scale: float = 16.0, seed: int = 0) -> dict[str, float]:
+def sensitive_loss_demo(device_type: str = "cpu", logit_scale: float = 16.0, seed: int = 0) -> dict[str, float | str]:
     """A hand-written log-sum-exp loss under FP16 autocast, computed naively and inside an
     ``autocast(enabled=False)`` region on FP32 inputs.
 

@@ -233,7 +233,7 @@ def matmul_operands(dtype: str, m: int, n: int, k: int, device: torch.device | s
         raise ValueError(f"buffers must be a positive int, got {buffers!r}")
     device = torch.device(device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    sets = []
+    sets: list[tuple[torch.Tensor, ...]] = []
     for _ in range(buffers):
         a = torch.randn(m, k, generator=gen)
         b = torch.randn(k, n, generator=gen)
@@ -246,6 +246,7 @@ def matmul_operands(dtype: str, m: int, n: int, k: int, device: torch.device | s
                          b.t().contiguous().to(device).to(torch.float8_e4m3fn).t(), one, one))
         else:
             sets.append((a.to(device, _TORCH_DTYPES[dtype]), b.to(device, _TORCH_DTYPES[dtype])))
+    fn: Callable[..., torch.Tensor]
     if dtype == "fp8":
         def fn(a, b, sa, sb):
             return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
@@ -738,7 +739,7 @@ def training_throughput(profile, device: torch.device | str = "cpu", *,
                 flops_per_token = model_flops_per_token(non_emb, cfg.n_layers, cfg.d_model, cfg.context)
                 state = TrainState(model, get_recipe(recipe, device), TrainConfig(steps=setup.steps, lr=lr), device)
                 if compiled:
-                    state.model = torch.compile(state.model)
+                    state.model = torch.compile(state.model)  # type: ignore[assignment]
                 history = train(state, setup.sampler)
                 runs.append(RecipeRun(recipe, seed, compiled, tuple(history.losses), tuple(history.step_seconds),
                                       setup.sampler.batch_size * cfg.context, warmup_steps,
@@ -753,7 +754,11 @@ def _mfu_peaks(device: torch.device, recipes: Sequence[str]) -> tuple[dict[str, 
         entry = find_gpu_peaks(name)
         if entry is None:
             return {}, f"no datasheet entry for {name}"
-        peaks = {r: entry.peak(recipe_matmul_dtype(r)) for r in recipes if entry.peak(recipe_matmul_dtype(r))}
+        peaks: dict[str, float] = {}
+        for r in recipes:
+            peak = entry.peak(recipe_matmul_dtype(r))
+            if peak:
+                peaks[r] = peak
         return peaks, f"datasheet dense peaks of {entry.name}"
     # A CPU has no datasheet peak per dtype; measure every recipe against one number, the FP32 matmul
     # rate measured here, so MFU reads "share of this machine's FP32 matmul rate" for all of them.

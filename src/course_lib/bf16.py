@@ -154,7 +154,7 @@ def advice_for_this_machine(device: torch.device | str | None = None) -> Advice:
 
     hw = describe_hardware(device)
     if hw.device_type == "cuda":
-        major, minor = (int(v) for v in hw.compute_capability.split("."))
+        major, minor = (int(v) for v in str(hw.compute_capability).split("."))
         return precision_advice((major, minor), name=hw.name)
     from .bench import capability_probe
 

@@ -373,7 +373,9 @@ def all_values(fmt: str | FloatFormat) -> np.ndarray:
     f = get_format(fmt)
     if f.bits > 16:
         raise ValueError(f"{f.name} has 2**{f.bits} codes; all_values is for formats of at most 16 bits")
-    return decode(np.arange(2**f.bits, dtype=np.int64), f)
+    values = decode(np.arange(2**f.bits, dtype=np.int64), f)
+    assert isinstance(values, np.ndarray)
+    return values
 
 
 # ---- rounding ---------------------------------------------------------------------------------------
@@ -460,7 +462,7 @@ def _probe_values() -> torch.Tensor:
     return torch.cat([bits.view(torch.float32), torch.tensor(edges, dtype=torch.float32)])
 
 
-def _native_cast_agrees(f: FloatFormat, overflow: str, rounding: str, device: torch.device) -> bool:
+def _native_cast_agrees(f: FloatFormat, overflow: Overflow, rounding: Rounding, device: torch.device) -> bool:
     """Whether ``tensor.to(f's torch dtype)`` rounds float32 exactly as :func:`round_to_format` does with
     these rules, measured once per format, rule and device type on a probe of hard cases."""
     dtype = f.torch_dtype_or_none()
@@ -482,7 +484,7 @@ def _native_cast_agrees(f: FloatFormat, overflow: str, rounding: str, device: to
     return _NATIVE_AGREES[key]
 
 
-def _round_software(t: torch.Tensor, f: FloatFormat, overflow: str, rounding: str) -> torch.Tensor:
+def _round_software(t: torch.Tensor, f: FloatFormat, overflow: Overflow, rounding: Rounding) -> torch.Tensor:
     """The exact codec: round in float64 onto the format's grid (any format, any rule)."""
     out_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
     v = t.to(torch.float64)
@@ -519,7 +521,9 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     """
     f = get_format(fmt)
     t, from_numpy = _to_tensor(x, what="x")
-    r = round_to_format(t, f, **round_kwargs).to(torch.float64)
+    rounded = round_to_format(t, f, **round_kwargs)
+    assert isinstance(rounded, torch.Tensor)
+    r = rounded.to(torch.float64)
     m, e = f.mantissa_bits, f.exponent_bits
     nan = torch.isnan(r)
     if not f.has_nan and bool(nan.any()):
@@ -629,7 +633,7 @@ class TF32Check:
 
     @property
     def best_rule(self) -> str:
-        return max(self.agreement, key=self.agreement.get)
+        return max(self.agreement, key=lambda rule: self.agreement[rule])
 
     @property
     def bit_exact(self) -> bool:
@@ -645,9 +649,12 @@ def tf32_rounding_agreement(a: torch.Tensor, product: torch.Tensor) -> dict[str,
     if a.shape != product.shape:
         raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(product.shape)}")
     got = product.contiguous().view(torch.int32)
-    out = {}
-    for rule in _ROUNDINGS:
-        want = round_to_format(a, "TF32", rounding=rule).contiguous().view(torch.int32)
+    out: dict[str, float] = {}
+    rule: Rounding
+    for rule in ("nearest_even", "nearest_away", "toward_zero"):
+        rounded = round_to_format(a, "TF32", rounding=rule)
+        assert isinstance(rounded, torch.Tensor)
+        want = rounded.contiguous().view(torch.int32)
         out[rule] = float((got == want).double().mean())
     return out
 

@@ -267,7 +267,7 @@ def amax_to_scale(amax: torch.Tensor, fmt: str, *, power_of_two: bool = False) -
     return scale
 
 
-def _resolve_block(block: tuple[int, int], shape: tuple[int, int]) -> tuple[int, int]:
+def _resolve_block(block: tuple[int, int], shape: tuple[int, ...]) -> tuple[int, int]:
     """A block with -1 meaning 'the whole dimension', checked to tile the shape exactly."""
     rows, cols = shape
     br = rows if block[0] == -1 else block[0]
@@ -289,7 +289,7 @@ class ScalingRecipe:
     name = "recipe"
     fmt: str
 
-    def block_for(self, shape: tuple[int, int]) -> tuple[int, int]:  # pragma: no cover - abstract
+    def block_for(self, shape: tuple[int, ...]) -> tuple[int, int]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
@@ -601,6 +601,9 @@ def linear_scaling(recipe: str, *, block: int = 128) -> LinearScaling:
       where a product reduces over rows), ``block x block`` for weights;
     * ``"unscaled"``: E4M3 forward, E5M2 gradients, every scale 1: the control with no scaling.
     """
+    x: ScalingRecipe
+    w: ScalingRecipe
+    g: ScalingRecipe
     if recipe == "tensorwise":
         x, w, g = CurrentScaling("e4m3"), CurrentScaling("e4m3"), CurrentScaling("e5m2")
         return LinearScaling(x, w, g, x, w, g)
@@ -679,7 +682,7 @@ class Fp8Linear(nn.Module):
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, **kwargs)
         with torch.no_grad():
             layer.weight.copy_(linear.weight)
-            if linear.bias is not None:
+            if linear.bias is not None and layer.bias is not None:
                 layer.bias.copy_(linear.bias)
         return layer.to(linear.weight.device)
 
@@ -767,7 +770,7 @@ def accumulation_error(ks=(128, 256, 512, 1024, 2048, 4096, 8192), *, accumulato
     promoted_total, partial = torch.zeros(dots), torch.zeros(dots)
     labels = ("FP32 accumulator", f"{accumulator_bits}-bit accumulator",
               f"{accumulator_bits}-bit, promoted to FP32 every {promote_every}")
-    out = {label: [] for label in labels}
+    out: dict[str, list[tuple[float, float]]] = {label: [] for label in labels}
     wanted = set(ks)
     for k in range(k_max):
         p = products[:, k]
@@ -852,9 +855,9 @@ def predict_fp8_linear(m: int, k: int, n: int, *, bf16_tflops: float, fp8_tflops
     time at ``memory_efficiency`` x bandwidth, and a 2 us launch; FP8 adds the cast kernels' traffic
     (input and grad_output casts can fuse their read into the previous op: ``fuse_casts``). The default
     efficiencies are torchao's, measured on an H100."""
-    for name, value in (("m", m), ("k", k), ("n", n)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, size in (("m", m), ("k", k), ("n", n)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
     for name, value in (("bf16_tflops", bf16_tflops), ("fp8_tflops", fp8_tflops), ("bandwidth_gbs", bandwidth_gbs),
                         ("gemm_efficiency", gemm_efficiency), ("memory_efficiency", memory_efficiency)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -1001,9 +1004,9 @@ def delayed_spike(tensor: torch.Tensor, *, steps: int = 40, spike_at: int = 15, 
         "delayed, most recent": DelayedScaling(fmt, amax_history_len=amax_history_len,
                                                amax_compute_algo="most_recent", margin=margin),
     }
-    sat = {k: [] for k in recipes}
-    flushed = {k: [] for k in recipes}
-    rel = {k: [] for k in recipes}
+    sat: dict[str, list[float]] = {k: [] for k in recipes}
+    flushed: dict[str, list[float]] = {k: [] for k in recipes}
+    rel: dict[str, list[float]] = {k: [] for k in recipes}
     amaxes = []
     base = _as_2d(tensor).detach().float()
     for t in range(steps):
@@ -1097,8 +1100,8 @@ def outlier_sweep(activation: torch.Tensor, recipes: dict[str, ScalingRecipe], *
     base = activation.detach().float()[:, rest]
     norm = float(torch.linalg.vector_norm(base))
     nonzero = max(1, int((base != 0).sum()))
-    rel = {name: [] for name in recipes}
-    flushed = {name: [] for name in recipes}
+    rel: dict[str, list[float]] = {name: [] for name in recipes}
+    flushed: dict[str, list[float]] = {name: [] for name in recipes}
     for factor in factors:
         x = with_outlier_channel(activation.detach().float(), channel=channel, factor=factor)
         for name, recipe in recipes.items():
@@ -1129,7 +1132,7 @@ class Fp8LinearSpeed:
 def _linear_implementations(n: int, device: torch.device):
     """(name, module, input dtype) for each implementation the speed study times, or (name, reason)."""
     base = nn.Linear(n, n, bias=False)
-    out = [("BF16 nn.Linear", copy_module(base).to(device, torch.bfloat16), torch.bfloat16),
+    out: list[tuple] = [("BF16 nn.Linear", copy_module(base).to(device, torch.bfloat16), torch.bfloat16),
            ("FP8 course layer (_scaled_mm, tensorwise, eager)",
             Fp8Linear.from_linear(base, recipe="tensorwise", backend="scaled_mm").to(device), torch.bfloat16)]
     try:

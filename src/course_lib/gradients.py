@@ -147,6 +147,7 @@ def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale
         raise ValueError("no finite values to summarise")
     scaled = v * float(loss_scale)
     r = round_to_format(scaled, f, overflow="inf" if f.has_inf else ("nan" if f.has_nan else "saturate"))
+    assert isinstance(r, torch.Tensor)
     zero = v == 0
     overflow = ~torch.isfinite(r) if f.has_nan else (scaled.abs() > f.max_finite)
     flushed = ~zero & (r == 0)

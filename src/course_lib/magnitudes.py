@@ -78,7 +78,7 @@ class LogHistogram:
             return math.nan
         k = math.floor(math.log2(threshold))
         idx = min(max(k - LOG2_LO, 0), len(self.counts))
-        below = self.zeros + sum(self.counts[:idx])
+        below: float = self.zeros + sum(self.counts[:idx])
         if 0 <= k - LOG2_LO < len(self.counts) and threshold != 2.0**k:
             frac = (math.log2(threshold) - k)
             below += self.counts[k - LOG2_LO] * frac

@@ -70,7 +70,7 @@ def _is_parameter_copy(t: torch.Tensor, param_ids: set[int]) -> bool:
         if fn is None:
             return False
         if type(fn).__name__ == "AccumulateGrad":
-            return id(fn.variable) in param_ids
+            return id(getattr(fn, "variable")) in param_ids
         nexts = [n for n, _ in fn.next_functions if n is not None]
         if type(fn).__name__ not in _VIEW_OR_CAST_NODES or len(nexts) != 1:
             return False

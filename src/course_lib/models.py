@@ -49,6 +49,7 @@ def gpt_config_for(profile: SizeProfile) -> GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
+    mask: torch.Tensor
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
@@ -148,6 +149,7 @@ class DeepMLP(nn.Module):
             torch.manual_seed(seed)
             self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
             for layer in self.layers:
+                assert isinstance(layer, nn.Linear)
                 nn.init.normal_(layer.weight, std=init_std / math.sqrt(width))
                 nn.init.zeros_(layer.bias)
         finally:

@@ -100,7 +100,7 @@ def bf16_model_in_fp16(channel_gain: float = 2.0**21, device: torch.device | str
     cfg = gpt_config_for(SizeProfile("small"))
     model = build_gpt(cfg, seed=seed, device=device)
     with torch.no_grad():
-        model.blocks[0].out.weight[0].mul_(channel_gain)   # one output channel of the first MLP
+        model.blocks[0].out.weight[0].mul_(channel_gain)  # type: ignore[union-attr,index]  # one MLP output channel
     x, y = BatchSampler(load_corpus(100_000), 4, cfg.context, seed=seed).batch(0, device)
     largest = [0.0]
     hook = model.blocks[0].register_forward_hook(
@@ -142,7 +142,7 @@ def finetune_bf16_model_in_fp16(steps: int = 8, channel_gain: float = 2.0**21, d
     cfg = gpt_config_for(SizeProfile("small"))
     model = build_gpt(cfg, seed=seed, device=device)
     with torch.no_grad():
-        model.blocks[0].out.weight[0].mul_(channel_gain)
+        model.blocks[0].out.weight[0].mul_(channel_gain)  # type: ignore[union-attr,index]
     sampler = BatchSampler(load_corpus(100_000), 4, cfg.context, seed=seed)
     state = TrainState(model, get_recipe(recipe, device),
                        TrainConfig(steps=steps, lr=1e-4, clip_norm=None), device)

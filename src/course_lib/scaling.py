@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -487,7 +488,7 @@ class ScalerAudit:
             self._patch(self.scheduler, "step", wrap_sched)
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         for owner, name, previous in reversed(self._saved):
             if owner is torch.nn.utils:
                 setattr(owner, name, previous)
@@ -649,6 +650,7 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
                 _, loss = model(x, y)
             opt.zero_grad(set_to_none=True)
             if scaler is None:
+                assert static is not None
                 (loss * static).backward()
                 grads = [p.grad for p in model.parameters() if p.grad is not None]
                 finite = all(bool(torch.isfinite(g).all()) for g in grads)
@@ -690,8 +692,10 @@ def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwar
         real.scale((p_real * c).sum()).backward()
         mine.scale_loss((p_mine * c).sum()).backward()
         real.unscale_(opt_real)
-        found = mine.unscale_([p_mine.grad])
-        same_grads = bool(((p_real.grad == p_mine.grad) | (p_real.grad.isnan() & p_mine.grad.isnan())).all())
+        g_real, g_mine = p_real.grad, p_mine.grad
+        assert g_real is not None and g_mine is not None
+        found = mine.unscale_([g_mine])
+        same_grads = bool(((g_real == g_mine) | (g_real.isnan() & g_mine.isnan())).all())
         n_ran = len(ran)
         real.step(opt_real)
         real.update()
@@ -710,6 +714,7 @@ def flight_recording_from_dict(data: dict) -> FlightRecording:
     if not isinstance(data, dict):
         raise ValueError(f"not a scaler flight recording: expected a dict, got {type(data).__name__}")
     try:
-        return FlightRecording(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        return FlightRecording(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
+                                  for k, v in data.items()})
     except TypeError as exc:
         raise ValueError(f"not a scaler flight recording: {exc}") from None

@@ -148,12 +148,13 @@ class TrainState:
         self.model, self.recipe, self.config, self.device = model, recipe, config, device
         model.to(device=device, dtype=recipe.param_dtype)
         params = [p for p in model.parameters() if p.requires_grad]
+        self.masters: list[torch.Tensor] | None
         if recipe.master_weights:
             self.masters = [p.detach().float().clone().requires_grad_(True) for p in params]
             opt_params = self.masters
         else:
             self.masters = None
-            opt_params = params
+            opt_params = list(params)
         self.params = params
         self.optimizer = torch.optim.AdamW(opt_params, lr=config.lr, weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
@@ -363,7 +364,8 @@ def convergence_parity(profile, device: torch.device | str = "cpu", *,
         raise ValueError(f"tail must be at least 1, got {tail}")
     if not seeds or not recipes:
         raise ValueError("convergence_parity needs at least one seed and one recipe")
-    finals, curves = {}, {}
+    finals: dict[str, tuple[float, ...]] = {}
+    curves: dict[str, tuple[float, ...]] = {}
     for name in recipes:
         values = []
         for seed in seeds:
