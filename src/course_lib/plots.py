@@ -554,6 +554,22 @@ def plot_activation_sweep(sweep) -> Figure:
 
 # ---- lesson 7: FP8 ----------------------------------------------------------------------------------
 
+# One colour per kind of FP8 scaling, the same in every lesson-7 figure (matched on the label, first hit).
+_FP8_COLOURS = (("no scaling", "#000000"), ("unscaled", "#000000"), ("e5m2", "#CC79A7"),
+                ("per tensor", "#0072B2"), ("tensorwise", "#0072B2"), ("current", "#0072B2"),
+                ("per row", "#E69F00"), ("rowwise", "#E69F00"), ("per column", "#56B4E9"),
+                ("tiles", "#009E73"), ("blockwise", "#009E73"), ("blocks", "#882255"),
+                ("most recent", "#AA4499"), ("delayed", "#D55E00"), ("bf16", "#777777"))
+
+
+def _fp8_colour(label: str, j: int = 0) -> str:
+    low = label.lower()
+    for key, colour in _FP8_COLOURS:
+        if key in low:
+            return colour
+    return _recipe_colour(j)
+
+
 def _recipe_colour(j: int) -> str:
     # the Okabe-Ito colours after black and grey, one per recipe, never the limit colour
     palette = [c for c in FORMAT_COLOURS[2:] if c != LIMIT_COLOUR]
@@ -568,7 +584,7 @@ def plot_scaling_lab(lab) -> Figure:
     width = 0.8 / len(recipes)
     floor = 1e-3
     for j, recipe in enumerate(recipes):
-        colour = _recipe_colour(j - 1) if j else "#000000"
+        colour = _fp8_colour(recipe, j)
         for i, tensor in enumerate(tensors):
             e = lab.errors[tensor][recipe]
             x = i + (j - (len(recipes) - 1) / 2) * width
@@ -593,7 +609,7 @@ def plot_outlier_sweep(sweep) -> Figure:
     values flushed to zero, and their relative error."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
     for j, recipe in enumerate(sweep.relative_error):
-        style = dict(color=_recipe_colour(j), lw=1.8, ms=4, label=recipe, marker="o", ls=["-", "--"][j % 2])
+        style = dict(color=_fp8_colour(recipe, j), lw=1.8, ms=4, label=recipe, marker="o", ls=["-", "--"][j % 2])
         left.plot(sweep.factors, np.asarray(sweep.flushed[recipe]) * 100, **style)
         right.plot(sweep.factors, sweep.relative_error[recipe], **style)
     for ax in (left, right):
@@ -618,7 +634,7 @@ def plot_delayed_spike(run) -> Figure:
     top.set_ylabel("amax (log)")
     styles = ["-", "--", ":"]
     for j, recipe in enumerate(run.saturated):
-        style = dict(ls=styles[j % 3], marker="o", ms=3, color=_recipe_colour(j), lw=1.8, label=recipe)
+        style = dict(ls=styles[j % 3], marker="o", ms=3, color=_fp8_colour(recipe, j), lw=1.8, label=recipe)
         middle.plot(steps, np.asarray(run.saturated[recipe]) * 100, **style)
         bottom.plot(steps, run.relative_error[recipe], **style)
     middle.set_ylabel("values saturated (%)")
@@ -640,7 +656,7 @@ def plot_fp8_training(result, *, reference: str = "bf16_autocast", tail: int = 5
         raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.curves)}")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.6, 1]})
     others = [r for r in result.recipes if r != reference]
-    colours = {reference: "#000000", **{r: _recipe_colour(j) for j, r in enumerate(others)}}
+    colours = {reference: "#777777", **{r: _fp8_colour(r, j) for j, r in enumerate(others)}}
     for recipe in result.recipes:
         runs = np.asarray(result.curves[recipe], dtype=float)
         x = np.arange(runs.shape[1])
@@ -694,13 +710,13 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
     fig, ax = plt.subplots(figsize=(8.5, 5))
     styles = ["-", "--", "-."]
     for j, (label, rows) in enumerate(estimates.items()):
-        ax.plot([e.m for e in rows], [e.speedup for e in rows], styles[j % 3], color=_recipe_colour(j), lw=2,
+        ax.plot([e.m for e in rows], [e.speedup for e in rows], styles[j % 3], color=_fp8_colour(label, j), lw=2,
                 label=label)
     for j, (label, points) in enumerate((measured or {}).items()):
         ns = sorted(points)
         ax.plot(ns, [points[n] for n in ns], "s", mfc="none", color="#000000", ms=8, mew=1.5, label=label)
     ax.axhline(1.0, color=TENSOR_COLOUR, lw=1)
-    ax.axhline(2.0, color=LIMIT_COLOUR, lw=1, ls=":", label="ratio of dense peaks (FP8 / BF16)")
+    ax.axhline(2.0, color="#777777", lw=1.2, ls=":", label="ratio of dense peaks (FP8 / BF16)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M = K = N (log2)")
     ax.set_ylabel("speedup of FP8 over BF16")
