@@ -303,16 +303,21 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
     """Scale per step (log2 axis) for one or more :class:`~course_lib.scaling.ScaleTrace`, skipped steps
     marked with crosses."""
     fig, ax = plt.subplots(figsize=(8.5, 4))
+    markers = ["o", "x", "+", "^", "s"]
     for i, (label, trace) in enumerate(traces.items()):
         colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
         steps = np.arange(len(trace.scales))
-        ax.step(steps, trace.scales, where="post", color=colour, lw=1.5, label=f"{label} ({trace.n_skipped} skipped)")
+        # the first trace is drawn wide and underneath, so traces that coincide with it stay visible on top
+        ax.step(steps, trace.scales, where="post", color=colour, lw=5 if i == 0 else 1.5,
+                alpha=0.45 if i == 0 else 1.0, ls="-" if i < 2 else "--", zorder=1 if i == 0 else 2 + i,
+                label=f"{label} ({trace.n_skipped} skipped)")
         skipped = np.flatnonzero(trace.skipped)
-        ax.plot(skipped, np.array(trace.scales)[skipped], "x", color=colour, ms=6)
+        ax.plot(skipped, np.array(trace.scales)[skipped], markers[i % len(markers)], color=colour,
+                ms=11 if i == 0 else 7, mfc="none" if i == 0 else colour, mew=1.8, zorder=3 + i)
     ax.set_yscale("log", base=2)
     ax.set_xlabel("training step")
     ax.set_ylabel("loss scale (log2 axis)")
-    ax.set_title(title + " (x: skipped step)")
+    ax.set_title(title + " (markers: skipped steps)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _finish(fig)
