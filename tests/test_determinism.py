@@ -1,0 +1,34 @@
+"""Every experiment, run twice with the same seed on the CPU, gives the same results (issue: determinism).
+
+Timings differ from run to run by nature; their fields are left out of the comparison, by name."""
+
+import json
+
+import pytest
+
+from course_lib.device import SizeProfile
+from course_lib.experiments import EXPERIMENTS, run_experiment
+from course_lib.results import to_jsonable
+
+# experiments that measure time or speed: compared without their timing fields
+TIMING_KEYS = {"seconds", "median_s", "q25_s", "q75_s", "repeats", "tflops", "step_seconds", "harness_s",
+               "torch_timer_s", "copy_bandwidth_gbs", "tokens_per_s", "tokens_per_second", "mfu", "self_seconds",
+               "self_cpu_time_total", "cpu_time_total", "cuda_time_total", "time_share", "share", "top",
+               "cast_share", "table", "peak_memory_bytes", "time_to_target_s"}
+SKIP = {"matmul_throughput", "fp8_linear_speed", "profiled_step"}  # nothing but timings
+
+
+def _without_timing(value):
+    if isinstance(value, dict):
+        return {k: _without_timing(v) for k, v in value.items() if k not in TIMING_KEYS}
+    if isinstance(value, list):
+        return [_without_timing(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if not e.requires_cuda and n not in SKIP))
+def test_experiment_is_deterministic(name):
+    profile = SizeProfile("small", max_steps=5)
+    first, second = (json.dumps(_without_timing(to_jsonable(run_experiment(name, profile, "cpu").values)),
+                                sort_keys=True) for _ in range(2))
+    assert first == second
