@@ -15,11 +15,20 @@ PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true
 
 setup: $(STAMP)
 
-# torch first and pinned: a bare `torch` requirement would pull several GB of CUDA packages.
+# torch first and pinned (the CPU wheel where one is at hand; on a normal Linux machine the same pin pulls
+# the CUDA build from PyPI). SYSTEM_TORCH=1 uses the torch already installed instead (a GPU image's):
+# the venv then sees the system's packages and no torch is installed into it.
+SYSTEM_TORCH ?=
 $(STAMP): requirements.txt pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages,) $(VENV)
+ifeq ($(SYSTEM_TORCH),)
 	$(PY) -m pip install -q torch==2.13.0 2>&1 | $(PIPQUIET)
-	$(PY) -m pip install -q -r requirements.txt 2>&1 | $(PIPQUIET)
+else
+	@$(PY) -c "import torch" 2>/dev/null || { echo "SYSTEM_TORCH=1, but $(PYTHON) has no torch: install torch for it, or drop SYSTEM_TORCH (and remove $(VENV))"; exit 1; }
+	@$(PY) -c "import torch; print('using the installed torch', torch.__version__, 'CUDA', torch.version.cuda)"
+endif
+	grep -v '^torch==' requirements.txt > $(VENV)/requirements-without-torch.txt
+	$(PY) -m pip install -q -r $(VENV)/requirements-without-torch.txt 2>&1 | $(PIPQUIET)
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(PIPQUIET)
 	touch $(STAMP)
 
