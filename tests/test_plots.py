@@ -96,3 +96,15 @@ def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
     assert list(dots[0].get_ydata()) == pytest.approx([0.2, 0.0])
     with pytest.raises(ValueError, match="no recipe"):
         plots.plot_fp8_training(res, reference="c")
+
+
+def test_figures_render_at_high_resolution():
+    import io
+
+    from matplotlib.image import imread
+    fig = plots.plot_relative_spacing(["FP16"])
+    assert fig.dpi == plots.FIGURE_DPI
+    from IPython.core.pylabtools import print_figure
+    png = print_figure(fig, "png")   # what Jupyter and the book store
+    width = imread(io.BytesIO(png)).shape[1]
+    assert width >= fig.get_figwidth() * plots.FIGURE_DPI * 0.8
