@@ -16,12 +16,16 @@ def test_bit_layout_draws_one_cell_per_bit():
 def test_ranges_figure_has_log_axis_and_tensor_rows(small_profile):
     mags = measure_training_magnitudes(small_profile, steps=2)
     fig = plots.plot_format_ranges(["FP16", "BF16"], mags)
-    ax = fig.axes[0]
-    assert ax.get_xscale() == "log"
-    ticks = [t.get_text() for t in ax.get_yticklabels()]
-    assert ticks[:2] == ["FP16", "BF16"] and "Adam second moment" in ticks
+    formats_ax, tensors_ax = fig.axes
+    assert formats_ax.get_xscale() == "log" and tensors_ax.get_xscale() == "log"
+    assert [t.get_text() for t in formats_ax.get_yticklabels()] == ["FP16", "BF16"]
+    assert "Adam second moment" in [t.get_text() for t in tensors_ax.get_yticklabels()]
+    # the tensors' panel is zoomed to their span, far narrower than the formats' range
+    lo, hi = tensors_ax.get_xlim()
+    assert hi / lo < 1e40 and formats_ax.get_xlim()[1] / formats_ax.get_xlim()[0] > 1e70
     two = plots.plot_format_ranges(["FP16"], mags, recorded=("GPU", mags))
-    assert any("(GPU)" in t.get_text() for t in two.axes[0].get_yticklabels())
+    assert any("(GPU)" in t.get_text() for t in two.axes[1].get_yticklabels())
+    assert len(plots.plot_format_ranges(["FP16"]).axes) == 1
 
 
 def test_spacing_figure_one_curve_per_format():

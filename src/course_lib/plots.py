@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -84,46 +85,62 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
     if recorded is not None:
         tensor_sets.append(recorded)
     n_tensor_rows = sum(len(m.histograms) for _, m in tensor_sets)
-    rows = len(fmts) + n_tensor_rows
-    fig, ax = plt.subplots(figsize=(8.5, 0.32 * rows + 1.6))
+    if n_tensor_rows:
+        # two panels: the formats over their whole range, the tensors on an axis zoomed to their own span
+        # (on one shared axis, 10^-45..10^38, the tensors were squeezed into a few millimetres)
+        fig, (ax, tax) = plt.subplots(1, 2, figsize=(12, 0.34 * max(len(fmts), n_tensor_rows) + 2.4),
+                                      gridspec_kw={"width_ratios": [1, 1.25]})
+    else:
+        fig, ax = plt.subplots(figsize=(8.5, 0.32 * len(fmts) + 1.6))
+        tax = None
     labels = []
-    y = rows - 1
     for i, f in enumerate(fmts):
+        y = len(fmts) - 1 - i
         colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
         if f.min_subnormal < f.min_normal:
             ax.plot([f.min_subnormal, f.min_normal], [y, y], color=colour, lw=7, alpha=0.35,
                     solid_capstyle="butt")
         ax.plot([f.min_normal, f.max_finite], [y, y], color=colour, lw=7, solid_capstyle="butt")
         labels.append((y, f.name))
-        y -= 1
-    for set_label, mags in tensor_sets:
-        for kind, hist in mags.histograms.items():
-            lo, p1, p50, p99, hi = (hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))
-            if not math.isnan(lo):
-                ax.plot([lo, hi], [y, y], color="#555555", lw=1.2)
-                ax.plot([p1, p99], [y, y], color=TENSOR_COLOUR, lw=7, solid_capstyle="butt")
-                ax.plot([p50], [y], "o", color="white", mec="black", ms=5)
-            suffix = f" ({set_label})" if len(tensor_sets) > 1 else ""
-            labels.append((y, f"{kind}{suffix}"))
-            y -= 1
-    if n_tensor_rows:
-        ax.axhline(rows - len(fmts) - 0.5, color="#888888", lw=0.8, ls=":")
+    ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
+    ax.set_ylim(-0.8, len(fmts) - 0.2)
+    ax.set_title("Representable magnitudes\n(light: subnormal, dark: normal)", fontsize=11)
+    axes = [ax]
+    if tax is not None:
+        tlabels = []
+        y = n_tensor_rows - 1
+        spans = []
+        for set_label, mags in tensor_sets:
+            for kind, hist in mags.histograms.items():
+                lo, p1, p50, p99, hi = (hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))
+                if not math.isnan(lo):
+                    tax.plot([lo, hi], [y, y], color="#555555", lw=1.2)
+                    tax.plot([p1, p99], [y, y], color=TENSOR_COLOUR, lw=7, solid_capstyle="butt")
+                    tax.plot([p50], [y], "o", color="white", mec="black", ms=5)
+                    spans += [lo, hi]
+                # a GPU record's label, e.g. "NVIDIA H100 80GB HBM3 (sm 9.0)", shortened to fit beside the bars
+                short = re.sub(r"\s*\(sm [\d.]+\)", "", re.sub(r"^NVIDIA ", "", set_label))
+                suffix = f" ({short})" if len(tensor_sets) > 1 else ""
+                tlabels.append((y, f"{kind}{suffix}"))
+                y -= 1
+        tax.set_yticks([p for p, _ in tlabels], [t for _, t in tlabels])
+        tax.set_ylim(-0.8, n_tensor_rows - 0.2)
+        if spans:
+            tax.set_xlim(min(spans) / 8, max(spans) * 8)
+        tax.set_title("A real model's tensors\n(bar: 1st-99th percentile, line: min-max, dot: median)", fontsize=11)
+        axes.append(tax)
     if limits_of is not None:
         lim = get_format(limits_of)
-        for value, style, what in ((lim.min_subnormal, ":", "smallest subnormal"),
-                                   (lim.min_normal, "--", "smallest normal"),
-                                   (lim.max_finite, "-", "largest value")):
-            ax.axvline(value, color=LIMIT_COLOUR, lw=1.0, ls=style, label=f"{lim.name} {what}")
-        ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
-    ax.set_xscale("log", base=10)
-    ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
-    ax.set_ylim(-0.8, rows - 0.2)
-    ax.set_xlabel("magnitude |x| (log scale)")
-    ax.grid(axis="x", alpha=0.3)
-    title = "Representable magnitudes (light: subnormal, dark: normal)"
-    if n_tensor_rows:
-        title += "\nand a real model's tensors (bar: 1st-99th percentile, line: min-max, dot: median)"
-    ax.set_title(title)
+        for target in axes:
+            for value, style, what in ((lim.min_subnormal, ":", "smallest subnormal"),
+                                       (lim.min_normal, "--", "smallest normal"),
+                                       (lim.max_finite, "-", "largest value")):
+                target.axvline(value, color=LIMIT_COLOUR, lw=1.0, ls=style, label=f"{lim.name} {what}")
+        axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=2, frameon=False)
+    for target in axes:
+        target.set_xscale("log", base=10)
+        target.set_xlabel("magnitude |x| (log scale)")
+        target.grid(axis="x", alpha=0.3)
     return _finish(fig)
 
 
