@@ -28,6 +28,7 @@ E5M2 (it rounds to inf). The tests check these casts against the course's softwa
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -173,11 +174,6 @@ class Fp8Tensor:
     # per-tensor-scaled operand serves two products)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def inverse_scales(self) -> torch.Tensor:
-        """The dequantisation multipliers, expanded to one per row/column where the block spans the
-        other dimension (the shape ``torch._scaled_mm`` takes)."""
-        return self.scales.reciprocal()
-
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The represented values: codes times the inverse scale of their block (FP32 arithmetic)."""
         return self.values().to(dtype, copy=True)
@@ -281,7 +277,8 @@ def _resolve_block(block: tuple[int, int], shape: tuple[int, ...]) -> tuple[int,
 # ---- recipes ----------------------------------------------------------------------------------------
 
 class ScalingRecipe:
-    """One way of choosing FP8 scales. Subclasses define :meth:`scale`; all share quantize/dequantize.
+    """One way of choosing FP8 scales. Subclasses define :meth:`block_for` (the granularity) and, where the
+    scale is not ``fp8_max / amax``, :meth:`scale_from_amax`; all share scale/quantize/dequantize.
 
     ``fmt``: ``"e4m3"`` or ``"e5m2"``. Tensors of any rank are treated as 2-D ``[rows, last dim]``.
     """
@@ -1132,7 +1129,7 @@ class Fp8LinearSpeed:
 def _linear_implementations(n: int, device: torch.device):
     """(name, module, input dtype) for each implementation the speed study times, or (name, reason)."""
     base = nn.Linear(n, n, bias=False)
-    out: list[tuple] = [("BF16 nn.Linear", copy_module(base).to(device, torch.bfloat16), torch.bfloat16),
+    out: list[tuple] = [("BF16 nn.Linear", copy.deepcopy(base).to(device, torch.bfloat16), torch.bfloat16),
            ("FP8 course layer (_scaled_mm, tensorwise, eager)",
             Fp8Linear.from_linear(base, recipe="tensorwise", backend="scaled_mm").to(device), torch.bfloat16)]
     try:
@@ -1143,15 +1140,10 @@ def _linear_implementations(n: int, device: torch.device):
     except Exception as exc:  # torchao is optional on a GPU image
         out.append(("torchao Float8Linear (tensorwise, eager)", f"torchao does not import here ({exc})"))
     else:
-        model = nn.Sequential(copy_module(base)).to(device, torch.bfloat16)
+        model = nn.Sequential(copy.deepcopy(base)).to(device, torch.bfloat16)
         convert_to_float8_training(model)
         out.append(("torchao Float8Linear (tensorwise, eager)", model, torch.bfloat16))
     return out
-
-
-def copy_module(module: nn.Module) -> nn.Module:
-    import copy
-    return copy.deepcopy(module)
 
 
 def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2) -> Fp8LinearSpeed:
