@@ -301,3 +301,69 @@ def check_bf16_update(weight: float, update: float, answer) -> Feedback:
     if answer == truth:
         return Feedback(True, facts + ".")
     return Feedback(False, "Not quite: " + facts + ".")
+
+
+def check_mx_scale(answer, block_amax: float, *, element: str = "e2m1", mode: str = "floor") -> Feedback:
+    """Check the E8M0 scale (a power of two, e.g. ``0.5``) an MX block with largest magnitude ``block_amax``
+    gets with ``element`` elements and scale ``mode`` (:func:`course_lib.mx.e8m0_exponents`)."""
+    import torch
+
+    from .mx import e8m0_exponents, element_format
+
+    f = element_format(element)
+    if not (math.isfinite(block_amax) and block_amax > 0):
+        raise ValueError(f"block_amax must be a positive number, got {block_amax!r}")
+    exps = {m: int(e8m0_exponents(torch.tensor([block_amax]), element, m)[0]) for m in ("floor", "rceil")}
+    truth = 2.0 ** exps[mode]
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set your scale and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Give a number (the scale, a power of two), not {type(answer).__name__}.")
+    top = block_amax / truth
+    fate = (f"saturates to {f.max_finite:g}" if top > f.max_finite else f"fits under {f.max_finite:g}")
+    if _close(float(answer), truth, 1e-9):
+        return Feedback(True, f"2**{exps[mode]} = {truth:g}. The block's largest value becomes {block_amax:g} / "
+                              f"{truth:g} = {top:g}, which {fate}.")
+    other = "rceil" if mode == "floor" else "floor"
+    if _close(float(answer), 2.0 ** exps[other], 1e-9):
+        rule = ("floor(log2(amax)) - emax" if mode == "floor" else "ceil(log2(amax / max))")
+        return Feedback(False, f"{answer:g} is the {other.upper()} scale; {mode.upper()} uses {rule}, with "
+                               f"emax = {f.max_exponent} and max = {f.max_finite:g} for {f.name}.")
+    if _close(float(answer), block_amax / f.max_finite, 1e-6):
+        return Feedback(False, f"{answer:g} is amax / max exactly, but an E8M0 scale is a power of two: "
+                               "round its exponent as the mode says.")
+    if _close(float(answer), 1 / truth, 1e-9):
+        return Feedback(False, "That is the inverse: the E8M0 scale multiplies the stored elements back to "
+                               "the values, so it is about amax / max, not max / amax.")
+    return Feedback(False, f"Not quite: {answer:g}. Take floor(log2({block_amax:g})) = "
+                           f"{math.floor(math.log2(block_amax))} and work from the mode's rule.")
+
+
+def check_nvfp4_value(answer, value: float, block_amax: float, tensor_amax: float) -> Feedback:
+    """Check what NVFP4 stores for ``value`` (dequantised) in a 1x16 block whose largest magnitude is
+    ``block_amax``, in a tensor whose largest magnitude is ``tensor_amax``."""
+    import torch
+
+    from .mx import BlockScaling
+
+    if not (0 < abs(value) <= block_amax <= tensor_amax) or not math.isfinite(tensor_amax):
+        raise ValueError("need 0 < |value| <= block_amax <= tensor_amax, all finite")
+    x = torch.zeros(2, 16)
+    x[0, 0], x[0, 1], x[1, 0] = block_amax, value, tensor_amax
+    q = BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True).quantize(x)
+    truth = float(q.dequantize()[0, 1])
+    ts, bs = q.tensor_scale, float(q.block_scales[0, 0])
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set your value and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Give a number, not {type(answer).__name__}.")
+    steps = (f"tensor scale {tensor_amax:g} / (448 * 6) = {ts:.6g}; block scale E4M3({block_amax:g} / 6 / "
+             f"{ts:.6g}) = {bs:g}; {value:g} / ({ts:.6g} * {bs:g}) = {value / (ts * bs):.4g}, rounded to E2M1 = "
+             f"{float(q.elements[0, 1]):g}; times {ts * bs:.6g} = {truth:.6g}")
+    if _close(float(answer), truth, 1e-4):
+        return Feedback(True, steps + ".")
+    if _close(float(answer), value, 1e-6) and truth != value:
+        return Feedback(False, f"{value:g} is the input; FP4 keeps only 8 magnitudes per block. Work it through.")
+    return Feedback(False, f"Not quite: {answer:g}. Work it through: the tensor scale is amax / (448 * 6), the "
+                           "block scale is the block amax / 6 over the tensor scale, rounded to E4M3; the element "
+                           "is the value over both scales, rounded to the nearest E2M1 value (ties to even).")

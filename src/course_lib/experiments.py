@@ -289,3 +289,51 @@ def _fp8_scaling_lab(profile: SizeProfile, device: torch.device) -> ExperimentOu
         parameters={"profile": profile.name, "layer": tensors.layer, "steps": tensors.steps, "block": block},
         values={"errors": {t: {r: dataclasses.asdict(e) for r, e in d.items()} for t, d in lab.errors.items()},
                 "outlier_sweep": dataclasses.asdict(sweep)})
+
+
+# ---- lesson 8: microscaling -------------------------------------------------------------------------
+
+def mx_lesson_tensors(profile: SizeProfile, device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors lesson 8 quantises: the course model's ``blocks.0.out`` input activation, weight and
+    output gradient after FP32 training, and the activation with one outlier channel (x100)."""
+    from .fp8 import capture_linear_tensors, with_outlier_channel
+
+    t = capture_linear_tensors(profile, device, layer="blocks.0.out")
+    return {"activation": t.activation, "weight": t.weight, "gradient": t.grad_output,
+            "activation + outlier": with_outlier_channel(t.activation)}
+
+
+@register("mx_block_study",
+          "MX quantisation error against block size (E4M3 and E2M1 elements), the FP4 block-scale choices "
+          "(E8M0, E4M3, with and without NVFP4's tensor scale), FLOOR against RCEIL scale selection, and each "
+          "NVFP4 recipe piece's effect on the course model's gradient (lesson 8).")
+def _mx_block_study(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    import dataclasses
+
+    from .mx import block_error, block_size_study, compare_scale_modes, gradient_fidelity, nvfp4_scale_choices
+
+    tensors = mx_lesson_tensors(profile, device)
+    study = block_size_study(tensors)
+    choices = {t: {name: dataclasses.asdict(block_error(x, s, label=name))
+                   for name, s in nvfp4_scale_choices().items()} for t, x in tensors.items()}
+    modes = {el: dataclasses.asdict(compare_scale_modes(tensors["activation"], element=el))
+             for el in ("e4m3", "e2m1")}
+    fidelity = gradient_fidelity(profile, device)
+    return ExperimentOutput(
+        parameters={"profile": profile.name, "layer": "blocks.0.out", "blocks": list(study.blocks)},
+        values={"block_sizes": {el: {t: {b: dataclasses.asdict(e) for b, e in d.items()} for t, d in v.items()}
+                                for el, v in study.errors.items()},
+                "scale_choices": choices, "scale_modes": modes, "gradient_fidelity": dataclasses.asdict(fidelity)})
+
+
+@register("mx_training",
+          "Loss curves of the course model with MXFP8, MXFP4 and NVFP4 linear layers (exact emulation) against "
+          "BF16 autocast, and the NVFP4 recipe with one piece removed at a time, three seeds each (lesson 8).")
+def _mx_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .mx import BLOCK_RECIPES, block_scaled_training
+
+    steps = profile.pick(small=40, full=400)
+    result = block_scaled_training(profile, device, recipes=("bf16_autocast", *BLOCK_RECIPES), steps=steps)
+    return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(result.recipes),
+                                        "seeds": list(result.seeds), "steps": result.steps},
+                            values={"curves": {k: [list(c) for c in v] for k, v in result.curves.items()}})

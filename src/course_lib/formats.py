@@ -484,13 +484,36 @@ def _native_cast_agrees(f: FloatFormat, overflow: Overflow, rounding: Rounding, 
     return _NATIVE_AGREES[key]
 
 
+def _narrow(f: FloatFormat) -> bool:
+    """Whether every power of two the codec multiplies by for this format is a normal float32, so float32
+    arithmetic rounds float32 input exactly as float64 would (the FP8, FP6 and FP4 formats)."""
+    return f.signed and f.min_exponent - f.mantissa_bits > -100 and f.max_exponent < 100
+
+
+def _round_magnitude32(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
+    """:func:`_round_magnitude` for finite non-negative float32 ``a`` and a :func:`_narrow` format."""
+    binade = (a.view(torch.int32) >> 23) - 127          # floor(log2 a); zero and subnormals give -127
+    quantum_exp = binade.clamp_(min=f.min_exponent, max=f.max_exponent + 1).sub_(f.mantissa_bits)
+    up = ((127 - quantum_exp) << 23).view(torch.float32)   # exact 2**-quantum_exp (a normal float32)
+    scaled = a * up
+    if rounding == "nearest_even":
+        scaled.round_()
+    elif rounding == "nearest_away":
+        scaled.add_(0.5).floor_()
+    else:
+        scaled.trunc_()
+    return scaled.div_(up)
+
+
 def _round_software(t: torch.Tensor, f: FloatFormat, overflow: Overflow, rounding: Rounding) -> torch.Tensor:
-    """The exact codec: round in float64 onto the format's grid (any format, any rule)."""
+    """The exact codec: round onto the format's grid (any format, any rule), in float64, or in float32
+    for float32 input and a narrow format (the same result: every step is exact, about 3x faster)."""
     out_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    v = t.to(torch.float64)
+    fast = t.dtype == torch.float32 and _narrow(f)
+    v = t if fast else t.to(torch.float64)
     finite = torch.isfinite(v)
     a = torch.where(finite, v.abs(), 0.0)
-    r = _round_magnitude(a, f, rounding)
+    r = _round_magnitude32(a, f, rounding) if fast else _round_magnitude(a, f, rounding)
 
     big = f.max_finite
     if rounding == "toward_zero" and overflow == "inf":

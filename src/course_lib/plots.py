@@ -750,3 +750,60 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return _finish(fig)
+
+
+# ---- lesson 8: microscaling -------------------------------------------------------------------------
+
+_TENSOR_COLOURS = {"activation": "#0072B2", "weight": "#E69F00", "gradient": "#009E73"}
+
+
+def plot_block_sizes(study) -> Figure:
+    """Relative error (log) of MX quantisation against block size, one panel per element format of a
+    :class:`~course_lib.mx.BlockSizeStudy`; one line per tensor, dashed for a tensor named "... + outlier"."""
+    fig, axes = plt.subplots(1, len(study.elements), figsize=(5.6 * len(study.elements), 4.4), squeeze=False,
+                             sharey=True)
+    x = np.arange(len(study.blocks))
+    for ax, element in zip(axes[0], study.elements):
+        for j, tensor in enumerate(study.tensors):
+            base = tensor.split(" +")[0]
+            errs = [study.errors[element][tensor][b].relative_error for b in study.blocks]
+            ax.plot(x, errs, "o-" if base == tensor else "s--", color=_TENSOR_COLOURS.get(base, _recipe_colour(j)),
+                    lw=1.8, ms=5, label=tensor)
+        ax.set_xticks(x, ["1 (per element)" if b == "1" else ("whole tensor" if b == "tensor" else b)
+                          for b in study.blocks])
+        ax.set_yscale("log")
+        ax.set_xlabel("elements per E8M0 scale (block along the last dimension)")
+        ax.set_title(f"{element.upper()} elements, {study.mode.upper()} scales", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
+    axes[0][0].legend(fontsize=8)
+    return _finish(fig)
+
+
+def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
+    """Left: per recipe, the relative error of its gradient of the course model against the exact one (a
+    dot per batch, a bar at the mean). Right: the error of the mean of k stochastically rounded gradients
+    against k (log-log), for the recipes that round stochastically, and ``1/sqrt(k)`` for reference."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.4, 1]})
+    colours = {r: ("#000000" if r == reference else _recipe_colour(j)) for j, r in enumerate(result.recipes)}
+    for i, recipe in enumerate(result.recipes):
+        errs = np.asarray(result.single[recipe]) * 100
+        left.bar(i, errs.mean(), color=colours[recipe], alpha=0.35, width=0.7)
+        left.plot([i] * len(errs), errs, "o", color=colours[recipe], ms=6)
+    left.set_xticks(range(len(result.recipes)), result.recipes, rotation=30, ha="right")
+    left.set_ylabel("gradient error vs exact FP32 (%)\n(dots: batches; bar: mean)")
+    left.grid(alpha=0.3, axis="y")
+    ks = np.asarray(result.ks)
+    for recipe in result.recipes:
+        if len(set(result.averaged[recipe])) > 1 or recipe == reference:
+            right.plot(ks, np.asarray(result.averaged[recipe]) * 100, "o-", color=colours[recipe], lw=1.8,
+                       label=recipe)
+    first = result.averaged[reference][0] * 100
+    right.plot(ks, first / np.sqrt(ks), ":", color="#777777", label="1/sqrt(k) from the first")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xlabel("k, gradients averaged (log2)")
+    right.set_ylabel("error of their mean (%, log)")
+    right.grid(alpha=0.3, which="both")
+    right.legend(fontsize=8)
+    return _finish(fig)

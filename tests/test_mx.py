@@ -1,0 +1,354 @@
+"""Block-scaled formats (course_lib.mx) against hand-worked blocks from the spec's rules, against torch's
+storage dtypes, and against torchao's reference MX and NVFP4 code bit for bit."""
+
+import math
+
+import pytest
+import torch
+
+from course_lib import mx
+from course_lib.formats import all_values, decode, round_to_format
+
+E4M3_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e4m3").tolist() if math.isfinite(v)}))
+E2M1_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e2m1").tolist()}))
+
+
+def _block(amax: float, n: int = 32, fill: float = 0.01) -> torch.Tensor:
+    """One row: a block of ``n`` values whose largest magnitude is ``amax`` (at position 0)."""
+    x = torch.full((1, n), fill)
+    x[0, 0] = amax
+    return x
+
+
+# ---- MX: the spec's rules, worked by hand ----------------------------------------------------------------
+
+def test_floor_can_saturate_the_largest_element_and_rceil_cannot():
+    # E4M3: emax 8. amax 1000: floor(log2 1000) = 9, so FLOOR's scale is 2**(9-8) = 2 and 1000/2 = 500 > 448
+    q = mx.BlockScaling("e4m3", 32, mode="floor").quantize(_block(1000.0))
+    assert float(q.block_scales[0, 0]) == 2.0
+    assert float(q.elements[0, 0]) == 448.0 and q.saturated == 1
+    # RCEIL: ceil(log2(1000/448)) = 2, scale 4, 1000/4 = 250 rounds to E4M3's 256 (spacing 16 there)
+    q = mx.BlockScaling("e4m3", 32, mode="rceil").quantize(_block(1000.0))
+    assert float(q.block_scales[0, 0]) == 4.0
+    assert float(q.elements[0, 0]) == 256.0 and q.saturated == 0
+    # CEIL: ceil(log2 1000) - 8 = 2 as well
+    assert float(mx.BlockScaling("e4m3", 32, mode="ceil").quantize(_block(1000.0)).block_scales[0, 0]) == 4.0
+
+
+def test_fp4_blocks_by_hand():
+    # E2M1: emax 2. amax 7: FLOOR scale 2**(2-2) = 1, 7 saturates to 6; RCEIL: ceil(log2(7/6)) = 1, 7/2 = 3.5
+    # is a tie between 3 (code 0b101) and 4 (0b110): to even, 4
+    floor = mx.BlockScaling("e2m1", 32, mode="floor").quantize(_block(7.0))
+    assert float(floor.block_scales[0, 0]) == 1.0 and float(floor.elements[0, 0]) == 6.0
+    rceil = mx.BlockScaling("e2m1", 32, mode="rceil").quantize(_block(7.0))
+    assert float(rceil.block_scales[0, 0]) == 2.0 and float(rceil.elements[0, 0]) == 4.0
+    assert float(rceil.dequantize()[0, 0]) == 8.0
+    # amax 5 with FLOOR: scale 1, 5 is a tie between 4 (0b110) and 6 (0b111): to even, 4
+    assert float(mx.BlockScaling("e2m1", 32, mode="floor").quantize(_block(5.0)).elements[0, 0]) == 4.0
+    # EVEN: amax 7.5 rounds (half up, one mantissa bit) to 8 first, so the scale is 2**(3-2) = 2
+    assert float(mx.BlockScaling("e2m1", 32, mode="even").quantize(_block(7.5)).block_scales[0, 0]) == 2.0
+    assert float(mx.BlockScaling("e2m1", 32, mode="floor").quantize(_block(7.5)).block_scales[0, 0]) == 1.0
+
+
+def test_zero_block_gets_the_smallest_scale_and_zero_elements():
+    x = torch.zeros(2, 32)
+    x[1] = torch.linspace(-1, 1, 32)
+    for mode in mx.SCALE_MODES:
+        q = mx.BlockScaling("e4m3", 32, mode=mode).quantize(x)
+        assert float(q.block_scales[0, 0]) == 2.0**-127
+        assert torch.equal(q.dequantize()[0], torch.zeros(32))
+        assert int(q.scale_codes().view(torch.uint8)[0, 0]) == 0
+
+
+def test_e8m0_exponents_clamp_and_validate():
+    amax = torch.tensor([0.0, 2.0**-140, 1.0, 3e38])
+    e = mx.e8m0_exponents(amax, "e4m3", "floor")
+    assert e.tolist() == [-127, -127, -8, 127 - 8]
+    with pytest.raises(ValueError, match="non-negative"):
+        mx.e8m0_exponents(torch.tensor([-1.0]), "e4m3")
+    with pytest.raises(ValueError, match="unknown scale mode"):
+        mx.e8m0_exponents(torch.tensor([1.0]), "e4m3", "nearest")
+
+
+@pytest.mark.parametrize("element", list(mx.MX_ELEMENTS))
+@pytest.mark.parametrize("mode", mx.SCALE_MODES)
+def test_elements_lie_on_the_grid_and_blocks_within_range(element, mode):
+    torch.manual_seed(0)
+    x = torch.randn(8, 64) * torch.exp(2 * torch.randn(8, 64))
+    q = mx.BlockScaling(element, 32, mode=mode).quantize(x)
+    f = mx.element_format(element)
+    grid = torch.tensor(sorted({abs(v) for v in all_values(f).tolist() if math.isfinite(v)}))
+    assert torch.isin(q.elements.abs(), grid).all()
+    assert q.scales.shape == (8, 2)
+    # each scale is a power of two
+    assert torch.equal(torch.frexp(q.scales)[0], torch.full_like(q.scales, 0.5))
+    if mode in ("rceil", "ceil"):
+        assert q.saturated == 0
+
+
+# ---- NVFP4 --------------------------------------------------------------------------------------------
+
+def test_nvfp4_two_level_scale_by_hand():
+    # tensor amax 2688 = 448 * 6 gives a tensor scale of exactly 1; a block with amax 3 gets E4M3(3/6) = 0.5
+    x = torch.zeros(1, 32)
+    x[0, 0] = 2688.0
+    x[0, 16] = 3.0
+    x[0, 17] = 1.25     # 1.25 / 0.5 = 2.5, a tie between 2 (0b100) and 3 (0b101): to even, 2
+    q = mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True).quantize(x)
+    assert q.tensor_scale == 1.0
+    assert q.block_scales.tolist() == [[448.0, 0.5]]
+    assert q.dequantize()[0, [0, 16, 17]].tolist() == [2688.0, 3.0, 1.0]
+
+
+def test_without_a_tensor_scale_small_blocks_flush():
+    """E4M3 block scales bottom out at 2**-6 (torchao clamps to E4M3's smallest normal): a gradient-sized
+    block (1e-5) then quantises to zero; the FP32 tensor scale brings it back."""
+    torch.manual_seed(1)
+    g = torch.randn(16, 64) * 1e-5
+    alone = mx.block_error(g, mx.BlockScaling("e2m1", 16, scale_format="e4m3"))
+    both = mx.block_error(g, mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True))
+    assert alone.flushed == 1.0 and alone.relative_error == 1.0
+    assert both.flushed < 0.2 and both.relative_error < 0.2
+
+
+def test_square_weight_blocks_quantise_a_matrix_and_its_transpose_alike():
+    torch.manual_seed(2)
+    w = torch.randn(64, 32) * torch.exp(torch.randn(64, 32))
+    two_d = mx.BlockScaling("e2m1", 16, block_rows=16, scale_format="e4m3", tensor_scale=True)
+    assert torch.equal(two_d.round_trip(w).t(), two_d.round_trip(w.t().contiguous()))
+    one_d = mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True)
+    assert not torch.equal(one_d.round_trip(w).t(), one_d.round_trip(w.t().contiguous()))
+
+
+# ---- storage ------------------------------------------------------------------------------------------
+
+def test_fp4_packing_round_trips_every_pair_of_codes():
+    codes = torch.cartesian_prod(torch.arange(16), torch.arange(16)).reshape(1, -1)
+    packed = mx.pack_fp4(codes)
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        assert packed.dtype == torch.float4_e2m1fn_x2
+    raw = packed.view(torch.uint8)
+    assert raw.shape == (1, 256) and sorted(raw.reshape(-1).tolist()) == list(range(256))
+    assert int(raw[0, 1]) == 0x10      # codes (0, 1): the first in the low nibble, as torch's header says
+    assert torch.equal(mx.unpack_fp4(packed), codes)
+
+
+def test_packed_fp4_of_a_quantised_tensor_decodes_to_its_elements():
+    torch.manual_seed(3)
+    x = torch.randn(4, 32)
+    q = mx.BlockScaling("e2m1", 32, mode="rceil").quantize(x)
+    codes = mx.unpack_fp4(mx.pack_fp4(q.element_codes()))
+    assert torch.equal(torch.as_tensor(decode(codes, "e2m1")).float(), q.elements)
+
+
+def test_scale_codes_round_trip_through_torch_storage_dtypes():
+    torch.manual_seed(4)
+    x = torch.randn(8, 64) * 1e3
+    mxq = mx.BlockScaling("e4m3", 32, mode="floor").quantize(x)
+    assert mxq.scale_codes().dtype == torch.float8_e8m0fnu
+    assert torch.equal(mxq.scale_codes().float(), mxq.block_scales)
+    nv = mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True).quantize(x)
+    assert nv.scale_codes().dtype == torch.float8_e4m3fn
+    assert torch.equal(nv.scale_codes().float(), nv.block_scales)
+    assert mxq.storage_bits_per_element == 8 + 8 / 32 and nv.storage_bits_per_element == 4 + 8 / 16
+
+
+# ---- the recipe's pieces --------------------------------------------------------------------------------
+
+def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.linspace(-6, 6, 241)
+    draws = torch.stack([mx.stochastic_round(x, "e2m1", generator=gen) for _ in range(4000)])
+    lower = torch.tensor([float(E2M1_VALUES[E2M1_VALUES <= v].max()) for v in x.abs()])
+    upper = torch.tensor([float(E2M1_VALUES[E2M1_VALUES >= v].min()) for v in x.abs()])
+    assert ((draws.abs() == lower) | (draws.abs() == upper)).all()
+    assert (draws * x >= 0).all()        # the sign is kept (a value may round to zero)
+    # mean within 5 standard errors of x (the spread of one draw is at most half the gap)
+    gap = upper - lower
+    assert ((draws.mean(0) - x).abs() <= 5 * (gap / 2) / math.sqrt(4000) + 1e-6).all()
+    # round to nearest is biased on the same inputs: the test can tell the two apart
+    assert float(round_to_format(torch.tensor([2.4]), "e2m1")[0]) == 2.0
+    assert abs(float(torch.stack([mx.stochastic_round(torch.tensor([2.4]), "e2m1", generator=gen)
+                                  for _ in range(4000)]).mean()) - 2.4) < 0.05
+
+
+def test_stochastic_rounding_leaves_grid_values_alone_and_saturates():
+    gen = torch.Generator().manual_seed(1)
+    grid = torch.cat([E2M1_VALUES, -E2M1_VALUES])
+    assert torch.equal(mx.stochastic_round(grid, "e2m1", generator=gen), grid)
+    assert mx.stochastic_round(torch.tensor([9.0, -100.0]), "e2m1", generator=gen).tolist() == [6.0, -6.0]
+    a = mx.stochastic_round(torch.linspace(0, 5, 50), "e4m3", generator=torch.Generator().manual_seed(7))
+    b = mx.stochastic_round(torch.linspace(0, 5, 50), "e4m3", generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and torch.isin(a, E4M3_VALUES).all()
+    with pytest.raises(TypeError, match="Generator"):
+        mx.stochastic_round(grid, "e2m1", generator=None)
+
+
+def test_hadamard_is_orthogonal_and_preserves_products():
+    h = mx.hadamard_matrix(16)
+    assert torch.equal(h @ h.t(), torch.eye(16))          # exact: entries are ±1/4
+    signs = mx.random_signs(16, seed=3)
+    assert set(signs.tolist()) == {-1.0, 1.0}
+    torch.manual_seed(5)
+    a, b = torch.randn(8, 64), torch.randn(6, 64)
+    ra, rb = mx.random_hadamard(a, signs), mx.random_hadamard(b, signs)
+    assert torch.allclose(mx.random_hadamard(ra, signs, inverse=True), a, rtol=0, atol=1e-6)
+    assert torch.allclose(ra @ rb.t(), a @ b.t(), rtol=1e-5, atol=1e-5)
+    # an outlier is spread over its group of 16
+    spike = torch.zeros(1, 16)
+    spike[0, 3] = 100.0
+    assert torch.allclose(mx.random_hadamard(spike, signs).abs(), torch.full((1, 16), 25.0))
+    with pytest.raises(ValueError, match="multiple of the transform size"):
+        mx.random_hadamard(torch.randn(2, 24), signs)
+    with pytest.raises(ValueError, match="power of two"):
+        mx.hadamard_matrix(12)
+
+
+# ---- layers and training ------------------------------------------------------------------------------
+
+def test_block_linear_forward_and_gradients_are_the_quantised_products():
+    torch.manual_seed(6)
+    layer = mx.BlockLinear(64, 32, bias=False, recipe="mxfp8")
+    x = torch.randn(64, 64, requires_grad=True)
+    out = layer(x)
+    r = layer.recipe
+    expected = r.activation.round_trip(x.detach()) @ r.weight.round_trip(layer.weight.detach()).t()
+    assert torch.equal(out, expected)
+    g = torch.randn(64, 32)
+    out.backward(g)
+    gq = r.gradient.round_trip(g)
+    w_cols = r.weight.round_trip(layer.weight.detach().t().contiguous()).t()
+    assert torch.equal(x.grad, gq @ w_cols)
+    grad_w = r.gradient.round_trip(g.t().contiguous()) @ r.activation.round_trip(x.detach().t().contiguous()).t()
+    assert torch.equal(layer.weight.grad, grad_w)
+
+
+def test_nvfp4_layer_gradients_track_the_exact_ones():
+    torch.manual_seed(7)
+    exact = torch.nn.Linear(64, 32)
+    layer = mx.BlockLinear.from_linear(exact, recipe="nvfp4")
+    x = torch.randn(64, 64)
+    layer(x).square().mean().backward()
+    exact(x).square().mean().backward()
+    cos = torch.nn.functional.cosine_similarity(layer.weight.grad.reshape(-1), exact.weight.grad.reshape(-1), dim=0)
+    assert float(cos) > 0.9
+
+
+def test_conversion_keeps_the_head_and_the_last_block_where_the_recipe_says():
+    from course_lib.device import size_profile
+    from course_lib.models import course_setup
+
+    setup = course_setup(size_profile("cpu"), "cpu", steps=1, default_steps=(1, 1), seed=0)
+    for recipe, kept_block in (("nvfp4", True), ("nvfp4_no_hp_last", False), ("mxfp8", False)):
+        model = mx.convert_to_block_scaled(setup.model(0), recipe)
+        assert type(model.head) is torch.nn.Linear
+        assert isinstance(model.blocks[0].fc, mx.BlockLinear)
+        assert (type(model.blocks[-1].fc) is torch.nn.Linear) == kept_block
+
+
+def test_training_with_every_recipe_runs_and_learns():
+    from course_lib.device import size_profile
+
+    result = mx.block_scaled_training(size_profile("cpu"), recipes=("mxfp4", "nvfp4"), seeds=(0,), steps=6)
+    for recipe in result.recipes:
+        curve = result.curves[recipe][0]
+        assert all(math.isfinite(v) for v in curve) and curve[-1] < curve[0]
+    with pytest.raises(ValueError, match="unknown block-scaled recipe"):
+        mx.block_scaled_training(size_profile("cpu"), recipes=("nvfp3",), seeds=(0,), steps=1)
+
+
+def test_block_size_study_and_mode_comparison_show_their_effects():
+    torch.manual_seed(8)
+    act = torch.randn(64, 64)
+    act[:, 0] *= 100.0                            # an outlier channel
+    study = mx.block_size_study({"activation": act}, elements=("e2m1",), blocks=(1, 32, -1))
+    err = {b: study.errors["e2m1"]["activation"][b] for b in study.blocks}
+    assert err["1"].relative_error < err["32"].relative_error < err["tensor"].relative_error
+    assert err["tensor"].flushed > err["32"].flushed
+    cmp = mx.compare_scale_modes(torch.randn(64, 64) * 3, element="e2m1")
+    assert cmp.top_saturated["rceil"] == 0.0 and cmp.top_saturated["floor"] > 0.0
+    assert 0 < cmp.blocks_differ < 1
+    for row in cmp.examples:
+        assert row["rceil exponent"] == row["floor exponent"] + 1
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+def test_bad_input_is_refused_clearly():
+    with pytest.raises(ValueError, match="pad it with zeros to 64"):
+        mx.BlockScaling("e4m3", 32).quantize(torch.randn(4, 48))
+    with pytest.raises(ValueError, match="inf or NaN"):
+        mx.BlockScaling("e4m3", 32).quantize(torch.tensor([[math.nan] + [0.0] * 31]))
+    with pytest.raises(ValueError, match="unknown MX element format"):
+        mx.BlockScaling("e3m4", 32)
+    with pytest.raises(ValueError, match="unknown scale mode"):
+        mx.BlockScaling("e4m3", 32, mode="round")
+    with pytest.raises(ValueError, match="block must be"):
+        mx.BlockScaling("e4m3", 0)
+    with pytest.raises(ValueError, match="E4M3 block scales"):
+        mx.BlockScaling("e2m1", 32, tensor_scale=True)
+    with pytest.raises(ValueError, match="generator"):
+        mx.BlockScaling("e2m1", 16, stochastic=True).quantize(torch.randn(2, 16))
+    with pytest.raises(TypeError, match="floating point"):
+        mx.BlockScaling("e4m3", 32).quantize(torch.ones(2, 32, dtype=torch.int64))
+    with pytest.raises(ValueError, match="even"):
+        mx.pack_fp4(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="integer codes"):
+        mx.pack_fp4(torch.zeros(2))
+    with pytest.raises(ValueError, match="0..15"):
+        mx.pack_fp4(torch.tensor([3, 16]))
+    with pytest.raises(ValueError, match="unknown block-scaled recipe"):
+        mx.block_recipe("nvfp8")
+
+
+# ---- torchao, bit for bit -----------------------------------------------------------------------------
+
+def _torchao_mx():
+    pytest.importorskip("numpy")
+    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    config = pytest.importorskip("torchao.prototype.mx_formats.config")
+    kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+    return mx_tensor, config, kernels
+
+
+def _rough(seed: int, shape=(64, 256)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * torch.exp(2 * torch.randn(shape, generator=g))
+
+
+@pytest.mark.parametrize("element", list(mx.MX_ELEMENTS))
+@pytest.mark.parametrize("mode", mx.SCALE_MODES)
+def test_mx_quantisation_equals_torchao_to_mx(element, mode):
+    mx_tensor, config, kernels = _torchao_mx()
+    dtypes = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2,
+              "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2"}
+    x = _rough(10)
+    x[3, :32] = 0.0                                              # a zero block
+    x[5, :32] = torch.linspace(-448 * 3, 448 * 3, 32)           # a block that saturates under FLOOR
+    scale, data = mx_tensor.to_mx(x, dtypes[element], 32, config.ScaleCalculationMode(mode))
+    q = mx.BlockScaling(element, 32, mode=mode).quantize(x)
+    assert torch.equal(scale.view(torch.uint8), q.scale_codes().view(torch.uint8))
+    if element in ("e4m3", "e5m2"):
+        assert torch.equal(data.float(), q.elements)
+    elif element == "e2m1":
+        assert torch.equal(kernels.unpack_uint4(data.view(torch.uint8)).long(), q.element_codes())
+        assert torch.equal(data.view(torch.uint8), mx.pack_fp4(q.element_codes()).view(torch.uint8))
+    else:
+        assert torch.equal(data.long(), q.element_codes())
+    back = mx_tensor.to_dtype(data, scale, dtypes[element], 32, torch.float32)
+    assert torch.equal(back, q.dequantize())
+
+
+@pytest.mark.parametrize("tensor_scale", [True, False])
+def test_nvfp4_quantisation_equals_torchao(tensor_scale):
+    _, _, kernels = _torchao_mx()
+    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
+    for seed in range(3):
+        x = _rough(20 + seed)
+        pts = nv.per_tensor_amax_to_scale(x.abs().max()) if tensor_scale else None
+        scales, data = nv.nvfp4_quantize(x, 16, pts)
+        q = mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=tensor_scale).quantize(x)
+        assert torch.equal(scales.view(torch.uint8), q.scale_codes().view(torch.uint8))
+        assert torch.equal(data.view(torch.uint8), mx.pack_fp4(q.element_codes()).view(torch.uint8))
+        tensor = nv.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=pts)
+        assert torch.equal(tensor.dequantize(torch.float32), q.dequantize())
