@@ -129,3 +129,31 @@ def test_check_bf16_update():
     wrong = check_bf16_update(256.0, 0.5, True)
     assert not wrong.correct and "apart" in wrong.message
     assert not check_bf16_update(1.0, 1e-3, "no").correct
+
+
+def test_check_mx_scale_explains_the_usual_slips():
+    from course_lib.exercises import check_mx_scale
+
+    # amax 7, E2M1: FLOOR 2**(2-2) = 1 (7 saturates to 6); RCEIL 2**ceil(log2(7/6)) = 2
+    assert check_mx_scale(1, 7.0, element="e2m1", mode="floor").correct
+    assert "saturates" in check_mx_scale(1, 7.0, mode="floor").message
+    assert check_mx_scale(2, 7.0, element="e2m1", mode="rceil").correct
+    wrong = check_mx_scale(2, 7.0, mode="floor")
+    assert not wrong.correct and "RCEIL" in wrong.message
+    assert "power of two" in check_mx_scale(7 / 6, 7.0, mode="rceil").message
+    assert "inverse" in check_mx_scale(0.5, 7.0, mode="rceil").message
+    assert not check_mx_scale(None, 7.0).correct and not check_mx_scale("1", 7.0).correct
+    with pytest.raises(ValueError):
+        check_mx_scale(1, 0.0)
+
+
+def test_check_nvfp4_value_works_it_through():
+    from course_lib.exercises import check_nvfp4_value
+
+    # tensor scale 2688 / 2688 = 1; block scale E4M3(3 / 6) = 0.5; 1.3 / 0.5 = 2.6 -> 3; 3 * 0.5 = 1.5
+    right = check_nvfp4_value(1.5, 1.3, block_amax=3.0, tensor_amax=2688.0)
+    assert right.correct and "= 1.5" in right.message
+    assert not check_nvfp4_value(1.3, 1.3, block_amax=3.0, tensor_amax=2688.0).correct
+    assert not check_nvfp4_value(1.0, 1.3, block_amax=3.0, tensor_amax=2688.0).correct
+    with pytest.raises(ValueError):
+        check_nvfp4_value(1.0, 5.0, block_amax=3.0, tensor_amax=2688.0)

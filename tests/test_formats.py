@@ -404,3 +404,22 @@ def test_every_registered_format_still_constructs_and_its_max_is_its_largest_cod
         values = all_values(f)
         finite = values[np.isfinite(values)]
         assert float(finite.max()) == f.max_finite, f.name
+
+
+@pytest.mark.parametrize("name", ["FP8 E4M3", "FP8 E5M2", "FP6 E2M3", "FP6 E3M2", "FP4 E2M1"])
+@pytest.mark.parametrize("rounding", ["nearest_even", "nearest_away", "toward_zero"])
+def test_float32_codec_path_equals_the_float64_one(name, rounding):
+    """Narrow formats round float32 input in float32: the same values as rounding in float64, on random bit
+    patterns at every magnitude, every midpoint and the overflow edges."""
+    from course_lib.formats import FORMATS, _probe_values, _round_software
+
+    f = FORMATS[name]
+    probe = _probe_values()
+    for overflow in ("saturate", "nan") + (("inf",) if f.has_inf else ()):
+        if f.specials == "finite" and overflow != "saturate":
+            continue
+        fast = _round_software(probe, f, overflow, rounding)
+        slow = _round_software(probe.double(), f, overflow, rounding).float()
+        assert torch.equal(torch.isnan(fast), torch.isnan(slow))
+        keep = ~torch.isnan(slow)
+        assert torch.equal(fast[keep].view(torch.int32), slow[keep].view(torch.int32))

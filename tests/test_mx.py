@@ -352,3 +352,17 @@ def test_nvfp4_quantisation_equals_torchao(tensor_scale):
         assert torch.equal(data.view(torch.uint8), mx.pack_fp4(q.element_codes()).view(torch.uint8))
         tensor = nv.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=pts)
         assert torch.equal(tensor.dequantize(torch.float32), q.dequantize())
+
+
+def test_skipped_columns_measure_what_an_outlier_does_to_the_others():
+    torch.manual_seed(9)
+    act = torch.randn(64, 256)
+    act[:, 0] *= 1000.0
+    whole = mx.BlockScaling("e2m1", -1, block_rows=-1, mode="rceil")
+    others = mx.block_error(act, whole, skip_columns=(0,))
+    everything = mx.block_error(act, whole)
+    assert others.numel == 64 * 255 and others.flushed > 0.9 and others.relative_error > 0.9
+    assert everything.relative_error < 0.2        # the outlier dominates the norm and quantises well
+    # only the 31 other values of each row's first block share a scale with the outlier
+    blocks = mx.block_error(act, mx.BlockScaling("e2m1", 32, mode="rceil"), skip_columns=(0,))
+    assert blocks.relative_error < others.relative_error / 2

@@ -112,3 +112,32 @@ def test_figures_render_at_high_resolution():
     png = print_figure(fig, "png")   # what Jupyter and the book store
     width = imread(io.BytesIO(png)).shape[1]
     assert width >= fig.get_figwidth() * plots.FIGURE_DPI * 0.8
+
+
+# ---- lesson 8 -----------------------------------------------------------------------------------------
+
+def test_microscaling_figures_draw_their_data():
+    import torch
+
+    from course_lib import mx
+
+    torch.manual_seed(0)
+    x = torch.randn(32, 64)
+    study = mx.block_size_study({"activation": x, "activation + outlier": x * 2}, elements=("e4m3", "e2m1"),
+                                blocks=(1, 32, -1))
+    fig = plots.plot_block_sizes(study)
+    assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "log"
+    lines = {ln.get_label(): ln for ln in fig.axes[1].get_lines()}
+    assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"
+    assert list(lines["activation"].get_ydata()) == pytest.approx(
+        [study.errors["e2m1"]["activation"][b].relative_error for b in study.blocks])
+    fid = mx.GradientFidelity(("nvfp4", "nvfp4_no_sr"), 1, 2, (1, 2), {"nvfp4": (0.1, 0.2), "nvfp4_no_sr": (0.1, 0.3)},
+                              {"nvfp4": (0.15, 0.1), "nvfp4_no_sr": (0.2, 0.2)})
+    fig = plots.plot_gradient_fidelity(fid)
+    assert len(fig.axes[0].patches) == 2
+    assert fig.axes[0].patches[1].get_height() == pytest.approx(20.0)     # the mean, in percent
+    right = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[1].get_lines()}
+    assert right["nvfp4 (stochastic rounding)"] == pytest.approx([15.0, 10.0])
+    assert right["nvfp4_no_sr (round to nearest)"] == pytest.approx([20.0, 20.0])
+    with pytest.raises(ValueError, match="no recipe"):
+        plots.plot_gradient_fidelity(fid, reference="mxfp4")

@@ -535,17 +535,24 @@ def convert_to_block_scaled(model: nn.Module, recipe: str = "nvfp4", *, seed: in
 
 # ---- experiments --------------------------------------------------------------------------------------
 
-def block_error(x: torch.Tensor, scaling: BlockScaling, *, label: str | None = None) -> QuantizationError:
+def block_error(x: torch.Tensor, scaling: BlockScaling, *, label: str | None = None,
+                skip_columns: tuple[int, ...] = ()) -> QuantizationError:
     """Quantise ``x`` with ``scaling`` and measure the damage (relative L2 error, share saturated, share of
-    non-zero values flushed to zero, effective bits), as :func:`course_lib.fp8.quantization_error` does."""
+    non-zero values flushed to zero, effective bits), as :func:`course_lib.fp8.quantization_error` does.
+    ``skip_columns``: columns quantised with the rest but left out of the error and flushed share (to see
+    what an outlier channel does to the *other* values)."""
     x2 = _as_2d(x, "x").detach().float()
     q = scaling.quantize(x2, generator=torch.Generator().manual_seed(0) if scaling.stochastic else None)
     back = q.dequantize()
+    if skip_columns:
+        keep = torch.ones(x2.shape[1], dtype=torch.bool, device=x2.device)
+        keep[list(skip_columns)] = False
+        x2, back = x2[:, keep], back[:, keep]
     norm = float(torch.linalg.vector_norm(x2))
     rel = float(torch.linalg.vector_norm(back - x2)) / norm if norm > 0 else 0.0
     nonzero = x2 != 0
     flushed = float(((back == 0) & nonzero).sum()) / max(1, int(nonzero.sum()))
-    return QuantizationError(label or scaling.label, rel, q.saturated / x2.numel(), flushed,
+    return QuantizationError(label or scaling.label, rel, q.saturated / q.elements.numel(), flushed,
                              -math.log2(rel) if rel > 0 else math.inf, x2.numel())
 
 
@@ -562,9 +569,11 @@ class BlockSizeStudy:
 
 
 def block_size_study(tensors: dict[str, torch.Tensor], *, elements=("e4m3", "e2m1"), blocks=(1, 16, 32, 64, -1),
-                     mode: str = "rceil") -> BlockSizeStudy:
+                     mode: str = "rceil", skip_columns: dict[str, tuple[int, ...]] | None = None) -> BlockSizeStudy:
     """Relative error, saturation and flushing of MX quantisation (E8M0 scales, ``mode``) against the block
-    size along the last dimension (``-1``: one scale for the whole tensor)."""
+    size along the last dimension (``-1``: one scale for the whole tensor). ``skip_columns[name]``: columns
+    of that tensor left out of its measures (see :func:`block_error`)."""
+    skip_columns = skip_columns or {}
     if not tensors or not elements or not blocks:
         raise ValueError("block_size_study needs tensors, element formats and block sizes")
     labels = tuple("tensor" if b == -1 else str(b) for b in blocks)
@@ -575,7 +584,7 @@ def block_size_study(tensors: dict[str, torch.Tensor], *, elements=("e4m3", "e2m
             errors[element][t] = {}
             for b, lab in zip(blocks, labels):
                 scaling = BlockScaling(element, b, block_rows=-1 if b == -1 else 1, mode=mode)
-                errors[element][t][lab] = block_error(x, scaling, label=lab)
+                errors[element][t][lab] = block_error(x, scaling, label=lab, skip_columns=skip_columns.get(t, ()))
     return BlockSizeStudy(tuple(elements), tuple(tensors), labels, mode, errors)
 
 

@@ -581,8 +581,11 @@ def plot_activation_sweep(sweep) -> Figure:
 
 # ---- lesson 7: FP8 ----------------------------------------------------------------------------------
 
-# One colour per kind of FP8 scaling, the same in every lesson-7 figure (matched on the label, first hit).
-_FP8_COLOURS = (("no scaling", "#000000"), ("unscaled", "#000000"), ("e5m2", "#CC79A7"),
+# One colour per kind of FP8 scaling, the same in every lesson-7 figure, and one per block-scaled recipe in
+# lesson 8 (matched on the label, first hit).
+_FP8_COLOURS = (("nvfp4_no_sr", "#56B4E9"), ("nvfp4_no_rht", "#009E73"), ("nvfp4_no_2d", "#D55E00"),
+                ("nvfp4_no_hp_last", "#882255"), ("nvfp4", "#E69F00"), ("mxfp8", "#0072B2"), ("mxfp4", "#CC79A7"),
+                ("no scaling", "#000000"), ("unscaled", "#000000"), ("e5m2", "#CC79A7"),
                 ("per tensor", "#0072B2"), ("tensorwise", "#0072B2"), ("current", "#0072B2"),
                 ("per row", "#E69F00"), ("rowwise", "#E69F00"), ("per column", "#56B4E9"),
                 ("tiles", "#009E73"), ("blockwise", "#009E73"), ("blocks", "#882255"),
@@ -782,10 +785,13 @@ def plot_block_sizes(study) -> Figure:
 
 def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     """Left: per recipe, the relative error of its gradient of the course model against the exact one (a
-    dot per batch, a bar at the mean). Right: the error of the mean of k stochastically rounded gradients
-    against k (log-log), for the recipes that round stochastically, and ``1/sqrt(k)`` for reference."""
+    dot per batch, a bar at the mean). Right: the error of the mean of k gradients against k, for the
+    ``reference`` recipe (stochastic rounding) and, where present, the same recipe without it
+    (``reference + "_no_sr"``), with ``1/sqrt(k)`` from the first point for comparison."""
+    if reference not in result.single:
+        raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.recipes)}")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.4, 1]})
-    colours = {r: ("#000000" if r == reference else _recipe_colour(j)) for j, r in enumerate(result.recipes)}
+    colours = {r: _fp8_colour(r, j) for j, r in enumerate(result.recipes)}
     for i, recipe in enumerate(result.recipes):
         errs = np.asarray(result.single[recipe]) * 100
         left.bar(i, errs.mean(), color=colours[recipe], alpha=0.35, width=0.7)
@@ -794,16 +800,18 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     left.set_ylabel("gradient error vs exact FP32 (%)\n(dots: batches; bar: mean)")
     left.grid(alpha=0.3, axis="y")
     ks = np.asarray(result.ks)
-    for recipe in result.recipes:
-        if len(set(result.averaged[recipe])) > 1 or recipe == reference:
+    for recipe, label in ((reference, f"{reference} (stochastic rounding)"),
+                          (reference + "_no_sr", f"{reference}_no_sr (round to nearest)")):
+        if recipe in result.averaged:
             right.plot(ks, np.asarray(result.averaged[recipe]) * 100, "o-", color=colours[recipe], lw=1.8,
-                       label=recipe)
+                       label=label)
     first = result.averaged[reference][0] * 100
-    right.plot(ks, first / np.sqrt(ks), ":", color="#777777", label="1/sqrt(k) from the first")
+    right.plot(ks, first / np.sqrt(ks), ":", color="#777777", label="1/sqrt(k) from the first point")
     right.set_xscale("log", base=2)
-    right.set_yscale("log")
-    right.set_xlabel("k, gradients averaged (log2)")
-    right.set_ylabel("error of their mean (%, log)")
-    right.grid(alpha=0.3, which="both")
-    right.legend(fontsize=8)
+    right.set_xticks(ks, [str(k) for k in ks])
+    right.set_ylim(bottom=0)
+    right.set_xlabel("k, gradients averaged (log2 axis)")
+    right.set_ylabel("error of the mean of k gradients (%)")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=8, loc="lower left")
     return _finish(fig)
