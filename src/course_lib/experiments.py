@@ -314,7 +314,7 @@ def _mx_block_study(profile: SizeProfile, device: torch.device) -> ExperimentOut
     from .mx import block_error, block_size_study, compare_scale_modes, gradient_fidelity, nvfp4_scale_choices
 
     tensors = mx_lesson_tensors(profile, device)
-    skip = {"activation + outlier": (0,)}
+    skip: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
     study = block_size_study(tensors, skip_columns=skip)
     choices = {t: {name: dataclasses.asdict(block_error(x, s, label=name, skip_columns=skip.get(t, ())))
                    for name, s in nvfp4_scale_choices().items()} for t, x in tensors.items()}
