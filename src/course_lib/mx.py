@@ -413,6 +413,7 @@ def block_recipe(name: str) -> BlockRecipe:
 
     * ``"mxfp8"``: E4M3 everywhere, 1 x 32 blocks, E8M0 scales (RCEIL, as NVIDIA's hardware);
     * ``"mxfp4"``: E2M1 everywhere, 1 x 32 blocks, E8M0 scales (RCEIL), no other help;
+    * ``"mxfp4_hp_last"``: MXFP4 with the last block in high precision (the control for NVFP4's choice);
     * ``"nvfp4"``: NVIDIA's NVFP4 recipe: 1 x 16 blocks for activations and gradients, 16 x 16 for weights,
       stochastic rounding of gradients, random Hadamard transform on the weight-gradient inputs, the last
       block in high precision;
@@ -423,6 +424,8 @@ def block_recipe(name: str) -> BlockRecipe:
         return BlockRecipe(name, _mx("e4m3"), _mx("e4m3"), _mx("e4m3"))
     if name == "mxfp4":
         return BlockRecipe(name, _mx("e2m1"), _mx("e2m1"), _mx("e2m1"))
+    if name == "mxfp4_hp_last":
+        return BlockRecipe(name, _mx("e2m1"), _mx("e2m1"), _mx("e2m1"), high_precision_last=1)
     full = BlockRecipe("nvfp4", _nvfp4(), _nvfp4(16), _nvfp4(), hadamard=True, stochastic_gradients=True,
                        high_precision_last=1)
     if name == "nvfp4":
@@ -438,7 +441,7 @@ def block_recipe(name: str) -> BlockRecipe:
     raise ValueError(f"unknown block-scaled recipe {name!r}; known: {', '.join(BLOCK_RECIPES)}")
 
 
-BLOCK_RECIPES = ("mxfp8", "mxfp4", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d", "nvfp4_no_hp_last")
+BLOCK_RECIPES = ("mxfp8", "mxfp4", "mxfp4_hp_last", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d", "nvfp4_no_hp_last")
 
 
 class _BlockLinearFunction(torch.autograd.Function):
@@ -603,8 +606,9 @@ def nvfp4_scale_choices() -> dict[str, BlockScaling]:
 @dataclass(frozen=True)
 class ModeComparison:
     """FLOOR against RCEIL scale selection on one tensor and element format: per mode the error, share of
-    elements saturated and share of blocks whose largest element saturated; ``examples``: a few blocks where
-    the two modes choose different scales (amax, each mode's exponent and each mode's largest element)."""
+    elements saturated and ``top_saturated``, the share of *all* blocks whose largest value the clamp changed
+    (it scaled to at least max plus half the top spacing); ``examples``: a few blocks where the two modes
+    choose different scales (amax, each mode's exponent and each mode's largest element)."""
 
     element: str
     block: int
@@ -632,8 +636,10 @@ def compare_scale_modes(x: torch.Tensor, *, element: str = "e2m1", block: int = 
         # the element holding each block's amax, as stored (its magnitude)
         top = q.elements.abs().reshape(x2.shape[0], -1, block).amax(-1)
         largest[m] = top
-        true_top = (amax / q.scales)
-        top_sat[m] = float((true_top > f.max_finite * (1 + 2.0 ** -(f.mantissa_bits + 1))).float().mean())
+        # the clamp changed the block's largest value: it scaled beyond max plus half the top spacing (below
+        # that it rounds to max anyway)
+        boundary = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2
+        top_sat[m] = float(((amax / q.scales) >= boundary).float().mean())
     idx = torch.nonzero(differ.reshape(-1)).reshape(-1)[:n_examples]
     examples = []
     for i in idx.tolist():
@@ -698,7 +704,8 @@ class GradientFidelity:
 
     ``single[recipe][b]``: on batch ``b``, the mean error of one gradient (of ``draws`` independent ones;
     they differ only where a recipe rounds stochastically). ``averaged[recipe][i]``: the error of the mean
-    of the first ``ks[i]`` draws (mean over batches): it falls like ``1/sqrt(k)`` for the part of the error
+    of ``ks[i]`` draws (over the disjoint groups of that many, and over batches; ``ks[0]`` = 1 equals the mean
+    of ``single``): it falls like ``1/sqrt(k)`` for the part of the error
     that stochastic rounding makes unbiased, and levels off at the rest."""
 
     recipes: tuple[str, ...]
@@ -714,8 +721,8 @@ def _flat_grad(model: nn.Module) -> torch.Tensor:
 
 
 def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
-                      recipes=("mxfp8", "mxfp4", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht", "nvfp4_no_2d",
-                               "nvfp4_no_hp_last"), draws: int = 8, batches: int = 3, steps: int | None = None,
+                      recipes=("mxfp8", "mxfp4", "mxfp4_hp_last", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht",
+                               "nvfp4_no_2d", "nvfp4_no_hp_last"), draws: int = 8, batches: int = 3, steps: int | None = None,
                       seed: int = 0, lr: float = 3e-3) -> GradientFidelity:
     """Train the course GPT in FP32 for ``steps`` steps, then on each of the next ``batches`` batches compute
     the gradient exactly and ``draws`` times with each block-scaled ``recipe`` (a recipe without stochastic
@@ -757,8 +764,11 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                 m(x, y)[1].backward()
                 grads.append(_flat_grad(m))
             grads += [grads[0]] * (draws - n)
-            running = torch.cumsum(torch.stack(grads), 0)
+            stacked = torch.stack(grads)
             single[recipe].append(sum(float(torch.linalg.vector_norm(g - exact)) for g in grads) / draws / norm)
-            averaged[recipe].append([float(torch.linalg.vector_norm(running[k - 1] / k - exact)) / norm for k in ks])
+            # the error of the mean of k draws, averaged over the draws // k disjoint groups of k
+            averaged[recipe].append([
+                sum(float(torch.linalg.vector_norm(stacked[g * k:(g + 1) * k].mean(0) - exact))
+                    for g in range(draws // k)) / (draws // k) / norm for k in ks])
     return GradientFidelity(tuple(recipes), setup.steps, batches, ks, {r: tuple(v) for r, v in single.items()},
                             {r: tuple(sum(col) / batches for col in zip(*v)) for r, v in averaged.items()})

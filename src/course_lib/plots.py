@@ -6,6 +6,7 @@ import math
 import re
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -584,7 +585,8 @@ def plot_activation_sweep(sweep) -> Figure:
 # One colour per kind of FP8 scaling, the same in every lesson-7 figure, and one per block-scaled recipe in
 # lesson 8 (matched on the label, first hit).
 _FP8_COLOURS = (("nvfp4_no_sr", "#56B4E9"), ("nvfp4_no_rht", "#009E73"), ("nvfp4_no_2d", "#D55E00"),
-                ("nvfp4_no_hp_last", "#882255"), ("nvfp4", "#E69F00"), ("mxfp8", "#0072B2"), ("mxfp4", "#CC79A7"),
+                ("nvfp4_no_hp_last", "#882255"), ("nvfp4", "#E69F00"), ("mxfp8", "#0072B2"),
+                ("mxfp4_hp_last", "#999933"), ("mxfp4", "#CC79A7"),
                 ("no scaling", "#000000"), ("unscaled", "#000000"), ("e5m2", "#CC79A7"),
                 ("per tensor", "#0072B2"), ("tensorwise", "#0072B2"), ("current", "#0072B2"),
                 ("per row", "#E69F00"), ("rowwise", "#E69F00"), ("per column", "#56B4E9"),
@@ -757,14 +759,15 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
 
 # ---- lesson 8: microscaling -------------------------------------------------------------------------
 
-_TENSOR_COLOURS = {"activation": "#0072B2", "weight": "#E69F00", "gradient": "#009E73"}
+# tensors in lesson 8's block-size figure: colours the recipes of its later figures do not use
+_TENSOR_COLOURS = {"activation": "#332288", "weight": "#8C6D31", "gradient": "#AA4499"}
 
 
 def plot_block_sizes(study) -> Figure:
     """Relative error (log) of MX quantisation against block size, one panel per element format of a
     :class:`~course_lib.mx.BlockSizeStudy`; one line per tensor, dashed for a tensor named "... + outlier"."""
-    fig, axes = plt.subplots(1, len(study.elements), figsize=(5.6 * len(study.elements), 4.4), squeeze=False,
-                             sharey=True)
+    # each panel its own log range: FP8's errors would sit below the lowest labelled tick of FP4's
+    fig, axes = plt.subplots(1, len(study.elements), figsize=(5.6 * len(study.elements), 4.4), squeeze=False)
     x = np.arange(len(study.blocks))
     for ax, element in zip(axes[0], study.elements):
         for j, tensor in enumerate(study.tensors):
@@ -778,8 +781,12 @@ def plot_block_sizes(study) -> Figure:
         ax.set_xlabel("elements per E8M0 scale (block along the last dimension)")
         ax.set_title(f"{element.upper()} elements, {study.mode.upper()} scales", fontsize=10)
         ax.grid(alpha=0.3, which="both")
+        lo, hi = ax.get_ylim()
+        if hi / lo < 10:   # less than a decade: label the values, not just the decades
+            ax.yaxis.set_minor_formatter(mticker.FormatStrFormatter("%.3g"))
+            ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
     axes[0][0].set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
-    axes[0][0].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, loc="upper left")
     return _finish(fig)
 
 
