@@ -53,16 +53,27 @@ selfcheck: $(STAMP)
 	$(PY) -m course_lib.selfcheck --device cpu
 
 # nbmake runs only .ipynb files and skips paths containing _build: convert into .nbbuild (ignored).
+# --overwrite keeps the executed outputs, so strict-book need not execute the lessons a second time.
 lessons: $(STAMP)
 	rm -rf $(NBBUILD) && mkdir -p $(NBBUILD)/lessons
 	for f in $(LESSONS); do \
 	  $(VENV)/bin/jupytext --quiet --to ipynb "$$f" -o "$(NBBUILD)/lessons/$$(basename "$${f%.md}").ipynb"; \
 	done
-	$(PY) -m pytest --nbmake --nbmake-timeout=240 -p no:cacheprovider $(NBBUILD)/lessons
+	$(PY) -m pytest --nbmake --nbmake-timeout=240 --overwrite -p no:cacheprovider $(NBBUILD)/lessons
 
-strict-book: $(STAMP)
-	rm -rf _build
-	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+# The book with warnings as errors, built from the lessons nbmake just executed (each lesson runs once in
+# `make test`): a copy of the book's sources in .nbbuild/book with the executed notebooks in place of the
+# Markdown lessons, and the lessons excluded from execution there (the other pages still execute).
+# `make book` is the reader's build: it executes every page itself.
+BOOKSTAGE := $(NBBUILD)/book
+strict-book: lessons
+	rm -rf _build $(BOOKSTAGE) && mkdir -p $(BOOKSTAGE)/lessons
+	cp _config.yml _toc.yml $(BOOKSTAGE)/ && cp -r book $(BOOKSTAGE)/
+	cp $(NBBUILD)/lessons/*.ipynb $(BOOKSTAGE)/lessons/
+	$(PY) -c "import sys, yaml; c = yaml.safe_load(open('_config.yml')); \
+	c['execute']['exclude_patterns'] = ['lessons/*.ipynb']; \
+	yaml.safe_dump(c, open('$(BOOKSTAGE)/_config.yml', 'w'), sort_keys=False)"
+	$(VENV)/bin/jupyter-book build $(BOOKSTAGE) -W -n --keep-going --path-output .
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
 clean:
