@@ -234,11 +234,12 @@ def evaluate(state: TrainState, sampler: BatchSampler, batches: int = 2) -> floa
 
 
 def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
-          val_sampler: BatchSampler | None = None, history: History | None = None) -> History:
+          val_sampler: BatchSampler | None = None, history: History | None = None, monitor=None) -> History:
     """Run ``steps`` optimizer steps (default: up to ``config.steps``) from ``state.step`` on.
 
     Batches are ``sampler.batch(step * accumulation_steps + micro)``, so a resumed run sees exactly the
-    batches the uninterrupted run would have seen.
+    batches the uninterrupted run would have seen. ``monitor``: a
+    :class:`course_lib.monitor.GradientHealthMonitor`, called after each backward and each step.
     """
     recipe, config, device = state.recipe, state.config, state.device
     history = History(recipe.name) if history is None else history
@@ -265,6 +266,8 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
                 for m, p in zip(state.masters, state.params):
                     m.grad = None if p.grad is None else p.grad.float()
             scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+            if monitor is not None:
+                monitor.after_backward(state.step, scale=scale)
             result = step_optimizers(scaler, [opt], clip_norm=config.clip_norm)
             ran, norm = result.ran[0], result.grad_norms[0]
             if ran:
@@ -283,6 +286,8 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
             history.lrs.append(opt.param_groups[0]["lr"])
             history.step_seconds.append(elapsed)
             history.tokens_per_second.append(tokens / elapsed if elapsed > 0 else math.nan)
+            if monitor is not None:
+                monitor.after_step(state.step, loss=history.losses[-1], scale=scale, skipped=not ran)
             state.step += 1
             if val_sampler is not None and config.eval_every and state.step % config.eval_every == 0:
                 history.eval_losses.append((state.step, evaluate(state, val_sampler, config.eval_batches)))

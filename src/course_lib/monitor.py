@@ -1,0 +1,515 @@
+"""Watching a mixed precision run: gradient health, non-finite values traced to their module, and recovery.
+
+* :class:`GradientHealthMonitor` attaches to a training loop (:func:`course_lib.train.train` takes one, and
+  a plain loop calls :meth:`~GradientHealthMonitor.after_backward` and
+  :meth:`~GradientHealthMonitor.after_step`). Every ``every`` steps it measures, per parameter, the share
+  of gradient values that are zero, that would flush to zero or land in the subnormals of the training
+  dtype at the current loss scale, the non-finite count and the norm; every step it records the loss, the
+  scale and whether the step was skipped. Thresholds raise named :class:`Alert` s.
+* :class:`NonFiniteLocator` hooks every module's forward and backward and names the first one that produced
+  an inf or NaN, with its input and output statistics.
+* :func:`save_checkpoint_atomic` writes a checkpoint so that a crash mid-write never replaces the last good
+  one, and :class:`RecoveryPolicy` rolls a run back to it and switches FP16 to BF16 when the scale
+  collapses or overflows persist.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from .formats import FloatFormat, get_format
+
+ALERT_KINDS = ("zero_gradients", "underflow", "non_finite_gradient", "non_finite_loss", "scale_collapse",
+               "skipped_run")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When the monitor raises an alert.
+
+    ``zero_fraction``: a parameter's share of gradient values that are exactly zero (0..1).
+    ``underflow_fraction``: its share of non-zero values that would flush to zero in the training dtype at
+    the current scale. ``min_scale``: a loss scale below this has collapsed (a run without a scaler reports
+    1.0 and never alerts at the default).
+    ``skipped_run``: this many consecutive skipped steps.
+    """
+
+    zero_fraction: float = 0.5
+    underflow_fraction: float = 0.25
+    min_scale: float = 1.0
+    skipped_run: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("zero_fraction", "underflow_fraction"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"{name} must be a share in (0, 1], got {v!r}")
+        if isinstance(self.min_scale, bool) or not isinstance(self.min_scale, (int, float)) or not (
+                self.min_scale > 0 and math.isfinite(self.min_scale)):
+            raise ValueError(f"min_scale must be a positive finite number, got {self.min_scale!r}")
+        if isinstance(self.skipped_run, bool) or not isinstance(self.skipped_run, int) or self.skipped_run < 1:
+            raise ValueError(f"skipped_run must be a positive int, got {self.skipped_run!r}")
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """One parameter's gradient at one step (true gradient: divided by the loss scale).
+
+    Shares are of all its values: ``zero`` exactly zero; ``flush`` non-zero but zero once multiplied by the
+    scale and rounded to the training dtype; ``subnormal`` landing in that dtype's subnormals; ``overflow``
+    beyond its largest value. ``non_finite``: count of inf/NaN values. ``norm``: L2 norm (of finite ones)."""
+
+    name: str
+    numel: int
+    zero: float
+    flush: float
+    subnormal: float
+    overflow: float
+    non_finite: int
+    norm: float
+
+
+def gradient_stats(name: str, grad: torch.Tensor, fmt: str | FloatFormat, scale: float = 1.0) -> GradientStats:
+    """Classify the values of ``grad`` (a true gradient) as they would be stored in ``fmt`` after
+    multiplying by ``scale`` (round to nearest even; the same classes as
+    :func:`course_lib.gradients.summarize_underflow`, by comparison with the rounding boundaries, in float64)."""
+    f = get_format(fmt)
+    a = grad.detach().abs().double().flatten()
+    n = a.numel()
+    if n == 0:
+        return GradientStats(name, 0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+    finite = torch.isfinite(a)
+    non_finite = int(n - finite.sum())
+    a = torch.where(finite, a, 0.0)
+    x = a * float(scale)
+    half_sub = f.min_subnormal / 2                      # at or below: rounds to zero (a tie goes to even, 0)
+    top = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2    # at or above: rounds past max
+    zero = finite & (a == 0)
+    flush = (a > 0) & (x <= half_sub)
+    subnormal = (x > half_sub) & (x < f.min_normal - half_sub)
+    overflow = x >= top if f.has_inf or f.has_nan else torch.zeros_like(x, dtype=torch.bool)
+    return GradientStats(name, n, float(zero.sum()) / n, float(flush.sum()) / n, float(subnormal.sum()) / n,
+                         float(overflow.sum()) / n, non_finite, float(torch.linalg.vector_norm(a)))
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A threshold crossed: ``kind`` (one of :data:`ALERT_KINDS`), at optimizer ``step``, for ``layer``
+    (a parameter name, or None for run-level alerts), with a message for the reader."""
+
+    step: int
+    kind: str
+    layer: str | None
+    message: str
+
+
+@dataclass
+class MonitorLog:
+    """What the monitor saw: per step the loss, scale and skipped flag; per sampled step, each parameter's
+    :class:`GradientStats`."""
+
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    scales: list[float] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)
+    sampled_steps: list[int] = field(default_factory=list)
+    gradients: list[tuple[GradientStats, ...]] = field(default_factory=list)
+
+    def layer_series(self, attribute: str = "zero") -> dict[str, list[float]]:
+        """Per parameter, ``attribute`` of its stats at each sampled step."""
+        series: dict[str, list[float]] = {}
+        for stats in self.gradients:
+            for s in stats:
+                series.setdefault(s.name, []).append(getattr(s, attribute))
+        return series
+
+
+class GradientHealthMonitor:
+    """Watches a model's gradients and a run's loss scale, and raises :class:`Alert` s.
+
+    ``dtype``: the low-precision dtype gradients pass through (``torch.float16`` under FP16 autocast with a
+    scaler, ``torch.bfloat16`` for BF16). ``every``: measure gradients every this many steps (1: every step;
+    the run-level checks run every step). ``layers``: parameter names to watch (default: every parameter
+    with ``requires_grad``). Each (kind, layer) alert is raised once, where first seen. Embedding tables are
+    not checked for zero gradients: the rows of tokens absent from a batch are zero by construction."""
+
+    def __init__(self, model: nn.Module, *, dtype: torch.dtype | str = torch.float16, every: int = 10,
+                 thresholds: Thresholds | None = None, layers: tuple[str, ...] | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no parameters that require gradients: nothing to monitor")
+        if layers is not None:
+            known = dict(params)
+            missing = [n for n in layers if n not in known]
+            if missing:
+                raise ValueError(f"no parameter named {missing[0]!r}; parameters: {', '.join(known)}")
+            params = [(n, known[n]) for n in layers]
+        self.params = params
+        self._sparse = {f"{mn}.{pn}" if mn else pn for mn, m in model.named_modules()
+                        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for pn, _ in m.named_parameters(recurse=False)}
+        self.format = get_format(dtype if isinstance(dtype, str) else str(dtype).replace("torch.", ""))
+        self.every = every
+        self.thresholds = thresholds if thresholds is not None else Thresholds()
+        if not isinstance(self.thresholds, Thresholds):
+            raise TypeError("thresholds must be a Thresholds")
+        self.log = MonitorLog()
+        self.alerts: list[Alert] = []
+        self._raised: set[tuple[str, str | None]] = set()
+        self._skipped_run = 0
+        self._pending: list[tuple[str, int, float]] = []
+
+    def _alert(self, step: int, kind: str, layer: str | None, message: str) -> None:
+        if (kind, layer) not in self._raised:
+            self._raised.add((kind, layer))
+            self.alerts.append(Alert(step, kind, layer, message))
+
+    def should_sample(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def after_backward(self, step: int, *, scale: float = 1.0) -> tuple[GradientStats, ...] | None:
+        """Call after ``backward()`` (before the optimizer step), with the loss scale the gradients carry
+        (1.0 without a scaler). Measures the gradients on sampled steps; returns their stats, or None."""
+        if not self.should_sample(step):
+            return None
+        if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        t = self.thresholds
+        stats = []
+        self._pending = []
+        for name, p in self.params:
+            if p.grad is None:
+                continue
+            s = gradient_stats(name, p.grad.float() / scale, self.format, scale)
+            stats.append(s)
+            if s.non_finite:
+                # an overflow the scaler will skip is the scaler working; alert in after_step only if the
+                # step went ahead with it
+                self._pending.append((name, s.non_finite, scale))
+            if s.zero >= t.zero_fraction and name not in self._sparse:
+                self._alert(step, "zero_gradients", name, f"{name}: {100 * s.zero:.0f}% of the gradient is exactly "
+                            f"zero at step {step} (limit {100 * t.zero_fraction:.0f}%)")
+            nonzero = 1.0 - s.zero
+            if nonzero > 0 and s.flush / nonzero >= t.underflow_fraction:
+                self._alert(step, "underflow", name, f"{name}: {100 * s.flush / nonzero:.0f}% of the non-zero "
+                            f"gradient would flush to zero in {self.format.name} at scale {scale:g} (step {step})")
+        result = tuple(stats)
+        self.log.sampled_steps.append(step)
+        self.log.gradients.append(result)
+        return result
+
+    def after_step(self, step: int, *, loss: float, scale: float = 1.0, skipped: bool = False) -> None:
+        """Call once per optimizer step, after it (or after it was skipped)."""
+        t = self.thresholds
+        self.log.steps.append(step)
+        self.log.losses.append(float(loss))
+        self.log.scales.append(float(scale))
+        self.log.skipped.append(bool(skipped))
+        self._skipped_run = self._skipped_run + 1 if skipped else 0
+        if self._skipped_run >= t.skipped_run:
+            self._alert(step, "skipped_run", None, f"{self._skipped_run} consecutive skipped steps up to step {step}: "
+                        "the scale keeps overflowing")
+        if scale < t.min_scale:
+            self._alert(step, "scale_collapse", None, f"loss scale {scale:g} at step {step} (limit {t.min_scale:g}): "
+                        "the run is overflowing even without scaling")
+        if not math.isfinite(float(loss)):
+            self._alert(step, "non_finite_loss", None, f"the loss is {loss} at step {step}: the forward pass "
+                        "overflowed or produced a NaN, which no loss scale can fix")
+        if not skipped:
+            for name, count, s in self._pending:
+                self._alert(step, "non_finite_gradient", name, f"{name}: {count} inf/NaN gradient values reached "
+                            f"the optimizer at step {step} (scale {s:g}); nothing skipped the step")
+        self._pending = []
+
+    def alerts_of(self, kind: str) -> list[Alert]:
+        if kind not in ALERT_KINDS:
+            raise ValueError(f"unknown alert kind {kind!r}; kinds: {', '.join(ALERT_KINDS)}")
+        return [a for a in self.alerts if a.kind == kind]
+
+
+# ---- finding the first non-finite value ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """Shape, dtype, largest finite magnitude and counts of NaN and inf of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs: float
+    nan: int
+    inf: int
+
+
+def _summary(t: torch.Tensor) -> TensorSummary:
+    d = t.detach()
+    finite = torch.isfinite(d)
+    max_abs = float(d[finite].abs().max()) if bool(finite.any()) else math.nan
+    return TensorSummary(tuple(d.shape), str(d.dtype).replace("torch.", ""), max_abs, int(torch.isnan(d).sum()),
+                         int(torch.isinf(d).sum()))
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x] if x.is_floating_point() else []
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    if isinstance(x, dict):
+        return [t for item in x.values() for t in _tensors(item)]
+    return []
+
+
+@dataclass(frozen=True)
+class NonFiniteReport:
+    """The first module that produced a non-finite value: its qualified ``module`` name, ``phase``
+    (``"forward"``: its output; ``"backward"``: the gradient it passed to its inputs), and summaries of what
+    went in and came out (in backward: the gradient of its output, and of its inputs)."""
+
+    module: str
+    phase: str
+    inputs: tuple[TensorSummary, ...]
+    outputs: tuple[TensorSummary, ...]
+
+    def describe(self) -> str:
+        ins = "; ".join(f"{s.dtype}{list(s.shape)} max {s.max_abs:.3g}, {s.nan} NaN, {s.inf} inf" for s in self.inputs)
+        outs = "; ".join(f"{s.dtype}{list(s.shape)} {s.nan} NaN, {s.inf} inf" for s in self.outputs)
+        return f"`{self.module}` in the {self.phase} pass: inputs {ins or 'none'} -> outputs {outs}"
+
+
+class NonFiniteLocator:
+    """Context manager: hooks the forward and backward of every module of ``model`` and records the first
+    (innermost, earliest) one whose output, or whose gradient with respect to its inputs, holds an inf or a
+    NaN while its inputs did not. ``report`` is None when nothing went non-finite. ``modules`` restricts
+    the check to the named modules."""
+
+    def __init__(self, model: nn.Module, *, modules: tuple[str, ...] | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        named = dict(model.named_modules())
+        if modules is None:
+            # every module, containers included: hooks fire inner modules first, so the first module seen
+            # with finite inputs and a non-finite output is the innermost one that made it (a container is
+            # named when the culprit is an operation in its own forward, not a submodule)
+            chosen = [(n or "(model)", m) for n, m in named.items()]
+        else:
+            missing = [n for n in modules if n not in named]
+            if missing:
+                raise ValueError(f"no module named {missing[0]!r}")
+            chosen = [(n, named[n]) for n in modules]
+        if not chosen:
+            chosen = [("(model)", model)]
+        self._chosen = chosen
+        self._handles: list = []
+        self.report: NonFiniteReport | None = None
+
+    def _record(self, name: str, phase: str, ins, outs) -> None:
+        if self.report is not None:
+            return
+        out_t = _tensors(outs)
+        if not any(not bool(torch.isfinite(t).all()) for t in out_t):
+            return
+        in_t = _tensors(ins)
+        if any(not bool(torch.isfinite(t).all()) for t in in_t):
+            return   # it passed on a non-finite value; the culprit is upstream
+        self.report = NonFiniteReport(name, phase, tuple(_summary(t) for t in in_t),
+                                      tuple(_summary(t) for t in out_t))
+
+    def __enter__(self) -> "NonFiniteLocator":
+        # modules whose inputs need no gradient (an embedding's token ids) make torch warn that their full
+        # backward hook sees only output gradients; expected here, and not the reader's concern
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for name, module in self._chosen:
+            self._handles.append(module.register_forward_hook(
+                lambda m, i, o, name=name: self._record(name, "forward", i, o)))
+            self._handles.append(module.register_full_backward_hook(
+                lambda m, gi, go, name=name: self._record(name, "backward", go, gi)))
+        return self
+
+    def __exit__(self, *exc) -> Literal[False]:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._warnings.__exit__(None, None, None)
+        return False
+
+
+# ---- checkpoints that survive a crash, and recovery ----------------------------------------------------
+
+def save_checkpoint_atomic(state: dict, path: str | Path) -> Path:
+    """Write ``state`` with ``torch.save`` to a temporary file in the same folder, flush it to disk, then
+    rename it over ``path``: readers see the old checkpoint or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    """What to do when the run goes wrong: on the first alert of a kind in ``triggers``, roll back to the
+    last good checkpoint (model, optimizer, scheduler, RNG; written every ``checkpoint_every`` steps that
+    ended finite and not skipped) and continue with the ``fallback`` recipe (BF16's range does not overflow
+    where FP16's does). At most ``max_recoveries`` times."""
+
+    fallback: str = "bf16_autocast"
+    triggers: tuple[str, ...] = ("scale_collapse", "skipped_run", "non_finite_loss", "non_finite_gradient")
+    checkpoint_every: int = 5
+    max_recoveries: int = 1
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.triggers if t not in ALERT_KINDS]
+        if unknown:
+            raise ValueError(f"unknown alert kind {unknown[0]!r}; kinds: {', '.join(ALERT_KINDS)}")
+        for name in ("checkpoint_every", "max_recoveries"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "checkpoint_every" else 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'checkpoint_every' else 'non-negative'} "
+                                 f"int, got {v!r}")
+
+
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """A rollback: the ``alert`` that triggered it at ``step``, the checkpoint step it went back to, and the
+    recipe the run continued with."""
+
+    step: int
+    rolled_back_to: int
+    alert: Alert
+    recipe: str
+
+
+@dataclass
+class RecoveredRun:
+    """The run's final state, its history (every step run, including those rolled back), the monitor that
+    watched it and the recoveries made."""
+
+    state: object
+    history: object
+    monitor: GradientHealthMonitor
+    events: list[RecoveryEvent]
+
+
+def train_with_recovery(state, sampler, checkpoint_path: str | Path, *, policy: RecoveryPolicy | None = None,
+                        monitor: GradientHealthMonitor | None = None, steps: int | None = None) -> RecoveredRun:
+    """Train ``state`` (a :class:`course_lib.train.TrainState`) to ``config.steps`` (or ``steps`` more),
+    one optimizer step at a time under ``monitor``, checkpointing atomically to ``checkpoint_path``, and
+    recovering by ``policy`` when a trigger alert is raised."""
+    from .train import History, TrainState, get_recipe, train
+
+    policy = policy if policy is not None else RecoveryPolicy()
+    if not isinstance(policy, RecoveryPolicy):
+        raise TypeError("policy must be a RecoveryPolicy")
+    monitor = monitor if monitor is not None else GradientHealthMonitor(state.model)
+    get_recipe(policy.fallback, state.device)   # refuse an unknown or unsupported fallback before training
+    end = state.config.steps if steps is None else state.step + steps
+    history = History(state.recipe.name)
+    events: list[RecoveryEvent] = []
+    save_checkpoint_atomic(state.state_dict(), checkpoint_path)
+    while state.step < end:
+        seen = len(monitor.alerts)
+        train(state, sampler, steps=1, history=history, monitor=monitor)
+        triggered = [a for a in monitor.alerts[seen:] if a.kind in policy.triggers]
+        if triggered and len(events) < policy.max_recoveries:
+            saved = torch.load(Path(checkpoint_path), weights_only=False)
+            recipe = get_recipe(policy.fallback, state.device)
+            fresh = TrainState(state.model, recipe, state.config, state.device)
+            fresh.model.load_state_dict(saved["model"])
+            fresh.optimizer.load_state_dict(saved["optimizer"])
+            fresh.scheduler.load_state_dict(saved["scheduler"])
+            fresh.step = int(saved["step"])
+            torch.random.set_rng_state(saved["rng"])
+            events.append(RecoveryEvent(state.step - 1, fresh.step, triggered[0], recipe.name))
+            monitor._skipped_run = 0
+            state = fresh
+            continue
+        ok = not history.skipped[-1] and math.isfinite(history.losses[-1]) and not triggered
+        if ok and state.step % policy.checkpoint_every == 0:
+            save_checkpoint_atomic(state.state_dict(), checkpoint_path)
+    return RecoveredRun(state, history, monitor, events)
+
+
+# ---- planted faults, for the lesson and the tests ------------------------------------------------------
+
+FAULT_KINDS = ("overflow", "nan", "nan_backward", "dead")
+
+
+class _NanGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * torch.nan
+
+
+class PlantedFault(nn.Module):
+    """Wraps ``module``; from its ``after``-th forward call in training mode on, corrupts its output:
+
+    * ``"overflow"``: multiplies by ``factor`` and divides again. Exact in FP32 and BF16 (a power of two),
+      but in FP16 an output above 65504 / factor (about 0.004 for the default 2**24) becomes inf, and
+      inf / factor stays inf: an activation that outgrew FP16;
+    * ``"nan"``: sets one output element to NaN (a forward bug);
+    * ``"nan_backward"``: leaves the output alone, but the gradient passed back through it is NaN;
+    * ``"dead"``: multiplies the output by zero (a dead layer: its weights get zero gradient).
+    """
+
+    def __init__(self, module: nn.Module, kind: str, *, after: int = 0, factor: float = 2.0**24):
+        super().__init__()
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {kind!r}; kinds: {', '.join(FAULT_KINDS)}")
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ValueError(f"after must be a non-negative int, got {after!r}")
+        self.module, self.kind, self.after, self.factor = module, kind, after, float(factor)
+        self.calls = 0
+
+    def forward(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        if not self.training:
+            return out
+        self.calls += 1
+        if self.calls <= self.after:
+            return out
+        if self.kind == "overflow":
+            return (out * self.factor) / self.factor
+        if self.kind == "nan":
+            out = out.clone()
+            out.view(-1)[0] = torch.nan
+            return out
+        if self.kind == "nan_backward":
+            return _NanGrad.apply(out)
+        return out * 0.0
+
+
+def plant_fault(model: nn.Module, name: str, kind: str, **kwargs) -> PlantedFault:
+    """Replace the submodule ``name`` of ``model`` (in place) by a :class:`PlantedFault` around it."""
+    modules = dict(model.named_modules())
+    if name not in modules or not name:
+        raise ValueError(f"no submodule named {name!r}")
+    parent_name, _, child = name.rpartition(".")
+    parent = modules[parent_name] if parent_name else model
+    fault = PlantedFault(modules[name], kind, **kwargs)
+    setattr(parent, child, fault)
+    return fault

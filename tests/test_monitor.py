@@ -1,0 +1,242 @@
+"""The monitor, the non-finite locator, atomic checkpoints and recovery, each proved on a planted fault."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib import monitor as mon
+from course_lib.device import size_profile
+from course_lib.gradients import summarize_underflow
+from course_lib.models import course_setup
+
+
+def _setup(steps=12):
+    return course_setup(size_profile("cpu"), "cpu", steps=steps, default_steps=(steps, steps), seed=0)
+
+
+# ---- gradient statistics --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["FP16", "BF16"])
+@pytest.mark.parametrize("scale", [1.0, 2.0**10])
+def test_gradient_stats_classify_like_the_exact_codec(fmt, scale):
+    from course_lib.formats import get_format
+
+    f = get_format(fmt)
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(20000, generator=g, dtype=torch.float64) * torch.exp(8 * torch.randn(20000, generator=g,
+                                                                                             dtype=torch.float64))
+    # the rounding boundaries themselves, scaled back to gradients
+    edges = torch.tensor([f.min_subnormal / 2, f.min_subnormal / 2 * (1 + 1e-9), f.min_normal - f.min_subnormal / 2,
+                          f.min_normal, f.max_finite, f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2,
+                          0.0], dtype=torch.float64) / scale
+    values = torch.cat([values, edges, -edges])
+    ours = mon.gradient_stats("p", values, fmt, scale)
+    exact = summarize_underflow(values, fmt, scale)
+    assert (ours.zero, ours.flush, ours.subnormal, ours.overflow) == pytest.approx(
+        (exact.zero, exact.flushed, exact.subnormal, exact.overflow), abs=0)
+
+
+def test_gradient_stats_count_non_finite_values():
+    s = mon.gradient_stats("p", torch.tensor([1.0, math.nan, math.inf, 0.0]), "FP16")
+    assert s.non_finite == 2 and s.zero == 0.25 and s.norm == 1.0
+
+
+# ---- the monitor ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("recipe,dtype,steps", [("bf16_autocast", torch.bfloat16, 20),
+                                                ("fp16_autocast_scaler", torch.float16, 10)])
+def test_a_healthy_run_raises_no_alert(recipe, dtype, steps):
+    from course_lib.train import TrainConfig, TrainState, get_recipe, train
+
+    setup = _setup(steps)
+    model = setup.model(0)
+    watch = mon.GradientHealthMonitor(model, dtype=dtype, every=2)
+    state = TrainState(model, get_recipe(recipe, "cpu"), TrainConfig(steps=steps), torch.device("cpu"))
+    train(state, setup.sampler, monitor=watch)
+    assert watch.alerts == []
+    assert watch.log.steps == list(range(steps)) and watch.log.sampled_steps == list(range(0, steps, 2))
+    assert len(watch.log.gradients[0]) == len(list(model.parameters()))
+
+
+def test_a_dead_layer_is_named():
+    from course_lib.train import TrainConfig, TrainState, get_recipe, train
+
+    setup = _setup(3)
+    model = setup.model(0)
+    mon.plant_fault(model, "blocks.1.fc", "dead")
+    watch = mon.GradientHealthMonitor(model, every=1)
+    state = TrainState(model, get_recipe("fp32", "cpu"), TrainConfig(steps=3), torch.device("cpu"))
+    train(state, setup.sampler, monitor=watch)
+    dead = {a.layer for a in watch.alerts_of("zero_gradients")}
+    assert "blocks.1.fc.module.weight" in dead and not any(n.startswith("blocks.0") for n in dead)
+
+
+def test_underflow_is_flagged_at_a_small_scale_and_not_at_a_large_one():
+    model = nn.Linear(8, 8)
+    model.weight.grad = torch.full((8, 8), 1e-9)
+    model.bias.grad = torch.full((8,), 1e-2)
+    watch = mon.GradientHealthMonitor(model, every=1)
+    watch.after_backward(0, scale=1.0)
+    assert [a.layer for a in watch.alerts_of("underflow")] == ["weight"]
+    calm = mon.GradientHealthMonitor(model, every=1)
+    model.weight.grad = torch.full((8, 8), 1e-9 * 2.0**16)   # the same gradient, carrying a scale of 2**16
+    calm.after_backward(0, scale=2.0**16)
+    assert calm.alerts_of("underflow") == []
+
+
+def test_gradient_overflow_the_scaler_skips_is_not_an_alert():
+    model = nn.Linear(2, 2)
+    model.weight.grad = torch.tensor([[math.inf, 1.0], [1.0, 1.0]])
+    model.bias.grad = torch.ones(2)
+    watch = mon.GradientHealthMonitor(model, every=1)
+    watch.after_backward(0, scale=2.0**16)
+    watch.after_step(0, loss=1.0, scale=2.0**16, skipped=True)
+    assert watch.alerts == []
+    watch.after_backward(1, scale=2.0**15)
+    watch.after_step(1, loss=1.0, scale=2.0**15, skipped=False)     # went ahead with an inf: alert
+    assert [(a.kind, a.layer) for a in watch.alerts] == [("non_finite_gradient", "weight")]
+
+
+def test_run_level_alerts():
+    watch = mon.GradientHealthMonitor(nn.Linear(2, 2), thresholds=mon.Thresholds(skipped_run=3, min_scale=1.0))
+    for step in range(3):
+        watch.after_step(step, loss=1.0, scale=2.0 ** (10 - step), skipped=True)
+    assert [a.kind for a in watch.alerts] == ["skipped_run"] and watch.alerts[0].step == 2
+    watch.after_step(3, loss=1.0, scale=1.0, skipped=False)      # 1.0: a run without a scaler, no alert
+    assert [a.kind for a in watch.alerts] == ["skipped_run"]
+    watch.after_step(4, loss=1.0, scale=0.5, skipped=False)
+    watch.after_step(5, loss=math.nan, scale=0.5, skipped=False)
+    assert [a.kind for a in watch.alerts] == ["skipped_run", "scale_collapse", "non_finite_loss"]
+    with pytest.raises(ValueError, match="unknown alert kind"):
+        watch.alerts_of("overflow")
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="no parameters"):
+        mon.GradientHealthMonitor(nn.ReLU())
+    with pytest.raises(ValueError, match="every"):
+        mon.GradientHealthMonitor(nn.Linear(2, 2), every=0)
+    with pytest.raises(ValueError, match="no parameter named"):
+        mon.GradientHealthMonitor(nn.Linear(2, 2), layers=("weights",))
+    with pytest.raises(TypeError):
+        mon.GradientHealthMonitor("model")
+    for bad in (dict(zero_fraction=0.0), dict(underflow_fraction=1.5), dict(min_scale=-1.0), dict(skipped_run=0)):
+        with pytest.raises(ValueError):
+            mon.Thresholds(**bad)
+    with pytest.raises(ValueError, match="unknown fault"):
+        mon.plant_fault(nn.Sequential(nn.Linear(2, 2)), "0", "explode")
+    with pytest.raises(ValueError, match="no submodule"):
+        mon.plant_fault(nn.Sequential(nn.Linear(2, 2)), "1", "nan")
+
+
+# ---- the locator ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layer", ["blocks.0.attn.qkv", "blocks.1.fc"])
+@pytest.mark.parametrize("kind,phase", [("nan", "forward"), ("nan_backward", "backward")])
+def test_the_locator_names_the_planted_layer(layer, kind, phase):
+    setup = _setup(1)
+    model = setup.model(0)
+    mon.plant_fault(model, layer, kind)
+    x, y = setup.sampler.batch(0, "cpu")
+    with mon.NonFiniteLocator(model) as locator:
+        model(x, y)[1].backward()
+    assert locator.report is not None
+    assert (locator.report.module, locator.report.phase) == (layer, phase)
+    assert layer in locator.report.describe()
+
+
+def test_the_locator_stays_quiet_on_a_healthy_step_and_removes_its_hooks():
+    setup = _setup(1)
+    model = setup.model(0)
+    x, y = setup.sampler.batch(0, "cpu")
+    with mon.NonFiniteLocator(model) as locator:
+        model(x, y)[1].backward()
+    assert locator.report is None
+    assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------------
+
+def test_a_write_killed_halfway_leaves_the_last_good_checkpoint(tmp_path):
+    path = tmp_path / "last_good.pt"
+    mon.save_checkpoint_atomic({"step": 1, "w": torch.ones(3)}, path)
+    script = f"""
+import os, torch
+from course_lib import monitor
+real_save = torch.save
+def dying_save(obj, f, *a, **k):
+    f.write(b"half a checkpoint")
+    f.flush()
+    os._exit(9)            # killed mid-write: no cleanup, no exception handling
+torch.save = dying_save
+monitor.save_checkpoint_atomic({{"step": 2, "w": torch.zeros(3)}}, {str(path)!r})
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert done.returncode == 9
+    back = torch.load(path, weights_only=False)
+    assert back["step"] == 1 and torch.equal(back["w"], torch.ones(3))
+    # a plain torch.save to the same path would have left it corrupt
+    with open(path, "wb") as fh:
+        fh.write(b"half a checkpoint")
+    with pytest.raises(Exception):
+        torch.load(path, weights_only=False)
+
+
+def test_an_interrupted_write_cleans_up_after_an_exception(tmp_path, monkeypatch):
+    path = tmp_path / "ck.pt"
+    mon.save_checkpoint_atomic({"step": 1}, path)
+
+    def failing_save(obj, f, *a, **k):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError):
+        mon.save_checkpoint_atomic({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False)["step"] == 1
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["ck.pt"]
+
+
+# ---- recovery -----------------------------------------------------------------------------------------
+
+def _overflowing_run(tmp_path, *, recover: bool, steps: int = 14):
+    from course_lib.train import TrainConfig, TrainState, get_recipe, train
+
+    setup = _setup(steps)
+    model = setup.model(0)
+    mon.plant_fault(model, "blocks.0.fc", "overflow", after=4)
+    state = TrainState(model, get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=steps),
+                       torch.device("cpu"))
+    watch = mon.GradientHealthMonitor(model, every=5, thresholds=mon.Thresholds(skipped_run=4))
+    if not recover:
+        return train(state, setup.sampler, monitor=watch), watch, []
+    run = mon.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt", monitor=watch,
+                                  policy=mon.RecoveryPolicy(checkpoint_every=2))
+    return run.history, watch, run.events
+
+
+def test_recovery_rolls_back_and_finishes_a_run_that_fails_without_it(tmp_path):
+    history, watch, _ = _overflowing_run(tmp_path, recover=False)
+    assert all(history.skipped[5:])                   # from the fault on, every step is skipped
+    assert watch.alerts_of("skipped_run")
+    history, watch, events = _overflowing_run(tmp_path, recover=True)
+    # the first faulty step (the fault starts at the fifth forward, step 4) has an infinite loss
+    assert len(events) == 1 and events[0].recipe == "bf16_autocast" and events[0].alert.kind == "non_finite_loss"
+    assert events[0].step == 4
+    assert events[0].rolled_back_to <= 4
+    assert watch.log.steps[-1] == 13                   # it reached the end
+    after = history.skipped[-(14 - events[0].rolled_back_to):]
+    assert not any(after) and all(math.isfinite(v) for v in history.losses[-5:])
+
+
+def test_recovery_policy_validates():
+    with pytest.raises(ValueError, match="unknown alert kind"):
+        mon.RecoveryPolicy(triggers=("loss_spike",))
+    with pytest.raises(ValueError, match="checkpoint_every"):
+        mon.RecoveryPolicy(checkpoint_every=0)
