@@ -15,7 +15,7 @@ TIMING_KEYS = {"seconds", "median_s", "q25_s", "q75_s", "repeats", "tflops", "st
                "torch_timer_s", "copy_bandwidth_gbs", "tokens_per_s", "tokens_per_second", "mfu", "self_seconds",
                "self_cpu_time_total", "cpu_time_total", "cuda_time_total", "time_share", "share", "top",
                "cast_share", "table", "peak_memory_bytes", "time_to_target_s"}
-SKIP = {"matmul_throughput", "fp8_linear_speed", "profiled_step"}  # nothing but timings
+SKIP = {"matmul_throughput", "fp8_linear_speed", "profiled_step", "monitor_overhead"}  # nothing but timings
 
 
 def _without_timing(value):

@@ -157,3 +157,18 @@ def test_check_nvfp4_value_works_it_through():
     assert not check_nvfp4_value(1.0, 1.3, block_amax=3.0, tensor_amax=2688.0).correct
     with pytest.raises(ValueError):
         check_nvfp4_value(1.0, 5.0, block_amax=3.0, tensor_amax=2688.0)
+
+
+def test_check_first_nonfinite_names_the_maker_not_the_carriers():
+    from course_lib.exercises import check_first_nonfinite
+
+    trace = [("a", "forward", True, True), ("b", "forward", True, False), ("c", "forward", False, False),
+             ("loss", "forward", False, False)]
+    assert check_first_nonfinite("b", trace).correct
+    assert "passed the NaN on" in check_first_nonfinite("c", trace).message
+    assert "noticed" in check_first_nonfinite("loss", trace).message
+    assert "finite" in check_first_nonfinite("a", trace).message
+    assert not check_first_nonfinite(None, trace).correct and not check_first_nonfinite(3, trace).correct
+    assert check_first_nonfinite("none", [("a", "forward", False, False)]).correct
+    with pytest.raises(ValueError):
+        check_first_nonfinite("a", [])

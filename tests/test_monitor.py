@@ -240,3 +240,19 @@ def test_recovery_policy_validates():
         mon.RecoveryPolicy(triggers=("loss_spike",))
     with pytest.raises(ValueError, match="checkpoint_every"):
         mon.RecoveryPolicy(checkpoint_every=0)
+
+
+def test_the_lesson_experiments_run_small():
+    profile = size_profile("cpu")
+    hunt = mon.nan_hunt(profile, layer="blocks.1.fc", kind="nan", repeats=1)
+    assert hunt.report.module == "blocks.1.fc" and hunt.report.phase == "forward"
+    assert hunt.anomaly is not None and "LogSoftmaxBackward" in hunt.anomaly     # where it surfaced, not where made
+    demo = mon.overflow_recovery(profile, steps=8, fault_at=3)
+    assert all(demo.without.skipped[3:]) and len(demo.events) == 1
+    assert demo.with_recovery.steps[-1] == 7 and not any(demo.with_recovery.skipped[-3:])
+    with pytest.raises(ValueError, match="fault_at"):
+        mon.overflow_recovery(profile, steps=8, fault_at=8)
+    cost = mon.monitor_overhead(profile, steps=2, rounds=1)
+    assert set(cost.seconds) == {0, 1, 10} and all(v > 0 for v in cost.seconds.values())
+    with pytest.raises(ValueError, match="kind"):
+        mon.nan_hunt(profile, kind="overflow")

@@ -141,3 +141,26 @@ def test_microscaling_figures_draw_their_data():
     assert right["nvfp4_no_sr (round to nearest)"] == pytest.approx([20.0, 20.0])
     with pytest.raises(ValueError, match="no recipe"):
         plots.plot_gradient_fidelity(fid, reference="mxfp4")
+
+
+# ---- lesson 9 -----------------------------------------------------------------------------------------
+
+def test_monitoring_figures_draw_their_data():
+    from course_lib import monitor as mon
+
+    log_a = mon.MonitorLog(steps=[0, 1, 2], losses=[3.0, float("nan"), float("nan")], scales=[4.0, 2.0, 1.0],
+                           skipped=[False, True, True])
+    log_b = mon.MonitorLog(steps=[0, 1, 0, 1, 2], losses=[3.0, float("nan"), 3.0, 2.5, 2.0],
+                           scales=[4.0, 4.0, 1.0, 1.0, 1.0], skipped=[False, True, False, False, False])
+    alert = mon.Alert(1, "non_finite_loss", None, "m")
+    demo = mon.RecoveryDemo(1, 3, log_a, (alert,), log_b, (mon.RecoveryEvent(1, 0, alert, "bf16_autocast"),))
+    fig = plots.plot_recovery(demo)
+    top = fig.axes[0]
+    marks = [ln for ln in top.get_lines() if ln.get_marker() == "x"]
+    assert len(marks) == 2 and list(marks[0].get_xdata()) == [1, 2]     # the no-recovery run's bad steps
+    assert fig.axes[1].get_yscale() == "log"
+    assert any("rolled back to 0" in t.get_text() for t in top.texts)
+    trend = mon.UnderflowTrend("FP16", (0, 5), {"a": (0.1, 0.2), "b": (0.0, 0.0), "c": (0.3, 0.3)}, (3.0, 2.0), ())
+    fig = plots.plot_underflow_trend(trend, top_n=2)
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["c", "a"]
+    assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([10.0, 20.0])

@@ -367,3 +367,32 @@ def check_nvfp4_value(answer, value: float, block_amax: float, tensor_amax: floa
     return Feedback(False, f"Not quite: {answer:g}. Work it through: the tensor scale is amax / (448 * 6), the "
                            "block scale is the block amax / 6 over the tensor scale, rounded to E4M3; the element "
                            "is the value over both scales, rounded to the nearest E2M1 value (ties to even).")
+
+
+def check_first_nonfinite(answer, trace) -> Feedback:
+    """Check which module produced the first non-finite value, given a hook ``trace``: a list of
+    ``(module, phase, inputs_finite, outputs_finite)`` in the order the hooks fired (the locator's rule: the
+    first event whose inputs were finite and whose outputs were not)."""
+    events = [tuple(e) for e in trace]
+    if not events or any(len(e) != 4 for e in events):
+        raise ValueError("trace must be a non-empty list of (module, phase, inputs_finite, outputs_finite)")
+    culprit = next((e for e in events if e[2] and not e[3]), None)
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: name the module and run the cell again.")
+    if not isinstance(answer, str):
+        return Feedback(False, f"Give the module's name as a string, not {type(answer).__name__}.")
+    if culprit is None:
+        return Feedback(answer.lower() in ("none", ""), "No event has finite inputs and non-finite outputs: "
+                        "nothing in this trace produced the NaN (it came in from outside the hooked modules).")
+    if answer == culprit[0]:
+        return Feedback(True, f"`{culprit[0]}` ({culprit[1]}): the first module whose inputs were finite and "
+                              "whose outputs were not. Every later module only passed the NaN on.")
+    if answer == events[-1][0]:
+        return Feedback(False, "The last module is where the NaN is noticed (the loss), not where it was made.")
+    later = [e for e in events if e[0] == answer]
+    if later and not later[0][2]:
+        return Feedback(False, f"`{answer}` received a non-finite input already: it passed the NaN on. Look "
+                               "for the first module whose inputs were all finite.")
+    if later and later[0][3]:
+        return Feedback(False, f"`{answer}`'s outputs were finite when its hook fired.")
+    return Feedback(False, f"`{answer}` is not the first module with finite inputs and non-finite outputs.")

@@ -339,3 +339,38 @@ def _mx_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput
     return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(result.recipes),
                                         "seeds": list(result.seeds), "steps": result.steps},
                             values={"curves": {k: [list(c) for c in v] for k, v in result.curves.items()}})
+
+
+# ---- lesson 9: monitoring and debugging ---------------------------------------------------------------
+
+@register("monitor_faults",
+          "Planted faults caught: a NaN in a forward and in a backward pass located by module (against "
+          "torch.autograd.detect_anomaly), an FP16 overflow run with and without rollback-and-BF16 recovery, "
+          "and the share of each gradient an unscaled FP16 would flush over an FP32 run (lesson 9).")
+def _monitor_faults(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    import dataclasses
+
+    from .monitor import nan_hunt, overflow_recovery, underflow_trend
+
+    hunts = {}
+    for kind, layer in (("nan", "blocks.1.fc"), ("nan_backward", "blocks.1.attn.qkv")):
+        h = nan_hunt(profile, device, layer=layer, kind=kind)
+        hunts[kind] = {"layer": h.layer, "report": None if h.report is None else dataclasses.asdict(h.report),
+                       "anomaly": h.anomaly,
+                       "seconds": {"plain": h.plain_s, "locator": h.locator_s, "anomaly": h.anomaly_s}}
+    demo = overflow_recovery(profile, device)
+    trend = underflow_trend(profile, device)
+    return ExperimentOutput(parameters={"profile": profile.name, "steps": demo.steps, "fault_at": demo.fault_at},
+                            values={"nan_hunts": hunts, "recovery": dataclasses.asdict(demo),
+                                    "underflow_trend": dataclasses.asdict(trend)})
+
+
+@register("monitor_overhead",
+          "Median optimizer-step time of the course model without a gradient monitor and with one sampling "
+          "every step and every 10 steps, alternated within one run (lesson 9).")
+def _monitor_overhead(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    from .monitor import monitor_overhead
+
+    result = monitor_overhead(profile, device, steps=profile.pick(small=20, full=50))
+    return ExperimentOutput(parameters={"profile": profile.name, "everies": [1, 10]},
+                            values={"seconds": {str(k): v for k, v in result.seconds.items()}})

@@ -822,3 +822,64 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     right.grid(alpha=0.3)
     right.legend(fontsize=8, loc="lower left")
     return _finish(fig)
+
+
+# ---- lesson 9: monitoring ----------------------------------------------------------------------------
+
+def plot_recovery(demo) -> Figure:
+    """Loss, loss scale and skipped steps against the optimizer step for the run without recovery (grey)
+    and with it (colour) of a :class:`~course_lib.monitor.RecoveryDemo`; the fault's start and each rollback
+    marked. A rolled-back run steps back along the x axis, so its line doubles back where it rolled back."""
+    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 7.2), sharex=True,
+                                           gridspec_kw={"height_ratios": [2, 1.4, 0.8]})
+    runs = (("FP16 + GradScaler, no recovery", demo.without, "#777777"),
+            ("with recovery (rolls back, continues in BF16)", demo.with_recovery, "#0072B2"))
+    for j, (label, log, colour) in enumerate(runs):
+        steps = np.asarray(log.steps)
+        losses = np.asarray(log.losses, dtype=float)
+        shown = np.where(np.isfinite(losses), losses, np.nan)
+        top.plot(steps, shown, "o-", color=colour, lw=2.6 if j == 0 else 1.6, ms=3, label=label, zorder=2 + j)
+        bad = steps[~np.isfinite(losses)]
+        if len(bad):
+            # a non-finite loss has no height: mark it along the top of the panel
+            top.plot(bad, np.full(len(bad), 1.0), "x", color=colour, ms=6, mew=1.6,
+                     transform=top.get_xaxis_transform(), clip_on=False,
+                     label=f"{label.split(',')[0].split(' (')[0]}: loss inf/NaN" if j == 0 else None)
+        mid.plot(steps, log.scales, "o-", color=colour, lw=1.6, ms=3)
+        skipped = steps[np.asarray(log.skipped, dtype=bool)]
+        bottom.plot(skipped, np.full(len(skipped), j), "|", color=colour, ms=14, mew=2)
+    for ax in (top, mid, bottom):
+        ax.axvline(demo.fault_at, color=LIMIT_COLOUR, ls="--", lw=1.2)
+        ax.grid(alpha=0.3)
+    for e in demo.events:
+        top.annotate(f"alert at step {e.step}: rolled back to {e.rolled_back_to}, continued in {e.recipe}",
+                     xy=(e.step, 0.85), xycoords=top.get_xaxis_transform(), xytext=(8, 0),
+                     textcoords="offset points", fontsize=8, va="center")
+    top.text(demo.fault_at, top.get_ylim()[0], " fault starts", color=LIMIT_COLOUR, fontsize=8, va="bottom")
+    top.set_ylabel("loss\n(x along the top: inf or NaN)")
+    top.legend(fontsize=8, loc="lower left")
+    mid.set_yscale("log", base=2)
+    mid.set_ylabel("loss scale (log2)")
+    bottom.set_yticks([0, 1], ["no recovery", "recovery"])
+    bottom.set_ylim(-0.6, 1.6)
+    bottom.set_ylabel("skipped")
+    bottom.set_xlabel("optimizer step")
+    return _finish(fig)
+
+
+def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
+    """Left: per parameter (the ``top_n`` with the largest share at any point), the share of its gradient
+    an unscaled low-precision format would flush to zero, against the step. Right: the loss."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.5, 1]})
+    ranked = sorted(trend.flush.items(), key=lambda kv: -max(kv[1]))[:top_n]
+    for j, (name, series) in enumerate(ranked):
+        left.plot(trend.steps, np.asarray(series) * 100, "o-", color=_recipe_colour(j), lw=1.6, ms=3, label=name)
+    left.set_xlabel("optimizer step")
+    left.set_ylabel(f"gradient values {trend.fmt} would flush (%)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    right.plot(np.arange(len(trend.losses)), trend.losses, color="#000000", lw=1.6)
+    right.set_xlabel("optimizer step")
+    right.set_ylabel("loss")
+    right.grid(alpha=0.3)
+    return _finish(fig)
