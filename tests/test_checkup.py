@@ -1,0 +1,111 @@
+"""The precision check-up on models the course did not write: a torchvision-style CNN and a small
+transformer built from torch.nn, a model that overflows FP16, and a broken one."""
+
+import math
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.checkup import CHECKUP_RECIPES, checkup, main
+
+
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(16, 10))
+
+
+def _classification(model, batch):
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _images():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+
+def test_checkup_on_a_cnn():
+    result = checkup(_cnn, _classification, _images(), device="cpu", steps=3)
+    assert set(result.recipes) == set(CHECKUP_RECIPES)
+    assert all(r.finite for r in result.recipes.values() if r.unsupported is None)
+    assert {x.layer for x in result.layers} == {"0", "4", "9"}            # both convolutions and the head
+    ops = {row["op"]: row["runs_in"] for row in result.autocast_ops}
+    assert ops["convolution"] == "low precision"
+    assert result.recommendation in ("bf16_autocast", "fp16_autocast_scaler", "fp32")
+    assert result.reasons and "Recommendation" in result.markdown()
+    assert result.max_fp16_scale == 2.0 ** math.floor(math.log2(65504 / result.grad_amax))
+
+
+def test_checkup_on_a_small_transformer():
+    def build():
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True, dropout=0.0)
+        return nn.Sequential(nn.TransformerEncoder(layer, num_layers=2), nn.Linear(32, 1))
+
+    x = torch.randn(8, 12, 32, generator=torch.Generator().manual_seed(2))
+    result = checkup(build, lambda m, b: (m(b[0]).squeeze(-1) - b[1]).square().mean(), (x, torch.zeros(8, 12)),
+                     device="cpu", steps=3)
+    assert result.recipes["fp32"].finite
+    assert any("linear" in x.layer for x in result.layers)
+    assert result.recommendation == "bf16_autocast"    # BF16 runs on this CPU and tracks FP32 within 2%
+
+
+def test_a_model_that_overflows_fp16_is_not_sent_to_fp16():
+    def build():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+        with torch.no_grad():
+            net[0].weight.mul_(1e5)          # outputs in the 1e5s: beyond FP16's 65504
+        return net
+
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(3))
+    result = checkup(build, lambda m, b: m(b).square().mean() * 1e-12, x, device="cpu", steps=3,
+                     recipes=("fp32", "fp16_autocast_scaler"))
+    assert [x.layer for x in result.layers if x.output_overflow > 0] == ["0"]
+    assert result.recommendation != "fp16_autocast_scaler"
+    assert any("overflow" in r for r in result.reasons)
+
+
+def test_a_broken_model_is_not_a_precision_problem():
+    result = checkup(lambda: nn.Linear(4, 1), lambda m, b: m(b).sum() * torch.nan, torch.ones(2, 4), device="cpu",
+                     steps=2, recipes=("fp32",))
+    assert result.recommendation == "fix the model first"
+
+
+def test_bad_input_is_refused():
+    x = torch.ones(2, 4)
+    with pytest.raises(ValueError, match="steps"):
+        checkup(lambda: nn.Linear(4, 1), lambda m, b: m(b).sum(), x, steps=1)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        checkup(lambda: nn.ReLU(), lambda m, b: m(b).sum(), x)
+    with pytest.raises(TypeError, match="scalar loss"):
+        checkup(lambda: nn.Linear(4, 1), lambda m, b: m(b), x, device="cpu", recipes=("fp32",))
+    with pytest.raises(ValueError, match="recipes"):
+        checkup(lambda: nn.Linear(4, 1), lambda m, b: m(b).sum(), x, recipes=("bf16_autocast",))
+    with pytest.raises(TypeError, match="nn.Module"):
+        checkup(lambda: "model", lambda m, b: m(b).sum(), x)
+
+
+def test_the_command_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_model.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def factory():
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+            return model, lambda m, b: m(b).square().mean(), torch.randn(16, 4)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["my_model:factory", "--device", "cpu", "--steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Recommendation" in out and "| fp32 | yes |" in out
+    with pytest.raises(ValueError, match="module:function"):
+        main(["my_model"])
+    sys.modules.pop("my_model", None)
