@@ -109,3 +109,21 @@ def test_the_command_line(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match="module:function"):
         main(["my_model"])
     sys.modules.pop("my_model", None)
+
+
+def test_without_bf16_the_recommendation_weighs_fp16():
+    from course_lib.checkup import LayerRisk, RecipeCheck, _recommend
+
+    fp32 = RecipeCheck("fp32", None, (2.0, 1.0), 0, None, 0.01, ())
+    bf16 = RecipeCheck("bf16_autocast", "this GPU (compute capability 7.5) has no native BF16", (), 0, None,
+                       math.nan, ())
+    fp16 = RecipeCheck("fp16_autocast_scaler", None, (2.0, 1.005), 1, 32768.0, 0.01, ())
+    calm = (LayerRisk("fc", 0.0, 0.0, 0.0),)
+    choice, reasons = _recommend({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": fp16}, calm,
+                                 2.0**20, 0.02)
+    assert choice == "fp16_autocast_scaler"
+    assert any("compute capability 7.5" in r for r in reasons) and any("skipped 1 of 2" in r for r in reasons)
+    hot = (LayerRisk("fc", 0.01, 0.0, 0.0),)
+    choice, reasons = _recommend({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": fp16}, hot,
+                                 2.0**20, 0.02)
+    assert choice == "fp32" and any("overflow" in r for r in reasons)
