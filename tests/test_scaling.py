@@ -266,3 +266,57 @@ def test_pitfall_consequences_are_measured():
     assert micro.optimizer_steps == 2 * correct.optimizer_steps and micro.scheduler_steps > 0
     assert 0.85 < sched.update_norm / correct.update_norm < 0.95  # one StepLR decay (gamma 0.9) ahead
     assert run_pitfall_demo(None).update_norm == correct.update_norm  # same initial weights every time
+
+
+def test_clipping_imported_by_name_is_still_caught():
+    import torch.nn.utils.clip_grad as clip_module
+    from torch.nn.utils import clip_grad_norm_   # the loop's own reference, which patching cannot replace
+
+    from course_lib.scaling import ScalerAudit
+
+    helper = getattr(clip_module, "_get_total_norm", None)
+    if helper is None:  # pragma: no cover - a torch without the helper
+        pytest.skip("this torch's clip_grad_norm_ has no module-level norm helper to watch")
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with ScalerAudit(scaler, opt) as audit:
+        scaler.scale(model(torch.randn(4, 8)).square().mean()).backward()
+        clip_grad_norm_(model.parameters(), 1.0)         # before unscale_
+        scaler.step(opt)
+        scaler.update()
+    assert audit.pitfalls == ["clip_before_unscale"]
+    assert clip_module._get_total_norm is helper
+
+
+def test_correct_autocast_loops_raise_nothing_and_everything_is_restored():
+    from course_lib.scaling import ScalerAudit
+
+    enter, backward = torch.autocast.__enter__, torch.Tensor.backward
+    for dtype, use_scaler in ((torch.float16, True), (torch.bfloat16, False)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu") if use_scaler else None
+        with ScalerAudit(scaler, opt, model=model) as audit:
+            for _ in range(3):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=dtype):
+                    loss = model(torch.randn(4, 8)).float().square().mean()
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
+                model.eval()
+                with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+                    model(torch.randn(2, 8))
+                model.train()
+        assert audit.findings == [], (dtype, audit.pitfalls)
+    assert torch.autocast.__enter__ is enter and torch.Tensor.backward is backward
+    with pytest.raises(TypeError, match="nn.Module"):
+        ScalerAudit(None, torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), model="model")
