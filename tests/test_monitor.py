@@ -256,3 +256,7 @@ def test_the_lesson_experiments_run_small():
     assert set(cost.seconds) == {0, 1, 10} and all(v > 0 for v in cost.seconds.values())
     with pytest.raises(ValueError, match="kind"):
         mon.nan_hunt(profile, kind="overflow")
+
+
+def test_anomaly_mode_sees_nan_but_not_inf():
+    assert mon.anomaly_mode_raises(math.nan) and not mon.anomaly_mode_raises(math.inf)

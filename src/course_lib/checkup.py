@@ -28,6 +28,9 @@ from .formats import get_format
 from .monitor import Alert, GradientHealthMonitor, gradient_stats
 
 CHECKUP_RECIPES = ("fp32", "bf16_autocast", "fp16_autocast_scaler")
+_VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "permute", "expand", "reshape", "detach", "alias",
+                       "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "clone", "contiguous",
+                       "flatten", "as_strided", "unbind"})
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,19 @@ class Checkup:
                       "|---|---|---|---|"]
             lines += [f"| `{x.layer}` | {100 * x.output_overflow:.2f}% | {100 * x.output_subnormal:.2f}% | "
                       f"{100 * x.grad_flush:.1f}% |" for x in risky]
-        low = [row for row in self.autocast_ops if row["runs_in"] == "low precision"]
-        high = [row for row in self.autocast_ops if row["runs_in"] == "fp32"]
-        lines += ["", f"Under autocast, {len(low)} op kinds ran in low precision "
-                      f"({', '.join(sorted(r['op'] for r in low)[:12])}) and {len(high)} in FP32 "
-                      f"({', '.join(sorted(r['op'] for r in high)[:12])})."]
+        else:
+            lines += ["", "No layer at FP16 risk: no output overflows FP16, and no layer's weight gradient loses "
+                          "more than 1% to flushing at scale 1."]
+        lines += [f"The largest gradient value, {self.grad_amax:.3g}, allows an FP16 loss scale of at most "
+                  f"{self.max_fp16_scale:g}."]
+
+        def ops(kind: str) -> list[str]:
+            # ops that only move or view data run in whatever dtype they are given: not autocast's choice
+            return sorted(r["op"] for r in self.autocast_ops if r["runs_in"] == kind and r["op"] not in _VIEW_OPS)
+        low, high, mixed = ops("low precision"), ops("fp32"), ops("mixed")
+        lines += ["", f"Under autocast, computing ops that ran in low precision: {', '.join(low) or 'none'}; in FP32: "
+                      f"{', '.join(high) or 'none'}" + (f"; mixed (low-precision output, FP32 statistics): "
+                                                          f"{', '.join(mixed)}" if mixed else "") + "."]
         return "\n".join(lines)
 
     def _repr_markdown_(self) -> str:

@@ -675,8 +675,9 @@ def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int |
 
 @dataclass(frozen=True)
 class MonitorOverhead:
-    """Median seconds per optimizer step of the same run without a monitor and with one sampling every
-    ``every`` steps (keys: 0 for none), and the overhead relative to none."""
+    """Seconds per optimizer step (the mean over a block of steps, median over blocks) of the same run
+    without a monitor and with one sampling every ``every`` steps (keys: 0 for none), and the overhead
+    relative to none. Means, not medians of single steps: a median would never see the sampled steps."""
 
     seconds: dict[int, float]
 
@@ -702,5 +703,19 @@ def monitor_overhead(profile, device: torch.device | str = "cpu", *, everies=(1,
         for every in (0, *everies):
             watch = GradientHealthMonitor(model, every=every) if every else None
             h = train(state, setup.sampler, steps=steps, monitor=watch)
-            samples[every] += h.step_seconds
+            samples[every].append(sum(h.step_seconds) / len(h.step_seconds))
     return MonitorOverhead({k: sorted(v)[len(v) // 2] for k, v in samples.items()})
+
+
+def anomaly_mode_raises(value: float) -> bool:
+    """Whether ``torch.autograd.detect_anomaly(check_nan=True)`` raises on a backward pass whose gradient
+    is ``value`` (e.g. ``math.inf`` or ``math.nan``)."""
+    x = torch.ones(3, requires_grad=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autograd.detect_anomaly(check_nan=True):
+                (x * value).sum().backward()
+    except RuntimeError:
+        return True
+    return False

@@ -830,22 +830,28 @@ def plot_recovery(demo) -> Figure:
     """Loss, loss scale and skipped steps against the optimizer step for the run without recovery (grey)
     and with it (colour) of a :class:`~course_lib.monitor.RecoveryDemo`; the fault's start and each rollback
     marked. A rolled-back run steps back along the x axis, so its line doubles back where it rolled back."""
-    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 7.2), sharex=True,
+    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 7.4), sharex=True,
                                            gridspec_kw={"height_ratios": [2, 1.4, 0.8]})
     runs = (("FP16 + GradScaler, no recovery", demo.without, "#777777"),
             ("with recovery (rolls back, continues in BF16)", demo.with_recovery, "#0072B2"))
     for j, (label, log, colour) in enumerate(runs):
         steps = np.asarray(log.steps)
         losses = np.asarray(log.losses, dtype=float)
+        scales = np.asarray(log.scales, dtype=float)
         shown = np.where(np.isfinite(losses), losses, np.nan)
-        top.plot(steps, shown, "o-", color=colour, lw=2.6 if j == 0 else 1.6, ms=3, label=label, zorder=2 + j)
+        # a rollback starts a new segment: the abandoned attempt faded, the run that continued solid
+        cuts = [0] + [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]] + [len(steps)]
+        for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+            last = k == len(cuts) - 2
+            kw = dict(color=colour, lw=2.6 if j == 0 else 1.6, ms=3, zorder=2 + j, alpha=1.0 if last else 0.45)
+            top.plot(steps[a:b], shown[a:b], "o-", label=label if last else None, **kw)
+            mid.plot(steps[a:b], scales[a:b], "o-", **kw)
         bad = steps[~np.isfinite(losses)]
         if len(bad):
             # a non-finite loss has no height: mark it along the top of the panel
             top.plot(bad, np.full(len(bad), 1.0), "x", color=colour, ms=6, mew=1.6,
                      transform=top.get_xaxis_transform(), clip_on=False,
-                     label=f"{label.split(',')[0].split(' (')[0]}: loss inf/NaN" if j == 0 else None)
-        mid.plot(steps, log.scales, "o-", color=colour, lw=1.6, ms=3)
+                     label=("no recovery" if j == 0 else "recovery") + ": loss inf/NaN")
         skipped = steps[np.asarray(log.skipped, dtype=bool)]
         bottom.plot(skipped, np.full(len(skipped), j), "|", color=colour, ms=14, mew=2)
     for ax in (top, mid, bottom):

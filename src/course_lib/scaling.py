@@ -369,18 +369,19 @@ PITFALLS = {
                                     "loss with torch.amp.GradScaler(device), or use BF16.",
     "scaler_with_bf16": "GradScaler scaled a loss computed under BF16 autocast: BF16 has FP32's range, so "
                         "scaling buys nothing and costs a pass over the gradients. Drop the scaler for BF16.",
-    "eval_without_autocast": "The model was evaluated (eval mode) without the autocast it was trained "
-                             "under: the evaluation measures a different numeric model than the one "
-                             "trained. Evaluate under the same autocast.",
+    "eval_without_autocast": "A warning more than a mistake: the model was evaluated (eval mode) without "
+                             "the autocast it was trained under, so the evaluation measures a different "
+                             "numeric model than the one trained. Often harmless; evaluate under the same "
+                             "autocast, or check once that the two agree.",
     "mixed_autocast_dtypes": "One iteration ran parts of the model under FP16 autocast and parts under "
                              "BF16 autocast: two formats, two failure modes, and FP16's needs a scaler. "
                              "Use one low-precision dtype (and autocast(enabled=False) for FP32 parts).",
-    "unaligned_matmul": "A linear layer's input or output width is not a multiple of 8: FP16/BF16 tensor "
-                        "cores want multiples of 8 (lesson 6 measured the cost of misalignment). Pad the "
-                        "width.",
+    "unaligned_matmul": "A linear layer's input or output width is not a multiple of 8: on a GPU, FP16/BF16 "
+                        "tensor cores want multiples of 8 (lesson 6 measured the cost of misalignment). Pad "
+                        "the width where the layer is large; a 1- or 10-wide output head costs little.",
     "bf16_without_native_support": "BF16 autocast on a GPU below compute capability 8.0: it has no BF16 "
-                                   "tensor cores, and BF16 runs emulated, slower than FP32. Use FP16 with "
-                                   "GradScaler there.",
+                                   "tensor cores (torch.cuda.is_bf16_supported() still says True there, and "
+                                   "BF16 runs without them). Use FP16 with GradScaler there.",
 }
 
 LOW_PRECISION_DTYPES = (torch.float16, torch.bfloat16)
@@ -663,6 +664,10 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
             # construction, so the demo plants the same mistake everywhere.
             with mock.patch.object(torch.cuda, "is_available", return_value=False):
                 scaler = torch.amp.GradScaler()
+        elif autocast_demo:
+            # FP16 gradients overflow at 65504, where FP32's overflow at 3.4e38: the autocast loops keep
+            # GradScaler's defaults and a loss of about 1 (no planted first-step overflow)
+            scaler = torch.amp.GradScaler(device)
         else:
             # the first step overflows (2**120 times a loss of about 1e4 exceeds float32's 3.4e38), then
             # the scale backs off to 2**20, where every later step is finite
@@ -692,7 +697,8 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
                     x = torch.randn(16, 8, generator=gen).to(next(model.parameters()).dtype)
                     # large enough to overflow at 2**120, small enough that the unscaled gradient norm
                     # stays finite in float32 (at 1e20 its square would overflow and clipping zero it)
-                    loss = ((_demo_forward(name, model, x).float() - 1.0) ** 2).mean() * 1e4
+                    loss = ((_demo_forward(name, model, x).float() - 1.0) ** 2).mean() * (1.0 if autocast_demo
+                                                                                            else 1e4)
                     if no_scaler:
                         (loss / accumulation).backward()
                         continue
