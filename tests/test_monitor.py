@@ -260,3 +260,21 @@ def test_the_lesson_experiments_run_small():
 
 def test_anomaly_mode_sees_nan_but_not_inf():
     assert mon.anomaly_mode_raises(math.nan) and not mon.anomaly_mode_raises(math.inf)
+
+
+def test_matmul_stats_classify_each_operand_and_scaling_moves_them_into_range():
+    setup = _setup(1)
+    model = setup.model(0)
+    x, y = setup.sampler.batch(0, "cpu")
+    unscaled = mon.matmul_stats(model, lambda m: m(x, y), "FP8 E4M3")
+    scaled = mon.matmul_stats(model, lambda m: m(x, y), "FP8 E4M3", scaled=True)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    assert [(r.layer, r.operand) for r in unscaled] == [(n, o) for n in linears for o in ("input", "weight")]
+    weight = next(r for r in unscaled if r.layer == "blocks.0.fc" and r.operand == "weight")
+    exact = mon.gradient_stats("w", model.blocks[0].fc.weight.detach(), "FP8 E4M3")
+    assert (weight.flush, weight.subnormal) == (exact.flush, exact.subnormal) and weight.subnormal > 0.1
+    assert max(r.flush + r.subnormal for r in scaled) < max(r.flush + r.subnormal for r in unscaled) / 10
+    assert all(r.scale == 448.0 / float(model.get_submodule(r.layer).weight.abs().max())
+               for r in scaled if r.operand == "weight")
+    with pytest.raises(ValueError, match="no linear layers"):
+        mon.matmul_stats(nn.ReLU(), lambda m: m(torch.ones(2)))
