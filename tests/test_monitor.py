@@ -278,3 +278,13 @@ def test_matmul_stats_classify_each_operand_and_scaling_moves_them_into_range():
                for r in scaled if r.operand == "weight")
     with pytest.raises(ValueError, match="no linear layers"):
         mon.matmul_stats(nn.ReLU(), lambda m: m(torch.ones(2)))
+
+
+def test_a_dead_layer_is_flagged_while_the_loss_falls():
+    run = mon.dead_layer_run(size_profile("cpu"), steps=10, dies_at=4, every=2)
+    zero = {a.layer: a.step for a in run.alerts if a.kind == "zero_gradients"}
+    assert zero.get("blocks.1.fc.module.weight") == 4 and zero.get("blocks.1.fc.module.bias") == 4
+    assert not any(layer.startswith("blocks.0") for layer in zero)
+    assert run.log.losses[-1] < run.log.losses[4]
+    with pytest.raises(ValueError, match="dies_at"):
+        mon.dead_layer_run(size_profile("cpu"), steps=10, dies_at=0)

@@ -164,3 +164,19 @@ def test_monitoring_figures_draw_their_data():
     fig = plots.plot_underflow_trend(trend, top_n=2)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["c", "a"]
     assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([10.0, 20.0])
+
+
+def test_dashboard_draws_each_panel_and_groups_alerts():
+    from course_lib import monitor as mon
+
+    stats = lambda z: (mon.GradientStats("a", 4, z, 0, 0, 0, 0, 1.0), mon.GradientStats("b", 4, 0.0, 0, 0, 0, 0, 1.0))  # noqa: E731
+    log = mon.MonitorLog(steps=[0, 1, 2, 3], losses=[3.0, 2.5, 2.0, 1.8], scales=[1.0] * 4,
+                         skipped=[False, True, False, False], sampled_steps=[0, 2],
+                         gradients=[stats(0.0), stats(1.0)])
+    alerts = (mon.Alert(2, "zero_gradients", "a", "m"), mon.Alert(2, "zero_gradients", "b", "m"))
+    fig = plots.plot_dashboard(log, alerts, mark_step=2)
+    assert len(fig.axes) == 4
+    layer_lines = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[3].get_lines() if not ln.get_label().startswith("_")}
+    assert layer_lines["a"] == pytest.approx([0.0, 100.0])
+    assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients (2 parameters)"]
+    assert list(fig.axes[2].get_lines()[0].get_xdata()) == [1]        # the skipped step

@@ -769,3 +769,36 @@ def matmul_stats(model: nn.Module, run_forward, fmt: str = "FP16", *, scaled: bo
             s = gradient_stats(name, t.float(), f, scale)
             rows.append(MatmulStats(name, operand, f.name, scale, s.zero, s.flush, s.subnormal, s.overflow))
     return tuple(rows)
+
+
+@dataclass(frozen=True)
+class DeadLayerRun:
+    """An FP32 run of the course model in which ``layer`` stops passing anything on from step ``dies_at``
+    (its output multiplied by zero): the monitor's log and alerts."""
+
+    layer: str
+    dies_at: int
+    log: MonitorLog
+    alerts: tuple[Alert, ...]
+
+
+def dead_layer_run(profile, device: torch.device | str = "cpu", *, layer: str = "blocks.1.fc",
+                   steps: int | None = None, dies_at: int | None = None, every: int = 2,
+                   seed: int = 0) -> DeadLayerRun:
+    """Train the course model in FP32 under a monitor (sampling every ``every`` steps) while ``layer``
+    dies at ``dies_at`` (default: a third of the way)."""
+    from .models import course_setup
+    from .train import TrainConfig, TrainState, get_recipe, train
+
+    device = torch.device(device)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 400), seed=seed)
+    n = setup.steps
+    dies_at = n // 3 if dies_at is None else dies_at
+    if not 0 < dies_at < n:
+        raise ValueError(f"dies_at must lie in 1..{n - 1}, got {dies_at}")
+    model = setup.model(seed)
+    plant_fault(model, layer, "dead", after=dies_at)
+    watch = GradientHealthMonitor(model, every=every)
+    state = TrainState(model, get_recipe("fp32", device), TrainConfig(steps=n), device)
+    train(state, setup.sampler, monitor=watch)
+    return DeadLayerRun(layer, dies_at, watch.log, tuple(watch.alerts))

@@ -889,3 +889,47 @@ def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
     right.set_ylabel("loss")
     right.grid(alpha=0.3)
     return _finish(fig)
+
+
+def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, mark_step: int | None = None) -> Figure:
+    """A monitor's dashboard (a :class:`~course_lib.monitor.MonitorLog`): loss, loss scale and skipped
+    steps per step, and per parameter (the ``top_n`` with the largest value at any point) the share of its
+    gradient that is ``attribute`` ("zero", "flush", "subnormal") per sampled step; alerts marked where
+    raised, and ``mark_step`` (a planted fault's start) as a dashed line."""
+    fig, axes = plt.subplots(4, 1, figsize=(10, 8), sharex=True, gridspec_kw={"height_ratios": [1.6, 1, 0.6, 1.6]})
+    loss_ax, scale_ax, skip_ax, layer_ax = axes
+    steps = np.asarray(log.steps)
+    losses = np.asarray(log.losses, dtype=float)
+    loss_ax.plot(steps, np.where(np.isfinite(losses), losses, np.nan), color="#000000", lw=1.6)
+    loss_ax.set_ylabel("loss")
+    scale_ax.plot(steps, log.scales, color="#0072B2", lw=1.6)
+    scale_ax.set_yscale("log", base=2)
+    scale_ax.set_ylabel("loss scale")
+    skipped = steps[np.asarray(log.skipped, dtype=bool)]
+    skip_ax.plot(skipped, np.zeros(len(skipped)), "|", color="#D55E00", ms=14, mew=2)
+    skip_ax.set_yticks([])
+    skip_ax.set_ylabel("skipped")
+    series = log.layer_series(attribute)
+    ranked = sorted(series.items(), key=lambda kv: -max(kv[1]))[:top_n]
+    for j, (name, values) in enumerate(ranked):
+        layer_ax.plot(log.sampled_steps, np.asarray(values) * 100, "o-", color=_recipe_colour(j), lw=1.6, ms=3,
+                      label=name)
+    layer_ax.set_ylabel(f"gradient values {attribute} (%)")
+    layer_ax.set_xlabel("optimizer step")
+    layer_ax.legend(fontsize=7, loc="center left")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if mark_step is not None:
+            ax.axvline(mark_step, color=LIMIT_COLOUR, ls="--", lw=1.2)
+    by_step: dict[int, list] = {}
+    for a in alerts:
+        by_step.setdefault(a.step, []).append(a)
+    for step, group in sorted(by_step.items()):
+        kinds = sorted({a.kind for a in group})
+        text = "alert: " + ", ".join(kinds) + (f" ({len(group)} parameters)" if len(group) > 1 else
+                                               f" ({group[0].layer})" if group[0].layer else "")
+        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -6),
+                          textcoords="offset points", fontsize=7, va="top")
+        layer_ax.plot([step], [1.0], "v", color=LIMIT_COLOUR, ms=6, transform=layer_ax.get_xaxis_transform(),
+                      clip_on=False)
+    return _finish(fig)
