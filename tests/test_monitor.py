@@ -288,3 +288,24 @@ def test_a_dead_layer_is_flagged_while_the_loss_falls():
     assert run.log.losses[-1] < run.log.losses[4]
     with pytest.raises(ValueError, match="dies_at"):
         mon.dead_layer_run(size_profile("cpu"), steps=10, dies_at=0)
+
+
+def test_activation_gradients_are_watched_and_the_hooks_removed():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    watch = mon.GradientHealthMonitor(model, every=1, activations=True)
+    x = torch.randn(16, 4)
+    out = model(x)
+    (out * 1e-9).sum().backward()          # an output gradient of 1e-9: FP16 flushes all of it
+    stats = {s.name: s for s in watch.after_backward(0, scale=1.0)}
+    assert stats["2:grad_output"].flush == 1.0 and stats["2:grad_output"].numel == 32
+    assert any(a.layer == "2:grad_output" for a in watch.alerts_of("underflow"))
+    watch.close()
+    assert all(not m._backward_hooks for m in model.modules())
+    assert watch.after_backward(1, scale=1.0) is not None and not any(
+        s.name.endswith(":grad_output") for s in watch.log.gradients[-1])
+
+
+def test_underflow_of_the_output_gradient_grows_as_training_goes_well():
+    trend = mon.underflow_trend(size_profile("cpu"), steps=60, every=20)
+    head = trend.flush["head:grad_output"]
+    assert head[-1] > head[0] + 0.02 and trend.losses[-1] < trend.losses[0]

@@ -140,10 +140,15 @@ class GradientHealthMonitor:
     scaler, ``torch.bfloat16`` for BF16). ``every``: measure gradients every this many steps (1: every step;
     the run-level checks run every step). ``layers``: parameter names to watch (default: every parameter
     with ``requires_grad``). Each (kind, layer) alert is raised once, where first seen. Embedding tables are
-    not checked for zero gradients: the rows of tokens absent from a batch are zero by construction."""
+    not checked for zero gradients: the rows of tokens absent from a batch are zero by construction.
+
+    ``activations``: also watch the gradient of every ``nn.Linear``'s *output* (named ``"<layer>:grad_output"``).
+    Under autocast these are the low-precision tensors of the backward pass, where FP16 underflow happens;
+    parameter gradients are FP32 when the parameters are. Call :meth:`close` to remove the hooks."""
 
     def __init__(self, model: nn.Module, *, dtype: torch.dtype | str = torch.float16, every: int = 10,
-                 thresholds: Thresholds | None = None, layers: tuple[str, ...] | None = None):
+                 thresholds: Thresholds | None = None, layers: tuple[str, ...] | None = None,
+                 activations: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -170,6 +175,27 @@ class GradientHealthMonitor:
         self._raised: set[tuple[str, str | None]] = set()
         self._skipped_run = 0
         self._pending: list[tuple[str, int, float]] = []
+        self._grad_outputs: dict[str, torch.Tensor] = {}
+        self._handles: list = []
+        if activations:
+            for mname, m in model.named_modules():
+                if isinstance(m, nn.Linear):
+                    self._handles.append(m.register_full_backward_hook(self._hook_for(mname)))
+
+    def _hook_for(self, name: str):
+        def hook(module, grad_input, grad_output):
+            self._keep_grad_output(name, grad_output)
+        return hook
+
+    def _keep_grad_output(self, name: str, grad_output) -> None:
+        if grad_output and isinstance(grad_output[0], torch.Tensor):
+            self._grad_outputs[name] = grad_output[0].detach()
+
+    def close(self) -> None:
+        """Remove the activation hooks (if any)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
     def _alert(self, step: int, kind: str, layer: str | None, message: str) -> None:
         if (kind, layer) not in self._raised:
@@ -183,6 +209,7 @@ class GradientHealthMonitor:
         """Call after ``backward()`` (before the optimizer step), with the loss scale the gradients carry
         (1.0 without a scaler). Measures the gradients on sampled steps; returns their stats, or None."""
         if not self.should_sample(step):
+            self._grad_outputs = {}
             return None
         if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
             raise ValueError(f"scale must be a positive finite number, got {scale!r}")
@@ -205,6 +232,16 @@ class GradientHealthMonitor:
             if nonzero > 0 and s.flush / nonzero >= t.underflow_fraction:
                 self._alert(step, "underflow", name, f"{name}: {100 * s.flush / nonzero:.0f}% of the non-zero "
                             f"gradient would flush to zero in {self.format.name} at scale {scale:g} (step {step})")
+        for name, g in self._grad_outputs.items():
+            # activation gradients carry the loss scale as they are: classify them as stored
+            s = gradient_stats(f"{name}:grad_output", g.float() / scale, self.format, scale)
+            stats.append(s)
+            nonzero = 1.0 - s.zero
+            if nonzero > 0 and s.flush / nonzero >= t.underflow_fraction:
+                self._alert(step, "underflow", s.name, f"{s.name}: {100 * s.flush / nonzero:.0f}% of the non-zero "
+                            f"activation gradient would flush to zero in {self.format.name} at scale {scale:g} "
+                            f"(step {step})")
+        self._grad_outputs = {}
         result = tuple(stats)
         self.log.sampled_steps.append(step)
         self.log.gradients.append(result)
@@ -644,8 +681,9 @@ def overflow_recovery(profile, device: torch.device | str = "cpu", *, steps: int
 
 @dataclass(frozen=True)
 class UnderflowTrend:
-    """Per sampled step of an FP32 run, per parameter, the share of its gradient that would flush to zero
-    in ``fmt`` without a loss scale (``flush[name][i]`` at ``steps[i]``), beside the loss per step."""
+    """Per sampled step of an FP32 run, per parameter and per linear layer's output gradient (named
+    ``"<layer>:grad_output"``), the share of the gradient that would flush to zero in ``fmt`` without a loss
+    scale (``flush[name][i]`` at ``steps[i]``), beside the loss per step."""
 
     fmt: str
     steps: tuple[int, ...]
@@ -665,9 +703,12 @@ def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int |
     model = setup.model(seed)
     dtype = get_format(fmt).torch_dtype_or_none()
     watch = GradientHealthMonitor(model, dtype=fmt if dtype is None else dtype, every=every,
-                                  thresholds=Thresholds(underflow_fraction=threshold))
+                                  thresholds=Thresholds(underflow_fraction=threshold), activations=True)
     state = TrainState(model, get_recipe("fp32", device), TrainConfig(steps=setup.steps), device)
-    history = train(state, setup.sampler, monitor=watch)
+    try:
+        history = train(state, setup.sampler, monitor=watch)
+    finally:
+        watch.close()
     flush = {k: tuple(v) for k, v in watch.log.layer_series("flush").items()}
     return UnderflowTrend(get_format(fmt).name, tuple(watch.log.sampled_steps), flush, tuple(history.losses),
                           tuple(watch.alerts))
