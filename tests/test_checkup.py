@@ -127,3 +127,39 @@ def test_without_bf16_the_recommendation_weighs_fp16():
     choice, reasons = _recommend({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": fp16}, hot,
                                  2.0**20, 0.02)
     assert choice == "fp32" and any("overflow" in r for r in reasons)
+
+
+def test_the_readers_own_loop_is_audited():
+    def clipping_too_early(model, batch, opt, scaler):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = _classification(model, batch)
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)     # before unscale_
+        scaler.step(opt)
+        scaler.update()
+
+    def correct(model, batch, opt, scaler):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = _classification(model, batch)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    bad = checkup(_cnn, _classification, _images(), device="cpu", steps=2, recipes=("fp32",),
+                  train_step=clipping_too_early)
+    # the CNN's 10-class head is 10 wide: the width warning comes with both loops
+    assert [f.pitfall for f in bad.findings] == ["unaligned_matmul", "clip_before_unscale"]
+    assert "clip_before_unscale" in bad.markdown()
+    good = checkup(_cnn, _classification, _images(), device="cpu", steps=2, recipes=("fp32",), train_step=correct)
+    assert [f.pitfall for f in good.findings] == ["unaligned_matmul"]
+    clean = checkup(lambda: nn.Sequential(nn.Linear(8, 8)), lambda m, b: m(b).square().mean(), torch.ones(4, 8),
+                    device="cpu", steps=2, recipes=("fp32",),
+                    train_step=lambda m, b, o, s: (o.zero_grad(), s.scale(m(b).square().mean()).backward(),
+                                                   s.step(o), s.update()))
+    assert clean.findings == () and "no pitfall found" in clean.markdown()
+    with pytest.raises(TypeError, match="train_step"):
+        checkup(_cnn, _classification, _images(), train_step="loop")

@@ -309,3 +309,25 @@ def test_underflow_of_the_output_gradient_grows_as_training_goes_well():
     trend = mon.underflow_trend(size_profile("cpu"), steps=60, every=20)
     head = trend.flush["head:grad_output"]
     assert head[-1] > head[0] + 0.02 and trend.losses[-1] < trend.losses[0]
+
+
+def test_diagnose_walks_the_procedure_to_the_planted_overflow():
+    setup = _setup(1)
+    x, y = setup.sampler.batch(0, "cpu")
+
+    def build():
+        model = setup.model(0)
+        mon.plant_fault(model, "blocks.0.fc", "overflow")
+        return model
+
+    result = mon.diagnose(build, lambda m, b: m(*b)[1], (x, y))
+    answers = dict(result.steps)
+    assert answers["Does it fail in FP32 too?"].startswith("No")
+    assert answers["Does it fail under FP16 autocast?"].startswith("Yes")
+    assert "`blocks.0.fc` in the forward pass" in answers["Where is the first non-finite value?"]
+    assert answers["Does BF16 autocast run it?"].startswith("Yes")
+    assert "blocks.0.fc" in result.verdict and "BF16" in result.verdict
+    healthy = mon.diagnose(lambda: setup.model(0), lambda m, b: m(*b)[1], (x, y))
+    assert "runs this step" in healthy.verdict
+    with pytest.raises(ValueError, match="dtype"):
+        mon.diagnose(build, lambda m, b: m(*b)[1], (x, y), dtype=torch.float32)

@@ -74,10 +74,16 @@ class Checkup:
     max_fp16_scale: float
     recommendation: str
     reasons: tuple[str, ...]
+    findings: tuple = ()
+    loop_audited: bool = False
 
     def markdown(self) -> str:
         lines = [f"**Recommendation: {self.recommendation}** (on {self.device})", ""]
         lines += [f"- {r}" for r in self.reasons]
+        if self.loop_audited:
+            lines += ["", "Your training step, run under the pitfall detector: " + (
+                "no pitfall found." if not self.findings else "")]
+            lines += [f"- **{f.pitfall}** (iteration {f.iteration}): {f.message}" for f in self.findings]
         lines += ["", "| recipe | runs here | first loss | last loss | skipped | final scale | s/step |",
                   "|---|---|---|---|---|---|---|"]
         for r in self.recipes.values():
@@ -194,17 +200,39 @@ def _layer_risks(model: nn.Module, loss_fn, batch) -> tuple[tuple[LayerRisk, ...
     return tuple(risks), amax
 
 
+def _audit_loop(train_step, model: nn.Module, batch, device: torch.device, steps: int, lr: float) -> tuple:
+    """Run the reader's ``train_step(model, batch, optimizer, scaler)`` ``steps`` times under
+    :class:`course_lib.scaling.ScalerAudit` and return its findings (a GradScaler error ends the run and is
+    a finding too)."""
+    from .scaling import ScalerAudit
+
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    scaler = torch.amp.GradScaler(device.type)
+    with ScalerAudit(scaler, opt, model=model) as audit:
+        try:
+            for _ in range(steps):
+                train_step(model, batch, opt, scaler)
+        except (RuntimeError, ValueError):
+            pass   # recorded as a finding where the detector knows the error
+    return tuple(audit.findings)
+
+
 def checkup(build_model: Callable[[], nn.Module], loss_fn, batch, *, device: torch.device | str | None = None,
-            steps: int = 4, lr: float = 1e-3, recipes=CHECKUP_RECIPES, tolerance: float = 0.02) -> Checkup:
+            steps: int = 4, lr: float = 1e-3, recipes=CHECKUP_RECIPES, tolerance: float = 0.02,
+            train_step: Callable | None = None) -> Checkup:
     """Run the check-up. ``build_model()`` returns a fresh model (every recipe starts from the same
     weights: the first model is copied); ``loss_fn(model, batch)`` returns a scalar loss; ``batch`` is
     whatever ``loss_fn`` takes (its tensors are moved to the device). ``tolerance``: the largest relative
-    difference from FP32's last loss that counts as the same."""
+    difference from FP32's last loss that counts as the same. ``train_step(model, batch, optimizer,
+    scaler)``: one iteration of the reader's own loop (given a ``torch.amp.GradScaler`` for the device);
+    when given, it runs ``steps`` times under the pitfall detector and its findings join the report."""
     from .device import select_device
     from .train import RECIPES
 
     if not callable(build_model) or not callable(loss_fn):
         raise TypeError("build_model and loss_fn must be callables")
+    if train_step is not None and not callable(train_step):
+        raise TypeError("train_step must be a callable (model, batch, optimizer, scaler)")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps must be an int of at least 2, got {steps!r}")
     unknown = [r for r in recipes if r not in RECIPES]
@@ -233,7 +261,11 @@ def checkup(build_model: Callable[[], nn.Module], loss_fn, batch, *, device: tor
     max_scale = 2.0 ** math.floor(math.log2(fp16.max_finite / amax)) if amax > 0 else math.inf
     checks = {r: _run_recipe(r, copy.deepcopy(base), loss_fn, batch, device, steps, lr) for r in recipes}
     recommendation, reasons = _recommend(checks, layers, max_scale, tolerance)
-    return Checkup(str(device), ops, checks, layers, amax, max_scale, recommendation, tuple(reasons))
+    findings: tuple = ()
+    if train_step is not None:
+        findings = _audit_loop(train_step, copy.deepcopy(base), batch, device, steps, lr)
+    return Checkup(str(device), ops, checks, layers, amax, max_scale, recommendation, tuple(reasons), findings,
+                   train_step is not None)
 
 
 def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, tolerance: float) -> tuple[str, list[str]]:
