@@ -331,3 +331,25 @@ def test_diagnose_walks_the_procedure_to_the_planted_overflow():
     assert "runs this step" in healthy.verdict
     with pytest.raises(ValueError, match="dtype"):
         mon.diagnose(build, lambda m, b: m(*b)[1], (x, y), dtype=torch.float32)
+
+
+def test_recovery_can_keep_the_failing_layer_in_fp32_instead(tmp_path):
+    from course_lib.train import TrainConfig, TrainState, get_recipe
+
+    setup = _setup(10)
+    model = setup.model(0)
+    mon.plant_fault(model, "blocks.0.fc", "overflow", after=3)
+    state = TrainState(model, get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=10), torch.device("cpu"))
+    run = mon.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt",
+                                  policy=mon.RecoveryPolicy(keep_fp32=("blocks.0.fc",), checkpoint_every=1))
+    assert len(run.events) == 1 and run.events[0].recipe == "fp16_autocast_scaler with blocks.0.fc in FP32"
+    assert isinstance(run.state.model.blocks[0].fc, mon.Fp32Island)
+    assert run.state.recipe.name == "fp16_autocast_scaler"
+    assert not any(run.history.skipped[-5:]) and all(math.isfinite(v) for v in run.history.losses[-5:])
+    with pytest.raises(ValueError, match="keep_fp32"):
+        mon.RecoveryPolicy(keep_fp32="blocks.0.fc")
+    fresh = TrainState(setup.model(0), get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=2),
+                       torch.device("cpu"))
+    with pytest.raises(ValueError, match="no module named"):
+        mon.train_with_recovery(fresh, setup.sampler, tmp_path / "x.pt",
+                                policy=mon.RecoveryPolicy(keep_fp32=("blocks.9.fc",)))
