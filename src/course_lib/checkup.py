@@ -283,8 +283,8 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
     fp16 = checks.get("fp16_autocast_scaler")
     if bf16 is not None and bf16.unsupported is None:
         gap = bf16.losses[-1] - target if bf16.finite else math.nan
-        reasons.append(f"BF16 autocast ended {gap:+.3g} from FP32's last loss {target:.4g} "
-                       f"(tolerance {100 * tolerance:g}%), with no loss scaler needed.")
+        reasons.append(f"BF16 autocast's last loss was {100 * gap / max(abs(target), 1e-12):+.3g}% from FP32's "
+                       f"({target:.4g}; tolerance {100 * tolerance:g}%), with no loss scaler needed.")
         if close(bf16):
             if fp16 is not None and fp16.unsupported is None:
                 reasons.append(f"FP16 with GradScaler skipped {fp16.skipped} of {len(fp16.losses)} steps; BF16 has "

@@ -143,8 +143,9 @@ class GradientHealthMonitor:
     not checked for zero gradients: the rows of tokens absent from a batch are zero by construction.
 
     ``activations``: also watch the gradient of every ``nn.Linear``'s *output* (named ``"<layer>:grad_output"``).
-    Under autocast these are the low-precision tensors of the backward pass, where FP16 underflow happens;
-    parameter gradients are FP32 when the parameters are. Call :meth:`close` to remove the hooks."""
+    Under autocast these are the low-precision tensors of the backward pass, where FP16 underflow happens; a
+    parameter's ``.grad`` is stored in FP32 but was computed in FP16 and cast up, so what FP16 flushed is
+    already zero there. Call :meth:`close` to remove the hooks."""
 
     def __init__(self, model: nn.Module, *, dtype: torch.dtype | str = torch.float16, every: int = 10,
                  thresholds: Thresholds | None = None, layers: tuple[str, ...] | None = None,
@@ -953,9 +954,13 @@ def diagnose(build_model, loss_fn, batch, *, dtype: torch.dtype = torch.float16,
                   "Nowhere in this step."))
     worst = max(matmul_stats(build_model().to(device), lambda m: loss_fn(m, batch), name),
                 key=lambda r: r.overflow + r.flush)
-    steps.append((f"Which product operand does {name} lose most of?",
-                  f"`{worst.layer}` {worst.operand}: {100 * worst.overflow:.2f}% overflows, {100 * worst.flush:.2f}% "
-                  "flushes (before the fault's own arithmetic, which the locator sees)."))
+    if worst.overflow + worst.flush == 0:
+        answer = (f"None: no linear layer's input or weight overflows or flushes in {name}; what fails happens "
+                  "inside a module (see 3).")
+    else:
+        answer = (f"`{worst.layer}` {worst.operand}: {100 * worst.overflow:.2f}% of its values overflow, "
+                  f"{100 * worst.flush:.2f}% flush.")
+    steps.append((f"Does {name} lose any product operand?", answer))
     bf_loss, bf_ok = _one_step(build_model().to(device), loss_fn, batch, device, torch.bfloat16)
     bf_fine = math.isfinite(bf_loss) and bf_ok
     steps.append(("Does BF16 autocast run it?", f"Yes: loss {bf_loss:.4g}, every gradient finite." if bf_fine else
@@ -963,8 +968,9 @@ def diagnose(build_model, loss_fn, batch, *, dtype: torch.dtype = torch.float16,
     if not fails:
         verdict = f"{name} runs this step; look at later steps (the monitor's log) or the loop (ScalerAudit)"
     elif locator.report is not None and bf_fine:
-        verdict = (f"{'an' if name == 'FP16' else 'a'} {name} overflow in `{locator.report.module}` ({locator.report.phase} pass): train in BF16, or "
-                   f"keep that module in FP32 (torch.autocast(enabled=False) around it)")
+        verdict = (f"{'an' if name == 'FP16' else 'a'} {name} overflow in `{locator.report.module}` "
+                   f"({locator.report.phase} pass): train in BF16, or keep that module in FP32 "
+                   f"(monitor.keep_in_fp32(model, {locator.report.module!r}): autocast off, FP32 inputs)")
     elif locator.report is not None:
         verdict = f"a non-finite value made in `{locator.report.module}` that BF16 does not fix: a bug there"
     else:

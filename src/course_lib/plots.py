@@ -911,8 +911,11 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
     skip_ax.set_ylabel("skipped")
     series = log.layer_series(attribute)
     ranked = sorted(series.items(), key=lambda kv: -max(kv[1]))[:top_n]
+    styles = ["-", "--", "-.", ":"]
     for j, (name, values) in enumerate(ranked):
-        layer_ax.plot(log.sampled_steps, np.asarray(values) * 100, "o-", color=_recipe_colour(j), lw=1.6, ms=3,
+        # lines that coincide stay visible by their dashes and marker sizes
+        layer_ax.plot(log.sampled_steps, np.asarray(values) * 100, marker="o", ls=styles[j % len(styles)],
+                      color=_recipe_colour(j), lw=1.6, ms=3 + 1.5 * (len(ranked) - j - 1) / max(1, len(ranked) - 1),
                       label=name)
     layer_ax.set_ylabel(f"gradient values {attribute} (%)")
     layer_ax.set_xlabel("optimizer step")
@@ -928,8 +931,9 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
         kinds = sorted({a.kind for a in group})
         text = "alert: " + ", ".join(kinds) + (f" ({len(group)} parameters)" if len(group) > 1 else
                                                f" ({group[0].layer})" if group[0].layer else "")
-        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -6),
-                          textcoords="offset points", fontsize=7, va="top")
+        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -18),
+                          textcoords="offset points", fontsize=7, va="top",
+                          bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
         layer_ax.plot([step], [1.0], "v", color=LIMIT_COLOUR, ms=6, transform=layer_ax.get_xaxis_transform(),
                       clip_on=False)
     return _finish(fig)
