@@ -1,0 +1,39 @@
+"""The book serves MathJax itself (book/_ext/local_mathjax.py), so formulas render without a network."""
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _extension():
+    spec = importlib.util.spec_from_file_location("local_mathjax", ROOT / "book" / "_ext" / "local_mathjax.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mathjax_is_copied_into_the_html_build_and_pages_point_at_it(tmp_path):
+    ext = _extension()
+    app = SimpleNamespace(builder=SimpleNamespace(format="html"), config=SimpleNamespace(mathjax_path="https://cdn"),
+                          outdir=str(tmp_path))
+    ext._use_local_copy(app)
+    assert app.config.mathjax_path == "mathjax/tex-chtml.js"
+    ext._copy(app, None)
+    copied = tmp_path / "_static" / "mathjax"
+    assert (copied / "tex-chtml.js").stat().st_size > 100_000
+    assert list((copied / "output" / "chtml" / "fonts" / "woff-v2").glob("MathJax_Main-Regular.woff"))
+    latex = SimpleNamespace(builder=SimpleNamespace(format="latex"), config=SimpleNamespace(mathjax_path="x"),
+                            outdir=str(tmp_path / "latex"))
+    ext._use_local_copy(latex)
+    ext._copy(latex, None)
+    assert latex.config.mathjax_path == "x" and not (tmp_path / "latex").exists()
+
+
+def test_the_book_config_loads_the_extension():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext"}
+    assert "django-static-mathjax" in (ROOT / "requirements.txt").read_text()
