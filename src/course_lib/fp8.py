@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -657,25 +658,24 @@ class _Fp8LinearFunction(torch.autograd.Function):
         return grad_x.to(x2.dtype), grad_w.to(weight.dtype), None, None
 
 
-class Fp8Linear(nn.Module):
-    """A drop-in ``nn.Linear`` whose three matrix products (forward, grad input, grad weight) take FP8
-    operands scaled by an FP8 training ``recipe`` (see :func:`linear_scaling`). Weights stay in FP32 (the
-    master copy); the bias is added in FP32. Output dtype: the input's."""
+_Q = TypeVar("_Q", bound="QuantizedLinear")
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str = "tensorwise",
-                 backend: str = "simulated", block: int = 128):
+
+class QuantizedLinear(nn.Module):
+    """The shell the course's emulated low-precision linear layers share: an FP32 master weight and bias
+    initialised as ``nn.Linear`` does, the three products done by the subclass's :meth:`_product` on a 2-D
+    FP32 input outside autocast, the bias added in FP32, and the output in the input's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
-        if backend not in ("simulated", "scaled_mm"):
-            raise ValueError(f"backend must be 'simulated' or 'scaled_mm', got {backend!r}")
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        self.recipe, self.backend, self.block = recipe, backend, block
-        self.scaling = linear_scaling(recipe, block=block)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, **kwargs) -> "Fp8Linear":
+    def from_linear(cls: type[_Q], linear: nn.Linear, **kwargs) -> _Q:
+        """A layer of this kind with ``linear``'s weights, on its device (``kwargs`` go to the constructor)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, **kwargs)
         with torch.no_grad():
             layer.weight.copy_(linear.weight)
@@ -683,13 +683,50 @@ class Fp8Linear(nn.Module):
                 layer.bias.copy_(linear.bias)
         return layer.to(linear.weight.device)
 
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            out = _Fp8LinearFunction.apply(x2.float(), self.weight, self.scaling, self.backend)
+            out = self._product(x2.float())
             if self.bias is not None:
                 out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def replace_linears(model: nn.Module, make, *, skip: tuple[str, ...] = (),
+                    keep_prefixes: tuple[str, ...] = ()) -> nn.Module:
+    """Replace every plain ``nn.Linear`` of ``model`` (in place) by ``make(linear, index)`` (``index``
+    counts the replaced layers in module order), except those whose qualified name is in ``skip`` or lies
+    under a name in ``keep_prefixes``. Returns ``model``."""
+    index = 0
+    for name, module in list(model.named_modules()):
+        if any(name == k or name.startswith(k + ".") for k in keep_prefixes):
+            continue
+        for child_name, child in list(module.named_children()):
+            qualified = f"{name}.{child_name}" if name else child_name
+            if type(child) is nn.Linear and qualified not in skip:
+                setattr(module, child_name, make(child, index))
+                index += 1
+    return model
+
+
+class Fp8Linear(QuantizedLinear):
+    """A drop-in ``nn.Linear`` whose three matrix products (forward, grad input, grad weight) take FP8
+    operands scaled by an FP8 training ``recipe`` (see :func:`linear_scaling`). Weights stay in FP32 (the
+    master copy); the bias is added in FP32. Output dtype: the input's."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str = "tensorwise",
+                 backend: str = "simulated", block: int = 128):
+        if backend not in ("simulated", "scaled_mm"):
+            raise ValueError(f"backend must be 'simulated' or 'scaled_mm', got {backend!r}")
+        super().__init__(in_features, out_features, bias)
+        self.recipe, self.backend, self.block = recipe, backend, block
+        self.scaling = linear_scaling(recipe, block=block)
+
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
+        return _Fp8LinearFunction.apply(x2, self.weight, self.scaling, self.backend)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, recipe={self.recipe!r}, "
@@ -702,13 +739,8 @@ def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise", *, backend: str
     except modules whose qualified name is in ``skip`` (default: the output head, which torchao's users and
     Transformer Engine's examples usually keep in BF16). Returns ``model``."""
     linear_scaling(recipe, block=block)  # validate the name first
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            qualified = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and qualified not in skip:
-                setattr(module, child_name, Fp8Linear.from_linear(child, recipe=recipe, backend=backend,
-                                                                  block=block))
-    return model
+    return replace_linears(model, lambda linear, _: Fp8Linear.from_linear(linear, recipe=recipe, backend=backend,
+                                                                          block=block), skip=skip)
 
 
 # ---- accumulation precision -------------------------------------------------------------------------

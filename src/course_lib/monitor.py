@@ -448,14 +448,7 @@ class Fp32Island(nn.Module):
 
 def keep_in_fp32(model: nn.Module, name: str) -> Fp32Island:
     """Wrap the submodule ``name`` of ``model`` (in place) in an :class:`Fp32Island`."""
-    modules = dict(model.named_modules())
-    if not name or name not in modules:
-        raise ValueError(f"no submodule named {name!r}")
-    parent_name, _, child = name.rpartition(".")
-    parent = modules[parent_name] if parent_name else model
-    island = Fp32Island(modules[name])
-    setattr(parent, child, island)
-    return island
+    return _wrap_submodule(model, name, Fp32Island)
 
 
 @dataclass(frozen=True)
@@ -587,16 +580,21 @@ class PlantedFault(nn.Module):
         return out * 0.0
 
 
-def plant_fault(model: nn.Module, name: str, kind: str, **kwargs) -> PlantedFault:
-    """Replace the submodule ``name`` of ``model`` (in place) by a :class:`PlantedFault` around it."""
+def _wrap_submodule(model: nn.Module, name: str, wrap):
+    """Replace the submodule ``name`` of ``model`` (in place) by ``wrap(submodule)``; return the wrapper."""
     modules = dict(model.named_modules())
     if name not in modules or not name:
         raise ValueError(f"no submodule named {name!r}")
     parent_name, _, child = name.rpartition(".")
     parent = modules[parent_name] if parent_name else model
-    fault = PlantedFault(modules[name], kind, **kwargs)
-    setattr(parent, child, fault)
-    return fault
+    wrapper = wrap(modules[name])
+    setattr(parent, child, wrapper)
+    return wrapper
+
+
+def plant_fault(model: nn.Module, name: str, kind: str, **kwargs) -> PlantedFault:
+    """Replace the submodule ``name`` of ``model`` (in place) by a :class:`PlantedFault` around it."""
+    return _wrap_submodule(model, name, lambda m: PlantedFault(m, kind, **kwargs))
 
 
 # ---- experiments for lesson 9 ---------------------------------------------------------------------------
@@ -678,6 +676,14 @@ def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "block
     return NanHunt(layer, kind, locator.report, message, plain_s, locator_s, anomaly_s)
 
 
+def _step_in_run(name: str, step: int | None, n: int) -> int:
+    """A fault's start step inside a run of ``n`` steps: a third of the way by default, else checked."""
+    step = n // 3 if step is None else step
+    if not 0 < step < n:
+        raise ValueError(f"{name} must lie in 1..{n - 1}, got {step}")
+    return step
+
+
 @dataclass(frozen=True)
 class RecoveryDemo:
     """The same FP16 run with an activation that outgrows FP16 at ``fault_at``, without and with recovery:
@@ -702,9 +708,7 @@ def overflow_recovery(profile, device: torch.device | str = "cpu", *, steps: int
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
     n = setup.steps
-    fault_at = n // 3 if fault_at is None else fault_at
-    if not 0 < fault_at < n:
-        raise ValueError(f"fault_at must lie in 1..{n - 1}, got {fault_at}")
+    fault_at = _step_in_run("fault_at", fault_at, n)
     logs: list[MonitorLog] = []
     alerts: list[tuple[Alert, ...]] = []
     events: tuple[RecoveryEvent, ...] = ()
@@ -881,9 +885,7 @@ def dead_layer_run(profile, device: torch.device | str = "cpu", *, layer: str = 
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 400), seed=seed)
     n = setup.steps
-    dies_at = n // 3 if dies_at is None else dies_at
-    if not 0 < dies_at < n:
-        raise ValueError(f"dies_at must lie in 1..{n - 1}, got {dies_at}")
+    dies_at = _step_in_run("dies_at", dies_at, n)
     model = setup.model(seed)
     plant_fault(model, layer, "dead", after=dies_at)
     watch = GradientHealthMonitor(model, every=every)

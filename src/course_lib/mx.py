@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from .formats import _narrow, _native_cast_agrees, _pow2, _round_magnitude32, encode, get_format, round_to_format
-from .fp8 import QuantizationError, _as_2d, _resolve_block, block_amax
+from .fp8 import QuantizationError, QuantizedLinear, _as_2d, _resolve_block, block_amax, replace_linears
 
 MX_ELEMENTS = {"e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "e2m3": "FP6 E2M3", "e3m2": "FP6 E3M2",
                "e2m1": "FP4 E2M1"}
@@ -479,38 +479,20 @@ class _BlockLinearFunction(torch.autograd.Function):
         return grad_x.to(x2.dtype), grad_w.to(weight.dtype), None
 
 
-class BlockLinear(nn.Module):
+class BlockLinear(QuantizedLinear):
     """A drop-in ``nn.Linear`` whose three products take block-scaled operands (exact emulation: the
     operands are quantised and dequantised, the product runs in FP32 as a block-scaled tensor core
     accumulates). Weights stay in FP32 (the master copy); the bias is added in FP32."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str = "nvfp4",
                  seed: int = 0):
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        super().__init__(in_features, out_features, bias)
         self.recipe = block_recipe(recipe)
         self.generator = torch.Generator().manual_seed(seed)
         self.register_buffer("signs", random_signs(HADAMARD_SIZE, seed), persistent=False)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, **kwargs) -> "BlockLinear":
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, **kwargs)
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight)
-            if linear.bias is not None and layer.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer.to(linear.weight.device)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, x.shape[-1])
-        with torch.autocast(x.device.type, enabled=False):
-            out = _BlockLinearFunction.apply(x2.float(), self.weight, self)
-            if self.bias is not None:
-                out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+    def _product(self, x2: torch.Tensor) -> torch.Tensor:
+        return _BlockLinearFunction.apply(x2, self.weight, self)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, recipe={self.recipe.name!r}"
@@ -523,17 +505,9 @@ def convert_to_block_scaled(model: nn.Module, recipe: str = "nvfp4", *, seed: in
     ``high_precision_last`` transformer blocks in high precision, those blocks' layers. Returns ``model``."""
     r = block_recipe(recipe)
     n_blocks = len(getattr(model, "blocks", []))
-    keep = {f"blocks.{i}" for i in range(max(0, n_blocks - r.high_precision_last), n_blocks)}
-    index = 0
-    for name, module in list(model.named_modules()):
-        if any(name == k or name.startswith(k + ".") for k in keep):
-            continue
-        for child_name, child in list(module.named_children()):
-            qualified = f"{name}.{child_name}" if name else child_name
-            if type(child) is nn.Linear and qualified not in skip:
-                setattr(module, child_name, BlockLinear.from_linear(child, recipe=recipe, seed=seed * 1000 + index))
-                index += 1
-    return model
+    keep = tuple(f"blocks.{i}" for i in range(max(0, n_blocks - r.high_precision_last), n_blocks))
+    return replace_linears(model, lambda linear, index: BlockLinear.from_linear(
+        linear, recipe=recipe, seed=seed * 1000 + index), skip=skip, keep_prefixes=keep)
 
 
 # ---- experiments --------------------------------------------------------------------------------------
