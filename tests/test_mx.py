@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+import torch.utils._python_dispatch
+import torch.utils._pytree
 
 from course_lib import mx
 from course_lib.formats import all_values, decode, round_to_format
@@ -203,6 +205,27 @@ def test_hadamard_is_orthogonal_and_preserves_products():
     with pytest.raises(ValueError, match="power of two"):
         mx.hadamard_matrix(12)
 
+
+
+class _NoDeviceMixing(torch.utils._python_dispatch.TorchDispatchMode):
+    """Fails any op whose tensor arguments (beyond 0-d scalars) sit on more than one device."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = torch.utils._pytree.tree_flatten((args, kwargs))[0]
+        devices = {a.device for a in leaves if isinstance(a, torch.Tensor) and a.dim() > 0}
+        assert len(devices) <= 1, f"{func} mixes tensors on {devices}"
+        return func(*args, **kwargs)
+
+
+def test_hadamard_transform_stays_on_the_input_device():
+    # The first GPU run of lesson 8's experiments failed here: the Hadamard matrix was built on the CPU and
+    # multiplied with CUDA signs. Meta tensors stand in for a second device on a CPU-only machine.
+    x, signs = torch.empty(8, 64, device="meta"), mx.random_signs(16).to("meta")
+    with _NoDeviceMixing():
+        assert mx.random_hadamard(x, signs).device.type == "meta"
+        assert mx.random_hadamard(x, signs, inverse=True).device.type == "meta"
+    assert mx.hadamard_matrix(16, device="meta").device.type == "meta"
 
 # ---- layers and training ------------------------------------------------------------------------------
 

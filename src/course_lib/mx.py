@@ -346,12 +346,12 @@ def stochastic_round(x: torch.Tensor, element: str, *, generator: torch.Generato
     return torch.copysign(out, x.float())
 
 
-def hadamard_matrix(n: int = HADAMARD_SIZE) -> torch.Tensor:
-    """The orthonormal Sylvester-Hadamard matrix of order ``n`` (a power of two): entries ±1/sqrt(n),
-    symmetric, ``H @ H == I`` (exact in FP32 for n = 16: entries ±0.25)."""
+def hadamard_matrix(n: int = HADAMARD_SIZE, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix of order ``n`` (a power of two) on ``device`` (default the
+    CPU): entries ±1/sqrt(n), symmetric, ``H @ H == I`` (exact in FP32 for n = 16: entries ±0.25)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
         raise ValueError(f"a Hadamard order must be a power of two, got {n!r}")
-    h = torch.ones(1, 1)
+    h = torch.ones(1, 1, device=device)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     return h / math.sqrt(n)
@@ -371,10 +371,10 @@ def random_hadamard(x: torch.Tensor, signs: torch.Tensor, *, inverse: bool = Fal
     n = signs.numel()
     if x.shape[-1] % n:
         raise ValueError(f"the last dimension ({x.shape[-1]}) must be a multiple of the transform size {n}")
-    m = torch.diag(signs) @ hadamard_matrix(n)
+    signs = signs.to(device=x.device, dtype=torch.float32)
+    m = torch.diag(signs) @ hadamard_matrix(n, device=x.device)
     if inverse:
         m = m.t()
-    m = m.to(device=x.device, dtype=torch.float32)
     groups = x.float().reshape(*x.shape[:-1], x.shape[-1] // n, n)
     return (groups @ m).reshape(x.shape)
 
