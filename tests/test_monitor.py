@@ -102,6 +102,28 @@ def test_gradient_overflow_the_scaler_skips_is_not_an_alert():
     assert [(a.kind, a.layer) for a in watch.alerts] == [("non_finite_gradient", "weight")]
 
 
+
+def test_a_scale_torch_drove_to_zero_is_monitored_not_refused():
+    # The first H100 run of monitor_faults died here: a run that overflows on every step halves GradScaler's
+    # scale until it is 0.0 (torch does not stop it), and the monitor refused that scale.
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**-149)
+    watch = mon.GradientHealthMonitor(model, every=1)
+    for step in range(2):
+        opt.zero_grad()
+        scaler.scale(model(torch.full((1, 2), math.inf)).sum()).backward()
+        assert watch.after_backward(step, scale=scaler.get_scale()) is not None
+        scaler.step(opt)
+        scaler.update()
+        watch.after_step(step, loss=math.inf, scale=scaler.get_scale(), skipped=True)
+    assert scaler.get_scale() == 0.0
+    assert watch.after_backward(2, scale=0.0) == ()        # nothing to classify: gradients times zero
+    assert "scale_collapse" in [a.kind for a in watch.alerts]
+    for bad in (-1.0, math.inf, math.nan, True):
+        with pytest.raises(ValueError, match="finite number >= 0"):
+            watch.after_backward(3, scale=bad)
+
 def test_run_level_alerts():
     watch = mon.GradientHealthMonitor(nn.Linear(2, 2), thresholds=mon.Thresholds(skipped_run=3, min_scale=1.0))
     for step in range(3):

@@ -212,8 +212,17 @@ class GradientHealthMonitor:
         if not self.should_sample(step):
             self._grad_outputs = {}
             return None
-        if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
-            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and scale >= 0 and math.isfinite(scale)):
+            raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+        if scale == 0:
+            # GradScaler halves its scale on every overflow and reaches 0.0 after a long enough run of them
+            # (torch does not stop it); the gradients were multiplied by zero and say nothing about the true
+            # ones. Nothing to classify: after_step raises scale_collapse.
+            self._grad_outputs = {}
+            self._pending = []
+            self.log.sampled_steps.append(step)
+            self.log.gradients.append(())
+            return ()
         t = self.thresholds
         stats = []
         self._pending = []
