@@ -74,10 +74,19 @@ def test_compare_bf16_updates_runs_every_rule():
     from course_lib.bf16 import compare_bf16_updates
     from course_lib.device import SizeProfile
 
-    result = compare_bf16_updates(SizeProfile("small"), steps=3)
-    assert len(result.losses) == 5 and set(result.lost_fraction) <= set(result.losses)
-    assert all(len(v) == 3 for v in result.losses.values())
-    assert all(0.0 <= f <= 1.0 for v in result.lost_fraction.values() for f in v)
+    result = compare_bf16_updates(SizeProfile("small"), steps=3, seeds=(0, 1))
+    assert len(result.curves) == 5 and set(result.lost_fraction) <= set(result.curves)
+    assert result.seeds == (0, 1) and result.steps == 3
+    assert all(len(v) == 2 and all(len(c) == 3 for c in v) for v in result.curves.values())
+    assert all(0.0 <= f <= 1.0 for v in result.lost_fraction.values() for c in v for f in c)
+    # one seed, one initialisation and one set of batches for every rule: equal first losses up to BF16
+    first = [v[0][0] for v in result.curves.values()]
+    assert max(first) - min(first) < 0.1      # a BF16 loss is itself rounded (spacing 1/32 near 5)
+    ev = result.eval_losses
+    assert set(ev) == set(result.curves) and all(len(v) == 2 and all(math.isfinite(x) for x in v) for v in ev.values())
+    assert len(result.final("FP32", tail=2)) == 2
+    with pytest.raises(ValueError, match="seeds"):
+        compare_bf16_updates(SizeProfile("small"), steps=2, seeds=[])
 
 
 @pytest.mark.parametrize("kwargs, match", [({"betas": (1.0, 0.9)}, "betas"), ({"betas": (0.9, -0.1)}, "betas"),

@@ -68,11 +68,30 @@ def test_sweep_and_table():
     assert len(rows) == 2 * len(run.captures[1].of_kind("activation"))
 
 
-def test_naive_fp16_loses_more_gradients_than_fp32():
-    result = compare_naive_fp16(SizeProfile("small"), steps=6)
-    fp32, fp16 = result.zero_grad_fraction.values()
-    assert fp16[-1] > fp32[-1]
-    assert all(math.isfinite(v) for v in next(iter(result.losses.values())))
+def test_naive_fp16_loses_gradients_and_updates_that_fp32_keeps():
+    result = compare_naive_fp16(SizeProfile("small"), steps=6, seeds=(0, 1))
+    fp32, fp16 = result.recipes
+    assert result.seeds == (0, 1) and all(len(c) == 6 for r in result.curves.values() for c in r)
+    for z32, z16 in zip(result.mean_over_steps("zero_grad_fraction", fp32),
+                        result.mean_over_steps("zero_grad_fraction", fp16)):
+        assert z16 > z32
+    for u32, u16 in zip(result.mean_over_steps("unchanged_fraction", fp32),
+                        result.mean_over_steps("unchanged_fraction", fp16)):
+        assert u16 > 2 * u32      # FP16's spacing is 2**13 times FP32's: far more updates round away
+    # Adam's second moment (g**2, kept in FP16) underflows, the denominator falls to eps, the steps grow
+    for m32, m16, s32, s16 in zip(result.mean_over_steps("moment_underflow", fp32),
+                                  result.mean_over_steps("moment_underflow", fp16),
+                                  result.mean_over_steps("update_size", fp32, first=3),
+                                  result.mean_over_steps("update_size", fp16, first=3)):
+        assert m16 > 0.1 > m32 and s16 > 2 * s32
+    # the same seed gives both runs the same initial model and batches: equal first losses up to FP16 rounding
+    for a, b in zip(result.curves[fp32], result.curves[fp16]):
+        assert abs(a[0] - b[0]) < 0.02 and all(math.isfinite(v) for v in a + b)
+    assert len(result.final(fp16, tail=3)) == 2
+    with pytest.raises(ValueError, match="seeds"):
+        compare_naive_fp16(SizeProfile("small"), steps=2, seeds=())
+    with pytest.raises(ValueError, match="attribute"):
+        result.mean_over_steps("zeros", fp16)
 
 
 def test_bad_input():

@@ -102,6 +102,22 @@ def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
         plots.plot_fp8_training(res, reference="c")
 
 
+
+def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
+    from course_lib.fp8 import Fp8Training
+
+    curves = {k: ((3.0, 2.0), (3.0, 2.5)) for k in ("FP32", "BF16 one", "BF16 two")}
+    res = Fp8Training(tuple(curves), (0, 1), 2, 16, curves)
+    fig = plots.plot_seeded_runs(res, reference="FP32", finals={"FP32": (1.0, 2.0), "BF16 one": (1.5, 2.0),
+                                                                "BF16 two": (1.0, 1.0)}, final_label="eval")
+    dots = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o"]
+    assert [list(d.get_ydata()) for d in dots] == [[0.5, 0.0], [0.0, -1.0]]
+    assert fig.axes[1].get_ylabel().startswith("eval minus FP32's")
+    colours = {ln.get_label(): ln.get_color() for ln in fig.axes[0].get_lines()}
+    assert len(set(colours.values())) == 3        # "bf16" in both names must not paint them alike
+    with pytest.raises(ValueError, match="finals has no values for BF16 two"):
+        plots.plot_seeded_runs(res, reference="FP32", finals={"FP32": (1.0, 2.0), "BF16 one": (1.0, 1.0)})
+
 def test_figures_render_at_high_resolution():
     import io
 

@@ -163,41 +163,86 @@ def advice_for_this_machine(device: torch.device | str | None = None) -> Advice:
 
 @dataclass(frozen=True)
 class UpdateComparison:
-    """Training curves of the course model with BF16 weights under each way of applying the update,
-    against FP32; ``lost_fraction[label][i]``: share of weights whose non-zero update was lost at step i."""
+    """Training curves of the course model with BF16 weights under each way of applying the update, against
+    FP32, over seeds: ``curves[label][i]`` for ``seeds[i]``; ``lost_fraction[label][i][t]``: the share of
+    weights whose non-zero update was lost at step t (the BF16AdamW runs only)."""
 
     lr: float
-    losses: dict[str, tuple[float, ...]]
-    lost_fraction: dict[str, tuple[float, ...]]
+    seeds: tuple[int, ...]
+    steps: int
+    curves: dict[str, tuple[tuple[float, ...], ...]]
+    lost_fraction: dict[str, tuple[tuple[float, ...], ...]]
+    eval_losses: dict[str, tuple[float, ...]]
+
+    @property
+    def recipes(self) -> tuple[str, ...]:
+        return tuple(self.curves)
+
+    def final(self, label: str, tail: int = 10) -> tuple[float, ...]:
+        """Per seed, the mean training loss over the last ``tail`` steps (computed in the run's own precision:
+        a BF16 run's loss is itself rounded, see ``eval_losses``)."""
+        return tuple(sum(c[-tail:]) / len(c[-tail:]) for c in self.curves[label])
+
+
+EVAL_BATCHES = 4
+
+
+@torch.no_grad()
+def fp32_eval_loss(model: torch.nn.Module, sampler, device, steps) -> float:
+    """The mean loss of ``model``'s weights as stored, evaluated in FP32 arithmetic (on a copy) on the
+    sampler's batches at ``steps``: one yardstick for runs whose own losses were computed in different
+    precisions."""
+    import copy
+
+    twin = copy.deepcopy(model).float().eval()
+    losses = [float(twin(*sampler.batch(step, device))[1]) for step in steps]
+    return sum(losses) / len(losses)
+
+
+UPDATE_LABELS = {"nearest": "BF16, round to nearest (no master)", "stochastic": "BF16, stochastic rounding",
+                 "kahan": "BF16, Kahan-compensated"}
 
 
 def compare_bf16_updates(profile, device: torch.device | str = "cpu", *, steps: int | None = None,
-                         lr: float = 3e-4, seed: int = 0) -> UpdateComparison:
-    """Train the course GPT from one initialisation: FP32 (reference), BF16 weights with FP32 master
-    weights, and BF16 weights updated by :class:`BF16AdamW` with each update rule."""
+                         lr: float = 3e-4, seeds=(0, 1, 2)) -> UpdateComparison:
+    """Train the course GPT, per seed from one initialisation and on the same batches: FP32 (reference),
+    BF16 weights with FP32 master weights, and BF16 weights updated by :class:`BF16AdamW` with each update
+    rule."""
     from .models import course_setup
     from .train import TrainConfig, TrainState, get_recipe, train
 
-    setup = course_setup(profile, device, steps=steps, default_steps=(150, 2000), seed=seed)
-    losses, lost = {}, {}
-    for label, recipe in (("FP32", "fp32"), ("BF16 + FP32 master weights", "bf16_master")):
-        state = TrainState(setup.model(seed), get_recipe(recipe), TrainConfig(steps=setup.steps, lr=lr,
-                                                                               clip_norm=None), setup.device)
-        losses[label] = tuple(train(state, setup.sampler).losses)
-    for rule in UPDATE_RULES:
-        model = setup.model(seed).to(torch.bfloat16)
-        opt = BF16AdamW(model.parameters(), lr=lr, update_rule=rule, seed=seed)
-        run_losses, run_lost = [], []
-        n = sum(p.numel() for p in model.parameters())
-        for step in range(setup.steps):
-            x, y = setup.sampler.batch(step, setup.device)
-            opt.zero_grad(set_to_none=True)
-            _, loss = model(x, y)
-            loss.backward()
-            opt.step()
-            run_losses.append(float(loss.detach().float()))
-            run_lost.append(sum(opt.state[p].get("lost", 0) for p in model.parameters()) / n)
-        label = {"nearest": "BF16, round to nearest (no master)", "stochastic": "BF16, stochastic rounding",
-                 "kahan": "BF16, Kahan-compensated"}[rule]
-        losses[label], lost[label] = tuple(run_losses), tuple(run_lost)
-    return UpdateComparison(lr, losses, lost)
+    seeds = tuple(seeds)
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
+        raise ValueError(f"seeds must be a non-empty sequence of ints, got {seeds!r}")
+    curves: dict[str, list] = {}
+    lost: dict[str, list] = {}
+    evals: dict[str, list] = {}
+    n_steps = 0
+    for seed in seeds:
+        setup = course_setup(profile, device, steps=steps, default_steps=(45, 400), seed=seed)
+        n_steps = setup.steps
+        held_out = range(n_steps, n_steps + EVAL_BATCHES)      # batches no run trained on
+        for label, recipe in (("FP32", "fp32"), ("BF16 + FP32 master weights", "bf16_master")):
+            state = TrainState(setup.model(seed), get_recipe(recipe),
+                               TrainConfig(steps=setup.steps, lr=lr, clip_norm=None), setup.device)
+            curves.setdefault(label, []).append(tuple(train(state, setup.sampler).losses))
+            evals.setdefault(label, []).append(fp32_eval_loss(state.model, setup.sampler, setup.device, held_out))
+        for rule in UPDATE_RULES:
+            model = setup.model(seed).to(torch.bfloat16)
+            opt = BF16AdamW(model.parameters(), lr=lr, update_rule=rule, seed=seed)
+            run_losses, run_lost = [], []
+            n = sum(p.numel() for p in model.parameters())
+            for step in range(setup.steps):
+                x, y = setup.sampler.batch(step, setup.device)
+                opt.zero_grad(set_to_none=True)
+                _, loss = model(x, y)
+                loss.backward()
+                opt.step()
+                run_losses.append(float(loss.detach().float()))
+                run_lost.append(sum(opt.state[p].get("lost", 0) for p in model.parameters()) / n)
+            curves.setdefault(UPDATE_LABELS[rule], []).append(tuple(run_losses))
+            lost.setdefault(UPDATE_LABELS[rule], []).append(tuple(run_lost))
+            evals.setdefault(UPDATE_LABELS[rule], []).append(fp32_eval_loss(model, setup.sampler, setup.device,
+                                                                            held_out))
+    return UpdateComparison(lr, seeds, n_steps, {k: tuple(v) for k, v in curves.items()},
+                            {k: tuple(v) for k, v in lost.items()}, {k: tuple(v) for k, v in evals.items()})

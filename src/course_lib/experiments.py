@@ -153,8 +153,11 @@ def _bf16_update_stagnation(profile: SizeProfile, device: torch.device) -> Exper
     from .bf16 import compare_bf16_updates
 
     result = compare_bf16_updates(profile, device)
-    return ExperimentOutput(parameters={"profile": profile.name, "lr": result.lr},
-                            values={"losses": result.losses, "lost_fraction": result.lost_fraction})
+    return ExperimentOutput(parameters={"profile": profile.name, "lr": result.lr, "seeds": list(result.seeds),
+                                        "steps": result.steps},
+                            values={"curves": {k: [list(c) for c in v] for k, v in result.curves.items()},
+                                    "lost_fraction": {k: [list(c) for c in v] for k, v in result.lost_fraction.items()},
+                                    "eval_losses": {k: list(v) for k, v in result.eval_losses.items()}})
 
 
 # ---- lesson 6: performance and memory -----------------------------------------------------------------

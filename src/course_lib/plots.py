@@ -681,14 +681,23 @@ def plot_delayed_spike(run) -> Figure:
 
 
 def plot_fp8_training(result, *, reference: str = "bf16_autocast", tail: int = 5) -> Figure:
+    """:func:`plot_seeded_runs` of an FP8 (or block-scaled) training result against BF16 autocast."""
+    return plot_seeded_runs(result, reference=reference, tail=tail)
+
+
+def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | None = None,
+                     final_label: str | None = None) -> Figure:
     """Left: loss curves per recipe (mean over seeds as a line, min-max over seeds as a band). Right: each
     seed's final loss (mean of the last ``tail`` steps) minus the ``reference`` recipe's from the same seed,
-    one dot per seed."""
+    one dot per seed. ``result`` has ``recipes``, ``curves[recipe][seed_index]`` and ``final(recipe, tail)``.
+    ``finals`` (recipe -> one value per seed) replaces the final losses, ``final_label`` names them."""
     if reference not in result.curves:
         raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.curves)}")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.6, 1]})
     others = [r for r in result.recipes if r != reference]
     colours = {reference: "#777777", **{r: _fp8_colour(r, j) for j, r in enumerate(others)}}
+    if len({colours[r] for r in others} | {colours[reference]}) < len(others) + 1:   # names the map cannot tell apart
+        colours = {reference: "#777777", **{r: _recipe_colour(j) for j, r in enumerate(others)}}
     for recipe in result.recipes:
         runs = np.asarray(result.curves[recipe], dtype=float)
         x = np.arange(runs.shape[1])
@@ -699,13 +708,16 @@ def plot_fp8_training(result, *, reference: str = "bf16_autocast", tail: int = 5
     left.set_ylabel("loss (line: mean over seeds; band: range)")
     left.grid(alpha=0.3)
     left.legend(fontsize=8, ncol=2)
-    ref_final = result.final(reference, tail)
+    if finals is not None and set(result.recipes) - set(finals):
+        raise ValueError(f"finals has no values for {', '.join(sorted(set(result.recipes) - set(finals)))}")
+    final = (lambda r: finals[r]) if finals is not None else (lambda r: result.final(r, tail))
+    ref_final = final(reference)
     for i, recipe in enumerate(others):
-        diffs = [a - b for a, b in zip(result.final(recipe, tail), ref_final)]
+        diffs = [a - b for a, b in zip(final(recipe), ref_final)]
         right.plot([i] * len(diffs), diffs, "o", color=colours[recipe], ms=7, alpha=0.85)
     right.axhline(0.0, color="#000000", lw=1)
     right.set_xticks(range(len(others)), others, rotation=30, ha="right")
-    right.set_ylabel(f"final loss minus {reference}'s\n(same seed; one dot per seed)")
+    right.set_ylabel(f"{final_label or 'final loss'} minus {reference}'s\n(same seed; one dot per seed)")
     right.grid(alpha=0.3, axis="y")
     return _finish(fig)
 
