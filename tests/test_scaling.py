@@ -320,3 +320,23 @@ def test_correct_autocast_loops_raise_nothing_and_everything_is_restored():
     assert torch.autocast.__enter__ is enter and torch.Tensor.backward is backward
     with pytest.raises(TypeError, match="nn.Module"):
         ScalerAudit(None, torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), model="model")
+
+
+def test_scale_gradient_fidelity_shows_what_adam_hides():
+    from course_lib.device import SizeProfile
+    from course_lib.scaling import scale_gradient_fidelity
+
+    fid = scale_gradient_fidelity(SizeProfile("small"), steps=30, batches=1, scales=(1.0, 2.0**16, 2.0**24))
+    assert fid.overflowed == {1.0: False, 2.0**16: False, 2.0**24: True}
+    assert all(math.isnan(v) for v in fid.error[2.0**24].values())
+    # unscaled FP16 gradients are far worse than scaled ones, layer for layer at the worst and in the median
+    assert fid.worst(1.0)[1] > 10 * fid.worst(2.0**16)[1]
+    median = {sc: sorted(fid.error[sc].values())[len(fid.names) // 2] for sc in (1.0, 2.0**16)}
+    assert median[1.0] > 3 * median[2.0**16]
+    assert all(0.0 <= v <= 1.0 for d in fid.lost.values() for v in d.values())
+    from course_lib import plots
+    labels = [t.get_text() for t in plots.plot_scale_fidelity(fid).axes[0].get_legend().get_texts()]
+    assert any("overflowed" in t for t in labels) and len(labels) == 3
+    for bad in (dict(scales=()), dict(scales=(0.0,)), dict(scales=(math.inf,)), dict(batches=0)):
+        with pytest.raises(ValueError):
+            scale_gradient_fidelity(SizeProfile("small"), steps=0, **bad)

@@ -322,6 +322,28 @@ def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
     return _finish(fig)
 
 
+
+def plot_scale_fidelity(result) -> Figure:
+    """Relative error of each parameter's FP16-autocast gradient against FP32's (log scale), one line per
+    loss scale of a :class:`~course_lib.scaling.ScaleFidelity`; a scale whose gradients overflowed is named
+    in the legend without a line."""
+    fig, ax = plt.subplots(figsize=(10, 4.6))
+    x = np.arange(len(result.names))
+    for j, sc in enumerate(result.scales):
+        label = f"scale 2^{math.log2(sc):g}" if math.log2(sc) == int(math.log2(sc)) else f"scale {sc:g}"
+        if result.overflowed[sc]:
+            ax.plot([], [], " ", label=f"{label}: gradients overflowed (inf), no error to draw")
+            continue
+        ax.plot(x, [result.error[sc][n] for n in result.names], marker="o", ms=4, lw=1.4,
+                color=_recipe_colour(j), label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(x, result.names, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("relative error of the gradient\n(FP16 autocast against FP32)")
+    ax.set_title(f"Each parameter's gradient under each loss scale (after {result.steps} FP32 steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _finish(fig)
+
 def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Figure:
     """Scale per step (log2 axis) for one or more :class:`~course_lib.scaling.ScaleTrace`, skipped steps
     marked with crosses."""

@@ -841,6 +841,86 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
     return runs
 
 
+
+@dataclass(frozen=True)
+class ScaleFidelity:
+    """How close FP16-autocast gradients come to FP32's, per parameter, under each loss scale.
+
+    ``error[scale][name]``: relative L2 error of the unscaled FP16-autocast gradient against the FP32
+    gradient of the same weights and batch (mean over the batches); ``lost[scale][name]``: share of the
+    entries that are non-zero in FP32 and exactly zero under autocast; ``overflowed[scale]``: whether any
+    gradient was inf/NaN on any batch (the step a scaler would skip; no error is measured then)."""
+
+    scales: tuple[float, ...]
+    names: tuple[str, ...]
+    steps: int
+    batches: int
+    error: dict[float, dict[str, float]]
+    lost: dict[float, dict[str, float]]
+    overflowed: dict[float, bool]
+
+    def worst(self, scale: float) -> tuple[str, float]:
+        """The parameter with the largest error under ``scale``, and that error."""
+        name = max(self.error[scale], key=lambda n: self.error[scale][n])
+        return name, self.error[scale][name]
+
+
+def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
+                            scales=(1.0, 2.0**8, 2.0**16, 2.0**24), steps: int | None = None, batches: int = 2,
+                            seed: int = 0, lr: float = 3e-3) -> ScaleFidelity:
+    """Train the course GPT in FP32 for ``steps`` steps (gradients shrink as the loss falls), then, on
+    ``batches`` batches it did not train on, compare each parameter's gradient from an FP16-autocast
+    backward of ``loss * scale`` (divided by the scale afterwards) with the FP32 gradient. Unlike a
+    training curve under Adam, which divides the scale out of every update, this shows what the scale does
+    to the gradients themselves."""
+    from .models import course_setup
+
+    scales = tuple(float(sc) for sc in scales)
+    if not scales or any(not (sc > 0 and math.isfinite(sc)) for sc in scales):
+        raise ValueError(f"scales must be positive finite numbers, got {scales!r}")
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"batches must be a positive int, got {batches!r}")
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+    dev, sampler = setup.device, setup.sampler
+    model = setup.model(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(setup.steps):
+        opt.zero_grad(set_to_none=True)
+        model(*sampler.batch(step, dev))[1].backward()
+        opt.step()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    sq_err = {sc: {n: 0.0 for n, _ in named} for sc in scales}
+    lost = {sc: {n: 0.0 for n, _ in named} for sc in scales}
+    overflowed = {sc: False for sc in scales}
+    ref_sq = {n: 0.0 for n, _ in named}
+    for b in range(batches):
+        x, y = sampler.batch(setup.steps + b, dev)
+        model.zero_grad(set_to_none=True)
+        model(x, y)[1].backward()
+        ref = {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
+        for sc in scales:
+            model.zero_grad(set_to_none=True)
+            with torch.autocast(dev.type, dtype=torch.float16):
+                loss = model(x, y)[1]
+            (loss * sc).backward()
+            for n, p in named:
+                if n not in ref:
+                    continue
+                g = p.grad.detach().float() / sc if p.grad is not None else torch.zeros_like(ref[n])
+                if not bool(torch.isfinite(g).all()):
+                    overflowed[sc] = True
+                    continue
+                sq_err[sc][n] += float(((g - ref[n]) ** 2).sum()) / batches
+                nonzero = ref[n] != 0
+                lost[sc][n] += float(((g == 0) & nonzero).sum()) / max(1, int(nonzero.sum())) / batches
+        for n, r in ref.items():
+            ref_sq[n] += float((r ** 2).sum()) / batches
+    names = tuple(n for n, _ in named if ref_sq[n] > 0)
+    error = {sc: {n: math.nan if overflowed[sc] else math.sqrt(sq_err[sc][n] / ref_sq[n]) for n in names}
+             for sc in scales}
+    return ScaleFidelity(scales, names, setup.steps, batches, error,
+                         {sc: {n: lost[sc][n] for n in names} for sc in scales}, overflowed)
+
 def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwargs) -> dict[str, int]:
     """Run :class:`TeachingLossScaler` and ``torch.amp.GradScaler`` side by side on a random gradient
     stream with planted inf and NaN; count the steps on which scale, tracker, skip decision and unscaled
