@@ -72,3 +72,19 @@ def test_exceptions_custom_function_and_checkpointing():
     assert custom["forward input"] == "float32" and custom["autocast inside forward"] == "False"
     assert custom["activation before the op"] == "bfloat16" and custom["op output"] == "float32"
     assert checkpointing_demo("cpu")["identical gradients"] is True
+
+
+def test_amp_tables_have_one_row_per_op():
+    import torch
+
+    from course_lib.amp import autocast_op_lists, op_table_markdown, sensitive_ops_markdown, trace_course_model
+
+    lists = autocast_op_lists()
+    trace = trace_course_model("cpu", torch.bfloat16)
+    lines = op_table_markdown(trace, "forward", lists).splitlines()
+    assert lines[0].startswith("| op | calls |") and len(lines) == 2 + len(trace.op_table("forward"))
+    live = {"matmul output": "torch.bfloat16", "softmax": "torch.bfloat16"}
+    table = sensitive_ops_markdown(live, "cpu", lists, recorded={"softmax": "torch.float32"}, recorded_label="GPU X")
+    rows = table.splitlines()
+    assert rows[0].endswith("recorded on GPU X |") and rows[2].endswith("| - |") and "torch.float32" in rows[3]
+    assert "recorded on" not in sensitive_ops_markdown(live, "cpu", lists).splitlines()[0]

@@ -291,3 +291,29 @@ def sensitive_loss_demo(device_type: str = "cpu", logit_scale: float = 16.0, see
     return {"logits dtype": _name(logits), "max logit": float(logits.float().max()),
             "naive loss (FP16)": float(naive.float()), "loss in autocast(enabled=False)": float(safe),
             "FP64 reference": float(reference)}
+
+
+def op_table_markdown(trace, phase: str = "forward", lists: dict[str, frozenset[str]] | None = None):
+    """:meth:`AutocastTrace.op_table` of ``phase`` as a Markdown table, with each op's CUDA policy."""
+    from .tables import markdown_table
+
+    lists = autocast_op_lists() if lists is None else lists
+    return markdown_table(
+        ["op", "calls", "input dtypes", "output dtypes", "ran in", "torch's CUDA list"],
+        [(f"`{r['op']}`", r["calls"], ", ".join(r["inputs"]), ", ".join(r["outputs"]), r["runs_in"],
+          cuda_policy(r["op"], lists)) for r in trace.op_table(phase)])
+
+
+def sensitive_ops_markdown(live: dict[str, str], device_type: str, lists: dict[str, frozenset[str]] | None = None,
+                           recorded: dict[str, str] | None = None, recorded_label: str = ""):
+    """:func:`sensitive_ops_trace` output as a table: dtype here, CUDA's policy, and a recorded GPU's dtype."""
+    from .tables import markdown_table
+
+    lists = autocast_op_lists() if lists is None else lists
+    op_name = {"matmul output": "mm"}      # the other keys are op names already
+    header = ["op", f"output dtype here ({device_type})", "torch's CUDA list"]
+    if recorded is not None:
+        header.append(f"recorded on {recorded_label}")
+    rows = [[op, dtype, cuda_policy(op_name.get(op, op), lists)] + ([recorded.get(op, "-")] if recorded is not None
+                                                                    else []) for op, dtype in live.items()]
+    return markdown_table(header, rows)

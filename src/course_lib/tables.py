@@ -1,0 +1,38 @@
+"""Markdown tables for the lessons: the formatting lives here, so a lesson's cell shows what it computes.
+
+``markdown_table(header, rows)`` returns a :class:`MarkdownTable`, a ``str`` that Jupyter displays as a
+rendered table (``display(table)``) and that can be glued or printed as plain Markdown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class MarkdownTable(str):
+    """Markdown text that Jupyter renders (``_repr_markdown_``)."""
+
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+
+def _cell(value) -> str:
+    text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> MarkdownTable:
+    """A Markdown table with ``header`` and one line per row; each row must have as many cells as the
+    header (pipes inside a cell are escaped, newlines become spaces). Cells are shown with ``str``: format
+    numbers before passing them, one style per column."""
+    if isinstance(header, str) or not header:
+        raise ValueError("header must be a non-empty sequence of column names, not a string")
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    for i, row in enumerate(rows):
+        if isinstance(row, str):
+            raise TypeError(f"row {i} is a string; give a sequence of cells")
+        cells = list(row)
+        if len(cells) != len(header):
+            raise ValueError(f"row {i} has {len(cells)} cells, the header has {len(header)}")
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return MarkdownTable("\n".join(lines) + "\n")
