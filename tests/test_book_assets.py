@@ -7,8 +7,8 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _extension():
-    spec = importlib.util.spec_from_file_location("local_mathjax", ROOT / "book" / "_ext" / "local_mathjax.py")
+def _extension(name="local_mathjax"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "book" / "_ext" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,5 +35,31 @@ def test_the_book_config_loads_the_extension():
     import yaml
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext"}
+    assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext", "page_scripts": "book/_ext"}
     assert "django-static-mathjax" in (ROOT / "requirements.txt").read_text()
+
+
+def test_each_page_loads_each_script_once():
+    # sphinx-thebe registered its inline THEBE_JS_URL script twice: a SyntaxError in every page's console
+    from sphinx.builders.html._assets import _JavaScript
+
+    ext = _extension("page_scripts")
+    inline = 'const THEBE_JS_URL = "x"'
+    scripts = [_JavaScript("a.js"), _JavaScript(None, body=inline), _JavaScript("b.js", **{"async": "async"}),
+               _JavaScript("", body=inline, priority=200), _JavaScript("b.js"), _JavaScript("a.js")]
+    context = {"script_files": scripts}
+    ext._dedupe(None, "page", "page.html", context, None)
+    assert context["script_files"] == [scripts[0], scripts[1], scripts[2], scripts[4]]
+    ext._dedupe(None, "page", "page.html", {}, None)     # pages without scripts are left alone
+
+
+def test_the_theme_gets_a_colour_mode_unless_one_is_set():
+    from types import SimpleNamespace
+
+    ext = _extension("page_scripts")
+    config = SimpleNamespace(html_context={"github_user": "x"})
+    ext._default_mode(None, config)
+    assert config.html_context == {"github_user": "x", "default_mode": "auto"}
+    config = SimpleNamespace(html_context={"default_mode": "dark"})
+    ext._default_mode(None, config)
+    assert config.html_context == {"default_mode": "dark"}
