@@ -274,8 +274,14 @@ def test_the_lesson_experiments_run_small():
     assert demo.with_recovery.steps[-1] == 7 and not any(demo.with_recovery.skipped[-3:])
     with pytest.raises(ValueError, match="fault_at"):
         mon.overflow_recovery(profile, steps=8, fault_at=8)
-    cost = mon.monitor_overhead(profile, steps=2, rounds=1)
+    cost = mon.monitor_overhead(profile, steps=2, rounds=2)
     assert set(cost.seconds) == {0, 1, 10} and all(v > 0 for v in cost.seconds.values())
+    assert all(len(v) == 2 for v in cost.rounds.values())
+    lo, hi = cost.overhead_range(1)
+    each = [m / n - 1 for m, n in zip(cost.rounds[1], cost.rounds[0])]
+    assert (lo, hi) == (min(each), max(each))
+    with pytest.raises(ValueError, match="every=5"):
+        cost.overhead_range(5)
     with pytest.raises(ValueError, match="kind"):
         mon.nan_hunt(profile, kind="overflow")
 

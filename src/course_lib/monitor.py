@@ -781,9 +781,18 @@ class MonitorOverhead:
     relative to none. Means, not medians of single steps: a median would never see the sampled steps."""
 
     seconds: dict[int, float]
+    rounds: dict[int, tuple[float, ...]] = field(default_factory=dict)   # per round, the block's mean step
 
     def overhead(self, every: int) -> float:
         return self.seconds[every] / self.seconds[0] - 1.0
+
+    def overhead_range(self, every: int) -> tuple[float, float]:
+        """The lowest and highest overhead of a single round (each round's monitored block against the
+        unmonitored block next to it): how much the timing moved from round to round."""
+        if every not in self.rounds or 0 not in self.rounds:
+            raise ValueError(f"no per-round times for every={every}")
+        each = [m / n - 1.0 for m, n in zip(self.rounds[every], self.rounds[0])]
+        return min(each), max(each)
 
 
 def monitor_overhead(profile, device: torch.device | str = "cpu", *, everies=(1, 10), steps: int = 20,
@@ -805,7 +814,8 @@ def monitor_overhead(profile, device: torch.device | str = "cpu", *, everies=(1,
             watch = GradientHealthMonitor(model, every=every) if every else None
             h = train(state, setup.sampler, steps=steps, monitor=watch)
             samples[every].append(sum(h.step_seconds) / len(h.step_seconds))
-    return MonitorOverhead({k: sorted(v)[len(v) // 2] for k, v in samples.items()})
+    return MonitorOverhead({k: sorted(v)[len(v) // 2] for k, v in samples.items()},
+                           {k: tuple(v) for k, v in samples.items()})
 
 
 def anomaly_mode_raises(value: float) -> bool:
