@@ -1092,15 +1092,23 @@ def fp8_training(profile, device: torch.device | str = "cpu", *,
     """Loss curves of :func:`train_fp8` for every recipe and seed."""
     if not recipes or not seeds:
         raise ValueError("fp8_training needs at least one recipe and one seed")
+    curves, n_steps = seeded_curves(lambda recipe, seed: train_fp8(recipe, profile, device, steps=steps, seed=seed,
+                                                                   lr=lr), recipes, seeds)
+    return Fp8Training(tuple(recipes), tuple(seeds), n_steps, profile.pick(small=32, full=128), curves)
+
+
+def seeded_curves(train_one, recipes, seeds) -> tuple[dict[str, tuple[tuple[float, ...], ...]], int]:
+    """``train_one(recipe, seed)`` (a History) for every recipe and seed: the loss curves as
+    ``curves[recipe][i]`` for ``seeds[i]``, and the number of steps a run took."""
     curves, n_steps = {}, 0
     for recipe in recipes:
         runs = []
         for seed in seeds:
-            h = train_fp8(recipe, profile, device, steps=steps, seed=seed, lr=lr)
-            runs.append(tuple(h.losses))
-            n_steps = len(h.losses)
+            losses = tuple(train_one(recipe, seed).losses)
+            runs.append(losses)
+            n_steps = len(losses)
         curves[recipe] = tuple(runs)
-    return Fp8Training(tuple(recipes), tuple(seeds), n_steps, profile.pick(small=32, full=128), curves)
+    return curves, n_steps
 
 
 @dataclass(frozen=True)

@@ -652,7 +652,7 @@ def block_scaled_training(profile, device: torch.device | str = "cpu", *,
                           steps: int | None = None, lr: float = 3e-3):
     """Loss curves of :func:`train_block_scaled` per recipe and seed, as a
     :class:`course_lib.fp8.Fp8Training` (``block``: NVFP4's 16)."""
-    from .fp8 import Fp8Training
+    from .fp8 import Fp8Training, seeded_curves
 
     if not recipes or not seeds:
         raise ValueError("block_scaled_training needs at least one recipe and one seed")
@@ -660,14 +660,8 @@ def block_scaled_training(profile, device: torch.device | str = "cpu", *,
         from .train import RECIPES
         if r not in RECIPES:
             block_recipe(r)
-    curves, n_steps = {}, 0
-    for recipe in recipes:
-        runs = []
-        for seed in seeds:
-            h = train_block_scaled(recipe, profile, device, steps=steps, seed=seed, lr=lr)
-            runs.append(tuple(h.losses))
-            n_steps = len(h.losses)
-        curves[recipe] = tuple(runs)
+    curves, n_steps = seeded_curves(lambda recipe, seed: train_block_scaled(recipe, profile, device, steps=steps,
+                                                                            seed=seed, lr=lr), recipes, seeds)
     return Fp8Training(tuple(recipes), tuple(seeds), n_steps, 16, curves)
 
 
