@@ -47,10 +47,23 @@ def test_each_page_loads_each_script_once():
     inline = 'const THEBE_JS_URL = "x"'
     scripts = [_JavaScript("a.js"), _JavaScript(None, body=inline), _JavaScript("b.js", **{"async": "async"}),
                _JavaScript("", body=inline, priority=200), _JavaScript("b.js"), _JavaScript("a.js")]
-    context = {"script_files": scripts}
+    context = {"script_files": list(scripts)}
     ext._dedupe(None, "page", "page.html", context, None)
     assert context["script_files"] == [scripts[0], scripts[1], scripts[2], scripts[4]]
     ext._dedupe(None, "page", "page.html", {}, None)     # pages without scripts are left alone
+
+
+def test_scripts_added_after_the_dedupe_reach_the_page():
+    # the context's list is the builder's: myst-nb appends a page's widget state and manager to it from a
+    # later html-page-context handler, and a replaced list silently dropped them from every page
+    from sphinx.builders.html._assets import _JavaScript
+
+    ext = _extension("page_scripts")
+    builder_scripts = [_JavaScript("a.js"), _JavaScript("a.js")]
+    context = {"script_files": builder_scripts}
+    ext._dedupe(None, "page", "page.html", context, None)
+    builder_scripts.append(_JavaScript(None, type="application/vnd.jupyter.widget-state+json", body="{}"))
+    assert context["script_files"] is builder_scripts and len(context["script_files"]) == 2
 
 
 def test_the_theme_gets_a_colour_mode_unless_one_is_set():

@@ -33,8 +33,10 @@ def unique_scripts(scripts) -> list:
 
 
 def _dedupe(app, pagename, templatename, context, doctree) -> None:
+    # in place: the context's list is the builder's own, to which later handlers add this page's scripts
+    # (myst-nb adds the ipywidgets state and manager after this handler); a new list would lose them
     if "script_files" in context:
-        context["script_files"] = unique_scripts(context["script_files"])
+        context["script_files"][:] = unique_scripts(context["script_files"])
 
 
 def _default_mode(app, config) -> None:
