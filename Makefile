@@ -11,7 +11,7 @@ LESSONS := $(wildcard lessons/*.md)
 # pip prints a warning per package for local index folders it cannot use; keep the log readable.
 PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: book test lint unit selfcheck lessons strict-book setup clean
+.PHONY: book test lint unit selfcheck lessons strict-book setup clean lab
 
 setup: $(STAMP)
 
@@ -32,6 +32,23 @@ endif
 	$(PY) -m pip install -q --no-deps -e . 2>&1 | $(PIPQUIET)
 	touch $(STAMP)
 
+# JupyterLab (requirements-lab.txt), into the same .venv with its own stamp: building the book does not need
+# it, `make lab` and the unit tests (tests/test_lab.py starts it) do. The main requirements constrain it, so
+# it never moves a package the book was tested with. lab/overrides.json makes JupyterLab open Markdown
+# (the lessons) with jupytext's notebook view.
+LABSTAMP := $(VENV)/.lab-install-stamp
+$(LABSTAMP): requirements-lab.txt lab/overrides.json $(STAMP)
+	$(PY) -m pip install -q -r requirements-lab.txt -c $(VENV)/requirements-without-torch.txt 2>&1 | $(PIPQUIET)
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp lab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	touch $(LABSTAMP)
+
+# The lessons as notebooks: double-click lessons/*.md. LAB_ARGS for a remote GPU machine, e.g.
+# make lab LAB_ARGS="--no-browser --port 8888" (then an SSH tunnel to that port).
+LAB_ARGS ?=
+lab: $(LABSTAMP)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
 # Sphinx rebuilds only pages whose source changed, so a change in course_lib would leave old outputs:
 # every build starts from a clean _build and executes every page.
 book: $(STAMP)
@@ -45,7 +62,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy src
 
-unit: $(STAMP)
+unit: $(STAMP) $(LABSTAMP)
 	$(PY) -m pytest tests/
 
 # The self-check a reader runs first on a GPU, run here on the CPU: the same code paths, tiny.
