@@ -199,9 +199,12 @@ def _matmul_throughput(profile: SizeProfile, device: torch.device) -> Experiment
           "torch.compile, with loss curves and per-step times for time-to-target (lesson 6).")
 def _training_throughput(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     from .bench import training_throughput
+    from .train import get_recipe
 
-    recipes = ("fp32", "tf32", "bf16_autocast", "fp16_autocast_scaler") if device.type == "cuda" \
-        else ("fp32", "bf16_autocast", "fp16_autocast_scaler")
+    # the recipes this device runs: TF32 and BF16 need compute capability 8.0 (a V100 or T4 has FP16 only),
+    # and a CPU has no TF32
+    recipes = tuple(r for r in ("fp32", "tf32", "bf16_autocast", "fp16_autocast_scaler")
+                    if get_recipe(r).unsupported_reason(device) is None)
     study = training_throughput(profile, device, recipes=recipes, seeds=(0, 1, 2),
                                 compile_too=device.type == "cuda")
     return ExperimentOutput(
@@ -377,3 +380,36 @@ def _monitor_overhead(profile: SizeProfile, device: torch.device) -> ExperimentO
     result = monitor_overhead(profile, device, steps=profile.pick(small=20, full=50))
     return ExperimentOutput(parameters={"profile": profile.name, "everies": [1, 10]},
                             values={"seconds": {str(k): v for k, v in result.seconds.items()}})
+
+
+# ---- lesson 10: across processes -----------------------------------------------------------------------
+
+@register("data_parallel",
+          "Two-process data parallelism (NCCL when every rank has a GPU, gloo on the CPU otherwise): DDP "
+          "against one process for FP32, BF16 autocast and FP16 with GradScaler; an inf planted on one rank "
+          "under DDP, a hand-written loop that unscales before the all-reduce, and FSDP2; FSDP2 mixed precision "
+          "policies; DDP's FP16/BF16 compression hooks; the real all-reduce against the simulation (lesson 10).")
+def _data_parallel(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    import dataclasses
+
+    from .distributed import data_parallel_study
+
+    study = data_parallel_study(profile, device)
+    values = dataclasses.asdict(study)
+    parameters = {k: values.pop(k) for k in ("world_size", "backend", "device", "steps", "plant_step")}
+    return ExperimentOutput(parameters={"profile": profile.name, **parameters}, values=values)
+
+
+@register("reduction_precision",
+          "The data-parallel mean of N ranks' real course-model gradients, reduced in FP32, BF16 (ring and "
+          "tree order) and FP16 (divided by N or by ~sqrt(N) first), against the FP64 mean, N = 2..128 "
+          "(lesson 10).")
+def _reduction_precision(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
+    import dataclasses
+
+    from .distributed import reduction_precision_study
+
+    study = reduction_precision_study(profile, device)
+    return ExperimentOutput(parameters={"profile": profile.name, "world_sizes": list(study.world_sizes),
+                                        "per_rank_sequences": study.per_rank_sequences},
+                            values=dataclasses.asdict(study))
