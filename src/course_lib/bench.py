@@ -806,6 +806,14 @@ class ProfiledStep:
         return self.cast_us / self.total_us if self.total_us > 0 else 0.0
 
 
+def _self_time_attribute(device_type: str, event) -> str:
+    """The field of a profiler average that holds an op's self time on ``device_type``: device (kernel)
+    time on a GPU, under its older torch name where ``event`` lacks the newer one; CPU time otherwise."""
+    if device_type != "cuda":
+        return "self_cpu_time_total"
+    return "self_device_time_total" if hasattr(event, "self_device_time_total") else "self_cuda_time_total"
+
+
 def profile_training_step(recipe: str, profile, device: torch.device | str = "cpu", *, top: int = 8,
                           seed: int = 0) -> ProfiledStep:
     """Profile one training step (after two warm-up steps) of the course model with ``torch.profiler``.
@@ -826,10 +834,9 @@ def profile_training_step(recipe: str, profile, device: torch.device | str = "cp
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with _quiet_native_stderr(), torch_profile(activities=activities) as prof:
         train(state, setup.sampler, steps=1)
-    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    if device.type == "cuda" and not hasattr(prof.key_averages()[0], attr):  # older torch
-        attr = "self_cuda_time_total"
-    rows = [(e.key, float(getattr(e, attr)), int(e.count)) for e in prof.key_averages()]
+    averages = prof.key_averages()
+    attr = _self_time_attribute(device.type, averages[0])
+    rows = [(e.key, float(getattr(e, attr)), int(e.count)) for e in averages]
     rows = [row for row in rows if row[1] > 0 and row[0].startswith("aten::")]
     rows.sort(key=lambda row: -row[1])
     total = sum(row[1] for row in rows)

@@ -132,7 +132,7 @@ def _run_recipe(recipe: str, model: nn.Module, loss_fn, batch, device: torch.dev
                 lr: float) -> RecipeCheck:
     from .train import get_recipe
 
-    reason = get_recipe(recipe, device).unsupported_reason(device)
+    reason = get_recipe(recipe).unsupported_reason(device)   # get_recipe(recipe, device) would raise it
     if reason:
         return RecipeCheck(recipe, reason, (), 0, None, math.nan, ())
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
