@@ -1,0 +1,149 @@
+"""The browser check of the built book (tools/browser_check.py) fails on each planted fault and passes a clean page.
+
+The planted pages run in the real headless Chromium; those tests skip, saying why, where Chromium or
+Playwright is missing. The table of contents, the table and the SKIPPED path need no browser.
+"""
+
+import base64
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("browser_check", ROOT / "tools" / "browser_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module    # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bc = _tool()
+needs_browser = pytest.mark.skipif(bc.unavailable() is not None, reason=f"browser check unavailable: {bc.unavailable()}")
+
+# a 1x1 PNG
+PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+PLANTED = {
+    "clean.html": '<p>A figure: <img src="pixel.png" alt="a pixel"> and a sign that fonts have: &plusmn;2.</p>'
+                  "<pre>code may say \\( and $$ and {glue:text}`x`</pre>",
+    "broken_image.html": '<p><img src="missing.png" alt="gone"></p>',
+    "console_error.html": '<script>console.error("planted console error")</script><p>text</p>',
+    "thrown.html": '<script>throw new Error("planted exception")</script><p>text</p>',
+    "raw_tex.html": '<p>Spacing \\(2^{-m-1}\\) and</p><div class="math notranslate">\\[x^2\\]</div>',
+    "glue.html": "<p>The loss fell by {glue:text}`loss_drop` percent.</p>",
+    "offline.html": '<p><img src="http://planted.invalid/figure.png" alt="remote"></p>',
+    "missing_script.html": '<script src="_static/missing.js"></script><p>text</p>',
+    "widget.html": '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
+                   '{"model_id": "x", "version_major": 2, "version_minor": 0}</script></div>',
+    "box.html": "<p>A character no font has: \u0379.</p>",
+}
+
+
+def _plant(folder: Path) -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pixel.png").write_bytes(PIXEL)
+    for name, body in PLANTED.items():
+        (folder / name).write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>"
+                                   f"<body>{body}</body></html>", encoding="utf-8")
+    return list(PLANTED)
+
+
+@pytest.fixture(scope="module")
+def planted_results(tmp_path_factory):
+    site = tmp_path_factory.mktemp("site")
+    pages = _plant(site)
+    bc.RENDER_TIMEOUT_MS = 500   # the planted widget never renders: do not wait the real book's 15 s
+    results = bc.check_site(site, pages, screenshots=site.parent / "shots")
+    return {r.page: r for r in results}
+
+
+def _problems(results, page) -> str:
+    return "\n".join(results[page].problems)
+
+
+@needs_browser
+def test_a_clean_page_passes_and_is_photographed(planted_results):
+    clean = planted_results["clean.html"]
+    assert clean.problems == [] and clean.images == 1
+    assert clean.screenshot.is_file() and clean.screenshot.stat().st_size > 1000
+
+
+@needs_browser
+def test_a_broken_image_fails(planted_results):
+    problems = _problems(planted_results, "broken_image.html")
+    assert "image not loaded: missing.png" in problems and "HTTP 404" in problems
+
+
+@needs_browser
+def test_console_errors_and_exceptions_fail(planted_results):
+    assert "console error: planted console error" in _problems(planted_results, "console_error.html")
+    assert "script error: planted exception" in _problems(planted_results, "thrown.html")
+    assert "HTTP 404" in _problems(planted_results, "missing_script.html")
+
+
+@needs_browser
+def test_raw_tex_and_untypeset_math_fail(planted_results):
+    problems = _problems(planted_results, "raw_tex.html")
+    assert "raw TeX in the text (4x)" in problems and "2^{-m-1}" in problems
+    assert "1 formula(s) and no MathJax on the page" in problems
+
+
+@needs_browser
+def test_unresolved_glue_fails(planted_results):
+    assert "unresolved glue in the text" in _problems(planted_results, "glue.html")
+
+
+@needs_browser
+def test_requests_off_the_machine_are_blocked_and_fail(planted_results):
+    problems = _problems(planted_results, "offline.html")
+    assert "blocked request off the machine: http://planted.invalid/figure.png" in problems
+    assert "image not loaded" in problems
+
+
+@needs_browser
+def test_a_widget_that_does_not_render_fails(planted_results):
+    result = planted_results["widget.html"]
+    assert result.widgets == 1 and "widget output 1 rendered nothing" in _problems(planted_results, "widget.html")
+
+
+@needs_browser
+def test_a_character_drawn_as_a_box_fails(planted_results):
+    assert "drawn as a box (no font has it): \u0379 (U+0379)" in _problems(planted_results, "box.html")
+
+
+@needs_browser
+def test_main_prints_the_table_and_exits_non_zero_on_a_problem(tmp_path, capsys):
+    site = tmp_path / "html"
+    _plant(site)
+    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: clean\nchapters:\n  - file: broken_image\n")
+    assert bc.main([str(site), "--toc", str(tmp_path / "_toc.yml")]) == 1
+    out = capsys.readouterr().out
+    assert "clean.html" in out and "broken_image.html" in out and "FAIL" in out and "1 of 2 pages ok" in out
+
+
+def test_pages_come_from_the_toc_in_order():
+    pages = bc.pages_from_toc(ROOT / "_toc.yml")
+    assert pages[0] == "book/intro.html" and "lessons/01_formats.html" in pages
+    assert all(p.endswith(".html") for p in pages) and len(pages) == len(set(pages))
+    assert all((ROOT / p.replace(".html", ".md")).is_file() for p in pages)
+
+
+def test_without_a_browser_the_check_says_skipped(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(bc, "unavailable", lambda: "no Chromium here")
+    monkeypatch.delenv("BROWSER_CHECK_REQUIRED", raising=False)
+    assert bc.main([str(tmp_path)]) == 0
+    assert "browser check SKIPPED: no Chromium here" in capsys.readouterr().out
+    monkeypatch.setenv("BROWSER_CHECK_REQUIRED", "1")
+    assert bc.main([str(tmp_path)]) == 1
+    assert "SKIPPED" in capsys.readouterr().out
+
+
+def test_the_table_lists_every_page_and_its_problems():
+    ok, bad = bc.PageResult("a.html", images=2), bc.PageResult("lessons/b.html", problems=["x", "y"])
+    table = bc.format_table([ok, bad])
+    assert "a.html" in table and " ok " in table and "FAIL" in table and "x (+1 more)" in table
+    assert table.rstrip().endswith("  - y")

@@ -1,0 +1,341 @@
+"""Check the built book in a real browser, offline.
+
+    python tools/browser_check.py _build/html --toc _toc.yml --screenshots _build/screenshots
+
+Serves the built site on 127.0.0.1 (a free port), opens every page of the table of contents in Debian's
+headless Chromium through Playwright (``/usr/bin/chromium`` or $CHROMIUM; no browser is downloaded) and
+aborts every request that is not to that server, so the site is checked as a reader without a network
+sees it. A page passes when
+
+- it loads (HTTP 200), nothing it asks for fails (no 4xx/5xx, no request that had to leave the machine),
+  its console has no error and no script throws;
+- every ``<img>`` has loaded (natural width > 0);
+- its visible text (code aside) holds no raw TeX delimiters (``\\(``, ``\\)``, ``\\[``, ``\\]``, ``$$``)
+  and no unresolved glue role or substitution;
+- where it has math, MathJax typeset every formula (an ``mjx-container`` in each) with no TeX error;
+- every widget output (``application/vnd.jupyter.widget-view+json`` script) rendered a widget;
+- no character of its text is drawn as a box (no installed font has it: an emoji on a plain Linux machine).
+
+A full-page screenshot of each page is saved for a person to look at. A table (page, status, problems)
+is printed; the exit status is 1 if any page has a problem. Where Playwright or Chromium is missing the
+check prints that it was SKIPPED and why, and exits 0, or 1 when $BROWSER_CHECK_REQUIRED is set (CI,
+which installs Chromium, sets it, so a broken install cannot pass as a skip).
+
+This is a tool for the book's build, not course material, so it lives in tools/ rather than course_lib;
+tests/test_browser_check.py plants broken pages and checks that each failure is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import http.server
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync"]
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# in the page's text, outside code: TeX that MathJax did not typeset, glue or substitutions left unresolved
+RAW_TEXT_PATTERNS = {
+    "raw TeX": re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$"),
+    "unresolved glue": re.compile(r"\{glue(?::\w+)?\}|\{\{\s*\w+\s*\}\}"),
+}
+LOAD_TIMEOUT_MS = 30_000
+RENDER_TIMEOUT_MS = 15_000
+
+
+@dataclass
+class PageResult:
+    page: str
+    problems: list[str] = field(default_factory=list)
+    screenshot: Path | None = None
+    images: int = 0       # what was checked, so a pass says something: <img> elements,
+    formulas: int = 0     # formulas (elements of class "math"),
+    widgets: int = 0      # widget outputs
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return "ok" if not self.problems else "FAIL"
+
+
+# -- what to check --------------------------------------------------------------------------------------
+def pages_from_toc(toc: Path) -> list[str]:
+    """The HTML pages of a Jupyter Book ``_toc.yml``, in its order (``root`` first)."""
+    import yaml
+
+    data = yaml.safe_load(toc.read_text())
+    files: list[str] = [data["root"]]
+
+    def walk(entries) -> None:
+        for entry in entries or []:
+            if "file" in entry:
+                files.append(entry["file"])
+            for key in ("sections", "chapters"):
+                walk(entry.get(key))
+            for part in entry.get("parts", []) or []:
+                walk(part.get("chapters"))
+
+    for part in data.get("parts", []) or []:
+        walk(part.get("chapters"))
+    walk(data.get("chapters"))
+    walk(data.get("sections"))
+    return [re.sub(r"\.(md|ipynb|rst)$", "", f) + ".html" for f in files]
+
+
+def chromium_path() -> str | None:
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+    return path if Path(path).is_file() and os.access(path, os.X_OK) else None
+
+
+def unavailable() -> str | None:
+    """Why the check cannot run here, or None when it can."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as error:
+        return f"Playwright's Python package is not installed ({error}); `make setup` installs it"
+    if chromium_path() is None:
+        return ("no Chromium ($CHROMIUM, `chromium` on the PATH or /usr/bin/chromium): install Debian's "
+                "package, `apt-get install chromium` (.ci/run does)")
+    return None
+
+
+# -- serving --------------------------------------------------------------------------------------------
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """Serve ``folder`` on 127.0.0.1 at a free port, in a thread; yields the base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+# -- in the page ----------------------------------------------------------------------------------------
+# Text nodes outside code, scripts, styles and typeset math: what a reader reads as prose.
+_VISIBLE_TEXT_JS = """() => {
+  const skip = 'pre, code, script, style, textarea, mjx-container, .highlight, noscript';
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const parts = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.parentElement || node.parentElement.closest(skip)) continue;
+    parts.push(node.nodeValue);
+  }
+  return parts.join(' ');
+}"""
+
+_IMAGES_JS = """async () => {
+  const images = [...document.images];
+  images.forEach(i => { i.loading = 'eager'; });
+  await Promise.all(images.map(i => i.complete ? null : new Promise(r => {
+    i.addEventListener('load', r); i.addEventListener('error', r); setTimeout(r, 10000); })));
+  return {count: images.length,
+          missing: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'))};
+}"""
+
+_MATH_JS = """async () => {
+  const formulas = [...document.querySelectorAll('.math')];
+  if (!formulas.length) return {formulas: 0};
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    try { await MathJax.startup.promise; } catch (e) { return {formulas: formulas.length, error: String(e)}; }
+  }
+  return {
+    formulas: formulas.length,
+    untypeset: formulas.filter(f => !f.querySelector('mjx-container')).map(f => f.textContent.slice(0, 60)),
+    errors: [...document.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    mathjax: !!window.MathJax,
+  };
+}"""
+
+# A character no installed font has is drawn as the font's .notdef box; U+0378 is unassigned, so its
+# drawing is that box. Every non-ASCII character of the text is drawn in its element's font and compared.
+_GLYPH_BOXES_JS = """() => {
+  const skip = 'script, style, noscript, mjx-container';
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  const seen = new Map();
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.parentElement || node.parentElement.closest(skip)) continue;
+    const family = getComputedStyle(node.parentElement).fontFamily;
+    for (const ch of node.nodeValue) {
+      if (ch.codePointAt(0) > 0x7e && !/\\s/.test(ch)) seen.set(family + '\\u0000' + ch, [family, ch]);
+    }
+  }
+  const canvas = document.createElement('canvas');
+  canvas.width = canvas.height = 64;
+  const g = canvas.getContext('2d', {willReadFrequently: true});
+  const draw = (ch, family) => {
+    g.clearRect(0, 0, 64, 64); g.font = '40px ' + family; g.fillText(ch, 4, 48);
+    return g.getImageData(0, 0, 64, 64).data.join(',');
+  };
+  const boxes = new Set(), box = new Map();
+  for (const [family, ch] of seen.values()) {
+    if (!box.has(family)) box.set(family, draw('\\u0378', family));
+    if (draw(ch, family) === box.get(family)) boxes.add(ch);
+  }
+  return [...boxes].map(ch => ch + ' (U+' + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + ')');
+}"""
+
+_WIDGETS_RENDERED_JS = """(selector) => [...document.querySelectorAll(selector)].every(
+  s => s.parentElement && s.parentElement.querySelector('.jupyter-widgets'))"""
+
+_WIDGETS_JS = """(selector) => [...document.querySelectorAll(selector)].map((s, i) => {
+  const parent = s.parentElement;
+  const widget = parent && parent.querySelector('.jupyter-widgets');
+  const box = widget && widget.getBoundingClientRect();
+  return {index: i, rendered: !!widget, height: box ? box.height : 0,
+          error: !!(parent && /Error displaying widget/.test(parent.textContent))};
+})"""
+
+
+def check_page(context, base_url: str, page_path: str, screenshots: Path | None) -> PageResult:
+    """Open one page in ``context`` (a Playwright browser context) and collect its problems."""
+    result = PageResult(page_path)
+    started = time.monotonic()
+    problems = result.problems
+    page = context.new_page()
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text[:200]}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"script error: {str(e)[:200]}"))
+    page.on("requestfailed", lambda r: problems.append(
+        f"request failed ({r.failure}): {r.url[:160]}" if r.url.startswith(base_url) else f"blocked request off the machine: {r.url[:160]}"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url[:160]}") if r.status >= 400 else None)
+    try:
+        response = page.goto(base_url + page_path, wait_until="load", timeout=LOAD_TIMEOUT_MS)
+        if response is None or response.status != 200:
+            problems.append(f"page did not load (HTTP {response.status if response else 'none'})")
+            return result
+        images = page.evaluate(_IMAGES_JS)
+        result.images = images["count"]
+        problems += [f"image not loaded: {src}" for src in images["missing"]]
+        math = page.evaluate(_MATH_JS)
+        result.formulas = math["formulas"]
+        if math.get("error"):
+            problems.append(f"MathJax failed: {math['error'][:200]}")
+        elif math["formulas"]:
+            if not math["mathjax"]:
+                problems.append(f"{math['formulas']} formula(s) and no MathJax on the page")
+            elif math["untypeset"]:
+                problems.append(f"{len(math['untypeset'])} of {math['formulas']} formulas not typeset, "
+                                f"first: {math['untypeset'][0]!r}")
+            problems += [f"TeX error: {e[:120]}" for e in math["errors"]]
+        selector = f'script[type="{WIDGET_VIEW}"]'
+        if page.locator(selector).count():
+            with contextlib.suppress(Exception):   # a timeout is reported below, per widget
+                page.wait_for_function(_WIDGETS_RENDERED_JS, arg=selector, timeout=RENDER_TIMEOUT_MS)
+            widgets = page.evaluate(_WIDGETS_JS, selector)
+            result.widgets = len(widgets)
+            for widget in widgets:
+                if not widget["rendered"] or widget["error"] or widget["height"] <= 0:
+                    how = "an error" if widget["error"] else ("nothing" if not widget["rendered"] else "an empty box")
+                    problems.append(f"widget output {widget['index'] + 1} rendered {how}")
+        problems += [f"drawn as a box (no font has it): {ch}" for ch in page.evaluate(_GLYPH_BOXES_JS)]
+        text = page.evaluate(_VISIBLE_TEXT_JS)
+        for name, pattern in RAW_TEXT_PATTERNS.items():
+            matches = list(pattern.finditer(text))
+            if matches:
+                first = matches[0]
+                snippet = " ".join(text[max(0, first.start() - 40):first.end() + 40].split())
+                problems.append(f"{name} in the text ({len(matches)}x), first: ...{snippet}...")
+        with contextlib.suppress(Exception):
+            page.wait_for_load_state("networkidle", timeout=5_000)
+        if screenshots is not None:
+            result.screenshot = screenshots / (page_path.replace("/", "__").removesuffix(".html") + ".png")
+            result.screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(result.screenshot), full_page=True)
+    except Exception as error:   # a Playwright timeout or a crashed page is this page's problem
+        problems.append(f"check failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    finally:
+        page.close()
+        result.seconds = time.monotonic() - started
+    return result
+
+
+def check_site(site: Path, pages: list[str], screenshots: Path | None = None) -> list[PageResult]:
+    """Check ``pages`` (paths relative to ``site``) in Chromium with every off-machine request aborted."""
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    if executable is None:
+        raise RuntimeError(unavailable() or "no Chromium")
+    results = []
+    with serve(site) as base_url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+            context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base_url)
+                          else route.abort("blockedbyclient"))
+            for page_path in pages:
+                results.append(check_page(context, base_url, page_path, screenshots))
+            context.close()
+        finally:
+            browser.close()
+    return results
+
+
+def format_table(results: list[PageResult]) -> str:
+    width = max([len("page")] + [len(r.page) for r in results])
+    lines = [f"{'page':<{width}}  status  seconds  images  formulas  widgets  problems",
+             f"{'-' * width}  ------  -------  ------  --------  -------  --------"]
+    for r in results:
+        first = r.problems[0] if r.problems else "-"
+        more = f" (+{len(r.problems) - 1} more)" if len(r.problems) > 1 else ""
+        lines.append(f"{r.page:<{width}}  {r.status:<6}  {r.seconds:7.1f}  {r.images:6}  {r.formulas:8}  "
+                     f"{r.widgets:7}  {first}{more}")
+    failing = [r for r in results if r.problems]
+    for r in failing:
+        lines.append(f"\n{r.page}:")
+        lines += [f"  - {p}" for p in r.problems]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("site", type=Path, help="the built HTML folder, e.g. _build/html")
+    parser.add_argument("--toc", type=Path, default=Path("_toc.yml"))
+    parser.add_argument("--screenshots", type=Path, default=None, help="folder for one PNG per page")
+    args = parser.parse_args(argv)
+
+    reason = unavailable()
+    if reason is not None:
+        required = bool(os.environ.get("BROWSER_CHECK_REQUIRED"))
+        print(f"\n*** browser check SKIPPED: {reason} ***"
+              + ("\n*** BROWSER_CHECK_REQUIRED is set: failing ***" if required else "") + "\n", flush=True)
+        return 1 if required else 0
+    pages = pages_from_toc(args.toc)
+    missing = [p for p in pages if not (args.site / p).is_file()]
+    if missing:
+        print(f"browser check: pages of {args.toc} missing from {args.site}: {', '.join(missing)}")
+        return 1
+    if args.screenshots is not None and args.screenshots.exists():
+        shutil.rmtree(args.screenshots)
+    started = time.monotonic()
+    results = check_site(args.site, pages, args.screenshots)
+    print(format_table(results))
+    failed = sum(1 for r in results if r.problems)
+    shots = f"; screenshots in {args.screenshots}" if args.screenshots is not None else ""
+    print(f"\nbrowser check: {len(results) - failed} of {len(results)} pages ok, offline, in "
+          f"{time.monotonic() - started:.0f} s{shots}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
