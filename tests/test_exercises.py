@@ -172,3 +172,24 @@ def test_check_first_nonfinite_names_the_maker_not_the_carriers():
     assert check_first_nonfinite("none", [("a", "forward", False, False)]).correct
     with pytest.raises(ValueError):
         check_first_nonfinite("a", [])
+
+
+def test_check_ring_all_reduce_explains_order_and_rounding():
+    from course_lib.exercises import check_ring_all_reduce
+
+    values = [1.0, 2**-8, 2**-8, 2**-8]
+    # ring from rank 3: (2^-8 + 2^-8) + 2^-8 = 3 * 2^-8, then + 1 = 1.01171875, a BF16 tie -> 1.015625
+    right = check_ring_all_reduce(1.015625, values)
+    assert right.correct and "1.015625" in right.message
+    exact = check_ring_all_reduce(1.01171875, values)
+    assert not exact.correct and "exact sum" in exact.message
+    tree = check_ring_all_reduce(1.0078125, values)   # (1 + 2^-8) rounds to 1; 1 + 2^-7
+    assert not tree.correct and "tree order" in tree.message
+    assert "one at a time" in check_ring_all_reduce(2.0, values).message
+    assert "number" in check_ring_all_reduce("1", values).message
+    assert "No answer" in check_ring_all_reduce(None, values).message
+    assert check_ring_all_reduce(1.01171875, values, fmt="FP16").correct   # FP16 holds it exactly
+    with pytest.raises(ValueError, match="fmt"):
+        check_ring_all_reduce(1.0, values, fmt="FP8")
+    with pytest.raises(ValueError, match="at least 2"):
+        check_ring_all_reduce(1.0, [1.0])

@@ -196,3 +196,21 @@ def test_dashboard_draws_each_panel_and_groups_alerts():
     assert layer_lines["a"] == pytest.approx([0.0, 100.0])
     assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients (2 parameters)"]
     assert list(fig.axes[2].get_lines()[0].get_xdata()) == [1]        # the skipped step
+
+
+def test_distributed_figures_draw_every_variant_and_rank():
+    from course_lib.distributed import REDUCTION_VARIANTS, DataParallelStudy, ReductionStudy, ScalerCase
+
+    n = (2, 8)
+    study = ReductionStudy(n, {k: (1e-3, 2e-3) for k in REDUCTION_VARIANTS}, {k: (0.01, 0.2) for k in REDUCTION_VARIANTS},
+                           (1e-3, 1e-3), (0.0, 0.0), 0.01, 10, 2, 1e-3)
+    fig = plots.plot_reduction_precision(study)
+    err, off = fig.axes
+    assert len(err.lines) == len(REDUCTION_VARIANTS) + 1 and len(off.lines) == len(REDUCTION_VARIANTS)
+    assert err.get_yscale() == "log" and off.lines[1].get_ydata()[1] == 20.0     # shares drawn in %
+    case = ScalerCase({0: (), 1: (1,)}, {0: (4.0, 4.0, 4.0), 1: (4.0, 4.0, 2.0)}, False, {0: False, 1: True})
+    dp = DataParallelStudy(2, "gloo", "cpu", "small", 3, 1, 10, {}, {}, {"a": case, "b": case}, {}, {}, {}, {}, 0.0)
+    fig = plots.plot_rank_scales(dp)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(visible) == 2 and len(visible[0].lines) == 4      # a step line and skip marks per rank
+    assert any("rank 0: weights not finite" in t.get_text() for t in visible[0].texts)

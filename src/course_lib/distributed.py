@@ -648,11 +648,11 @@ def simulate_all_reduce(values: torch.Tensor, dtype: torch.dtype, order: str = "
         return parts[0]
     chunk = -(-v.shape[1] // n_ranks)      # gloo's chunks: ceil(n / N) values, the last one shorter
     chunk_of = torch.arange(v.shape[1]) // chunk
-    # row k of `ordered` holds, for every value, the rank that chunk adds k-th: ranks c-1, c-2, ..., c
-    ordered = torch.gather(v, 0, (chunk_of[None, :] - 1 - torch.arange(n_ranks)[:, None]) % n_ranks)
-    acc = ordered[0].clone()
-    for k in range(1, n_ranks):
-        acc = acc + ordered[k]
+    acc = None
+    for k in range(n_ranks):   # the k-th addend of every value: chunk c adds ranks c-1, c-2, ..., c
+        addend = v.gather(0, ((chunk_of - 1 - k) % n_ranks)[None, :])[0]
+        acc = addend if acc is None else acc + addend
+    assert acc is not None
     return acc
 
 
@@ -842,6 +842,7 @@ class DataParallelStudy:
     world_size: int
     backend: str
     device: str
+    size: str
     steps: int
     plant_step: int
     n_params: int
@@ -885,6 +886,12 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
 
     if not isinstance(profile, SizeProfile):
         raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
+    backend = _choose_backend("auto", world_size)
+    if backend == "gloo":
+        # processes on the CPU (no GPU per rank): the small size whatever the profile, and the references
+        # on the CPU too, so that they compute like the ranks
+        profile = SizeProfile("small", forced=profile.forced, max_steps=profile.max_steps)
+        device = "cpu"
     steps = profile.pick(small=8, full=200) if steps is None else steps
     if profile.max_steps is not None:
         steps = min(steps, profile.max_steps)
@@ -892,8 +899,8 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
         raise ValueError(f"steps must be an int of at least 2 (an inf is planted at step steps // 2), got {steps!r}")
     plant_step = steps // 2
     runs = lesson_runs(steps, plant_step=plant_step)
-    result = launch_local(list(runs.values()), world_size=world_size, size=profile.name, timeout_s=timeout_s,
-                          reduce_check=True)
+    result = launch_local(list(runs.values()), world_size=world_size, size=profile.name, backend=backend,
+                          timeout_s=timeout_s, reduce_check=True)
     device = torch.device(device)
     parity, curves = {}, {}
     for recipe in PARITY_RECIPES:
@@ -921,7 +928,7 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
         if label in HOOKS:
             hook_gaps[label] = float((h.final_params - ddp_fp32.final_params).abs().max())
     return DataParallelStudy(world_size=world_size, backend=result.backend,
-                             device=result.ranks(runs["DDP fp32"].name)[0].device, steps=steps,
+                             device=result.ranks(runs["DDP fp32"].name)[0].device, size=profile.name, steps=steps,
                              plant_step=plant_step, n_params=int(ddp_fp32.final_params.numel()),
                              parity=parity, curves=curves, scaler_cases=cases, eval_losses=evals, held_bytes=held,
                              hook_weight_gaps=hook_gaps, all_reduce_mismatches=result.all_reduce_mismatches(),

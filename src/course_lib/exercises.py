@@ -396,3 +396,40 @@ def check_first_nonfinite(answer, trace) -> Feedback:
     if later and later[0][3]:
         return Feedback(False, f"`{answer}`'s outputs were finite when its hook fired.")
     return Feedback(False, f"`{answer}` is not the first module with finite inputs and non-finite outputs.")
+
+
+def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
+    """Check a reader's value for one entry of a ring all-reduce over ``len(values)`` ranks in ``fmt``
+    (``BF16`` or ``FP16``): the entry lies in chunk 0, which the ring sums ranks N-1, N-2, ..., 0 in that
+    order, rounding every partial sum (see :func:`course_lib.distributed.simulate_all_reduce`)."""
+    import torch
+
+    from .distributed import simulate_all_reduce
+
+    dtypes = {"BF16": torch.bfloat16, "FP16": torch.float16}
+    if fmt not in dtypes:
+        raise ValueError(f"fmt must be one of {', '.join(dtypes)}, got {fmt!r}")
+    values = [float(v) for v in values]
+    if len(values) < 2:
+        raise ValueError("a reduction needs the values of at least 2 ranks")
+    column = torch.tensor(values)[:, None]
+    truth = float(simulate_all_reduce(column, dtypes[fmt], "ring"))
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: set a number and run the cell again.")
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        return Feedback(False, f"Answer with a number, not {answer!r}.")
+    order = " + ".join(f"{v:g}" for v in reversed(values))
+    if float(answer) == truth:
+        return Feedback(True, f"the ring adds {order} left to right, rounding to {fmt} after each addition: "
+                              f"{truth:.10g}.")
+    exact = math.fsum(values)
+    tree = float(simulate_all_reduce(column, dtypes[fmt], "tree"))
+    if float(answer) == exact and exact != truth:
+        hint = (f"{exact:.10g} is the exact sum; in {fmt}, every partial sum is rounded, and small values added "
+                f"to a large partial sum one at a time can be rounded away")
+    elif float(answer) == tree and tree != truth:
+        hint = (f"{tree:.10g} is the tree order (ranks added in pairs from rank 0); the ring starts from the "
+                f"last rank: {order}")
+    else:
+        hint = f"add {order} one at a time, rounding to {fmt} after each addition"
+    return Feedback(False, f"Not quite: {hint}.")

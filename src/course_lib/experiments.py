@@ -396,7 +396,7 @@ def _data_parallel(profile: SizeProfile, device: torch.device) -> ExperimentOutp
 
     study = data_parallel_study(profile, device)
     values = dataclasses.asdict(study)
-    parameters = {k: values.pop(k) for k in ("world_size", "backend", "device", "steps", "plant_step")}
+    parameters = {k: values.pop(k) for k in ("world_size", "backend", "device", "size", "steps", "plant_step")}
     return ExperimentOutput(parameters={"profile": profile.name, **parameters}, values=values)
 
 
