@@ -40,6 +40,8 @@ PLANTED = {
     "widget.html": '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
                    '{"model_id": "x", "version_major": 2, "version_minor": 0}</script></div>',
     "box.html": "<p>A character no font has: \u0379.</p>",
+    "figure_glyph.html": '<div class="output stderr"><pre>UserWarning: Glyph 9989 (\\N{WHITE HEAVY CHECK MARK}) '
+                         "missing from font(s) DejaVu Sans.</pre></div>",
 }
 
 
@@ -113,6 +115,7 @@ def test_a_widget_that_does_not_render_fails(planted_results):
 @needs_browser
 def test_a_character_drawn_as_a_box_fails(planted_results):
     assert "drawn as a box (no font has it): \u0379 (U+0379)" in _problems(planted_results, "box.html")
+    assert "a figure lacks a glyph: Glyph 9989" in _problems(planted_results, "figure_glyph.html")
 
 
 @needs_browser

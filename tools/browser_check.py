@@ -14,7 +14,8 @@ sees it. A page passes when
   and no unresolved glue role or substitution;
 - where it has math, MathJax typeset every formula (an ``mjx-container`` in each) with no TeX error;
 - every widget output (``application/vnd.jupyter.widget-view+json`` script) rendered a widget;
-- no character of its text is drawn as a box (no installed font has it: an emoji on a plain Linux machine).
+- no character of its text is drawn as a box (no installed font has it: an emoji on a plain Linux machine),
+  and no cell output reports matplotlib's "Glyph ... missing from font(s)" (a box inside a figure).
 
 A full-page screenshot of each page is saved for a person to look at. A table (page, status, problems)
 is printed; the exit status is 1 if any page has a problem. Where Playwright or Chromium is missing the
@@ -49,6 +50,8 @@ RAW_TEXT_PATTERNS = {
     "raw TeX": re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$"),
     "unresolved glue": re.compile(r"\{glue(?::\w+)?\}|\{\{\s*\w+\s*\}\}"),
 }
+# matplotlib's warning, shown in a cell's stderr output, when a figure's text has a character its font lacks
+FIGURE_GLYPH_MISSING = re.compile(r"Glyph \d+ \(.*?\) missing from (?:current )?font")
 LOAD_TIMEOUT_MS = 30_000
 RENDER_TIMEOUT_MS = 15_000
 
@@ -248,6 +251,8 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
                     how = "an error" if widget["error"] else ("nothing" if not widget["rendered"] else "an empty box")
                     problems.append(f"widget output {widget['index'] + 1} rendered {how}")
         problems += [f"drawn as a box (no font has it): {ch}" for ch in page.evaluate(_GLYPH_BOXES_JS)]
+        problems += [f"a figure lacks a glyph: {m.group(0)}"
+                     for m in FIGURE_GLYPH_MISSING.finditer(page.evaluate("() => document.body.innerText"))][:3]
         text = page.evaluate(_VISIBLE_TEXT_JS)
         for name, pattern in RAW_TEXT_PATTERNS.items():
             matches = list(pattern.finditer(text))
