@@ -979,7 +979,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"course_lib.distributed: {exc}", file=sys.stderr)
         return 2
-    size = args.size or ("full" if _choose_backend(args.backend, 1) == "nccl" else "small")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    size = args.size or ("full" if _choose_backend(args.backend, local_world) == "nccl" else "small")
     return _worker(runs, size=size, backend=args.backend, out=args.out, max_steps=args.max_steps,
                    reduce_check=args.reduce_check)
 
