@@ -249,3 +249,30 @@ def test_cast_compress_hook_does_torchs_fp16_arithmetic():
     finally:
         dist.destroy_process_group()
     assert torch.equal(theirs, ours) and not torch.equal(ours, values)   # rounded through FP16, both alike
+
+
+def test_worker_on_gpus_joins_nccl_on_its_own_gpu(monkeypatch):
+    # the CUDA branch of a rank, up to the point where NCCL would start: each rank takes the GPU of its
+    # local rank and joins an NCCL group (no GPU here, so init_process_group is stopped right there)
+    import torch.distributed as dist
+
+    calls = {}
+
+    class Joined(Exception):
+        pass
+
+    def init(backend, timeout):
+        calls["init"] = (backend, timeout.total_seconds())
+        raise Joined
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("device", torch.device(d)))
+    monkeypatch.setattr(dist, "init_process_group", init)
+    with pytest.raises(Joined):
+        D._worker([D.DistRun("x", collective_timeout_s=30)], size="small", backend="auto", out=None, max_steps=None)
+    assert calls == {"device": torch.device("cuda", 1), "init": ("nccl", 30.0)}
