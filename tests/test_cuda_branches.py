@@ -135,6 +135,10 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", log("max_memory_allocated", PEAK_BYTES))
         monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
         monkeypatch.setattr(torch.version, "cuda", "12.8")
+        # torch's optimizers ask whether a CUDA graph is being captured whenever CUDA is available; on a
+        # CUDA build of torch without a GPU (a plain Linux machine's `pip install torch`) the real query
+        # fails with "driver version is insufficient"
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         return fake
 
     # the probe caches are keyed by device name: no fake measurement may outlive the test, nor a real one

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from course_lib import bench as _bench
 from course_lib import fp8
 from course_lib.formats import round_to_format
 
@@ -205,8 +206,14 @@ def test_delayed_scaling_refuses_non_finite_but_keeps_its_scale():
 
 # ---- matmuls and linear layers ----------------------------------------------------------------------
 
+# torch 2.11's CPU _scaled_mm takes per-tensor scales only (torch 2.13's takes rows too): feature-detected
+ROWWISE_WHY_NOT = _bench._scaled_mm_rowwise_runs("cpu")
+needs_rowwise = pytest.mark.skipif(ROWWISE_WHY_NOT is not None, reason=str(ROWWISE_WHY_NOT))
+
+
 @pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.CurrentScaling(power_of_two=True),
-                                    fp8.RowwiseScaling(), fp8.RowwiseScaling(power_of_two=False)])
+                                    pytest.param(fp8.RowwiseScaling(), marks=needs_rowwise),
+                                    pytest.param(fp8.RowwiseScaling(power_of_two=False), marks=needs_rowwise)])
 def test_simulated_matmul_equals_scaled_mm_bit_for_bit(recipe):
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(48, 64, generator=gen) * 3
@@ -235,7 +242,21 @@ def _pair(recipe, backend="simulated", seed=0):
     return lin, fp8.Fp8Linear.from_linear(lin, recipe=recipe, backend=backend, block=16)
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "unscaled"])
+def test_scaled_mm_refuses_row_scales_where_this_torch_cannot(monkeypatch):
+    monkeypatch.setattr(_bench, "_scaled_mm_rowwise_runs", lambda device: "per-tensor scales only (test)")
+    q = fp8.RowwiseScaling().quantize(torch.randn(16, 32))
+    qb = fp8.RowwiseScaling(axis=-1).quantize(torch.randn(16, 32)).t()
+    with pytest.raises(ValueError, match="per-tensor scales only.*simulated"):
+        fp8.fp8_matmul(q, qb, backend="scaled_mm")
+    per_tensor = fp8.CurrentScaling().quantize(torch.randn(16, 32))
+    assert fp8.fp8_matmul(per_tensor, per_tensor.t(), backend="scaled_mm").shape == (16, 16)
+
+
+ROWWISE_RECIPES = ("rowwise", "rowwise_with_gw_hp")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", *[pytest.param(r, marks=needs_rowwise) for r in ROWWISE_RECIPES],
+                                    "delayed", "unscaled"])
 def test_fp8_linear_backends_agree_bit_for_bit(recipe):
     _, sim = _pair(recipe, "simulated")
     _, real = _pair(recipe, "scaled_mm")
@@ -296,7 +317,7 @@ def _torchao_pair(recipe: str, emulate: bool = False):
     return ours, theirs
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+@pytest.mark.parametrize("recipe", ["tensorwise", *[pytest.param(r, marks=needs_rowwise) for r in ROWWISE_RECIPES]])
 def test_fp8_linear_matches_torchao_float8_training(recipe):
     """Our recipes reproduce torchao's Float8Linear: forward output and both gradients, bit for bit.
 

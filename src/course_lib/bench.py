@@ -194,6 +194,24 @@ def _scaled_mm_runs(device_str: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _scaled_mm_rowwise_runs(device_str: str) -> str | None:
+    """None if ``torch._scaled_mm`` takes one scale per row of ``a`` and per column of ``b`` on this device,
+    else why not: torch 2.11's CPU kernel takes per-tensor scales only, torch 2.13's takes both."""
+    why = _scaled_mm_runs(device_str)
+    if why is not None:
+        return why
+    try:
+        a = torch.ones(16, 16, device=device_str).to(torch.float8_e4m3fn)
+        b = torch.ones(16, 16, device=device_str).to(torch.float8_e4m3fn).t()
+        torch._scaled_mm(a, b, scale_a=torch.ones(16, 1, device=device_str),
+                         scale_b=torch.ones(1, 16, device=device_str), out_dtype=torch.bfloat16)
+    except Exception as exc:
+        return (f"this torch's _scaled_mm takes per-tensor scales only here ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:120]})")
+    return None
+
+
 def dtype_unsupported_reason(dtype: str, device: torch.device | str) -> str | None:
     """Why ``device`` cannot run matrix products in ``dtype``, or None when it can."""
     _check_dtype_name(dtype)

@@ -554,6 +554,13 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
         # _scaled_mm wants a row-major and b column-major
         b_col = b.data.t().contiguous().t()
         sa, sb = _scaled_mm_inverse(a, "a"), _scaled_mm_inverse(b, "b")
+        if sa.dim() or sb.dim():
+            from .bench import _scaled_mm_rowwise_runs
+
+            why = _scaled_mm_rowwise_runs(str(a.data.device))
+            if why is not None:
+                raise ValueError(f"row/column scales need a _scaled_mm that takes them: {why}; use "
+                                 f"backend='simulated'")
         if sa.dim() != sb.dim():
             # one operand per tensor, the other per row/column: _scaled_mm takes the row-wise form only
             sa = sa.expand(a.data.shape[0], 1).contiguous() if sa.dim() == 0 else sa
