@@ -477,3 +477,9 @@ def test_low_precision_input_is_scaled_in_fp32(monkeypatch):
     monkeypatch.setattr(fp8, "_CHUNK", 256)   # the chunked path too
     assert torch.equal(fp8.cast_saturating(x, "e4m3", 3.3).view(torch.uint8),
                        fp8.cast_saturating(x.float(), "e4m3", 3.3).view(torch.uint8))
+
+
+def test_scaled_mm_unsupported_reason_is_measured():
+    assert _bench.scaled_mm_unsupported_reason("cpu") == _bench._scaled_mm_runs("cpu")
+    assert _bench.scaled_mm_unsupported_reason("cpu", row_scales=True) == ROWWISE_WHY_NOT
+    assert _bench.scaled_mm_unsupported_reason(torch.device("cpu"), row_scales=True) == ROWWISE_WHY_NOT

@@ -212,6 +212,12 @@ def _scaled_mm_rowwise_runs(device_str: str) -> str | None:
     return None
 
 
+def scaled_mm_unsupported_reason(device: torch.device | str, *, row_scales: bool = False) -> str | None:
+    """Why ``torch._scaled_mm`` does not run on ``device`` (with ``row_scales``: with one scale per row and
+    column, not only per tensor), or None when it does. Measured, not looked up."""
+    return (_scaled_mm_rowwise_runs if row_scales else _scaled_mm_runs)(str(torch.device(device)))
+
+
 def dtype_unsupported_reason(dtype: str, device: torch.device | str) -> str | None:
     """Why ``device`` cannot run matrix products in ``dtype``, or None when it can."""
     _check_dtype_name(dtype)

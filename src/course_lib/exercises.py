@@ -425,8 +425,8 @@ def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
     exact = math.fsum(values)
     tree = float(simulate_all_reduce(column, dtypes[fmt], "tree"))
     if float(answer) == exact and exact != truth:
-        hint = (f"{exact:.10g} is the exact sum; in {fmt}, every partial sum is rounded, and small values added "
-                f"to a large partial sum one at a time can be rounded away")
+        hint = (f"{exact:.10g} is the exact sum; in {fmt}, every partial sum is rounded to the nearest {fmt} "
+                f"number (a tie to the one with an even last bit), the last one included")
     elif float(answer) == tree and tree != truth:
         hint = (f"{tree:.10g} is the tree order (ranks added in pairs from rank 0); the ring starts from the "
                 f"last rank: {order}")

@@ -1026,14 +1026,15 @@ def plot_rank_scales(study, labels=None) -> Figure:
             skipped = list(case.skipped[rank])
             ax.plot(skipped, [scales[s] for s in skipped], "x", ms=9, mew=2, color=colours[j % 4])
         ax.set_yscale("log", base=2)
-        ax.set_xlabel("step")
-        ax.set_title(label.replace(", ", ",\n", 1), fontsize=10)
+        ax.set_xlabel("step", fontsize=12)
+        ax.set_title(label.replace(", ", ",\n", 1), fontsize=12)
+        ax.tick_params(labelsize=11)
         ax.grid(alpha=0.3)
         bad = [r for r, ok in case.weights_finite.items() if not ok]
         if bad:
             ax.text(0.03, 0.05, f"rank {', '.join(map(str, bad))}: weights not finite", transform=ax.transAxes,
-                    fontsize=8, color="#D55E00")
+                    fontsize=11, color="black")
     for row in axes:
-        row[0].set_ylabel("loss scale (x: step skipped)")
-    axes[0][0].legend(fontsize=8, loc="lower left")
+        row[0].set_ylabel("loss scale (x: step skipped)", fontsize=12)
+    axes[0][0].legend(fontsize=11, loc="lower left")
     return _finish(fig)
