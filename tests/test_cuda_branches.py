@@ -428,3 +428,24 @@ def test_bf16_autocast_is_flagged_only_below_compute_capability_8(fake_gpu, gpu,
         with torch.autocast("cuda", dtype=torch.bfloat16):
             pass
     assert ("bf16_without_native_support" in [f.pitfall for f in audit.findings]) == flagged
+
+
+@pytest.mark.parametrize("name, study, module", [("training_memory", "account_training_memory", "memory"),
+                                                 ("profiled_step", "profile_training_step", "bench")])
+def test_lesson6_experiments_run_only_what_a_v100_supports(fake_gpu, monkeypatch, name, study, module):
+    import importlib
+
+    from course_lib.experiments import run_experiment
+
+    fake_gpu(V100)
+    asked = []
+    target = importlib.import_module(f"course_lib.{module}")
+    monkeypatch.setattr(target, study, lambda recipe, *a, **k: asked.append(recipe) or {"recipe": recipe})
+    if name == "training_memory":
+        swept = []
+        monkeypatch.setattr(target, "activation_sweep", lambda recipe, *a, **k: swept.append(recipe) or {})
+    out = run_experiment(name, D.SizeProfile("small"), "cuda")
+    assert asked and not any("bf16" in r for r in asked)          # no BF16 on compute capability 7.0
+    assert out.parameters["recipes"] == asked
+    if name == "training_memory":
+        assert swept == ["fp16_autocast_scaler"]

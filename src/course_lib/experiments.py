@@ -217,6 +217,13 @@ def _training_throughput(profile: SizeProfile, device: torch.device) -> Experime
                          for r in study.runs]})
 
 
+def _runnable(recipes: tuple[str, ...], device: torch.device) -> tuple[str, ...]:
+    """The recipes ``device`` runs (a V100 or T4 has no BF16 or TF32; a CPU no TF32), in the given order."""
+    from .train import get_recipe
+
+    return tuple(r for r in recipes if get_recipe(r).unsupported_reason(device) is None)
+
+
 @register("training_memory",
           "Memory of one training step of the course model per recipe, counted by component (weights, "
           "gradients, optimizer state, masters, autocast weight copies, saved activations) and, on a GPU, "
@@ -224,12 +231,13 @@ def _training_throughput(profile: SizeProfile, device: torch.device) -> Experime
 def _training_memory(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     from .memory import account_training_memory, activation_sweep
 
-    breakdowns = [account_training_memory(r, profile, device)
-                  for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure", "bf16_master")]
-    sweep = activation_sweep("bf16_autocast", profile, device,
+    recipes = _runnable(("fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure", "bf16_master"), device)
+    breakdowns = [account_training_memory(r, profile, device) for r in recipes]
+    low = "bf16_autocast" if "bf16_autocast" in recipes else "fp16_autocast_scaler"   # a V100 or T4: FP16
+    sweep = activation_sweep(low, profile, device,
                              batches=profile.pick(small=(1, 2, 4, 8), full=(8, 16, 32, 64)),
                              contexts=profile.pick(small=(16, 32, 64), full=(64, 128, 256)))
-    return ExperimentOutput(parameters={"profile": profile.name},
+    return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(recipes), "sweep_recipe": low},
                             values={"breakdowns": breakdowns, "activation_sweep": sweep})
 
 
@@ -239,9 +247,9 @@ def _training_memory(profile: SizeProfile, device: torch.device) -> ExperimentOu
 def _profiled_step(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     from .bench import profile_training_step
 
-    steps = [profile_training_step(r, profile, device, top=12)
-             for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler")]
-    return ExperimentOutput(parameters={"profile": profile.name}, values={"steps": steps})
+    recipes = _runnable(("fp32", "bf16_autocast", "fp16_autocast_scaler"), device)
+    steps = [profile_training_step(r, profile, device, top=12) for r in recipes]
+    return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(recipes)}, values={"steps": steps})
 
 
 # ---- lesson 7: FP8 ----------------------------------------------------------------------------------
