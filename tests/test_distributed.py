@@ -116,6 +116,8 @@ def test_unscaling_before_the_all_reduce_splits_the_ranks(study):
     wrong = study.scaler_cases["by hand, unscale before the all-reduce"]
     assert wrong.skipped == {0: (), 1: (2,)}             # rank 0 never saw its own inf
     assert wrong.weights_finite == {0: False, 1: True}  # and stepped with the reduced inf
+    assert wrong.non_finite_weights == {0: 1, 1: 0}       # one poisoned entry, a row the data never reads,
+    assert all(math.isfinite(v) for v in wrong.final_losses.values())   # so the losses do not show it
     assert wrong.scales[0] != wrong.scales[1] and not wrong.replicas_agree
     fixed = study.scaler_cases["by hand, unscale before, ShardedGradScaler"]
     assert fixed.skipped == {0: (2,), 1: (2,)} and fixed.replicas_agree

@@ -826,6 +826,8 @@ class ScalerCase:
     scales: dict[int, tuple[float, ...]]
     replicas_agree: bool | None        # None under FSDP, where each rank holds other parameters
     weights_finite: dict[int, bool]
+    non_finite_weights: dict[int, int] = field(default_factory=dict)   # how many, per rank
+    final_losses: dict[int, float] = field(default_factory=dict)       # each rank's loss at the last step
 
 
 @dataclass(frozen=True)
@@ -918,7 +920,9 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
         cases[label] = ScalerCase(
             skipped=result.skipped_steps(runs[label].name), scales={h.rank: h.scales for h in hs},
             replicas_agree=None if wrapper == "fsdp" else gap == 0.0,
-            weights_finite={h.rank: bool(torch.isfinite(h.final_params).all()) for h in hs})
+            weights_finite={h.rank: bool(torch.isfinite(h.final_params).all()) for h in hs},
+            non_finite_weights={h.rank: int((~torch.isfinite(h.final_params)).sum()) for h in hs},
+            final_losses={h.rank: h.losses[-1] for h in hs})
     evals, held, hook_gaps = {}, {}, {}
     ddp_fp32 = result.ranks(runs["DDP fp32"].name)[0]
     for label in ("DDP fp32", *FSDP_POLICIES, *[k for k, v in HOOKS.items() if v is not None]):
