@@ -159,3 +159,16 @@ def test_convergence_parity_needs_seeds():
 
     with pytest.raises(ValueError, match="at least one seed"):
         convergence_parity(SizeProfile("small"), seeds=(), steps=1)
+
+
+def test_step_optimizers_runs_after_unscale_between_unscaling_and_clipping():
+    from course_lib.train import step_optimizers
+
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([w], lr=1.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    (scaler.scale((w * torch.tensor([3.0, 4.0])).sum())).backward()   # true gradient (3, 4), norm 5
+    seen = []
+    result = step_optimizers(scaler, [opt], clip_norm=1.0, after_unscale=lambda o: seen.append(w.grad.clone()))
+    assert torch.equal(seen[0], torch.tensor([3.0, 4.0]))       # already unscaled, not yet clipped
+    assert result.ran == (True,) and result.grad_norms == (5.0,)

@@ -356,35 +356,32 @@ def _train_manual(state, sampler, history, world_size: int, step_counter: dict) 
     gradients for inf) first and all-reduces after. Its scaler decides on what it saw alone."""
     import torch.distributed as dist
 
-    model, opt, scaler = state.model, state.optimizer, state.scaler
+    from .train import _autocast, step_optimizers
+
+    def all_reduce_mean(_opt) -> None:   # the pitfall: after the scaler has looked
+        for p in state.params:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world_size)
+
+    model, scaler = state.model, state.scaler
     while state.step < state.config.steps:
         step_counter["step"] = state.step
-        opt.zero_grad(set_to_none=True)
+        state.optimizer.zero_grad(set_to_none=True)
         x, y = sampler.batch(state.step, state.device)
-        from .train import _autocast
-
         with _autocast(state.recipe, state.device):
             _, loss = model(x, y)
         scaler.scale(loss).backward()
         scale = scaler.get_scale() if scaler.is_enabled() else 1.0
-        scaler.unscale_(opt)               # the pitfall: before the reduction
-        for p in state.params:
-            dist.all_reduce(p.grad)
-            p.grad.div_(world_size)
-        norm = torch.nn.utils.clip_grad_norm_(state.params, state.config.clip_norm or math.inf)
-        marker: list[bool] = []
-        handle = opt.register_step_post_hook(lambda *_: marker.append(True))
-        scaler.step(opt)
-        handle.remove()
-        scaler.update()
+        result = step_optimizers(scaler, [state.optimizer], clip_norm=state.config.clip_norm,
+                                 after_unscale=all_reduce_mean)
         history.losses.append(float(loss.detach().float()))
-        history.grad_norms.append(float(norm))
+        history.grad_norms.append(result.grad_norms[0])
         history.scales.append(scale)
-        history.skipped.append(not marker)
+        history.skipped.append(not result.ran[0])
         state.step += 1
 
 
-def _final_params(state, world_size: int) -> torch.Tensor:
+def _final_params(state) -> torch.Tensor:
     full = []
     for p in state.params:
         full.append(p.full_tensor() if hasattr(p, "full_tensor") else p)
@@ -397,7 +394,7 @@ def _rank_history(run: DistRun, state, history, *, rank: int, world_size: int, b
     return RankHistory(run=run.name, rank=rank, world_size=world_size, backend=backend, device=str(state.device),
                        losses=tuple(history.losses), scales=tuple(history.scales),
                        skipped=tuple(history.skipped), grad_norms=tuple(history.grad_norms),
-                       final_params=_final_params(state, world_size), held_bytes=_held_bytes(state),
+                       final_params=_final_params(state), held_bytes=_held_bytes(state),
                        seconds=seconds)
 
 

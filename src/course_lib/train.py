@@ -304,10 +304,13 @@ class StepResult:
     grad_norms: tuple[float, ...]
 
 
-def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *, clip_norm: float | None = None) -> StepResult:
+def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *, clip_norm: float | None = None,
+                    after_unscale=None) -> StepResult:
     """One step of one or several optimizers sharing one GradScaler (GAN-style): unscale each, clip each,
     step each, then update the scale once. Each optimizer is skipped on its own inf/NaN; the scale backs
-    off if any of them overflowed. A disabled scaler makes this a plain clip-and-step."""
+    off if any of them overflowed. A disabled scaler makes this a plain clip-and-step.
+    ``after_unscale(optimizer)``, if given, runs between unscaling and clipping (after the scaler has
+    looked for inf/NaN): :mod:`course_lib.distributed` reduces gradients there to show that order's pitfall."""
     if not optimizers:
         raise ValueError("step_optimizers needs at least one optimizer")
     ran, norms = [], []
@@ -316,6 +319,8 @@ def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *, clip_norm: floa
         hook = opt.register_step_post_hook(lambda *_: marker.append(True))
         try:
             scaler.unscale_(opt)  # before clipping, so the threshold applies to true gradients
+            if after_unscale is not None:
+                after_unscale(opt)
             params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm is not None else math.inf)
             scaler.step(opt)
