@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from course_lib import bench as B
+from course_lib.studies import performance as PERF
+from course_lib import models as MODELS
+from course_lib import hardware as HW
 from course_lib.device import SizeProfile
 
 
@@ -103,14 +106,14 @@ def test_matmul_flops_is_2mnk():
 
 def test_no_cuda_is_a_reason_not_a_crash(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert B.dtype_unsupported_reason("bf16", "cuda") == "torch sees no CUDA GPU on this machine"
+    assert HW.format_unsupported_reason("bf16", "cuda") == "torch sees no CUDA GPU on this machine"
 
 
 def test_dtype_support_on_cpu_and_refusals():
-    assert B.dtype_unsupported_reason("fp32", "cpu") is None
-    assert "CPU has none" in B.dtype_unsupported_reason("tf32", "cpu")
+    assert HW.format_unsupported_reason("fp32", "cpu") is None
+    assert "CPU has none" in HW.format_unsupported_reason("tf32", "cpu")
     with pytest.raises(ValueError, match="unknown matmul dtype"):
-        B.dtype_unsupported_reason("fp64", "cpu")
+        HW.format_unsupported_reason("fp64", "cpu")
     with pytest.raises(ValueError, match="cannot time tf32"):
         B.measure_matmul("tf32", 16, 16, 16, "cpu")
     with pytest.raises(ValueError, match="divisible by 16"):
@@ -122,8 +125,8 @@ def test_dtype_support_on_cpu_and_refusals():
 def test_dtype_support_on_gpus_from_compute_capability(monkeypatch, cc, expect):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
-    monkeypatch.setattr(B, "_scaled_mm_runs", lambda device: None)
-    refused = {d for d in B.MATMUL_DTYPES if B.dtype_unsupported_reason(d, "cuda")}
+    monkeypatch.setattr(HW, "_scaled_mm_runs", lambda device: None)
+    refused = {d for d in HW.MATMUL_DTYPES if HW.format_unsupported_reason(d, "cuda")}
     assert refused == expect
 
 
@@ -131,7 +134,7 @@ def test_operands_are_random_distinct_buffers_and_fp8_is_the_real_product():
     fn, sets = B.matmul_operands("bf16", 32, 16, 48, "cpu", buffers=3)
     assert len(sets) == 3 and sets[0][0].dtype == torch.bfloat16 and sets[0][0].shape == (32, 48)
     assert not torch.equal(sets[0][0], sets[1][0]) and bool((sets[0][0] != 0).all())
-    if B.dtype_unsupported_reason("fp8", "cpu") is None:
+    if HW.format_unsupported_reason("fp8", "cpu") is None:
         fn8, sets8 = B.matmul_operands("fp8", 32, 16, 48, "cpu", buffers=1)
         a, b, sa, sb = sets8[0]
         out = fn8(a, b, sa, sb)
@@ -171,16 +174,16 @@ def test_copy_bandwidth_positive_and_bad_size():
 
 
 def test_datasheet_peaks_are_dense_and_cited():
-    a100 = B.find_gpu_peaks("NVIDIA A100-SXM4-80GB")
+    a100 = HW.find_gpu_peaks("NVIDIA A100-SXM4-80GB")
     assert a100.peak("fp16") == 312.0 and a100.peak("fp8") is None  # 624 is the sparse figure
-    h100 = B.find_gpu_peaks("NVIDIA H100 80GB HBM3")
+    h100 = HW.find_gpu_peaks("NVIDIA H100 80GB HBM3")
     assert h100.peak("fp8") == 1979.0 and h100.peak("bf16") == pytest.approx(989.5)
-    assert B.find_gpu_peaks("NVIDIA H200 NVL") is None and B.find_gpu_peaks("NVIDIA H200").name == "H200 SXM"
-    assert B.find_gpu_peaks("NVIDIA GeForce RTX 4090").peak("fp8") == 330.3
-    assert B.find_gpu_peaks("Some Other GPU") is None
+    assert HW.find_gpu_peaks("NVIDIA H200 NVL") is None and HW.find_gpu_peaks("NVIDIA H200").name == "H200 SXM"
+    assert HW.find_gpu_peaks("NVIDIA GeForce RTX 4090").peak("fp8") == 330.3
+    assert HW.find_gpu_peaks("Some Other GPU") is None
     bib = (Path(__file__).parents[1] / "book" / "references.bib").read_text()
     keys = set(re.findall(r"@\w+\{([^,]+),", bib))
-    for entry in B.DATASHEET_PEAKS.values():
+    for entry in HW.DATASHEET_PEAKS.values():
         assert entry.source in keys, f"{entry.name}: source {entry.source} missing from the bibliography"
         assert entry.peak("fp32") and entry.bandwidth_gbs > 0
 
@@ -205,35 +208,35 @@ def test_model_flops_per_token_and_parameter_count():
 
     assert B.model_flops_per_token(1000, 2, 64, 32) == 6000 + 12 * 2 * 32 * 64
     cfg = GPTConfig(d_model=64, n_layers=1, n_heads=2, context=16)
-    total, non_emb = B.count_parameters(build_gpt(cfg))
+    total, non_emb = MODELS.count_parameters(build_gpt(cfg))
     d, f = 64, 256
     block = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
     assert non_emb == block + 2 * d + d * 256 and total == non_emb + 256 * d + 16 * d
 
 
 def test_recipe_run_time_to_loss_and_mfu_by_hand():
-    run = B.RecipeRun("fp32", 0, False, (5.0, 4.0, 3.0, 2.0), (1.0, 0.5, 0.5, 0.5), 100, 1)
+    run = PERF.RecipeRun("fp32", 0, False, (5.0, 4.0, 3.0, 2.0), (1.0, 0.5, 0.5, 0.5), 100, 1)
     assert run.median_step_seconds == 0.5 and run.tokens_per_second == 200
     assert run.seconds_to_loss(3.5, window=2) == pytest.approx(2.0)  # mean(4, 3) after 1 + 0.5 + 0.5 s
     assert run.seconds_to_loss(1.0, window=2) is None
-    study = B.ThroughputStudy("cpu", (run,), flops_per_token=1e9, peaks={"fp32": 1.0}, peak_source="test")
+    study = PERF.ThroughputStudy("cpu", (run,), flops_per_token=1e9, peaks={"fp32": 1.0}, peak_source="test")
     assert study.mfu(run) == pytest.approx(200 * 1e9 / 1e12)
     assert study.table()[0]["tokens_per_s"] == 200 and study.time_to_target(3.5, window=2)["fp32"] == [2.0]
 
 
 def test_training_throughput_and_profiler_run_small():
-    study = B.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32", "bf16_autocast"), seeds=(0,),
+    study = PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32", "bf16_autocast"), seeds=(0,),
                                   steps=4, warmup_steps=1)
     assert [r.recipe for r in study.runs] == ["fp32", "bf16_autocast"]
     assert all(len(r.losses) == 4 and math.isfinite(r.tokens_per_second) for r in study.runs)
     assert set(study.peaks) == {"fp32", "bf16_autocast"} and "measured" in study.peak_source
     with pytest.raises(ValueError, match="seeds"):
-        B.training_throughput(SizeProfile("small"), "cpu", seeds=())
+        PERF.training_throughput(SizeProfile("small"), "cpu", seeds=())
     with pytest.raises(ValueError, match="must exceed warmup_steps"):
-        B.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32",), seeds=(0,), steps=2, warmup_steps=3)
+        PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32",), seeds=(0,), steps=2, warmup_steps=3)
     with pytest.raises(ValueError, match="cannot run on cpu"):
-        B.training_throughput(SizeProfile("small"), "cpu", recipes=("tf32",))
-    prof = B.profile_training_step("bf16_autocast", SizeProfile("small"), "cpu", top=5)
+        PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("tf32",))
+    prof = PERF.profile_training_step("bf16_autocast", SizeProfile("small"), "cpu", top=5)
     names = [op[0] for op in prof.top_ops]
     assert len(names) == 5 and any(n in ("aten::mm", "aten::addmm", "aten::bmm") for n in names)
     assert 0 < prof.cast_fraction < 1
@@ -244,11 +247,11 @@ def test_mfu_peaks_on_a_gpu_come_from_the_datasheet(monkeypatch):
         name = "NVIDIA H100 80GB HBM3"
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
-    peaks, source = B._mfu_peaks(torch.device("cuda"), ("fp32", "bf16_autocast", "fp16_autocast_scaler"))
+    peaks, source = PERF._mfu_peaks(torch.device("cuda"), ("fp32", "bf16_autocast", "fp16_autocast_scaler"))
     assert peaks == {"fp32": 67.0, "bf16_autocast": 989.5, "fp16_autocast_scaler": 989.5}
     assert "H100 SXM5" in source
     Props.name = "NVIDIA Unknown"
-    assert B._mfu_peaks(torch.device("cuda"), ("fp32",)) == ({}, "no datasheet entry for NVIDIA Unknown")
+    assert PERF._mfu_peaks(torch.device("cuda"), ("fp32",)) == ({}, "no datasheet entry for NVIDIA Unknown")
 
 
 def test_cpu_peak_estimate_from_cpuinfo_text():

@@ -17,7 +17,7 @@ Where each call site is reached (``file:function``, the call -> the test):
   no GPU -> test_asking_for_a_gpu_without_one
 * device.py:HardwareInfo.banner_markdown on a GPU, bench.py:capability_probe (n=4096 on a GPU),
   bench.py:_probe -> test_banner_on_a_gpu_measures_what_its_capability_allows
-* bench.py:dtype_unsupported_reason, ``is_available``/``get_device_capability`` ->
+* hardware.py:format_unsupported_reason, ``is_available``/``get_device_capability`` ->
   test_bench.py::test_no_cuda_is_a_reason_not_a_crash, test_bench.py::test_dtype_support_on_gpus_from_compute_capability,
   and through the probe above
 * bench.py:make_timer/CudaEventTimer, ``torch.cuda.Event`` -> test_bench.py::test_cuda_event_timer_converts_milliseconds,
@@ -69,6 +69,9 @@ import pytest
 import torch
 
 from course_lib import bench as B
+from course_lib.bench import matmul as BM
+from course_lib.studies import performance as PERF
+from course_lib import hardware as HW
 from course_lib import device as D
 
 H100 = ("NVIDIA H100 80GB HBM3", (9, 0))
@@ -143,7 +146,7 @@ def fake_gpu(monkeypatch):
 
     # the probe caches are keyed by device name: no fake measurement may outlive the test, nor a real one
     # (on a GPU machine) leak into it
-    caches = (B._probe, B._scaled_mm_runs)   # the cached functions, even where a test replaces one
+    caches = (BM._probe, HW._scaled_mm_runs)   # the cached functions, even where a test replaces one
     for cached in caches:
         cached.cache_clear()
     yield install
@@ -212,7 +215,7 @@ def test_banner_on_a_gpu_measures_what_its_capability_allows(fake_gpu, monkeypat
         measured.append((dtype, n, str(device)))
         return SimpleNamespace(tflops={"fp32": 15.0, "tf32": 120.0, "bf16": 240.0, "fp16": 240.0, "fp8": 480.0}[dtype])
 
-    monkeypatch.setattr(B, "measure_matmul", fake_measure)
+    monkeypatch.setattr(BM, "measure_matmul", fake_measure)
     fake_gpu(V100)
     banner = D.describe_hardware().banner_markdown()
     assert banner.startswith(f"**Ran on:** GPU {V100[0]} (compute capability 7.0, CUDA 12.8)")
@@ -221,13 +224,13 @@ def test_banner_on_a_gpu_measures_what_its_capability_allows(fake_gpu, monkeypat
     probe = B.capability_probe("cuda")
     assert set(probe.unsupported) == {"tf32", "bf16", "fp8"} and "7.0" in probe.unsupported["bf16"]
 
-    B._probe.cache_clear()
+    BM._probe.cache_clear()
     measured.clear()
     fake_gpu(H100)
-    monkeypatch.setattr(B, "_scaled_mm_runs", lambda device: None)   # FP8 runs on an H100
-    assert B.capability_probe().summary() == ("matmul speed against FP32, measured here at n=4096: "
+    monkeypatch.setattr(HW, "_scaled_mm_runs", lambda device: None)   # FP8 runs on an H100
+    assert B.capability_probe("cuda").summary() == ("matmul speed against FP32, measured here at n=4096: "
                                               "TF32 x8.00, BF16 x16.00, FP16 x16.00, FP8 x32.00")
-    assert [d for d, _, _ in measured] == list(B.MATMUL_DTYPES)
+    assert [d for d, _, _ in measured] == list(HW.MATMUL_DTYPES)
 
 
 # ---- bench.py ----------------------------------------------------------------------------------------
@@ -248,12 +251,12 @@ def test_profiler_self_time_field_on_a_gpu():
     with torch_profile() as prof:
         torch.ones(4, 4) @ torch.ones(4, 4)
     event = prof.key_averages()[0]
-    assert B._self_time_attribute("cpu", event) == "self_cpu_time_total"
-    gpu_field = B._self_time_attribute("cuda", event)
+    assert PERF._self_time_attribute("cpu", event) == "self_cpu_time_total"
+    gpu_field = PERF._self_time_attribute("cuda", event)
     assert gpu_field == "self_device_time_total"        # torch 2.11 and 2.13 name it so
     assert isinstance(getattr(event, gpu_field), (int, float))
     older = SimpleNamespace(self_cuda_time_total=5.0)   # a torch from before the rename
-    assert B._self_time_attribute("cuda", older) == "self_cuda_time_total"
+    assert PERF._self_time_attribute("cuda", older) == "self_cuda_time_total"
 
 
 # ---- train.py ----------------------------------------------------------------------------------------
@@ -358,7 +361,7 @@ def test_training_throughput_experiment_runs_what_the_gpu_supports(fake_gpu, mon
         asked.update(device=device, recipes=list(recipes), compile_too=compile_too)
         return SimpleNamespace(peak_source="datasheet", flops_per_token=1.0, peaks={}, runs=(), table=lambda: [])
 
-    monkeypatch.setattr(B, "training_throughput", fake_study)
+    monkeypatch.setattr(PERF, "training_throughput", fake_study)
     out = run_experiment("training_throughput", D.SizeProfile("small"), "cuda")
     assert asked == {"device": torch.device("cuda"), "recipes": recipes, "compile_too": True}
     assert out.parameters["recipes"] == recipes
@@ -367,7 +370,7 @@ def test_training_throughput_experiment_runs_what_the_gpu_supports(fake_gpu, mon
     monkeypatch.undo()
     fake_gpu(V100)
     with pytest.raises(ValueError, match="recipe 'tf32' cannot run on cuda: TF32 needs compute capability 8.0"):
-        B.training_throughput(D.SizeProfile("small"), "cuda", recipes=("fp32", "tf32"))
+        PERF.training_throughput(D.SizeProfile("small"), "cuda", recipes=("fp32", "tf32"))
 
 
 def test_selfcheck_on_a_gpu(fake_gpu, fake_tf32_check, capsys):

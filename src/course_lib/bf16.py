@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .hardware import capability_unsupported_reason
+
 UPDATE_RULES = ("nearest", "stochastic", "kahan")
 
 
@@ -137,12 +139,12 @@ def precision_advice(compute_capability: tuple[int, int] | None, *, cpu_bf16_spe
             or not all(isinstance(v, int) for v in compute_capability)):
         raise TypeError(f"compute_capability is a (major, minor) tuple of ints, got {compute_capability!r}")
     label = name or f"GPU sm {compute_capability[0]}.{compute_capability[1]}"
-    if compute_capability >= (8, 0):
+    if capability_unsupported_reason("bf16", compute_capability) is None:
         also = ["tf32 for FP32 matmuls", "fp16_autocast_scaler"]
-        if compute_capability >= (8, 9):
+        if capability_unsupported_reason("fp8", compute_capability) is None:
             also.append("FP8")
         return Advice(label, "bf16_autocast", "BF16 tensor cores: FP32's range, so no loss scaling", tuple(also))
-    if compute_capability >= (7, 0):
+    if capability_unsupported_reason("fp16", compute_capability) is None:
         return Advice(label, "fp16_autocast_scaler", "FP16 tensor cores but no native BF16: FP16 needs "
                                                      "loss scaling for its narrow range")
     return Advice(label, "fp32", "no tensor cores: mixed precision saves memory but little time")

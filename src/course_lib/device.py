@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import torch
 
+from .bench.matmul import capability_probe
+
 PROFILES = ("small", "full")
 SIZE_ENV_VAR = "COURSE_SIZE"
 
@@ -153,8 +155,6 @@ class HardwareInfo:
         dtype (``measure``: run the cached capability probe), and, where it applies, the caveat."""
         text = f"**Ran on:** {self.summary}."
         if measure:
-            from .bench import capability_probe
-
             text += f" Measured {capability_probe(self.device_type).summary()}."
         return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
 

@@ -356,7 +356,7 @@ def _train_manual(state, sampler, history, world_size: int, step_counter: dict) 
     gradients for inf) first and all-reduces after. Its scaler decides on what it saw alone."""
     import torch.distributed as dist
 
-    from .train import _autocast, step_optimizers
+    from .train import recipe_autocast, step_optimizers
 
     def all_reduce_mean(_opt) -> None:   # the pitfall: after the scaler has looked
         for p in state.params:
@@ -368,7 +368,7 @@ def _train_manual(state, sampler, history, world_size: int, step_counter: dict) 
         step_counter["step"] = state.step
         state.optimizer.zero_grad(set_to_none=True)
         x, y = sampler.batch(state.step, state.device)
-        with _autocast(state.recipe, state.device):
+        with recipe_autocast(state.recipe, state.device):
             _, loss = model(x, y)
         scaler.scale(loss).backward()
         scale = scaler.get_scale() if scaler.is_enabled() else 1.0

@@ -198,7 +198,7 @@ def _matmul_throughput(profile: SizeProfile, device: torch.device) -> Experiment
           "Step time, tokens/s and MFU of the course model per precision recipe over seeds, eager and "
           "torch.compile, with loss curves and per-step times for time-to-target (lesson 6).")
 def _training_throughput(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .bench import training_throughput
+    from .studies.performance import training_throughput
     from .train import get_recipe
 
     # the recipes this device runs: TF32 and BF16 need compute capability 8.0 (a V100 or T4 has FP16 only),
@@ -245,7 +245,7 @@ def _training_memory(profile: SizeProfile, device: torch.device) -> ExperimentOu
           "torch.profiler's top operators (self time) of one training step of the course model in FP32, "
           "BF16 autocast and FP16 autocast, and the share of time spent in casts (lesson 6).")
 def _profiled_step(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .bench import profile_training_step
+    from .studies.performance import profile_training_step
 
     recipes = _runnable(("fp32", "bf16_autocast", "fp16_autocast_scaler"), device)
     steps = [profile_training_step(r, profile, device, top=12) for r in recipes]

@@ -541,8 +541,9 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
 
     ``backend="simulated"``: dequantise both (codes times inverse scales, in FP32) and multiply in FP32; runs
     anywhere, any block shape. ``backend="scaled_mm"``: ``torch._scaled_mm`` on the codes, per-tensor or
-    row/column scales only. On the CPU the two agree bit for bit (``_scaled_mm`` dequantises the same way);
-    on a GPU the FP8 tensor cores accumulate differently (see :func:`accumulation_error`), and per-row
+    row/column scales only. On the CPU the two agree bit for bit with torch's reference kernel (which
+    dequantises the same way); where torch hands per-tensor FP8 products to oneDNN (CPUs with AMX), that
+    kernel sums in its own order and agrees within FP32 summation error; on a GPU the FP8 tensor cores accumulate differently (see :func:`accumulation_error`), and per-row
     scales may take only a BF16 ``out_dtype`` (torchao asks for BF16 and casts back)."""
     if a.data.shape[1] != b.data.shape[0]:
         raise ValueError(f"inner dimensions differ: {tuple(a.data.shape)} @ {tuple(b.data.shape)}")
@@ -555,9 +556,9 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
         b_col = b.data.t().contiguous().t()
         sa, sb = _scaled_mm_inverse(a, "a"), _scaled_mm_inverse(b, "b")
         if sa.dim() or sb.dim():
-            from .bench import _scaled_mm_rowwise_runs
+            from .hardware import scaled_mm_unsupported_reason
 
-            why = _scaled_mm_rowwise_runs(str(a.data.device))
+            why = scaled_mm_unsupported_reason(a.data.device, row_scales=True)
             if why is not None:
                 raise ValueError(f"row/column scales need a _scaled_mm that takes them: {why}; use "
                                  f"backend='simulated'")

@@ -220,7 +220,7 @@ def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *
 
     from .data import BatchSampler
     from .models import course_setup
-    from .train import _autocast, get_recipe
+    from .train import recipe_autocast, get_recipe
 
     device = torch.device(device)
     r = get_recipe(recipe, device)
@@ -234,7 +234,7 @@ def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *
         x, y = BatchSampler(setup.sampler.corpus, b, t, seed=seed).batch(0, device)
         for checkpointed in (False, True):
             def forward():
-                with _autocast(r, device):
+                with recipe_autocast(r, device):
                     if not checkpointed:
                         return model(x, y)[1]
                     pos = torch.arange(t, device=device)

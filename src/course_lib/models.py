@@ -209,3 +209,11 @@ def course_setup(profile: SizeProfile, device: torch.device | str = "cpu", *, st
     sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=FULL_CORPUS_BYTES)),
                            profile.pick(small=16, full=64), cfg.context, seed=seed)
     return CourseSetup(cfg, sampler, steps, torch.device(device))
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """``(all, non_embedding)`` trainable parameter counts (embedding tables excluded from the second)."""
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    emb = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)
+              for p in m.parameters() if p.requires_grad)
+    return total, total - emb

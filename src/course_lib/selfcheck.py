@@ -62,7 +62,7 @@ def _recipe_check(name: str, profile: SizeProfile, device: torch.device) -> Call
 
 def _fp8_check(recipe: str, device: torch.device) -> Callable[[], str]:
     def check() -> str:
-        from .bench import dtype_unsupported_reason
+        from .hardware import format_unsupported_reason
         from .fp8 import Fp8Linear
 
         torch.manual_seed(0)
@@ -70,7 +70,7 @@ def _fp8_check(recipe: str, device: torch.device) -> Callable[[], str]:
         x = torch.randn(4, 16, 64, device=device)
         results = {}
         backends = ["simulated"]
-        why_not = dtype_unsupported_reason("fp8", device)
+        why_not = format_unsupported_reason("fp8", device)
         if recipe in ("tensorwise", "delayed", "unscaled") and why_not is None:
             backends.append("scaled_mm")
         for backend in backends:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .data import BatchSampler
+from .hardware import capability_unsupported_reason, gpu_compute_capability, tf32_matmuls
 
 
 @dataclass(frozen=True)
@@ -41,19 +42,20 @@ class Recipe:
     master_weights: bool = False
 
     def unsupported_reason(self, device: torch.device | str) -> str | None:
-        """Why ``device`` cannot run this recipe, or None when it can."""
+        """Why ``device`` cannot run this recipe, or None when it can (the rules of :mod:`course_lib.hardware`)."""
         device = torch.device(device)
-        needs_bf16 = torch.bfloat16 in (self.autocast_dtype, self.param_dtype)
         if device.type == "cuda":
             if not torch.cuda.is_available():
                 return "torch sees no CUDA GPU on this machine"
-            major, minor = torch.cuda.get_device_capability(device)
-            if self.tf32 and (major, minor) < (8, 0):
-                return f"TF32 needs compute capability 8.0 or newer; this GPU has {major}.{minor}"
-            # not torch.cuda.is_bf16_supported(): it reports True on compute capability 7.x, where BF16
-            # runs through emulation, slower than FP32
-            if needs_bf16 and (major, minor) < (8, 0):
-                return f"this GPU (compute capability {major}.{minor}) has no native BF16"
+            cc = gpu_compute_capability(device)
+            assert cc is not None
+            needs = ["tf32"] if self.tf32 else []
+            if torch.bfloat16 in (self.autocast_dtype, self.param_dtype):
+                needs.append("bf16")
+            for fmt in needs:
+                why = capability_unsupported_reason(fmt, cc)
+                if why:
+                    return why
             return None
         if device.type == "cpu":
             if self.tf32:
@@ -91,6 +93,14 @@ def get_recipe(recipe: str | Recipe, device: torch.device | str | None = None) -
         if reason:
             raise ValueError(f"recipe {r.name!r} cannot run on {torch.device(device)}: {reason}")
     return r
+
+
+def runnable_recipes(device: torch.device | str, wanted) -> tuple[str, ...]:
+    """The recipes of ``wanted`` (names) that ``device`` runs, in the given order: a V100 or T4 has no BF16 or
+    TF32, a CPU no TF32. Every experiment that compares recipes asks this, so none fails on an older GPU."""
+    if isinstance(wanted, str):
+        raise TypeError("wanted is a sequence of recipe names, not one string")
+    return tuple(r for r in wanted if get_recipe(r).unsupported_reason(device) is None)
 
 
 @dataclass(frozen=True)
@@ -205,27 +215,17 @@ def load_checkpoint(state: TrainState, path: str | Path) -> TrainState:
     return state
 
 
-def _autocast(recipe: Recipe, device: torch.device):
+def recipe_autocast(recipe: Recipe, device: torch.device):
     if recipe.autocast_dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=recipe.autocast_dtype)
-
-
-@contextlib.contextmanager
-def _tf32(enabled: bool):
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 def evaluate(state: TrainState, sampler: BatchSampler, batches: int = 2) -> float:
     """Mean loss over ``batches`` batches of ``sampler``, in eval mode, under the recipe's autocast."""
     state.model.eval()
     total = 0.0
-    with torch.no_grad(), _autocast(state.recipe, state.device), _tf32(state.recipe.tf32):
+    with torch.no_grad(), recipe_autocast(state.recipe, state.device), tf32_matmuls(state.recipe.tf32):
         for i in range(batches):
             x, y = sampler.batch(i, state.device)
             total += float(state.model(x, y)[1].float())
@@ -247,7 +247,7 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model, opt, scaler = state.model, state.optimizer, state.scaler
-    with _tf32(recipe.tf32):
+    with tf32_matmuls(recipe.tf32):
         while state.step < end:
             start = time.perf_counter()
             opt.zero_grad(set_to_none=True)
@@ -257,7 +257,7 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
             tokens = 0
             for micro in range(config.accumulation_steps):
                 x, y = sampler.batch(state.step * config.accumulation_steps + micro, device)
-                with _autocast(recipe, device):
+                with recipe_autocast(recipe, device):
                     _, loss = model(x, y)
                 scaler.scale(loss / config.accumulation_steps).backward()
                 loss_sum += float(loss.detach().float())

@@ -1,0 +1,283 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..hardware import (
+    MATMUL_DTYPES,
+    check_matmul_dtype,
+    format_unsupported_reason,
+    tf32_matmuls,
+)
+from .timing import Timing, time_function
+
+DTYPE_LABELS = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16",
+                "fp8": "FP8 E4M3 (_scaled_mm)"}
+
+
+_TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """Floating-point operations of ``[m, k] @ [k, n]``: ``2*m*n*k`` (not ``2*m*n**2``, which holds
+    only when ``k == n``)."""
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return 2 * m * n * k
+
+
+def matmul_operands(dtype: str, m: int, n: int, k: int, device: torch.device | str, *, buffers: int = 3,
+                    seed: int = 0) -> tuple[Callable[..., torch.Tensor], list[tuple]]:
+    """A matmul function for ``dtype`` and ``buffers`` distinct random operand sets for it.
+
+    Operands are random normal values (never zeros: zeros can run faster on a GPU). FP8 operands are
+    E4M3 with unit scales, ``b`` column-major as ``torch._scaled_mm`` requires, output in BF16.
+    """
+    check_matmul_dtype(dtype)
+    matmul_flops(m, n, k)
+    if isinstance(buffers, bool) or not isinstance(buffers, int) or buffers < 1:
+        raise ValueError(f"buffers must be a positive int, got {buffers!r}")
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    sets: list[tuple[torch.Tensor, ...]] = []
+    for _ in range(buffers):
+        a = torch.randn(m, k, generator=gen)
+        b = torch.randn(k, n, generator=gen)
+        if dtype == "fp8":
+            if m % 16 or n % 16 or k % 16:
+                raise ValueError(f"FP8 torch._scaled_mm needs every dimension divisible by 16; got "
+                                 f"m={m}, n={n}, k={k} (pad to a multiple of 16)")
+            one = torch.tensor(1.0, device=device)
+            sets.append((a.to(device).to(torch.float8_e4m3fn),
+                         b.t().contiguous().to(device).to(torch.float8_e4m3fn).t(), one, one))
+        else:
+            sets.append((a.to(device, _TORCH_DTYPES[dtype]), b.to(device, _TORCH_DTYPES[dtype])))
+    fn: Callable[..., torch.Tensor]
+    if dtype == "fp8":
+        def fn(a, b, sa, sb):
+            return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    else:
+        fn = torch.matmul
+    return fn, sets
+
+
+@dataclass(frozen=True)
+class MatmulPoint:
+    """One measured matrix product: shape, dtype, timing, throughput (TFLOP/s, from the median)."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    timing: Timing
+
+    @property
+    def flops(self) -> int:
+        return matmul_flops(self.m, self.n, self.k)
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.timing.median / 1e12
+
+
+def measure_matmul(dtype: str, m: int, n: int, k: int, device: torch.device | str, *, budget_s: float = 0.2,
+                   buffers: int = 3, warmup: int = 3, seed: int = 0) -> MatmulPoint:
+    """Time ``[m, k] @ [k, n]`` in ``dtype`` on ``device``; refuse clearly a dtype the device cannot run."""
+    reason = format_unsupported_reason(dtype, device)
+    if reason:
+        raise ValueError(f"cannot time {dtype} matmuls on {torch.device(device)}: {reason}")
+    fn, sets = matmul_operands(dtype, m, n, k, device, buffers=buffers, seed=seed)
+    with tf32_matmuls(dtype == "tf32"):  # the training loop's switch: TF32 on only for the tf32 dtype
+        timing = time_function(fn, sets, device=device, warmup=warmup, budget_s=budget_s)
+    return MatmulPoint(dtype, m, n, k, timing)
+
+
+@dataclass(frozen=True)
+class MatmulSweep:
+    """Square matmuls of several sizes in several dtypes on one device; ``skipped[dtype]`` says why a
+    dtype was not run."""
+
+    device: str
+    points: tuple[MatmulPoint, ...]
+    skipped: dict[str, str]
+
+    def tflops(self, dtype: str) -> dict[int, float]:
+        return {p.n: p.tflops for p in self.points if p.dtype == dtype}
+
+    def best(self, dtype: str) -> float | None:
+        values = self.tflops(dtype).values()
+        return max(values) if values else None
+
+
+def matmul_sweep(device: torch.device | str, sizes: Sequence[int], dtypes: Sequence[str] = MATMUL_DTYPES, *,
+                 budget_s: float = 0.1, buffers: int = 3) -> MatmulSweep:
+    """Throughput of square ``n x n x n`` products for every size and dtype the device supports.
+
+    Sizes FP8 cannot take (not divisible by 16) are left out of its line only.
+    """
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    points, skipped = [], {}
+    for dtype in dtypes:
+        reason = format_unsupported_reason(dtype, device)
+        if reason:
+            skipped[dtype] = reason
+            continue
+        for n in sizes:
+            if dtype == "fp8" and n % 16:
+                continue
+            points.append(measure_matmul(dtype, n, n, n, device, budget_s=budget_s, buffers=buffers))
+    return MatmulSweep(str(torch.device(device)), tuple(points), skipped)
+
+
+def torch_timer_matmul_seconds(dtype: str, n: int, device: torch.device | str, *, min_run_time: float = 0.2) -> float:
+    """The median seconds of the same square product timed by ``torch.utils.benchmark.Timer``: a
+    cross-check of :func:`measure_matmul` with PyTorch's own benchmark tool (one buffer, no rotation)."""
+    import torch.utils.benchmark as tb
+
+    reason = format_unsupported_reason(dtype, device)
+    if reason:
+        raise ValueError(f"cannot time {dtype} matmuls on {torch.device(device)}: {reason}")
+    fn, sets = matmul_operands(dtype, n, n, n, device, buffers=1)
+    with tf32_matmuls(dtype == "tf32"):  # the training loop's switch: TF32 on only for the tf32 dtype
+        # Timer runs on one thread unless told otherwise; the harness uses torch's setting.
+        measurement = tb.Timer(stmt="fn(*args)", globals={"fn": fn, "args": sets[0]},
+                               num_threads=torch.get_num_threads()).blocked_autorange(
+            min_run_time=min_run_time)
+    return float(measurement.median)
+
+
+def measure_copy_bandwidth(device: torch.device | str, n_bytes: int, *, budget_s: float = 0.2,
+                           buffers: int = 2) -> float:
+    """Device-memory bandwidth in GB/s from ``dst.copy_(src)`` of ``n_bytes``, counting bytes read plus
+    bytes written (``2 * n_bytes`` per copy). Use a size well beyond the last-level cache."""
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, int) or n_bytes < 4096:
+        raise ValueError(f"n_bytes must be an int of at least 4096, got {n_bytes!r}")
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    sets = [(torch.empty(n_bytes // 4, device=device), torch.randn(n_bytes // 4, generator=gen).to(device))
+            for _ in range(buffers)]
+    timing = time_function(lambda dst, src: dst.copy_(src), sets, device=device, budget_s=budget_s)
+    return 2 * (n_bytes // 4) * 4 / timing.median / 1e9
+
+
+@dataclass(frozen=True)
+class CapabilityProbe:
+    """This device's matmul throughput per dtype at one size (TFLOP/s), measured, and why a dtype is
+    missing. ``relative(d)``: throughput of ``d`` over FP32's (with TF32 off)."""
+
+    device: str
+    n: int
+    tflops: dict[str, float]
+    unsupported: dict[str, str]
+
+    def relative(self, dtype: str) -> float | None:
+        if dtype not in self.tflops or "fp32" not in self.tflops:
+            return None
+        return self.tflops[dtype] / self.tflops["fp32"]
+
+    def faster_than_fp32(self, dtype: str, margin: float = 1.1) -> bool | None:
+        """Whether ``dtype`` measured at least ``margin`` times FP32's throughput (None: not measured)."""
+        r = self.relative(dtype)
+        return None if r is None else r >= margin
+
+    def summary(self) -> str:
+        parts = []
+        for d in ("tf32", "bf16", "fp16", "fp8"):
+            r = self.relative(d)
+            if r is not None:
+                parts.append(f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.2f}")
+        return (f"matmul speed against FP32, measured here at n={self.n}: " + ", ".join(parts)) if parts \
+            else "no low-precision matmul measured"
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(device_str: str, n: int, budget_s: float) -> CapabilityProbe:
+    tflops, unsupported = {}, {}
+    for dtype in MATMUL_DTYPES:
+        reason = format_unsupported_reason(dtype, device_str)
+        if reason:
+            unsupported[dtype] = reason
+            continue
+        tflops[dtype] = measure_matmul(dtype, n, n, n, device_str, budget_s=budget_s, buffers=2, warmup=2).tflops
+    return CapabilityProbe(device_str, n, tflops, unsupported)
+
+
+def capability_probe(device: torch.device | str, *, n: int | None = None,
+                     budget_s: float = 0.03) -> CapabilityProbe:
+    """Measure once per process (cached) how fast ``device`` multiplies matrices in each dtype.
+
+    Default size: 4096 on a GPU, 256 on a CPU (a fraction of a second there). Capability claims in the
+    course come from this measurement, never from CPU flags.
+    """
+    dev = torch.device(device)
+    if n is None:
+        n = 4096 if dev.type == "cuda" else 256
+    matmul_flops(n, n, n)
+    return _probe(str(dev), n, budget_s)
+
+
+@dataclass(frozen=True)
+class CPUPeakEstimate:
+    """A CPU's FP32 peak estimated from cores x clock x FP32 FLOPs per cycle per core (an *estimate*:
+    the clock read is the current one, and two FMA units per core are assumed)."""
+
+    cores: int
+    clock_ghz: float
+    vector_lanes: int
+    fma_units: int
+
+    @property
+    def flops_per_cycle(self) -> int:
+        return 2 * self.vector_lanes * self.fma_units  # an FMA is two FLOPs per lane
+
+    @property
+    def tflops(self) -> float:
+        return self.cores * self.clock_ghz * 1e9 * self.flops_per_cycle / 1e12
+
+
+def cpu_peak_estimate(cpuinfo: str | None = None, cores: int | None = None) -> CPUPeakEstimate | None:
+    """Estimate this CPU's FP32 peak from ``/proc/cpuinfo`` (or the text given): the clock ("cpu MHz"),
+    the widest FP32 FMA vector (AVX-512: 16 lanes, AVX2 with FMA: 8, else 4) and ``cores`` (default: the
+    threads torch uses). None where the clock cannot be read."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return None
+    mhz = flags = None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "cpu MHz" and mhz is None:
+            try:
+                mhz = float(value)
+            except ValueError:
+                pass
+        if key.strip() == "flags" and flags is None:
+            flags = set(value.split())
+    if not mhz:
+        return None
+    flags = flags or set()
+    lanes = 16 if "avx512f" in flags else 8 if {"avx2", "fma"} <= flags else 4
+    cores = torch.get_num_threads() if cores is None else cores
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores must be a positive int, got {cores!r}")
+    return CPUPeakEstimate(cores, mhz / 1e3, lanes, 2)
+
+
+def sweep_from_values(points: Sequence[dict]) -> dict[str, dict[int, float]]:
+    """``{dtype: {n: TFLOP/s}}`` from a recorded ``matmul_throughput``'s ``values["points"]``."""
+    try:
+        out: dict[str, dict[int, float]] = {}
+        for p in points:
+            out.setdefault(p["dtype"], {})[int(p["n"])] = float(p["tflops"])
+        return out
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a matmul_throughput record's points: {exc}") from None

@@ -1,0 +1,135 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware import (
+    DATASHEET_PEAKS,
+    MATMUL_DTYPES,
+)
+from .matmul import matmul_flops
+
+
+def attainable_tflops(intensity: float, peak_tflops: float, bandwidth_gbs: float) -> float:
+    """The roofline: ``min(peak, intensity * bandwidth)`` in TFLOP/s, intensity in FLOPs per byte."""
+    if not intensity > 0 or not peak_tflops > 0 or not bandwidth_gbs > 0:
+        raise ValueError("intensity, peak and bandwidth must all be positive")
+    return min(peak_tflops, intensity * bandwidth_gbs / 1e3)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """FLOPs and the fewest bytes moved (each input read once, each output written once) of one operation
+    of the model's forward pass, for one layer and one batch."""
+
+    name: str
+    flops: float
+    bytes_moved: float
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte."""
+        return self.flops / self.bytes_moved
+
+
+def transformer_op_costs(d_model: int, n_heads: int, tokens_per_sequence: int, batch: int, *,
+                         bytes_per_element: int, mlp_ratio: int = 4, param_bytes: int = 4) -> tuple[OpCost, ...]:
+    """The main operations of one pre-norm transformer block's forward pass (and the AdamW update of its
+    parameters), with FLOPs and minimal bytes at ``bytes_per_element`` per activation and weight element.
+
+    Counted FLOPs: matmuls ``2*M*N*K``; softmax about 5 per element (max, subtract, exp, sum, divide);
+    layer norm about 8 per element; GELU about 8 per element; AdamW about 12 per parameter. The AdamW
+    bytes assume ``param_bytes``-byte parameters, gradients and two moments, each read and written.
+    """
+    for name, v in (("d_model", d_model), ("n_heads", n_heads), ("tokens_per_sequence", tokens_per_sequence),
+                    ("batch", batch), ("bytes_per_element", bytes_per_element), ("mlp_ratio", mlp_ratio),
+                    ("param_bytes", param_bytes)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+    b, t, d, h, e = batch, tokens_per_sequence, d_model, n_heads, bytes_per_element
+    rows, dh, f = b * t, d // n_heads, mlp_ratio * d_model
+
+    def linear(name: str, k: int, n: int) -> OpCost:
+        return OpCost(name, matmul_flops(rows, n, k), (rows * k + k * n + rows * n) * e)
+
+    scores = b * h * t * t
+    n_params = 3 * d * d + d * d + 2 * d * f + 4 * d
+    return (
+        OpCost("layer norm", 8 * rows * d, 2 * rows * d * e),
+        linear("QKV projection", d, 3 * d),
+        OpCost("attention scores QK^T", 2 * b * h * t * t * dh, (2 * b * h * t * dh + scores) * e),
+        OpCost("softmax", 5 * scores, 2 * scores * e),
+        OpCost("attention @ V", 2 * b * h * t * t * dh, (scores + 2 * b * h * t * dh) * e),
+        linear("output projection", d, d),
+        linear("MLP up", d, f),
+        OpCost("GELU", 8 * rows * f, 2 * rows * f * e),
+        linear("MLP down", f, d),
+        OpCost("AdamW step", 12 * n_params, 7 * n_params * param_bytes),
+    )
+
+
+def model_flops_per_token(n_params_non_embedding: int, n_layers: int, d_model: int, context: int) -> float:
+    """Training FLOPs per token: ``6 N`` for the matmuls with the parameters (forward 2N, backward 4N)
+    plus ``12 * n_layers * context * d_model`` for attention's two products (PaLM's appendix B count,
+    without the causal-mask halving)."""
+    for name, v in (("n_params_non_embedding", n_params_non_embedding), ("n_layers", n_layers),
+                    ("d_model", d_model), ("context", context)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return 6.0 * n_params_non_embedding + 12.0 * n_layers * context * d_model
+
+
+def datasheet_markdown() -> str:
+    """A Markdown table of :data:`DATASHEET_PEAKS` (dense TFLOP/s, bandwidth, source citation)."""
+    def cell(v):
+        return "-" if v is None else f"{v:,.1f}"
+
+    head = ("| GPU | sm | FP32 | TF32 | BF16 | FP16 | FP8 | GB/s | source |\n"
+            "|---|---|---|---|---|---|---|---|---|\n")
+    table = head + "\n".join(
+        f"| {p.name} | {p.compute_capability} | " + " | ".join(cell(p.tflops[d]) for d in MATMUL_DTYPES)
+        + f" | {p.bandwidth_gbs:,.0f} | {{cite:p}}`{p.source}` |"
+        for p in DATASHEET_PEAKS.values())
+    notes = "\n".join(f"- {p.name}: {p.note}." for p in DATASHEET_PEAKS.values() if p.note)
+    return table + "\n\nTFLOP/s, dense; GB/s: memory bandwidth. Notes:\n\n" + notes
+
+
+@dataclass(frozen=True)
+class RooflineRow:
+    """One operation on one device in two dtypes: intensity and predicted time in each, and the speed-up
+    the lower precision gives it by the roofline."""
+
+    name: str
+    intensity_high: float
+    intensity_low: float
+    bound_high: str
+    bound_low: str
+    seconds_high: float
+    seconds_low: float
+
+    @property
+    def speedup(self) -> float:
+        return self.seconds_high / self.seconds_low
+
+
+def roofline_rows(d_model: int, n_heads: int, context: int, batch: int, *, peak_high: float, peak_low: float,
+                  bandwidth_gbs: float, bytes_high: int = 4, bytes_low: int = 2) -> tuple[RooflineRow, ...]:
+    """Predicted time of each operation of a transformer block with ``bytes_high``-byte elements at
+    ``peak_high`` TFLOP/s against ``bytes_low``-byte elements at ``peak_low``, on one memory system:
+    time = FLOPs / attainable throughput. The optimizer step keeps FP32 state in both."""
+    high = transformer_op_costs(d_model, n_heads, context, batch, bytes_per_element=bytes_high)
+    low = transformer_op_costs(d_model, n_heads, context, batch, bytes_per_element=bytes_low)
+    rows = []
+    for h, lo in zip(high, low):
+        if h.name == "AdamW step":
+            lo = h  # the update runs on FP32 master weights and moments in every mixed-precision recipe
+        th = h.flops / (attainable_tflops(h.intensity, peak_high, bandwidth_gbs) * 1e12)
+        tl = lo.flops / (attainable_tflops(lo.intensity, peak_low, bandwidth_gbs) * 1e12)
+        ridge_h, ridge_l = peak_high * 1e3 / bandwidth_gbs, peak_low * 1e3 / bandwidth_gbs
+        rows.append(RooflineRow(h.name, h.intensity, lo.intensity,
+                                "compute" if h.intensity >= ridge_h else "memory",
+                                "compute" if lo.intensity >= ridge_l else "memory", th, tl))
+    return tuple(rows)

@@ -1,0 +1,137 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call of a timed function: every sample, with median and quartiles."""
+
+    samples: tuple[float, ...]
+    warmup: int
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("a Timing needs at least one sample")
+
+    @property
+    def repeats(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the samples (linear interpolation), ``0 <= q <= 1``."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must lie in [0, 1], got {q}")
+        s = sorted(self.samples)
+        pos = q * (len(s) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    @property
+    def q25(self) -> float:
+        return self.quantile(0.25)
+
+    @property
+    def q75(self) -> float:
+        return self.quantile(0.75)
+
+    @property
+    def relative_spread(self) -> float:
+        """Interquartile range over the median: how noisy the measurement was."""
+        return (self.q75 - self.q25) / self.median if self.median > 0 else math.inf
+
+
+class HostTimer:
+    """Times a call with a host clock around a synchronised region: ``sync(); t0; fn(); sync(); t1``.
+
+    ``clock`` (seconds) and ``synchronize`` are injectable so the harness can be tested with a fake clock.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter,
+                 synchronize: Callable[[], None] | None = None):
+        self.clock = clock
+        self.synchronize = synchronize if synchronize is not None else (lambda: None)
+
+    def time_call(self, fn: Callable[[], Any]) -> float:
+        self.synchronize()
+        start = self.clock()
+        fn()
+        self.synchronize()
+        return self.clock() - start
+
+
+class CudaEventTimer:
+    """Times a call with CUDA events recorded on the current stream around it (device time, seconds)."""
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+
+    def time_call(self, fn: Callable[[], Any]) -> float:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+
+
+def make_timer(device: torch.device | str) -> HostTimer | CudaEventTimer:
+    """CUDA events on a GPU; a host clock elsewhere (CPU work is synchronous)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return CudaEventTimer(device)
+    if device.type == "cpu":
+        return HostTimer()
+    raise ValueError(f"unsupported device type {device.type!r}: the course times 'cuda' or 'cpu'")
+
+
+def time_function(fn: Callable[..., Any], rotation: Sequence[tuple] = ((),), *, device: torch.device | str = "cpu",
+                  warmup: int = 3, budget_s: float = 0.5, min_repeats: int = 5, max_repeats: int = 1000,
+                  timer: HostTimer | CudaEventTimer | None = None) -> Timing:
+    """Time ``fn(*args)`` with ``args`` taken in turn from ``rotation``, one sample per call.
+
+    ``warmup`` untimed calls come first (kernel selection, caches, lazy initialisation). The number of
+    timed calls is ``budget_s`` divided by the time of one call, clamped to ``[min_repeats, max_repeats]``.
+    Pass several argument tuples in ``rotation`` (distinct buffers, random data) so that a buffer is not
+    still in cache from the previous call.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    rotation = list(rotation)
+    if not rotation or not all(isinstance(a, tuple) for a in rotation):
+        raise TypeError("rotation must be a non-empty sequence of argument tuples")
+    for name, value in (("warmup", warmup), ("min_repeats", min_repeats), ("max_repeats", max_repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if min_repeats < 1 or max_repeats < min_repeats:
+        raise ValueError(f"need 1 <= min_repeats <= max_repeats, got {min_repeats} and {max_repeats}")
+    if not budget_s > 0 or not math.isfinite(budget_s):
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s}")
+    timer = make_timer(device) if timer is None else timer
+    calls = [0]
+
+    def call() -> None:
+        args = rotation[calls[0] % len(rotation)]
+        calls[0] += 1
+        fn(*args)
+
+    for _ in range(warmup):
+        call()
+    samples = [timer.time_call(call)]
+    per_call = max(samples[0], 1e-9)
+    repeats = int(min(max_repeats, max(min_repeats, budget_s // per_call)))
+    samples += [timer.time_call(call) for _ in range(repeats - 1)]
+    return Timing(tuple(samples), warmup)

@@ -1,0 +1,261 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ..hardware import (
+    find_gpu_peaks,
+)
+from ..bench.matmul import capability_probe
+from ..bench.roofline import model_flops_per_token
+from ..models import count_parameters
+
+
+@dataclass(frozen=True)
+class RecipeRun:
+    """One training run: per-step losses and wall seconds (steps after ``warmup_steps`` count for speed)."""
+
+    recipe: str
+    seed: int
+    compiled: bool
+    losses: tuple[float, ...]
+    step_seconds: tuple[float, ...]
+    tokens_per_step: int
+    warmup_steps: int
+    peak_memory_bytes: int | None = None
+
+    @property
+    def median_step_seconds(self) -> float:
+        timed = self.step_seconds[self.warmup_steps:] or self.step_seconds
+        return statistics.median(timed)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.median_step_seconds
+
+    def seconds_to_loss(self, target: float, window: int = 5) -> float | None:
+        """Wall seconds until the mean loss of the last ``window`` steps first falls to ``target`` (None:
+        never). Warm-up steps (compilation included) count: they are time a user waits."""
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        elapsed = 0.0
+        for i, seconds in enumerate(self.step_seconds):
+            elapsed += seconds
+            lo = max(0, i + 1 - window)
+            if i + 1 >= window and sum(self.losses[lo:i + 1]) / (i + 1 - lo) <= target:
+                return elapsed
+        return None
+
+
+@dataclass(frozen=True)
+class ThroughputStudy:
+    """Runs of several recipes and seeds on one device, with the model's FLOPs per token and, where known,
+    the peak each recipe's dtype is measured against (TFLOP/s) and where that peak came from."""
+
+    device: str
+    runs: tuple[RecipeRun, ...]
+    flops_per_token: float
+    peaks: dict[str, float]
+    peak_source: str
+
+    def recipes(self) -> list[str]:
+        return list(dict.fromkeys(r.recipe for r in self.runs))
+
+    def runs_of(self, recipe: str, compiled: bool = False) -> list[RecipeRun]:
+        return [r for r in self.runs if r.recipe == recipe and r.compiled == compiled]
+
+    def mfu(self, run: RecipeRun) -> float | None:
+        """Model FLOPs utilisation: achieved model FLOP/s over the peak of the recipe's dtype."""
+        peak = self.peaks.get(run.recipe)
+        if not peak:
+            return None
+        return run.tokens_per_second * self.flops_per_token / (peak * 1e12)
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per (recipe, compiled): median over seeds of step time, tokens/s, MFU; seed range."""
+        rows = []
+        for recipe in self.recipes():
+            for compiled in (False, True):
+                runs = self.runs_of(recipe, compiled)
+                if not runs:
+                    continue
+                steps = [r.median_step_seconds for r in runs]
+                mfus = [m for m in (self.mfu(r) for r in runs) if m is not None]
+                rows.append({"recipe": recipe, "compiled": compiled, "seeds": len(runs),
+                             "step_ms": 1e3 * statistics.median(steps),
+                             "step_ms_range": (1e3 * min(steps), 1e3 * max(steps)),
+                             "tokens_per_s": statistics.median(r.tokens_per_second for r in runs),
+                             "tokens_per_s_range": (min(r.tokens_per_second for r in runs),
+                                                    max(r.tokens_per_second for r in runs)),
+                             "mfu": statistics.median(mfus) if mfus else None})
+        return rows
+
+    def time_to_target(self, target: float, compiled: bool = False, window: int = 5) -> dict[str, list[float | None]]:
+        """Per recipe, seconds to reach ``target`` for each seed (None where a run never did)."""
+        return {recipe: [r.seconds_to_loss(target, window) for r in self.runs_of(recipe, compiled)]
+                for recipe in self.recipes()}
+
+
+def recipe_matmul_dtype(recipe: str) -> str:
+    """The dtype a recipe's matrix products run in (one of :data:`MATMUL_DTYPES`), read off the recipe."""
+    from ..train import get_recipe
+
+    r = get_recipe(recipe)
+    if r.tf32:
+        return "tf32"
+    dtype = r.autocast_dtype or r.param_dtype
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def training_throughput(profile, device: torch.device | str = "cpu", *,
+                        recipes: Sequence[str] = ("fp32", "bf16_autocast", "fp16_autocast_scaler"),
+                        seeds: Sequence[int] = (0, 1), steps: int | None = None, warmup_steps: int = 3,
+                        compile_too: bool = False, lr: float = 3e-3) -> ThroughputStudy:
+    """Train the course model with each recipe from each seed, timing every step (``course_lib.train``).
+
+    MFU peaks: on a GPU in :data:`DATASHEET_PEAKS`, its datasheet figure for the recipe's dtype; on a CPU,
+    the FP32 matmul rate measured here (capability probe) for every recipe. ``compile_too`` adds ``torch.compile`` runs of every recipe.
+    """
+    from ..models import course_setup
+    from ..train import TrainConfig, TrainState, get_recipe, train
+
+    device = torch.device(device)
+    if not seeds:
+        raise ValueError("seeds must not be empty")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be a non-negative int, got {warmup_steps!r}")
+    for recipe in recipes:
+        get_recipe(recipe, device)
+    runs = []
+    flops_per_token = 0.0
+    for compiled in ((False, True) if compile_too else (False,)):
+        for recipe in recipes:
+            for seed in (seeds[:1] if compiled else seeds):  # compiled: one seed (compilation is slow)
+                setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+                if setup.steps <= warmup_steps:
+                    raise ValueError(f"steps ({setup.steps}) must exceed warmup_steps ({warmup_steps})")
+                model = setup.model(seed)
+                cfg = setup.config
+                _, non_emb = count_parameters(model)
+                flops_per_token = model_flops_per_token(non_emb, cfg.n_layers, cfg.d_model, cfg.context)
+                state = TrainState(model, get_recipe(recipe, device), TrainConfig(steps=setup.steps, lr=lr), device)
+                if compiled:
+                    state.model = torch.compile(state.model)  # type: ignore[assignment]
+                history = train(state, setup.sampler)
+                runs.append(RecipeRun(recipe, seed, compiled, tuple(history.losses), tuple(history.step_seconds),
+                                      setup.sampler.batch_size * cfg.context, warmup_steps,
+                                      history.peak_memory_bytes))
+    peaks, source = _mfu_peaks(device, recipes)
+    return ThroughputStudy(str(device), tuple(runs), flops_per_token, peaks, source)
+
+
+def _mfu_peaks(device: torch.device, recipes: Sequence[str]) -> tuple[dict[str, float], str]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_properties(device).name
+        entry = find_gpu_peaks(name)
+        if entry is None:
+            return {}, f"no datasheet entry for {name}"
+        peaks: dict[str, float] = {}
+        for r in recipes:
+            peak = entry.peak(recipe_matmul_dtype(r))
+            if peak:
+                peaks[r] = peak
+        return peaks, f"datasheet dense peaks of {entry.name}"
+    # A CPU has no datasheet peak per dtype; measure every recipe against one number, the FP32 matmul
+    # rate measured here, so MFU reads "share of this machine's FP32 matmul rate" for all of them.
+    probe = capability_probe(device)
+    return ({r: probe.tflops["fp32"] for r in recipes},
+            f"the FP32 matmul rate measured on this {device.type.upper()} at n={probe.n}")
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence file descriptor 2 while the profiler starts and stops: some torch builds log
+    ``profiler_start``/``profiler_stop`` lines from C++ there, which a notebook would show as output.
+    Python-level errors still propagate as exceptions."""
+    import os
+
+    # fd 2 itself, not sys.stderr.fileno(): in a Jupyter kernel the latter is a copy of the terminal's
+    # stderr, while the C++ code writes to fd 2, which the kernel captures into the notebook
+    fd = 2
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """The top operators of one training step by self time (microseconds), and the share spent in casts."""
+
+    recipe: str
+    device: str
+    top_ops: tuple[tuple[str, float, int], ...]   # (name, self time in us, calls)
+    total_us: float
+    cast_us: float
+
+    @property
+    def cast_fraction(self) -> float:
+        return self.cast_us / self.total_us if self.total_us > 0 else 0.0
+
+
+def _self_time_attribute(device_type: str, event) -> str:
+    """The field of a profiler average that holds an op's self time on ``device_type``: device (kernel)
+    time on a GPU, under its older torch name where ``event`` lacks the newer one; CPU time otherwise."""
+    if device_type != "cuda":
+        return "self_cpu_time_total"
+    return "self_device_time_total" if hasattr(event, "self_device_time_total") else "self_cuda_time_total"
+
+
+def profile_training_step(recipe: str, profile, device: torch.device | str = "cpu", *, top: int = 8,
+                          seed: int = 0) -> ProfiledStep:
+    """Profile one training step (after two warm-up steps) of the course model with ``torch.profiler``.
+
+    Times are self times (an op's own time, without the ops it calls): CUDA time on a GPU, CPU time
+    otherwise. Casts are ``aten::_to_copy`` and ``aten::copy_``, the ops autocast adds.
+    """
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from ..models import course_setup
+    from ..train import TrainConfig, TrainState, get_recipe, train
+
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    setup = course_setup(profile, device, steps=3, default_steps=(3, 3), seed=seed)
+    state = TrainState(setup.model(seed), r, TrainConfig(steps=3), device)
+    train(state, setup.sampler, steps=2)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with _quiet_native_stderr(), torch_profile(activities=activities) as prof:
+        train(state, setup.sampler, steps=1)
+    averages = prof.key_averages()
+    attr = _self_time_attribute(device.type, averages[0])
+    rows = [(e.key, float(getattr(e, attr)), int(e.count)) for e in averages]
+    rows = [row for row in rows if row[1] > 0 and row[0].startswith("aten::")]
+    rows.sort(key=lambda row: -row[1])
+    total = sum(row[1] for row in rows)
+    cast = sum(row[1] for row in rows if row[0] in ("aten::_to_copy", "aten::copy_"))
+    return ProfiledStep(recipe, str(device), tuple(rows[:top]), total, cast)
+
+
+def study_from_values(parameters: dict, values: dict, device: str = "recorded") -> ThroughputStudy:
+    """Rebuild a :class:`ThroughputStudy` from a recorded ``training_throughput`` experiment."""
+    try:
+        runs = tuple(RecipeRun(r["recipe"], int(r["seed"]), bool(r["compiled"]), tuple(r["losses"]),
+                               tuple(r["step_seconds"]), int(r["tokens_per_step"]), int(r["warmup_steps"]),
+                               r.get("peak_memory_bytes")) for r in values["runs"])
+        return ThroughputStudy(device, runs, float(values["flops_per_token"]), dict(values["peaks"]),
+                               str(parameters.get("peak_source", "")))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a training_throughput record: {exc}") from None
