@@ -9,6 +9,9 @@ import torch
 
 from course_lib import hardware as _hardware
 from course_lib import fp8
+from course_lib.fp8 import accumulation as fp8_accumulation
+from course_lib.fp8 import casts as fp8_casts
+from course_lib.studies import fp8 as fp8_studies
 from course_lib.formats import round_to_format
 
 torchao_float8 = pytest.importorskip("torchao.float8")
@@ -49,10 +52,10 @@ def test_native_saturation_is_measured():
 def test_cast_is_chunked_but_identical(monkeypatch):
     x = torch.randn(3, 1000) * 300
     whole = fp8.cast_saturating(x, "e4m3", 1.5)
-    monkeypatch.setattr(fp8, "_CHUNK", 64)
+    monkeypatch.setattr(fp8_casts, "_CHUNK", 64)
     assert torch.equal(fp8.cast_saturating(x, "e4m3", 1.5).float(), whole.float())
     r = fp8.RowwiseScaling(axis=0).quantize(x)
-    monkeypatch.setattr(fp8, "_CHUNK", 1 << 18)
+    monkeypatch.setattr(fp8_casts, "_CHUNK", 1 << 18)
     assert torch.equal(fp8.RowwiseScaling(axis=0).quantize(x).data.float(), r.data.float())
 
 
@@ -381,8 +384,8 @@ def test_keep_significant_bits_matches_the_codec():
     from course_lib.formats import FloatFormat
     x = torch.randn(10_000) * 1e3
     acc14 = FloatFormat("acc14", 8, 13)
-    assert torch.equal(fp8._keep_significant_bits(x.clone(), 14, "nearest_even"), round_to_format(x, acc14))
-    assert torch.equal(fp8._keep_significant_bits(x.clone(), 14, "toward_zero"),
+    assert torch.equal(fp8_accumulation._keep_significant_bits(x.clone(), 14, "nearest_even"), round_to_format(x, acc14))
+    assert torch.equal(fp8_accumulation._keep_significant_bits(x.clone(), 14, "toward_zero"),
                        round_to_format(x, acc14, rounding="toward_zero"))
 
 
@@ -440,46 +443,46 @@ def small():
 
 
 def test_capture_linear_tensors_shapes_and_errors(small):
-    t = fp8.capture_linear_tensors(small, steps=2)
+    t = fp8_studies.capture_linear_tensors(small, steps=2)
     assert t.activation.shape == (16 * 64, 64) and t.weight.shape == (256, 64)
     assert t.grad_output.shape == (16 * 64, 256) and len(t.losses) == 2
     # the output gradient of a mean loss over 1024 tokens is small: far below E4M3's smallest subnormal
     assert float(t.grad_output.abs().median()) < 2.0**-9
     with pytest.raises(ValueError, match="not a linear layer"):
-        fp8.capture_linear_tensors(small, layer="blocks.0.ln1", steps=1)
+        fp8_studies.capture_linear_tensors(small, layer="blocks.0.ln1", steps=1)
 
 
 def test_lab_and_outlier_sweep(small):
-    t = fp8.capture_linear_tensors(small, steps=2)
-    lab = fp8.scaling_lab({"gradient": t.grad_output, "weight": t.weight}, fp8.lab_recipes(32))
+    t = fp8_studies.capture_linear_tensors(small, steps=2)
+    lab = fp8_studies.scaling_lab({"gradient": t.grad_output, "weight": t.weight}, fp8_studies.lab_recipes(32))
     assert lab.errors["gradient"]["no scaling (E4M3)"].flushed > 0.9
     assert lab.errors["gradient"]["per tensor, E4M3"].flushed < 0.01
     assert lab.errors["weight"]["per tensor, E5M2"].relative_error > lab.errors["weight"]["per tensor, E4M3"].relative_error
     with pytest.raises(ValueError, match="does not tile"):
-        fp8.scaling_lab({"weight": t.weight}, fp8.lab_recipes(128))
+        fp8_studies.scaling_lab({"weight": t.weight}, fp8_studies.lab_recipes(128))
     with pytest.raises(ValueError, match="at least one"):
-        fp8.scaling_lab({}, fp8.lab_recipes(32))
-    sweep = fp8.outlier_sweep(t.activation, {"tensor": fp8.CurrentScaling(), "column": fp8.RowwiseScaling(axis=0)},
+        fp8_studies.scaling_lab({}, fp8_studies.lab_recipes(32))
+    sweep = fp8_studies.outlier_sweep(t.activation, {"tensor": fp8.CurrentScaling(), "column": fp8.RowwiseScaling(axis=0)},
                               factors=(1, 1e6))
     assert sweep.flushed["tensor"][1] > 0.5 and sweep.flushed["column"][1] == sweep.flushed["column"][0]
     with pytest.raises(ValueError, match="outside"):
-        fp8.with_outlier_channel(t.activation, channel=64)
+        fp8_studies.with_outlier_channel(t.activation, channel=64)
 
 
 def test_delayed_spike_validates():
     with pytest.raises(ValueError, match="spike_at"):
-        fp8.delayed_spike(torch.ones(4, 4), steps=5, spike_at=5)
-    run = fp8.delayed_spike(torch.randn(8, 8), steps=6, spike_at=3, factor=100.0, amax_history_len=4)
+        fp8_studies.delayed_spike(torch.ones(4, 4), steps=5, spike_at=5)
+    run = fp8_studies.delayed_spike(torch.randn(8, 8), steps=6, spike_at=3, factor=100.0, amax_history_len=4)
     assert run.saturated["current"] == (0.0,) * 6
     assert run.saturated["delayed, max of 4"][3] > 0.5 and run.saturated["delayed, max of 4"][4] == 0.0
 
 
 def test_fp8_training_runs_and_the_unscaled_control_learns_slower(small):
-    res = fp8.fp8_training(small, recipes=("tensorwise", "unscaled"), seeds=(0,), steps=30)
+    res = fp8_studies.fp8_training(small, recipes=("tensorwise", "unscaled"), seeds=(0,), steps=30)
     assert res.steps == 30 and len(res.curves["tensorwise"][0]) == 30
     assert res.final("unscaled")[0] > res.final("tensorwise")[0] + 0.05
     with pytest.raises(ValueError, match="at least one"):
-        fp8.fp8_training(small, recipes=())
+        fp8_studies.fp8_training(small, recipes=())
 
 
 def test_fp8_experiments_run_small_on_the_cpu(small):
@@ -492,14 +495,14 @@ def test_fp8_experiments_run_small_on_the_cpu(small):
     speed = run_experiment("fp8_linear_speed", small, "cpu")
     assert set(speed.values["seconds"]["BF16 nn.Linear"]) == {"64", "128", "256"}
     with pytest.raises(ValueError, match="multiples of 16"):
-        fp8.fp8_linear_speed((100,), "cpu")
+        fp8_studies.fp8_linear_speed((100,), "cpu")
 
 
 def test_low_precision_input_is_scaled_in_fp32(monkeypatch):
     x = (torch.randn(64, 64) * 3).bfloat16()
     for recipe in (fp8.CurrentScaling(), fp8.RowwiseScaling(), fp8.BlockwiseScaling(block=(1, 16))):
         assert torch.equal(recipe.quantize(x).data.view(torch.uint8), recipe.quantize(x.float()).data.view(torch.uint8))
-    monkeypatch.setattr(fp8, "_CHUNK", 256)   # the chunked path too
+    monkeypatch.setattr(fp8_casts, "_CHUNK", 256)   # the chunked path too
     assert torch.equal(fp8.cast_saturating(x, "e4m3", 3.3).view(torch.uint8),
                        fp8.cast_saturating(x.float(), "e4m3", 3.3).view(torch.uint8))
 

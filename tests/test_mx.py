@@ -9,6 +9,7 @@ import torch.utils._python_dispatch
 import torch.utils._pytree
 
 from course_lib import mx
+from course_lib.studies import microscaling as mx_studies
 from course_lib.formats import all_values, decode, round_to_format
 
 E4M3_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e4m3").tolist() if math.isfinite(v)}))
@@ -272,23 +273,23 @@ def test_conversion_keeps_the_head_and_the_last_block_where_the_recipe_says():
 def test_training_with_every_recipe_runs_and_learns():
     from course_lib.device import size_profile
 
-    result = mx.block_scaled_training(size_profile("cpu"), recipes=("mxfp4", "nvfp4"), seeds=(0,), steps=6)
+    result = mx_studies.block_scaled_training(size_profile("cpu"), recipes=("mxfp4", "nvfp4"), seeds=(0,), steps=6)
     for recipe in result.recipes:
         curve = result.curves[recipe][0]
         assert all(math.isfinite(v) for v in curve) and curve[-1] < curve[0]
     with pytest.raises(ValueError, match="unknown block-scaled recipe"):
-        mx.block_scaled_training(size_profile("cpu"), recipes=("nvfp3",), seeds=(0,), steps=1)
+        mx_studies.block_scaled_training(size_profile("cpu"), recipes=("nvfp3",), seeds=(0,), steps=1)
 
 
 def test_block_size_study_and_mode_comparison_show_their_effects():
     torch.manual_seed(8)
     act = torch.randn(64, 64)
     act[:, 0] *= 100.0                            # an outlier channel
-    study = mx.block_size_study({"activation": act}, elements=("e2m1",), blocks=(1, 32, -1))
+    study = mx_studies.block_size_study({"activation": act}, elements=("e2m1",), blocks=(1, 32, -1))
     err = {b: study.errors["e2m1"]["activation"][b] for b in study.blocks}
     assert err["1"].relative_error < err["32"].relative_error < err["tensor"].relative_error
     assert err["tensor"].flushed > err["32"].flushed
-    cmp = mx.compare_scale_modes(torch.randn(64, 64) * 3, element="e2m1")
+    cmp = mx_studies.compare_scale_modes(torch.randn(64, 64) * 3, element="e2m1")
     assert cmp.top_saturated["rceil"] == 0.0 and cmp.top_saturated["floor"] > 0.0
     assert 0 < cmp.blocks_differ < 1
     for row in cmp.examples:

@@ -64,17 +64,18 @@ def test_fp8_figures_draw_their_data():
     import torch
 
     from course_lib import fp8
+    from course_lib.studies import fp8 as fp8_studies
 
     x = torch.randn(64, 64)
     g = torch.randn(64, 64) * 1e-6
-    lab = fp8.scaling_lab({"x": x, "g": g}, fp8.lab_recipes(32))
+    lab = fp8_studies.scaling_lab({"x": x, "g": g}, fp8_studies.lab_recipes(32))
     ax = plots.plot_scaling_lab(lab).axes[0]
     assert len(ax.patches) == 2 * len(lab.recipes) and ax.get_yscale() == "log"
     assert any("flushed" in t.get_text() for t in ax.texts)   # the unscaled gradient is labelled
-    sweep = fp8.outlier_sweep(x, {"t": fp8.CurrentScaling()}, factors=(1, 10))
+    sweep = fp8_studies.outlier_sweep(x, {"t": fp8.CurrentScaling()}, factors=(1, 10))
     fig = plots.plot_outlier_sweep(sweep)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["t"] and fig.axes[1].get_yscale() == "log"
-    run = fp8.delayed_spike(x, steps=6, spike_at=2, amax_history_len=4)
+    run = fp8_studies.delayed_spike(x, steps=6, spike_at=2, amax_history_len=4)
     fig = plots.plot_delayed_spike(run)
     assert len(fig.axes) == 3
     assert len([ln for ln in fig.axes[1].get_lines() if not ln.get_label().startswith("_")]) == 3
@@ -89,7 +90,7 @@ def test_fp8_figures_draw_their_data():
 
 
 def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
-    from course_lib.fp8 import Fp8Training
+    from course_lib.studies.fp8 import Fp8Training
 
     res = Fp8Training(("a", "b"), (0, 1), 3, 32, {"a": ((3.0, 2.0, 1.0), (3.0, 2.0, 1.5)),
                                                   "b": ((3.0, 2.5, 1.2), (3.0, 2.0, 1.5))})
@@ -104,7 +105,7 @@ def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
 
 
 def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
-    from course_lib.fp8 import Fp8Training
+    from course_lib.studies.fp8 import Fp8Training
 
     curves = {k: ((3.0, 2.0), (3.0, 2.5)) for k in ("FP32", "BF16 one", "BF16 two")}
     res = Fp8Training(tuple(curves), (0, 1), 2, 16, curves)
@@ -136,10 +137,11 @@ def test_microscaling_figures_draw_their_data():
     import torch
 
     from course_lib import mx
+    from course_lib.studies import microscaling as mx_studies
 
     torch.manual_seed(0)
     x = torch.randn(32, 64)
-    study = mx.block_size_study({"activation": x, "activation + outlier": x * 2}, elements=("e4m3", "e2m1"),
+    study = mx_studies.block_size_study({"activation": x, "activation + outlier": x * 2}, elements=("e4m3", "e2m1"),
                                 blocks=(1, 32, -1))
     fig = plots.plot_block_sizes(study)
     assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "log"
@@ -147,7 +149,7 @@ def test_microscaling_figures_draw_their_data():
     assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"
     assert list(lines["activation"].get_ydata()) == pytest.approx(
         [study.errors["e2m1"]["activation"][b].relative_error for b in study.blocks])
-    fid = mx.GradientFidelity(("nvfp4", "nvfp4_no_sr"), 1, 2, (1, 2), {"nvfp4": (0.1, 0.2), "nvfp4_no_sr": (0.1, 0.3)},
+    fid = mx_studies.GradientFidelity(("nvfp4", "nvfp4_no_sr"), 1, 2, (1, 2), {"nvfp4": (0.1, 0.2), "nvfp4_no_sr": (0.1, 0.3)},
                               {"nvfp4": (0.15, 0.1), "nvfp4_no_sr": (0.2, 0.2)})
     fig = plots.plot_gradient_fidelity(fid)
     assert len(fig.axes[0].patches) == 2

@@ -263,7 +263,7 @@ def fp8_speed_sizes(profile: SizeProfile) -> tuple[int, ...]:
           "Forward+backward time of a square linear layer in BF16 and in FP8 (the course's layer on "
           "torch._scaled_mm, and torchao's Float8Linear when it imports), over sizes (lesson 7).")
 def _fp8_linear_speed(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .fp8 import fp8_linear_speed
+    from .studies.fp8 import fp8_linear_speed
 
     sizes = fp8_speed_sizes(profile)
     speed = fp8_linear_speed(sizes, device, budget_s=profile.pick(small=0.05, full=0.3))
@@ -276,7 +276,7 @@ def _fp8_linear_speed(profile: SizeProfile, device: torch.device) -> ExperimentO
           "Loss curves of the course model with FP8 linear layers per scaling recipe (tensorwise, rowwise, "
           "delayed, blockwise, unscaled) against BF16 autocast, three seeds each (lesson 7).")
 def _fp8_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .fp8 import fp8_training
+    from .studies.fp8 import fp8_training
 
     steps = profile.pick(small=40, full=400)
     result = fp8_training(profile, device, steps=steps)
@@ -291,7 +291,7 @@ def _fp8_training(profile: SizeProfile, device: torch.device) -> ExperimentOutpu
 def _fp8_scaling_lab(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .fp8 import capture_linear_tensors, lab_recipes, outlier_sweep, scaling_lab
+    from .studies.fp8 import capture_linear_tensors, lab_recipes, outlier_sweep, scaling_lab
 
     block = profile.pick(small=32, full=128)
     tensors = capture_linear_tensors(profile, device)
@@ -311,7 +311,7 @@ def mx_lesson_tensors(profile: SizeProfile, device: torch.device) -> dict[str, t
     """The tensors lesson 8 quantises: the course model's ``blocks.0.out`` input activation, weight and
     output gradient after FP32 training, and the activation with its channel 0 made 100x larger (an outlier
     channel; measure the other channels with ``skip_columns={"activation + outlier": (0,)}``)."""
-    from .fp8 import capture_linear_tensors, with_outlier_channel
+    from .studies.fp8 import capture_linear_tensors, with_outlier_channel
 
     t = capture_linear_tensors(profile, device, layer="blocks.0.out")
     return {"activation": t.activation, "weight": t.weight, "gradient": t.grad_output,
@@ -325,7 +325,8 @@ def mx_lesson_tensors(profile: SizeProfile, device: torch.device) -> dict[str, t
 def _mx_block_study(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .mx import block_error, block_size_study, compare_scale_modes, gradient_fidelity, nvfp4_scale_choices
+    from .mx import block_error
+    from .studies.microscaling import block_size_study, compare_scale_modes, gradient_fidelity, nvfp4_scale_choices
 
     tensors = mx_lesson_tensors(profile, device)
     skip: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
@@ -346,7 +347,8 @@ def _mx_block_study(profile: SizeProfile, device: torch.device) -> ExperimentOut
           "Loss curves of the course model with MXFP8, MXFP4 and NVFP4 linear layers (exact emulation) against "
           "BF16 autocast, and the NVFP4 recipe with one piece removed at a time, three seeds each (lesson 8).")
 def _mx_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .mx import BLOCK_RECIPES, block_scaled_training
+    from .mx import BLOCK_RECIPES
+    from .studies.microscaling import block_scaled_training
 
     steps = profile.pick(small=40, full=400)
     result = block_scaled_training(profile, device, recipes=("bf16_autocast", *BLOCK_RECIPES), steps=steps)

@@ -380,7 +380,7 @@ def all_values(fmt: str | FloatFormat) -> np.ndarray:
 
 # ---- rounding ---------------------------------------------------------------------------------------
 
-def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+def pow2(exponent: torch.Tensor) -> torch.Tensor:
     """Exact float64 powers of two ``2**exponent`` for int64 exponents in -1022..1023, built from bits."""
     return ((exponent + 1023) << 52).view(torch.float64)
 
@@ -396,14 +396,14 @@ def _binade(a: torch.Tensor) -> torch.Tensor:
 def _round_magnitude(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
     """Round finite non-negative float64 magnitudes onto the format's grid (no overflow handling)."""
     quantum_exp = torch.clamp_(_binade(a), min=f.min_exponent).sub_(f.mantissa_bits)
-    scaled = a * _pow2(-quantum_exp)  # exact: a power-of-two scaling
+    scaled = a * pow2(-quantum_exp)  # exact: a power-of-two scaling
     if rounding == "nearest_even":
         scaled.round_()  # torch.round rounds half to even
     elif rounding == "nearest_away":
         scaled.add_(0.5).floor_()
     else:
         scaled.trunc_()
-    return scaled.mul_(_pow2(quantum_exp))
+    return scaled.mul_(pow2(quantum_exp))
 
 
 def round_to_format(
@@ -437,7 +437,7 @@ def round_to_format(
     t, from_numpy = _to_tensor(x, what="x")
     if not t.is_floating_point():
         raise TypeError(f"round_to_format needs floating-point values, got dtype {t.dtype}")
-    if t.dtype == torch.float32 and rounding == "nearest_even" and _native_cast_agrees(f, overflow, rounding,
+    if t.dtype == torch.float32 and rounding == "nearest_even" and native_cast_agrees(f, overflow, rounding,
                                                                                       t.device):
         # torch's own cast rounds exactly like the codec here (measured once): 80-300x faster
         return _back(t.to(f.torch_dtype_or_none()).to(torch.float32), from_numpy)
@@ -462,7 +462,7 @@ def _probe_values() -> torch.Tensor:
     return torch.cat([bits.view(torch.float32), torch.tensor(edges, dtype=torch.float32)])
 
 
-def _native_cast_agrees(f: FloatFormat, overflow: Overflow, rounding: Rounding, device: torch.device) -> bool:
+def native_cast_agrees(f: FloatFormat, overflow: Overflow, rounding: Rounding, device: torch.device) -> bool:
     """Whether ``tensor.to(f's torch dtype)`` rounds float32 exactly as :func:`round_to_format` does with
     these rules, measured once per format, rule and device type on a probe of hard cases."""
     dtype = f.torch_dtype_or_none()
@@ -484,14 +484,14 @@ def _native_cast_agrees(f: FloatFormat, overflow: Overflow, rounding: Rounding, 
     return _NATIVE_AGREES[key]
 
 
-def _narrow(f: FloatFormat) -> bool:
+def narrow_format(f: FloatFormat) -> bool:
     """Whether every power of two the codec multiplies by for this format is a normal float32, so float32
     arithmetic rounds float32 input exactly as float64 would (the FP8, FP6 and FP4 formats)."""
     return f.signed and f.min_exponent - f.mantissa_bits > -100 and f.max_exponent < 100
 
 
-def _round_magnitude32(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
-    """:func:`_round_magnitude` for finite non-negative float32 ``a`` and a :func:`_narrow` format."""
+def round_magnitude32(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
+    """:func:`_round_magnitude` for finite non-negative float32 ``a`` and a :func:`narrow_format` format."""
     binade = (a.view(torch.int32) >> 23) - 127          # floor(log2 a); zero and subnormals give -127
     quantum_exp = binade.clamp_(min=f.min_exponent, max=f.max_exponent + 1).sub_(f.mantissa_bits)
     up = ((127 - quantum_exp) << 23).view(torch.float32)   # exact 2**-quantum_exp (a normal float32)
@@ -509,11 +509,11 @@ def _round_software(t: torch.Tensor, f: FloatFormat, overflow: Overflow, roundin
     """The exact codec: round onto the format's grid (any format, any rule), in float64, or in float32
     for float32 input and a narrow format (the same result: every step is exact, about 3x faster)."""
     out_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    fast = t.dtype == torch.float32 and _narrow(f)
+    fast = t.dtype == torch.float32 and narrow_format(f)
     v = t if fast else t.to(torch.float64)
     finite = torch.isfinite(v)
     a = torch.where(finite, v.abs(), 0.0)
-    r = _round_magnitude32(a, f, rounding) if fast else _round_magnitude(a, f, rounding)
+    r = round_magnitude32(a, f, rounding) if fast else _round_magnitude(a, f, rounding)
 
     big = f.max_finite
     if rounding == "toward_zero" and overflow == "inf":
@@ -556,7 +556,7 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     # a == binade's power of two times 1.fraction (normal) or 0.fraction (subnormal, binade clamped)
     is_normal = a >= f.min_normal
     exp_field = torch.where(is_normal, binade + f.bias, 0)
-    significand = a * _pow2(-binade)
+    significand = a * pow2(-binade)
     man_field = torch.where(is_normal, significand - 1.0, significand).mul_(2.0**m).to(torch.int64)
     code = (exp_field << m) | man_field
     all_ones = (2**e - 1) << m | (2**m - 1)
@@ -583,7 +583,7 @@ def spacing(x: ArrayLike | float, fmt: str | FloatFormat) -> ArrayLike:
     a = t.to(torch.float64).abs()
     a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
     binade = torch.clamp(_binade(a), min=f.min_exponent)
-    gap = _pow2(binade - f.mantissa_bits)
+    gap = pow2(binade - f.mantissa_bits)
     return _back(torch.where(torch.isfinite(t), gap, torch.full_like(gap, math.nan)), from_numpy)
 
 

@@ -154,7 +154,7 @@ class DelayedScalingExplorer:
     def _redraw(self, change=None) -> None:
         import io
 
-        from .fp8 import delayed_spike
+        from .studies.fp8 import delayed_spike
         from .plots import plot_delayed_spike
 
         self.run = delayed_spike(self.tensor, steps=self.steps, spike_at=self.spike_at, factor=self.factor.value,

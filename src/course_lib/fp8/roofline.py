@@ -1,0 +1,90 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LAUNCH_SECONDS = 2e-6   # torchao's roofline: the least time any kernel takes (measured on an H100)
+
+
+@dataclass(frozen=True)
+class Fp8LinearEstimate:
+    """Predicted time of one linear layer's forward and backward (three products), BF16 against FP8.
+
+    Seconds. ``fp8_cast_s``: the extra memory traffic of computing scales and casting (the overhead that
+    makes small shapes slower)."""
+
+    m: int
+    k: int
+    n: int
+    recipe: str
+    bf16_s: float
+    fp8_gemm_s: float
+    fp8_cast_s: float
+
+    @property
+    def fp8_s(self) -> float:
+        return self.fp8_gemm_s + self.fp8_cast_s
+
+    @property
+    def speedup(self) -> float:
+        return self.bf16_s / self.fp8_s
+
+
+def _gemm_seconds(m, k, n, bytes_in, peak_flops, bandwidth, gemm_eff, mem_eff):
+    compute = 2 * m * k * n / peak_flops / gemm_eff
+    traffic = (m * k + k * n) * bytes_in + m * n * 2   # output in BF16
+    return max(compute, traffic / bandwidth / mem_eff, LAUNCH_SECONDS)
+
+
+def _cast_kernels(numel: int, role: str, recipe: str, fuse: bool) -> list[float]:
+    """Bytes moved by each scale-and-cast kernel of one operand (BF16 in, FP8 out), torchao's model."""
+    bf16, f8 = 2, 1
+    if recipe == "tensorwise":
+        amax = 0 if fuse else bf16 * numel
+        if role == "weight":
+            return [amax, 0, bf16 * numel + f8 * numel, bf16 * numel + f8 * numel]
+        return [amax, 0, bf16 * numel + 2 * f8 * numel]
+    if recipe == "rowwise":
+        if role == "weight":
+            first = (0 if fuse else bf16 * numel) + f8 * numel
+            return [first, 2 * bf16 * numel, bf16 * numel + f8 * numel]
+        first = (0 if fuse else bf16 * numel) + f8 * numel + bf16 * numel
+        return [first, bf16 * numel + f8 * numel]
+    if recipe == "rowwise_with_gw_hp":
+        if role == "weight":
+            return [bf16 * numel + f8 * numel, 0, bf16 * numel + f8 * numel]
+        return [(0 if fuse else bf16 * numel) + f8 * numel]
+    raise ValueError(f"the roofline covers 'tensorwise', 'rowwise' and 'rowwise_with_gw_hp', not {recipe!r}")
+
+
+def predict_fp8_linear(m: int, k: int, n: int, *, bf16_tflops: float, fp8_tflops: float, bandwidth_gbs: float,
+                       recipe: str = "tensorwise", fuse_casts: bool = False, gemm_efficiency: float = 0.78,
+                       memory_efficiency: float = 0.92) -> Fp8LinearEstimate:
+    """Roofline estimate of an ``[m, k] @ [k, n]`` linear layer's forward + backward in BF16 and in FP8.
+
+    Follows torchao's float8 roofline (``torchao.testing.training.roofline_utils``, checked equal in the
+    tests): each product takes the longest of its compute time at ``gemm_efficiency`` x peak, its memory
+    time at ``memory_efficiency`` x bandwidth, and a 2 us launch; FP8 adds the cast kernels' traffic
+    (input and grad_output casts can fuse their read into the previous op: ``fuse_casts``). The default
+    efficiencies are torchao's, measured on an H100."""
+    for name, size in (("m", m), ("k", k), ("n", n)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    for name, value in (("bf16_tflops", bf16_tflops), ("fp8_tflops", fp8_tflops), ("bandwidth_gbs", bandwidth_gbs),
+                        ("gemm_efficiency", gemm_efficiency), ("memory_efficiency", memory_efficiency)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    bw = bandwidth_gbs * 1e9
+    bf16_peak, fp8_peak = bf16_tflops * 1e12, fp8_tflops * 1e12
+    shapes = ((m, k, n), (m, n, k), (k, m, n))   # output, grad_input, grad_weight
+    bf16 = sum(_gemm_seconds(*s, 2, bf16_peak, bw, gemm_efficiency, memory_efficiency) for s in shapes)
+    fp8_shapes = shapes[:2] if recipe == "rowwise_with_gw_hp" else shapes
+    gemm = sum(_gemm_seconds(*s, 1, fp8_peak, bw, gemm_efficiency, memory_efficiency) for s in fp8_shapes)
+    if recipe == "rowwise_with_gw_hp":
+        gemm += _gemm_seconds(*shapes[2], 2, bf16_peak, bw, gemm_efficiency, memory_efficiency)
+    kernels = (_cast_kernels(m * k, "input", recipe, fuse_casts) + _cast_kernels(k * n, "weight", recipe, False)
+               + _cast_kernels(m * n, "grad_output", recipe, fuse_casts))
+    cast = sum(max(b / bw / memory_efficiency, LAUNCH_SECONDS) for b in kernels)
+    return Fp8LinearEstimate(m, k, n, recipe, bf16, gemm, cast)

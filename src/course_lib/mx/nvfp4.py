@@ -1,0 +1,43 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+HADAMARD_SIZE = 16
+
+
+def hadamard_matrix(n: int = HADAMARD_SIZE, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix of order ``n`` (a power of two) on ``device`` (default the
+    CPU): entries ±1/sqrt(n), symmetric, ``H @ H == I`` (exact in FP32 for n = 16: entries ±0.25)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
+        raise ValueError(f"a Hadamard order must be a power of two, got {n!r}")
+    h = torch.ones(1, 1, device=device)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def random_signs(n: int = HADAMARD_SIZE, seed: int = 0) -> torch.Tensor:
+    """``n`` fixed random signs (±1, FP32) from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
+
+
+def random_hadamard(x: torch.Tensor, signs: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+    """The random Hadamard transform along the last dimension of ``x``, in independent groups of
+    ``len(signs)``: each group ``v`` becomes ``v @ diag(signs) @ H`` (``inverse``: ``v @ H @ diag(signs)``).
+    Orthogonal, so applied to both inputs of a product that reduces over this dimension it leaves the
+    product unchanged, while it spreads an outlier over its group before quantisation."""
+    n = signs.numel()
+    if x.shape[-1] % n:
+        raise ValueError(f"the last dimension ({x.shape[-1]}) must be a multiple of the transform size {n}")
+    signs = signs.to(device=x.device, dtype=torch.float32)
+    m = torch.diag(signs) @ hadamard_matrix(n, device=x.device)
+    if inverse:
+        m = m.t()
+    groups = x.float().reshape(*x.shape[:-1], x.shape[-1] // n, n)
+    return (groups @ m).reshape(x.shape)

@@ -1,0 +1,324 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from ..fp8.casts import as_2d
+from ..fp8.linear import Fp8Linear, convert_to_fp8
+from ..fp8.recipes import BlockwiseScaling, CurrentScaling, DelayedScaling, QuantizationError, RowwiseScaling, ScalingRecipe, StaticScaling, quantization_error
+
+
+@dataclass(frozen=True)
+class LinearTensors:
+    """The three tensors an FP8 linear layer casts, taken from the course model after ``steps`` steps of
+    FP32 training: its input activation ``[tokens, in]``, its weight ``[out, in]``, and the gradient of the
+    loss with respect to its output ``[tokens, out]``."""
+
+    layer: str
+    steps: int
+    activation: torch.Tensor
+    weight: torch.Tensor
+    grad_output: torch.Tensor
+    losses: tuple[float, ...]
+
+
+def capture_linear_tensors(profile, device: torch.device | str = "cpu", *, layer: str = "blocks.0.fc",
+                           steps: int | None = None, seed: int = 0, lr: float = 3e-3) -> LinearTensors:
+    """Train the course GPT in FP32 for ``steps`` steps, then record one linear layer's input, weight and
+    output gradient on the next batch."""
+    from ..models import course_setup
+
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+    model = setup.model(seed)
+    modules = dict(model.named_modules())
+    if layer not in modules or not isinstance(modules[layer], nn.Linear):
+        linears = [n for n, m in modules.items() if isinstance(m, nn.Linear)]
+        raise ValueError(f"{layer!r} is not a linear layer of the course model; choose one of {linears}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for step in range(setup.steps):
+        x, y = setup.sampler.batch(step, setup.device)
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)[1]
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    seen: dict[str, torch.Tensor] = {}
+    target = modules[layer]
+    h1 = target.register_forward_hook(lambda m, inp, out: seen.__setitem__("activation", inp[0].detach()))
+    h2 = target.register_full_backward_hook(lambda m, gin, gout: seen.__setitem__("grad", gout[0].detach()))
+    try:
+        x, y = setup.sampler.batch(setup.steps, setup.device)
+        model(x, y)[1].backward()
+    finally:
+        h1.remove()
+        h2.remove()
+    act, grad = seen["activation"], seen["grad"]
+    return LinearTensors(layer, setup.steps, act.reshape(-1, act.shape[-1]).cpu().float(),
+                         target.weight.detach().cpu().float().clone(), grad.reshape(-1, grad.shape[-1]).cpu().float(),
+                         tuple(losses))
+
+
+def with_outlier_channel(activation: torch.Tensor, *, channel: int = 0, factor: float = 100.0) -> torch.Tensor:
+    """A copy of ``activation`` ``[tokens, channels]`` with one channel multiplied by ``factor``: the
+    'outlier features' of large language models, where a few channels are far larger than the rest."""
+    if activation.dim() != 2:
+        raise ValueError(f"activation must be [tokens, channels], got shape {tuple(activation.shape)}")
+    if not 0 <= channel < activation.shape[1]:
+        raise ValueError(f"channel {channel} is outside 0..{activation.shape[1] - 1}")
+    out = activation.clone()
+    out[:, channel] *= factor
+    return out
+
+
+def lab_recipes(block: int = 128) -> dict[str, ScalingRecipe]:
+    """The recipes the lesson's scaling lab compares, by display name (stateless: delayed scaling is
+    studied over time in :func:`delayed_spike`)."""
+    return {
+        "no scaling (E4M3)": StaticScaling("e4m3"),
+        "per tensor, E4M3": CurrentScaling("e4m3"),
+        "per tensor, E5M2": CurrentScaling("e5m2"),
+        "per row (token), E4M3": RowwiseScaling("e4m3", axis=-1),
+        "per column (channel), E4M3": RowwiseScaling("e4m3", axis=0),
+        f"1 x {block} tiles, E4M3": BlockwiseScaling("e4m3", block=(1, block)),
+        f"{block} x {block} blocks, E4M3": BlockwiseScaling("e4m3", block=(block, block)),
+    }
+
+
+@dataclass(frozen=True)
+class ScalingLab:
+    """``errors[tensor][recipe]``: the :class:`QuantizationError` of each recipe on each tensor."""
+
+    tensors: tuple[str, ...]
+    recipes: tuple[str, ...]
+    errors: dict[str, dict[str, QuantizationError]]
+
+
+def scaling_lab(tensors: dict[str, torch.Tensor], recipes: dict[str, ScalingRecipe]) -> ScalingLab:
+    """Every recipe on every tensor. A recipe whose blocks do not tile a tensor raises ValueError."""
+    if not tensors or not recipes:
+        raise ValueError("scaling_lab needs at least one tensor and one recipe")
+    errors = {t: {r: quantization_error(x, recipe, label=r) for r, recipe in recipes.items()}
+              for t, x in tensors.items()}
+    return ScalingLab(tuple(tensors), tuple(recipes), errors)
+
+
+@dataclass(frozen=True)
+class SpikeRun:
+    """Per step of a tensor sequence with one amax spike: the amax, and per recipe the share saturated,
+    the share flushed to zero and the relative error."""
+
+    spike_at: int
+    factor: float
+    amax: tuple[float, ...]
+    saturated: dict[str, tuple[float, ...]]
+    flushed: dict[str, tuple[float, ...]]
+    relative_error: dict[str, tuple[float, ...]]
+
+
+def delayed_spike(tensor: torch.Tensor, *, steps: int = 40, spike_at: int = 15, factor: float = 50.0,
+                  amax_history_len: int = 16, margin: int = 0, fmt: str = "e4m3", seed: int = 0) -> SpikeRun:
+    """Feed ``steps`` tensors through current and delayed scaling: step *t* is ``tensor`` times a gently
+    varying gain (0.8..1.2, from ``seed``), and step ``spike_at`` is also multiplied by ``factor`` (a loss
+    spike's activations). Delayed scaling runs with ``amax_compute_algo`` "max" and "most_recent"."""
+    if not 0 <= spike_at < steps:
+        raise ValueError(f"spike_at must lie in 0..{steps - 1}, got {spike_at}")
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor must be a positive number, got {factor!r}")
+    gen = torch.Generator().manual_seed(seed)
+    gains = 0.8 + 0.4 * torch.rand(steps, generator=gen)
+    recipes: dict[str, ScalingRecipe] = {
+        "current": CurrentScaling(fmt),
+        f"delayed, max of {amax_history_len}": DelayedScaling(fmt, amax_history_len=amax_history_len,
+                                                              amax_compute_algo="max", margin=margin),
+        "delayed, most recent": DelayedScaling(fmt, amax_history_len=amax_history_len,
+                                               amax_compute_algo="most_recent", margin=margin),
+    }
+    sat: dict[str, list[float]] = {k: [] for k in recipes}
+    flushed: dict[str, list[float]] = {k: [] for k in recipes}
+    rel: dict[str, list[float]] = {k: [] for k in recipes}
+    amaxes = []
+    base = as_2d(tensor).detach().float()
+    for t in range(steps):
+        x = base * float(gains[t]) * (factor if t == spike_at else 1.0)
+        amaxes.append(float(x.abs().max()))
+        for name, recipe in recipes.items():
+            e = quantization_error(x, recipe)
+            sat[name].append(e.saturated)
+            flushed[name].append(e.flushed)
+            rel[name].append(e.relative_error)
+    return SpikeRun(spike_at, factor, tuple(amaxes), {k: tuple(v) for k, v in sat.items()},
+                    {k: tuple(v) for k, v in flushed.items()}, {k: tuple(v) for k, v in rel.items()})
+
+
+@dataclass(frozen=True)
+class Fp8Training:
+    """Loss curves of the course model per recipe and seed (``curves[recipe][i]`` for ``seeds[i]``)."""
+
+    recipes: tuple[str, ...]
+    seeds: tuple[int, ...]
+    steps: int
+    block: int
+    curves: dict[str, tuple[tuple[float, ...], ...]]
+
+    def final(self, recipe: str, tail: int = 5) -> tuple[float, ...]:
+        """Per seed, the mean loss over the last ``tail`` steps."""
+        return tuple(sum(c[-tail:]) / len(c[-tail:]) for c in self.curves[recipe])
+
+
+def train_fp8(recipe: str, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+              seed: int = 0, lr: float = 3e-3, block: int | None = None, backend: str = "simulated"):
+    """Train the course GPT with FP8 linear layers (``recipe``, see :func:`linear_scaling`; every other op
+    and the weights in FP32), or with a plain precision recipe of :mod:`course_lib.train` ("fp32",
+    "bf16_autocast", ...). Same batches, same initial weights for the same seed. Returns the History."""
+    from ..models import course_setup
+    from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
+
+    device = torch.device(device)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
+    model = setup.model(seed)
+    if recipe in RECIPES:
+        precision = get_recipe(recipe, device)
+    else:
+        block = block if block is not None else profile.pick(small=32, full=128)
+        convert_to_fp8(model, recipe, backend=backend, block=block)
+        precision = get_recipe("fp32", device)
+    state = TrainState(model, precision, TrainConfig(steps=setup.steps, lr=lr), device)
+    return train(state, setup.sampler)
+
+
+def fp8_training(profile, device: torch.device | str = "cpu", *,
+                 recipes=("bf16_autocast", "tensorwise", "rowwise", "delayed", "blockwise", "unscaled"),
+                 seeds=(0, 1, 2), steps: int | None = None, lr: float = 3e-3) -> Fp8Training:
+    """Loss curves of :func:`train_fp8` for every recipe and seed."""
+    if not recipes or not seeds:
+        raise ValueError("fp8_training needs at least one recipe and one seed")
+    curves, n_steps = seeded_curves(lambda recipe, seed: train_fp8(recipe, profile, device, steps=steps, seed=seed,
+                                                                   lr=lr), recipes, seeds)
+    return Fp8Training(tuple(recipes), tuple(seeds), n_steps, profile.pick(small=32, full=128), curves)
+
+
+def seeded_curves(train_one, recipes, seeds) -> tuple[dict[str, tuple[tuple[float, ...], ...]], int]:
+    """``train_one(recipe, seed)`` (a History) for every recipe and seed: the loss curves as
+    ``curves[recipe][i]`` for ``seeds[i]``, and the number of steps a run took."""
+    curves, n_steps = {}, 0
+    for recipe in recipes:
+        runs = []
+        for seed in seeds:
+            losses = tuple(train_one(recipe, seed).losses)
+            runs.append(losses)
+            n_steps = len(losses)
+        curves[recipe] = tuple(runs)
+    return curves, n_steps
+
+
+@dataclass(frozen=True)
+class OutlierSweep:
+    """How an outlier channel of growing size damages the *other* channels, per recipe.
+
+    ``relative_error[recipe][i]``: L2 relative error of the non-outlier channels at ``factors[i]``;
+    ``flushed[recipe][i]``: the share of their non-zero values that became 0."""
+
+    channel: int
+    factors: tuple[float, ...]
+    relative_error: dict[str, tuple[float, ...]]
+    flushed: dict[str, tuple[float, ...]]
+
+
+def outlier_sweep(activation: torch.Tensor, recipes: dict[str, ScalingRecipe], *,
+                  factors=(1, 10, 100, 1e3, 1e4, 1e5, 1e6), channel: int = 0) -> OutlierSweep:
+    """Quantise ``activation`` ``[tokens, channels]`` with one channel multiplied by each factor in turn,
+    and measure the error of the remaining channels (the ones an outlier's scale is not chosen for)."""
+    if not recipes:
+        raise ValueError("outlier_sweep needs at least one recipe")
+    factors = tuple(float(f) for f in factors)
+    if not factors or any(not (math.isfinite(f) and f > 0) for f in factors):
+        raise ValueError(f"factors must be positive numbers, got {factors}")
+    rest = [c for c in range(activation.shape[1]) if c != channel]
+    base = activation.detach().float()[:, rest]
+    norm = float(torch.linalg.vector_norm(base))
+    nonzero = max(1, int((base != 0).sum()))
+    rel: dict[str, list[float]] = {name: [] for name in recipes}
+    flushed: dict[str, list[float]] = {name: [] for name in recipes}
+    for factor in factors:
+        x = with_outlier_channel(activation.detach().float(), channel=channel, factor=factor)
+        for name, recipe in recipes.items():
+            back = recipe.round_trip(x)[:, rest]
+            rel[name].append(float(torch.linalg.vector_norm(back - base)) / norm)
+            flushed[name].append(float(((back == 0) & (base != 0)).sum()) / nonzero)
+    return OutlierSweep(channel, factors, {k: tuple(v) for k, v in rel.items()},
+                        {k: tuple(v) for k, v in flushed.items()})
+
+
+@dataclass(frozen=True)
+class Fp8LinearSpeed:
+    """Median seconds of one linear layer's forward + backward (``[n, n] @ [n, n]``) per implementation
+    and size; ``skipped[implementation]`` says why one did not run."""
+
+    device: str
+    sizes: tuple[int, ...]
+    seconds: dict[str, dict[int, float]]
+    skipped: dict[str, str]
+
+    def speedup(self, implementation: str, baseline: str = "BF16 nn.Linear") -> dict[int, float]:
+        return {n: self.seconds[baseline][n] / s for n, s in self.seconds.get(implementation, {}).items()
+                if n in self.seconds.get(baseline, {})}
+
+
+def _linear_implementations(n: int, device: torch.device):
+    """(name, module, input dtype) for each implementation the speed study times, or (name, reason)."""
+    base = nn.Linear(n, n, bias=False)
+    out: list[tuple] = [("BF16 nn.Linear", copy.deepcopy(base).to(device, torch.bfloat16), torch.bfloat16),
+           ("FP8 course layer (_scaled_mm, tensorwise, eager)",
+            Fp8Linear.from_linear(base, recipe="tensorwise", backend="scaled_mm").to(device), torch.bfloat16)]
+    try:
+        import logging
+
+        logging.getLogger("torchao").setLevel(logging.ERROR)
+        from torchao.float8 import convert_to_float8_training
+    except Exception as exc:  # torchao is optional on a GPU image
+        out.append(("torchao Float8Linear (tensorwise, eager)", f"torchao does not import here ({exc})"))
+    else:
+        model = nn.Sequential(copy.deepcopy(base)).to(device, torch.bfloat16)
+        convert_to_float8_training(model)
+        out.append(("torchao Float8Linear (tensorwise, eager)", model, torch.bfloat16))
+    return out
+
+
+def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2) -> Fp8LinearSpeed:
+    """Time forward + backward of a square linear layer in BF16 and in FP8 (the course's layer on
+    ``torch._scaled_mm``, and torchao's when it imports), with :func:`course_lib.bench.time_function`."""
+    from ..bench import time_function
+
+    device = torch.device(device)
+    sizes = tuple(int(n) for n in sizes)
+    if not sizes or any(n < 16 or n % 16 for n in sizes):
+        raise ValueError(f"sizes must be multiples of 16 (FP8 matmuls need them), got {sizes}")
+    seconds: dict[str, dict[int, float]] = {}
+    skipped: dict[str, str] = {}
+    for n in sizes:
+        gen = torch.Generator().manual_seed(n)
+        x = torch.randn(n, n, generator=gen).to(device)
+        grad = torch.randn(n, n, generator=gen).to(device)
+        for entry in _linear_implementations(n, device):
+            if len(entry) == 2:
+                skipped[entry[0]] = entry[1]
+                continue
+            name, module, dtype = entry
+            xi = x.to(dtype).requires_grad_(True)
+            gi = grad.to(dtype)
+
+            def step(module=module, xi=xi, gi=gi):
+                out = module(xi)
+                out.backward(gi.to(out.dtype))
+
+            try:
+                seconds.setdefault(name, {})[n] = time_function(step, device=device, budget_s=budget_s).median
+            except (RuntimeError, ValueError) as exc:
+                skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    return Fp8LinearSpeed(str(device), sizes, seconds, skipped)
