@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from course_lib import monitor as mon
+from course_lib.monitor import recovery
+from course_lib.studies import monitoring as monitoring_studies
 from course_lib.device import size_profile
 from course_lib.gradients import summarize_underflow
 from course_lib.models import course_setup
@@ -186,17 +188,18 @@ def test_the_locator_stays_quiet_on_a_healthy_step_and_removes_its_hooks():
 
 def test_a_write_killed_halfway_leaves_the_last_good_checkpoint(tmp_path):
     path = tmp_path / "last_good.pt"
-    mon.save_checkpoint_atomic({"step": 1, "w": torch.ones(3)}, path)
+    recovery.save_checkpoint_atomic({"step": 1, "w": torch.ones(3)}, path)
     script = f"""
 import os, torch
 from course_lib import monitor
+from course_lib.monitor import recovery
 real_save = torch.save
 def dying_save(obj, f, *a, **k):
     f.write(b"half a checkpoint")
     f.flush()
     os._exit(9)            # killed mid-write: no cleanup, no exception handling
 torch.save = dying_save
-monitor.save_checkpoint_atomic({{"step": 2, "w": torch.zeros(3)}}, {str(path)!r})
+recovery.save_checkpoint_atomic({{"step": 2, "w": torch.zeros(3)}}, {str(path)!r})
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True)
     assert done.returncode == 9
@@ -211,7 +214,7 @@ monitor.save_checkpoint_atomic({{"step": 2, "w": torch.zeros(3)}}, {str(path)!r}
 
 def test_an_interrupted_write_cleans_up_after_an_exception(tmp_path, monkeypatch):
     path = tmp_path / "ck.pt"
-    mon.save_checkpoint_atomic({"step": 1}, path)
+    recovery.save_checkpoint_atomic({"step": 1}, path)
 
     def failing_save(obj, f, *a, **k):
         f.write(b"partial")
@@ -219,7 +222,7 @@ def test_an_interrupted_write_cleans_up_after_an_exception(tmp_path, monkeypatch
 
     monkeypatch.setattr(torch, "save", failing_save)
     with pytest.raises(OSError):
-        mon.save_checkpoint_atomic({"step": 2}, path)
+        recovery.save_checkpoint_atomic({"step": 2}, path)
     monkeypatch.undo()
     assert torch.load(path, weights_only=False)["step"] == 1
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["ck.pt"]
@@ -238,8 +241,8 @@ def _overflowing_run(tmp_path, *, recover: bool, steps: int = 14):
     watch = mon.GradientHealthMonitor(model, every=5, thresholds=mon.Thresholds(skipped_run=4))
     if not recover:
         return train(state, setup.sampler, monitor=watch), watch, []
-    run = mon.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt", monitor=watch,
-                                  policy=mon.RecoveryPolicy(checkpoint_every=2))
+    run = recovery.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt", monitor=watch,
+                                  policy=recovery.RecoveryPolicy(checkpoint_every=2))
     return run.history, watch, run.events
 
 
@@ -259,22 +262,22 @@ def test_recovery_rolls_back_and_finishes_a_run_that_fails_without_it(tmp_path):
 
 def test_recovery_policy_validates():
     with pytest.raises(ValueError, match="unknown alert kind"):
-        mon.RecoveryPolicy(triggers=("loss_spike",))
+        recovery.RecoveryPolicy(triggers=("loss_spike",))
     with pytest.raises(ValueError, match="checkpoint_every"):
-        mon.RecoveryPolicy(checkpoint_every=0)
+        recovery.RecoveryPolicy(checkpoint_every=0)
 
 
 def test_the_lesson_experiments_run_small():
     profile = size_profile("cpu")
-    hunt = mon.nan_hunt(profile, layer="blocks.1.fc", kind="nan", repeats=1)
+    hunt = monitoring_studies.nan_hunt(profile, layer="blocks.1.fc", kind="nan", repeats=1)
     assert hunt.report.module == "blocks.1.fc" and hunt.report.phase == "forward"
     assert hunt.anomaly is not None and "LogSoftmaxBackward" in hunt.anomaly     # where it surfaced, not where made
-    demo = mon.overflow_recovery(profile, steps=8, fault_at=3)
+    demo = monitoring_studies.overflow_recovery(profile, steps=8, fault_at=3)
     assert all(demo.without.skipped[3:]) and len(demo.events) == 1
     assert demo.with_recovery.steps[-1] == 7 and not any(demo.with_recovery.skipped[-3:])
     with pytest.raises(ValueError, match="fault_at"):
-        mon.overflow_recovery(profile, steps=8, fault_at=8)
-    cost = mon.monitor_overhead(profile, steps=2, rounds=2)
+        monitoring_studies.overflow_recovery(profile, steps=8, fault_at=8)
+    cost = monitoring_studies.monitor_overhead(profile, steps=2, rounds=2)
     assert set(cost.seconds) == {0, 1, 10} and all(v > 0 for v in cost.seconds.values())
     assert all(len(v) == 2 for v in cost.rounds.values())
     lo, hi = cost.overhead_range(1)
@@ -283,7 +286,7 @@ def test_the_lesson_experiments_run_small():
     with pytest.raises(ValueError, match="every=5"):
         cost.overhead_range(5)
     with pytest.raises(ValueError, match="kind"):
-        mon.nan_hunt(profile, kind="overflow")
+        monitoring_studies.nan_hunt(profile, kind="overflow")
 
 
 def test_anomaly_mode_sees_nan_but_not_inf():
@@ -309,13 +312,13 @@ def test_matmul_stats_classify_each_operand_and_scaling_moves_them_into_range():
 
 
 def test_a_dead_layer_is_flagged_while_the_loss_falls():
-    run = mon.dead_layer_run(size_profile("cpu"), steps=10, dies_at=4, every=2)
+    run = monitoring_studies.dead_layer_run(size_profile("cpu"), steps=10, dies_at=4, every=2)
     zero = {a.layer: a.step for a in run.alerts if a.kind == "zero_gradients"}
     assert zero.get("blocks.1.fc.module.weight") == 4 and zero.get("blocks.1.fc.module.bias") == 4
     assert not any(layer.startswith("blocks.0") for layer in zero)
     assert run.log.losses[-1] < run.log.losses[4]
     with pytest.raises(ValueError, match="dies_at"):
-        mon.dead_layer_run(size_profile("cpu"), steps=10, dies_at=0)
+        monitoring_studies.dead_layer_run(size_profile("cpu"), steps=10, dies_at=0)
 
 
 def test_activation_gradients_are_watched_and_the_hooks_removed():
@@ -334,7 +337,7 @@ def test_activation_gradients_are_watched_and_the_hooks_removed():
 
 
 def test_underflow_of_the_output_gradient_grows_as_training_goes_well():
-    trend = mon.underflow_trend(size_profile("cpu"), steps=60, every=20)
+    trend = monitoring_studies.underflow_trend(size_profile("cpu"), steps=60, every=20)
     head = trend.flush["head:grad_output"]
     assert head[-1] > head[0] + 0.02 and trend.losses[-1] < trend.losses[0]
 
@@ -368,16 +371,16 @@ def test_recovery_can_keep_the_failing_layer_in_fp32_instead(tmp_path):
     model = setup.model(0)
     mon.plant_fault(model, "blocks.0.fc", "overflow", after=3)
     state = TrainState(model, get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=10), torch.device("cpu"))
-    run = mon.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt",
-                                  policy=mon.RecoveryPolicy(keep_fp32=("blocks.0.fc",), checkpoint_every=1))
+    run = recovery.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt",
+                                  policy=recovery.RecoveryPolicy(keep_fp32=("blocks.0.fc",), checkpoint_every=1))
     assert len(run.events) == 1 and run.events[0].recipe == "fp16_autocast_scaler with blocks.0.fc in FP32"
-    assert isinstance(run.state.model.blocks[0].fc, mon.Fp32Island)
+    assert isinstance(run.state.model.blocks[0].fc, recovery.Fp32Island)
     assert run.state.recipe.name == "fp16_autocast_scaler"
     assert not any(run.history.skipped[-5:]) and all(math.isfinite(v) for v in run.history.losses[-5:])
     with pytest.raises(ValueError, match="keep_fp32"):
-        mon.RecoveryPolicy(keep_fp32="blocks.0.fc")
+        recovery.RecoveryPolicy(keep_fp32="blocks.0.fc")
     fresh = TrainState(setup.model(0), get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=2),
                        torch.device("cpu"))
     with pytest.raises(ValueError, match="no module named"):
-        mon.train_with_recovery(fresh, setup.sampler, tmp_path / "x.pt",
-                                policy=mon.RecoveryPolicy(keep_fp32=("blocks.9.fc",)))
+        recovery.train_with_recovery(fresh, setup.sampler, tmp_path / "x.pt",
+                                policy=recovery.RecoveryPolicy(keep_fp32=("blocks.9.fc",)))

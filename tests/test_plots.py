@@ -165,20 +165,22 @@ def test_microscaling_figures_draw_their_data():
 
 def test_monitoring_figures_draw_their_data():
     from course_lib import monitor as mon
+    from course_lib.monitor import recovery
+    from course_lib.studies import monitoring as monitoring_studies
 
     log_a = mon.MonitorLog(steps=[0, 1, 2], losses=[3.0, float("nan"), float("nan")], scales=[4.0, 2.0, 1.0],
                            skipped=[False, True, True])
     log_b = mon.MonitorLog(steps=[0, 1, 0, 1, 2], losses=[3.0, float("nan"), 3.0, 2.5, 2.0],
                            scales=[4.0, 4.0, 1.0, 1.0, 1.0], skipped=[False, True, False, False, False])
     alert = mon.Alert(1, "non_finite_loss", None, "m")
-    demo = mon.RecoveryDemo(1, 3, log_a, (alert,), log_b, (mon.RecoveryEvent(1, 0, alert, "bf16_autocast"),))
+    demo = monitoring_studies.RecoveryDemo(1, 3, log_a, (alert,), log_b, (recovery.RecoveryEvent(1, 0, alert, "bf16_autocast"),))
     fig = plots.plot_recovery(demo)
     top = fig.axes[0]
     marks = [ln for ln in top.get_lines() if ln.get_marker() == "x"]
     assert len(marks) == 2 and list(marks[0].get_xdata()) == [1, 2]     # the no-recovery run's bad steps
     assert fig.axes[1].get_yscale() == "log"
     assert any("rolled back to 0" in t.get_text() for t in top.texts)
-    trend = mon.UnderflowTrend("FP16", (0, 5), {"a": (0.1, 0.2), "b": (0.0, 0.0), "c": (0.3, 0.3)}, (3.0, 2.0), ())
+    trend = monitoring_studies.UnderflowTrend("FP16", (0, 5), {"a": (0.1, 0.2), "b": (0.0, 0.0), "c": (0.3, 0.3)}, (3.0, 2.0), ())
     fig = plots.plot_underflow_trend(trend, top_n=2)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["c", "a"]
     assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([10.0, 20.0])
@@ -186,6 +188,8 @@ def test_monitoring_figures_draw_their_data():
 
 def test_dashboard_draws_each_panel_and_groups_alerts():
     from course_lib import monitor as mon
+    from course_lib.monitor import recovery
+    from course_lib.studies import monitoring as monitoring_studies
 
     stats = lambda z: (mon.GradientStats("a", 4, z, 0, 0, 0, 0, 1.0), mon.GradientStats("b", 4, 0.0, 0, 0, 0, 0, 1.0))  # noqa: E731
     log = mon.MonitorLog(steps=[0, 1, 2, 3], losses=[3.0, 2.5, 2.0, 1.8], scales=[1.0] * 4,

@@ -28,7 +28,8 @@ def test_underflow_rows_roundtrip(records):
 
 
 def test_flight_recording_roundtrip(records):
-    from course_lib.scaling import flight_recording_from_dict, replay_scale_schedule
+    from course_lib.scaling import replay_scale_schedule
+    from course_lib.studies.loss_scaling import flight_recording_from_dict
 
     rec = flight_recording_from_dict(records["scaler_flight_recording"].values["recording"])
     replay = replay_scale_schedule(rec.overflow_thresholds(), init_scale=rec.init_scale,

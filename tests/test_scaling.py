@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from course_lib.device import SizeProfile
-from course_lib.scaling import (TeachingLossScaler, grad_scaler_defaults, record_grad_scaler_run,
-                                replay_scale_schedule, steps_to_double)
+from course_lib.scaling import TeachingLossScaler, grad_scaler_defaults, replay_scale_schedule, steps_to_double
+from course_lib.studies.loss_scaling import record_grad_scaler_run
 
 
 class CountingSGD(torch.optim.SGD):
@@ -164,7 +164,8 @@ def test_correct_loop_raises_no_finding_and_restores_everything():
 
 
 def test_side_by_side_check_and_static_runs():
-    from course_lib.scaling import compare_with_grad_scaler, train_with_loss_scaling
+    from course_lib.scaling import compare_with_grad_scaler
+    from course_lib.studies.loss_scaling import train_with_loss_scaling
 
     agree = compare_with_grad_scaler(120, growth_interval=3)
     assert set(agree.values()) == {120}
@@ -233,7 +234,8 @@ def test_teaching_scaler_refuses_a_second_unscale_and_round_trips_its_state():
 
 
 def test_replay_and_flight_recording_bad_input():
-    from course_lib.scaling import flight_recording_from_dict, replay_scale_schedule
+    from course_lib.scaling import replay_scale_schedule
+    from course_lib.studies.loss_scaling import flight_recording_from_dict
 
     with pytest.raises(ValueError, match="NaN not"):
         replay_scale_schedule([1.0, math.nan])
@@ -243,7 +245,7 @@ def test_replay_and_flight_recording_bad_input():
 
 @pytest.mark.parametrize("bad", [0.0, -4.0, math.inf])
 def test_static_scales_must_be_positive_and_finite(bad):
-    from course_lib.scaling import train_with_loss_scaling
+    from course_lib.studies.loss_scaling import train_with_loss_scaling
 
     with pytest.raises(ValueError, match="static loss scales must be positive finite"):
         train_with_loss_scaling(SizeProfile("small"), static_scales=(bad,), steps=1)
@@ -324,7 +326,7 @@ def test_correct_autocast_loops_raise_nothing_and_everything_is_restored():
 
 def test_scale_gradient_fidelity_shows_what_adam_hides():
     from course_lib.device import SizeProfile
-    from course_lib.scaling import scale_gradient_fidelity
+    from course_lib.studies.loss_scaling import scale_gradient_fidelity
 
     fid = scale_gradient_fidelity(SizeProfile("small"), steps=30, batches=1, scales=(1.0, 2.0**16, 2.0**24))
     assert fid.overflowed == {1.0: False, 2.0**16: False, 2.0**24: True}

@@ -110,7 +110,7 @@ def _underflow_statistics(profile: SizeProfile, device: torch.device) -> Experim
           "A real torch.amp.GradScaler run of the course model with FP16 autocast at GradScaler's "
           "defaults: scale, skipped steps and growth tracker per step (lesson 3).")
 def _scaler_flight_recording(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .scaling import record_grad_scaler_run
+    from .studies.loss_scaling import record_grad_scaler_run
 
     rec = record_grad_scaler_run(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "steps": rec.steps,
@@ -366,7 +366,7 @@ def _mx_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput
 def _monitor_faults(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .monitor import nan_hunt, overflow_recovery, underflow_trend
+    from .studies.monitoring import nan_hunt, overflow_recovery, underflow_trend
 
     hunts = {}
     for kind, layer in (("nan", "blocks.1.fc"), ("nan_backward", "blocks.1.attn.qkv")):
@@ -385,7 +385,7 @@ def _monitor_faults(profile: SizeProfile, device: torch.device) -> ExperimentOut
           "Median optimizer-step time of the course model without a gradient monitor and with one sampling "
           "every step and every 10 steps, alternated within one run (lesson 9).")
 def _monitor_overhead(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .monitor import monitor_overhead
+    from .studies.monitoring import monitor_overhead
 
     result = monitor_overhead(profile, device, steps=profile.pick(small=20, full=50))
     return ExperimentOutput(parameters={"profile": profile.name, "everies": [1, 10]},

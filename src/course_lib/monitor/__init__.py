@@ -1,0 +1,43 @@
+"""Watching a mixed precision run: gradient health, non-finite values traced to their module, and recovery.
+
+* :class:`GradientHealthMonitor` attaches to a training loop (:func:`course_lib.train.train` takes one, and
+  a plain loop calls :meth:`~GradientHealthMonitor.after_backward` and
+  :meth:`~GradientHealthMonitor.after_step`). Every ``every`` steps it measures, per parameter, the share
+  of gradient values that are zero, that would flush to zero or land in the subnormals of the training
+  dtype at the current loss scale, the non-finite count and the norm; every step it records the loss, the
+  scale and whether the step was skipped. Thresholds raise named :class:`Alert` s.
+* :class:`NonFiniteLocator` hooks every module's forward and backward and names the first one that produced
+  an inf or NaN, with its input and output statistics.
+* :func:`save_checkpoint_atomic` writes a checkpoint so that a crash mid-write never replaces the last good
+  one, and :class:`RecoveryPolicy` rolls a run back to it and switches FP16 to BF16 when the scale
+  collapses or overflows persist.
+"""
+
+from __future__ import annotations
+
+from .health import ALERT_KINDS, Thresholds, GradientStats, gradient_stats, Alert, MonitorLog, GradientHealthMonitor
+from .locator import TensorSummary, NonFiniteReport, NonFiniteLocator, anomaly_mode_raises
+from .faults import FAULT_KINDS, PlantedFault, plant_fault
+from .matmul_stats import MatmulStats, matmul_stats
+from .diagnose import Diagnosis, diagnose
+
+__all__ = [
+    "ALERT_KINDS",
+    "Thresholds",
+    "GradientStats",
+    "gradient_stats",
+    "Alert",
+    "MonitorLog",
+    "GradientHealthMonitor",
+    "TensorSummary",
+    "NonFiniteReport",
+    "NonFiniteLocator",
+    "anomaly_mode_raises",
+    "FAULT_KINDS",
+    "PlantedFault",
+    "plant_fault",
+    "MatmulStats",
+    "matmul_stats",
+    "Diagnosis",
+    "diagnose",
+]

@@ -1,0 +1,130 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """Shape, dtype, largest finite magnitude and counts of NaN and inf of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs: float
+    nan: int
+    inf: int
+
+
+def _summary(t: torch.Tensor) -> TensorSummary:
+    d = t.detach()
+    finite = torch.isfinite(d)
+    max_abs = float(d[finite].abs().max()) if bool(finite.any()) else math.nan
+    return TensorSummary(tuple(d.shape), str(d.dtype).replace("torch.", ""), max_abs, int(torch.isnan(d).sum()),
+                         int(torch.isinf(d).sum()))
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x] if x.is_floating_point() else []
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    if isinstance(x, dict):
+        return [t for item in x.values() for t in _tensors(item)]
+    return []
+
+
+@dataclass(frozen=True)
+class NonFiniteReport:
+    """The first module that produced a non-finite value: its qualified ``module`` name, ``phase``
+    (``"forward"``: its output; ``"backward"``: the gradient it passed to its inputs), and summaries of what
+    went in and came out (in backward: the gradient of its output, and of its inputs)."""
+
+    module: str
+    phase: str
+    inputs: tuple[TensorSummary, ...]
+    outputs: tuple[TensorSummary, ...]
+
+    def describe(self) -> str:
+        ins = "; ".join(f"{s.dtype}{list(s.shape)} max {s.max_abs:.3g}, {s.nan} NaN, {s.inf} inf" for s in self.inputs)
+        outs = "; ".join(f"{s.dtype}{list(s.shape)} {s.nan} NaN, {s.inf} inf" for s in self.outputs)
+        return f"`{self.module}` in the {self.phase} pass: inputs {ins or 'none'} -> outputs {outs}"
+
+
+class NonFiniteLocator:
+    """Context manager: hooks the forward and backward of every module of ``model`` and records the first
+    (innermost, earliest) one whose output, or whose gradient with respect to its inputs, holds an inf or a
+    NaN while its inputs did not. ``report`` is None when nothing went non-finite. ``modules`` restricts
+    the check to the named modules."""
+
+    def __init__(self, model: nn.Module, *, modules: tuple[str, ...] | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        named = dict(model.named_modules())
+        if modules is None:
+            # every module, containers included: hooks fire inner modules first, so the first module seen
+            # with finite inputs and a non-finite output is the innermost one that made it (a container is
+            # named when the culprit is an operation in its own forward, not a submodule)
+            chosen = [(n or "(model)", m) for n, m in named.items()]
+        else:
+            missing = [n for n in modules if n not in named]
+            if missing:
+                raise ValueError(f"no module named {missing[0]!r}")
+            chosen = [(n, named[n]) for n in modules]
+        if not chosen:
+            chosen = [("(model)", model)]
+        self._chosen = chosen
+        self._handles: list = []
+        self.report: NonFiniteReport | None = None
+
+    def _record(self, name: str, phase: str, ins, outs) -> None:
+        if self.report is not None:
+            return
+        out_t = _tensors(outs)
+        if not any(not bool(torch.isfinite(t).all()) for t in out_t):
+            return
+        in_t = _tensors(ins)
+        if any(not bool(torch.isfinite(t).all()) for t in in_t):
+            return   # it passed on a non-finite value; the culprit is upstream
+        self.report = NonFiniteReport(name, phase, tuple(_summary(t) for t in in_t),
+                                      tuple(_summary(t) for t in out_t))
+
+    def __enter__(self) -> "NonFiniteLocator":
+        # modules whose inputs need no gradient (an embedding's token ids) make torch warn that their full
+        # backward hook sees only output gradients; expected here, and not the reader's concern
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        for name, module in self._chosen:
+            self._handles.append(module.register_forward_hook(
+                lambda m, i, o, name=name: self._record(name, "forward", i, o)))
+            self._handles.append(module.register_full_backward_hook(
+                lambda m, gi, go, name=name: self._record(name, "backward", go, gi)))
+        return self
+
+    def __exit__(self, *exc) -> Literal[False]:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._warnings.__exit__(None, None, None)
+        return False
+
+
+def anomaly_mode_raises(value: float) -> bool:
+    """Whether ``torch.autograd.detect_anomaly(check_nan=True)`` raises on a backward pass whose gradient
+    is ``value`` (e.g. ``math.inf`` or ``math.nan``)."""
+    x = torch.ones(3, requires_grad=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autograd.detect_anomaly(check_nan=True):
+                (x * value).sum().backward()
+    except RuntimeError:
+        return True
+    return False

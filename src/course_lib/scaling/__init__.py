@@ -1,0 +1,61 @@
+"""Dynamic loss scaling, from the inside.
+
+:class:`TeachingLossScaler` is a from-scratch dynamic loss scaler written to be read. It reproduces
+``torch.amp.GradScaler``'s arithmetic exactly (the tests run both side by side and compare the scale, the
+growth tracker, the skip decisions and the unscaled gradients bit for bit):
+
+* ``scale(loss)`` multiplies the loss by the current scale (a float32 number);
+* ``unscale_(grads)`` multiplies every gradient by ``1/scale`` — the reciprocal computed in float64 and
+  rounded to float32, as GradScaler does — and reports whether any gradient held an inf or NaN;
+* ``step(optimizer, found_inf)`` calls the optimizer only when no inf/NaN was found (a skipped step);
+* ``update(found_inf)``: after an overflow the scale is multiplied by ``backoff_factor`` and the growth
+  tracker resets; after a clean step the tracker counts up, and only when it reaches ``growth_interval``
+  (2000 by default) is the scale multiplied by ``growth_factor`` (and then only if the result is finite).
+  The scale does **not** double after every clean step.
+"""
+
+from __future__ import annotations
+
+from .scaler import (
+    DEFAULT_INIT_SCALE,
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_BACKOFF_FACTOR,
+    DEFAULT_GROWTH_INTERVAL,
+    TeachingLossScaler,
+    ScaleTrace,
+    replay_scale_schedule,
+    steps_to_double,
+    ScalerDefaults,
+    grad_scaler_defaults,
+    compare_with_grad_scaler,
+)
+from .pitfalls import (
+    PITFALLS,
+    LOW_PRECISION_DTYPES,
+    Finding,
+    ScalerAudit,
+    PitfallDemo,
+    run_pitfall_demo,
+    AUTOCAST_PITFALLS_DTYPE,
+)
+
+__all__ = [
+    "DEFAULT_INIT_SCALE",
+    "DEFAULT_GROWTH_FACTOR",
+    "DEFAULT_BACKOFF_FACTOR",
+    "DEFAULT_GROWTH_INTERVAL",
+    "TeachingLossScaler",
+    "ScaleTrace",
+    "replay_scale_schedule",
+    "steps_to_double",
+    "ScalerDefaults",
+    "grad_scaler_defaults",
+    "compare_with_grad_scaler",
+    "PITFALLS",
+    "LOW_PRECISION_DTYPES",
+    "Finding",
+    "ScalerAudit",
+    "PitfallDemo",
+    "run_pitfall_demo",
+    "AUTOCAST_PITFALLS_DTYPE",
+]

@@ -1,0 +1,253 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# torch.amp.GradScaler's defaults (checked against the installed torch in the tests)
+DEFAULT_INIT_SCALE = 2.0**16
+
+
+DEFAULT_GROWTH_FACTOR = 2.0
+
+
+DEFAULT_BACKOFF_FACTOR = 0.5
+
+
+DEFAULT_GROWTH_INTERVAL = 2000
+
+
+def check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval) -> None:
+    for name, value in (("init_scale", init_scale), ("growth_factor", growth_factor),
+                        ("backoff_factor", backoff_factor)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if init_scale <= 0:
+        raise ValueError(f"init_scale must be positive, got {init_scale}")
+    if growth_factor <= 1.0:
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"backoff_factor must lie in (0, 1), got {backoff_factor}")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+        raise ValueError(f"growth_interval must be a positive int, got {growth_interval!r}")
+
+
+def _to_float32(x: float) -> float:
+    """Round a Python float (float64) to the nearest float32, as storing it in a float32 tensor does."""
+    return float(torch.tensor(x, dtype=torch.float64).to(torch.float32))
+
+
+class TeachingLossScaler:
+    """A dynamic loss scaler with GradScaler's exact arithmetic, written for reading.
+
+    The state is two numbers: ``scale`` (a float32 value, kept here as a Python float that is always
+    exactly representable in float32) and ``growth_tracker`` (clean steps since the last change).
+    """
+
+    def __init__(self, init_scale: float = DEFAULT_INIT_SCALE, growth_factor: float = DEFAULT_GROWTH_FACTOR,
+                 backoff_factor: float = DEFAULT_BACKOFF_FACTOR,
+                 growth_interval: int = DEFAULT_GROWTH_INTERVAL):
+        check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval)
+        self.scale = _to_float32(float(init_scale))
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = growth_interval
+        self.growth_tracker = 0
+        self._unscaled = False  # unscale_ ran since the last update()
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * scale``; backpropagating it gives gradients ``scale`` times too large."""
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"loss must be a torch.Tensor, got {type(loss).__name__}")
+        return loss * torch.tensor(self.scale, dtype=torch.float32, device=loss.device)
+
+    def inverse_scale(self) -> torch.Tensor:
+        """``1/scale``: the reciprocal computed in float64, then rounded to float32 (as GradScaler does).
+
+        A scale that backed off all the way to 0.0 gives an infinite inverse, as in GradScaler: unscaling
+        then turns every gradient into NaN (0 * inf) without reporting an overflow.
+        """
+        return torch.tensor(self.scale, dtype=torch.float64).reciprocal().to(torch.float32)
+
+    def unscale_(self, grads: list[torch.Tensor]) -> bool:
+        """Divide the gradients by the scale in place; return True when any of them holds inf or NaN."""
+        if not isinstance(grads, (list, tuple)) or not all(isinstance(g, torch.Tensor) for g in grads):
+            raise TypeError("grads must be a list of tensors")
+        if self._unscaled:
+            # GradScaler refuses a second unscale_ before update(): it would divide by the scale again
+            raise RuntimeError("unscale_() has already been called since the last update(); a second call "
+                               "would divide the gradients by the scale again.")
+        if any(g.dtype == torch.float16 for g in grads):
+            # GradScaler refuses these with the same message: the parameters (and so the gradients) must
+            # stay FP32 under mixed precision; unscaling in FP16 would underflow again.
+            raise ValueError("Attempting to unscale FP16 gradients. Keep the model's parameters in FP32 "
+                             "(autocast handles the FP16 compute); do not call model.half().")
+        found_inf = False
+        for g in grads:
+            if not bool(torch.isfinite(g).all()):
+                found_inf = True
+            g.mul_(self.inverse_scale().to(g.device))
+        self._unscaled = True
+        return found_inf
+
+    def step(self, optimizer: torch.optim.Optimizer, found_inf: bool) -> bool:
+        """Run ``optimizer.step()`` unless an inf/NaN was found; return whether it ran."""
+        if found_inf:
+            return False
+        optimizer.step()
+        return True
+
+    def update(self, found_inf: bool) -> None:
+        """Back off after an overflow; grow after ``growth_interval`` consecutive clean steps."""
+        self._unscaled = False
+        if found_inf:
+            self.scale = _to_float32(self.scale * self.backoff_factor)
+            self.growth_tracker = 0
+            return
+        clean_steps = self.growth_tracker + 1
+        if clean_steps == self.growth_interval:
+            grown = _to_float32(self.scale * self.growth_factor)
+            if math.isfinite(grown):
+                self.scale = grown
+            self.growth_tracker = 0
+        else:
+            self.growth_tracker = clean_steps
+
+
+    def state_dict(self) -> dict:
+        """The scaler's state under the keys ``torch.amp.GradScaler.state_dict()`` uses."""
+        return {"scale": self.scale, "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "_growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict` (or from a ``torch.amp.GradScaler``'s state dict)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"scaler state lacks {', '.join(missing)}")
+        self.scale = _to_float32(float(state["scale"]))
+        self.growth_factor = float(state["growth_factor"])
+        self.backoff_factor = float(state["backoff_factor"])
+        self.growth_interval = int(state["growth_interval"])
+        self.growth_tracker = int(state["_growth_tracker"])
+        self._unscaled = False
+
+
+@dataclass(frozen=True)
+class ScaleTrace:
+    """Per-step history of a dynamic loss scale: the scale each step used, whether it overflowed
+    (and was skipped), and the growth tracker after the step."""
+
+    scales: tuple[float, ...]
+    skipped: tuple[bool, ...]
+    growth_trackers: tuple[int, ...]
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(self.skipped)
+
+    @property
+    def final_scale(self) -> float:
+        return self.scales[-1] if self.scales else self.init_scale
+
+
+def replay_scale_schedule(
+    overflow_threshold: list[float] | tuple[float, ...],
+    *,
+    init_scale: float = DEFAULT_INIT_SCALE,
+    growth_factor: float = DEFAULT_GROWTH_FACTOR,
+    backoff_factor: float = DEFAULT_BACKOFF_FACTOR,
+    growth_interval: int = DEFAULT_GROWTH_INTERVAL,
+) -> ScaleTrace:
+    """What a dynamic scaler would do on a recorded stream of steps ("what-if" replays).
+
+    ``overflow_threshold[i]``: the smallest loss scale at which step ``i``'s gradients overflow (``inf``
+    for a step that never overflows, ``0`` for one that always does, e.g. a NaN in the data). A step
+    overflows when its scale is >= its threshold.
+    """
+    scaler = TeachingLossScaler(init_scale, growth_factor, backoff_factor, growth_interval)
+    scales, skipped, trackers = [], [], []
+    for threshold in overflow_threshold:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+            raise ValueError(f"overflow thresholds are non-negative numbers (inf allowed, NaN not), "
+                             f"got {threshold!r}")
+        overflow = scaler.scale >= threshold
+        scales.append(scaler.scale)
+        skipped.append(overflow)
+        scaler.update(overflow)
+        trackers.append(scaler.growth_tracker)
+    return ScaleTrace(tuple(scales), tuple(skipped), tuple(trackers), float(init_scale),
+                      float(growth_factor), float(backoff_factor), growth_interval)
+
+
+def steps_to_double(growth_interval: int = DEFAULT_GROWTH_INTERVAL) -> int:
+    """Clean steps the scale needs to grow once: ``growth_interval`` (checked by replaying)."""
+    trace = replay_scale_schedule([math.inf] * (growth_interval + 1), growth_interval=growth_interval)
+    for i, s in enumerate(trace.scales):
+        if s > trace.init_scale:
+            return i
+    raise AssertionError("the scale never grew")  # pragma: no cover - replay always grows here
+
+
+@dataclass(frozen=True)
+class ScalerDefaults:
+    """The defaults of the installed ``torch.amp.GradScaler``, read from a fresh instance."""
+
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+
+
+def grad_scaler_defaults(device: str = "cpu") -> ScalerDefaults:
+    """Read GradScaler's defaults from the installed torch (pass the device: without one GradScaler
+    targets CUDA and silently disables itself on a machine without a GPU)."""
+    s = torch.amp.GradScaler(device)
+    return ScalerDefaults(s.get_scale(), s.get_growth_factor(), s.get_backoff_factor(),
+                          s.get_growth_interval())
+
+
+def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwargs) -> dict[str, int]:
+    """Run :class:`TeachingLossScaler` and ``torch.amp.GradScaler`` side by side on a random gradient
+    stream with planted inf and NaN; count the steps on which scale, tracker, skip decision and unscaled
+    gradients agree bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    real, mine = torch.amp.GradScaler("cpu", **scaler_kwargs), TeachingLossScaler(**scaler_kwargs)
+    p_real, p_mine = torch.nn.Parameter(torch.zeros(64)), torch.nn.Parameter(torch.zeros(64))
+    opt_real = torch.optim.SGD([p_real], lr=0.0)
+    ran = []
+    opt_real.register_step_post_hook(lambda *_: ran.append(True))
+    agree = {"steps": 0, "scale": 0, "growth_tracker": 0, "skip": 0, "gradients": 0}
+    for step in range(n_steps):
+        c = torch.randn(64, generator=gen) * torch.exp2(torch.randint(-40, 10, (64,), generator=gen).float())
+        if torch.rand((), generator=gen) < 0.05:
+            c[3] = math.inf if step % 2 else math.nan
+        opt_real.zero_grad(set_to_none=True)
+        p_mine.grad = None
+        real.scale((p_real * c).sum()).backward()
+        mine.scale_loss((p_mine * c).sum()).backward()
+        real.unscale_(opt_real)
+        g_real, g_mine = p_real.grad, p_mine.grad
+        assert g_real is not None and g_mine is not None
+        found = mine.unscale_([g_mine])
+        same_grads = bool(((g_real == g_mine) | (g_real.isnan() & g_mine.isnan())).all())
+        n_ran = len(ran)
+        real.step(opt_real)
+        real.update()
+        mine.update(found)
+        state = real.state_dict()
+        agree["steps"] += 1
+        agree["scale"] += int(state["scale"] == mine.scale)
+        agree["growth_tracker"] += int(state["_growth_tracker"] == mine.growth_tracker)
+        agree["skip"] += int((len(ran) == n_ran) == found)
+        agree["gradients"] += int(same_grads)
+    return agree
