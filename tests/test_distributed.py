@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from course_lib import distributed as D
+from course_lib.distributed import launch
+from course_lib.studies import distributed as distributed_studies
 from course_lib.device import SizeProfile
 
 
 @pytest.fixture(scope="module")
 def study():
     """One launch of every lesson-10 run at 4 steps (inf planted at step 2), shared by the tests below."""
-    return D.data_parallel_study(SizeProfile("small"), steps=4)
+    return distributed_studies.data_parallel_study(SizeProfile("small"), steps=4)
 
 
 # ---- the simulation of the all-reduce ----------------------------------------------------------------------
@@ -77,7 +79,7 @@ def test_fsdp2_predivide_matches_torch():
 
 
 def test_reduction_study_shows_ring_error_growing_and_tree_flat():
-    s = D.reduction_precision_study(SizeProfile("small"), world_sizes=(2, 32))
+    s = distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(2, 32))
     ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, tree"]
     assert ring[0] == tree[0]                 # two ranks: one addition, whatever the order
     assert ring[1] > 2 * tree[1]              # a long chain of BF16 additions
@@ -89,7 +91,7 @@ def test_reduction_study_shows_ring_error_growing_and_tree_flat():
     with pytest.raises(ValueError, match="world size"):
         s.at("BF16, ring", 4)
     with pytest.raises(ValueError, match="at least 2"):
-        D.reduction_precision_study(SizeProfile("small"), world_sizes=(1,))
+        distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(1,))
 
 
 # ---- real runs -------------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ def test_fsdp2_plain_grad_scaler_agrees_across_ranks(study):
 def test_fsdp_holds_half_the_bytes_and_policies_train(study):
     ddp = sum(study.held_bytes["DDP fp32"].values())
     assert ddp == 16 * study.n_params                   # lesson 6's FP32 + AdamW: 16 bytes per parameter
-    for label in D.FSDP_POLICIES:
+    for label in distributed_studies.FSDP_POLICIES:
         assert sum(study.held_bytes[label].values()) == ddp // 2, label
         assert abs(study.eval_losses[label] - study.eval_losses["DDP fp32"]) < 0.01, label
     assert study.eval_losses["FSDP2, FP32 (no policy)"] == study.eval_losses["DDP fp32"]
@@ -157,12 +159,12 @@ def test_launch_timeout_kills_every_rank():
 def test_torchrun_entry_point_trains_two_ranks(tmp_path):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     out = tmp_path / "out"
-    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(D._free_port()),
+    proc = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(launch._free_port()),
                            "-m", "course_lib.distributed", "--recipe", "bf16_autocast", "--steps", "2",
                            "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "[cli] rank 0 of 2 (gloo, cpu): 2 steps" in proc.stdout
-    h0, h1 = (D._load_rank_history(out, "cli", r) for r in (0, 1))
+    h0, h1 = (D.load_rank_history(out, "cli", r) for r in (0, 1))
     assert torch.equal(h0.final_params, h1.final_params) and h0.losses != h1.losses   # replicas, own slices
 
 
@@ -214,11 +216,11 @@ def test_launch_refuses_bad_world_sizes_and_runs():
 def test_backend_follows_the_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert D._choose_backend("auto", 2) == "nccl"
-    assert D._choose_backend("auto", 4) == "gloo"      # not every rank would have its own GPU
-    assert D._choose_backend("gloo", 2) == "gloo"
+    assert D.choose_backend("auto", 2) == "nccl"
+    assert D.choose_backend("auto", 4) == "gloo"      # not every rank would have its own GPU
+    assert D.choose_backend("gloo", 2) == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert D._choose_backend("auto", 2) == "gloo"
+    assert D.choose_backend("auto", 2) == "gloo"
 
 
 def test_compress_hooks():
@@ -276,5 +278,5 @@ def test_worker_on_gpus_joins_nccl_on_its_own_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("device", torch.device(d)))
     monkeypatch.setattr(dist, "init_process_group", init)
     with pytest.raises(Joined):
-        D._worker([D.DistRun("x", collective_timeout_s=30)], size="small", backend="auto", out=None, max_steps=None)
+        D.run_worker([D.DistRun("x", collective_timeout_s=30)], size="small", backend="auto", out=None, max_steps=None)
     assert calls == {"device": torch.device("cuda", 1), "init": ("nccl", 30.0)}

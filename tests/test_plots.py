@@ -205,7 +205,8 @@ def test_dashboard_draws_each_panel_and_groups_alerts():
 
 
 def test_distributed_figures_draw_every_variant_and_rank():
-    from course_lib.distributed import REDUCTION_VARIANTS, DataParallelStudy, ReductionStudy, ScalerCase
+    from course_lib.distributed import REDUCTION_VARIANTS
+    from course_lib.studies.distributed import DataParallelStudy, ReductionStudy, ScalerCase
 
     n = (2, 8)
     study = ReductionStudy(n, {k: (1e-3, 2e-3) for k in REDUCTION_VARIANTS}, {k: (0.01, 0.2) for k in REDUCTION_VARIANTS},

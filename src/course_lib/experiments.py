@@ -402,7 +402,7 @@ def _monitor_overhead(profile: SizeProfile, device: torch.device) -> ExperimentO
 def _data_parallel(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .distributed import data_parallel_study
+    from .studies.distributed import data_parallel_study
 
     study = data_parallel_study(profile, device)
     values = dataclasses.asdict(study)
@@ -417,7 +417,7 @@ def _data_parallel(profile: SizeProfile, device: torch.device) -> ExperimentOutp
 def _reduction_precision(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .distributed import reduction_precision_study
+    from .studies.distributed import reduction_precision_study
 
     study = reduction_precision_study(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "world_sizes": list(study.world_sizes),

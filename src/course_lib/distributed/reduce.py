@@ -1,0 +1,119 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import torch
+
+REDUCE_ORDERS = ("ring", "tree")
+
+
+def cast_compress_hook(dtype: torch.dtype):
+    """A DDP communication hook that all-reduces each gradient bucket in ``dtype``: cast, divide by the
+    world size, sum, cast back into the FP32 bucket. The arithmetic of torch's ``fp16_compress_hook`` and
+    ``bf16_compress_hook``, written out because torch registers its BF16 hook only with NCCL 2.10+."""
+    import torch.distributed as dist
+
+    def hook(process_group, bucket):
+        group = process_group if process_group is not None else dist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.to(dtype).div_(group.size())   # divided first, as torch's hooks do
+
+        def decompress(fut):
+            return buffer.copy_(fut.value()[0])
+
+        return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
+
+    hook.__name__ = f"cast_compress_hook_{dtype}".replace("torch.", "")
+    return hook
+
+
+def compress_hook(name: str, *, backend: str):
+    """DDP's gradient-compression hook ``name`` (``fp16`` or ``bf16``): torch's own where it registers on
+    ``backend`` (FP16 always, BF16 with NCCL), else :func:`cast_compress_hook` with the same arithmetic."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if name == "fp16":
+        return default_hooks.fp16_compress_hook
+    if name == "bf16":
+        return default_hooks.bf16_compress_hook if backend == "nccl" else cast_compress_hook(torch.bfloat16)
+    raise ValueError(f"comm hook must be one of {COMM_HOOKS}, got {name!r}")
+
+
+REDUCE_CHECK_VALUES = 4096
+
+
+REDUCE_CHECK_DTYPES = ("bfloat16", "float16")
+
+
+def reduce_check_inputs(world_size: int, n: int = REDUCE_CHECK_VALUES, seed: int = 0) -> torch.Tensor:
+    """``[world_size, n]`` FP32 values, one row per rank, magnitudes spread over about 2^-12..2^6 with both
+    signs: the inputs of the all-reduce check (within FP16's normal range, so no rank's input flushes)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(world_size, n, generator=gen) * torch.exp2(torch.randint(-12, 6, (world_size, n),
+                                                                               generator=gen).float())
+
+
+def simulate_all_reduce(values: torch.Tensor, dtype: torch.dtype, order: str = "ring") -> torch.Tensor:
+    """The sum over ranks of ``values`` (shape ``[ranks, n]``) as an all-reduce computes it in ``dtype``:
+    every partial sum rounded to ``dtype``.
+
+    ``ring``: a ring reduce-scatter: the vector is cut into one chunk per rank, and chunk ``c`` is summed
+    one rank after another, ranks ``c-1, c-2, ..., c`` (mod N), as gloo's ring does (checked bit for bit).
+    ``tree``: ranks summed in pairs, then pairs of pairs (log2 N additions deep).
+    """
+    if not isinstance(values, torch.Tensor) or values.dim() != 2 or values.shape[0] < 1:
+        raise ValueError("values must be a [ranks, n] tensor with at least one rank")
+    if order not in REDUCE_ORDERS:
+        raise ValueError(f"order must be one of {REDUCE_ORDERS}, got {order!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    v = values.to(dtype)
+    n_ranks = v.shape[0]
+    if order == "tree":
+        parts = list(v)
+        while len(parts) > 1:
+            parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+        return parts[0]
+    chunk = -(-v.shape[1] // n_ranks)      # gloo's chunks: ceil(n / N) values, the last one shorter
+    chunk_of = torch.arange(v.shape[1]) // chunk
+    acc = None
+    for k in range(n_ranks):   # the k-th addend of every value: chunk c adds ranks c-1, c-2, ..., c
+        addend = v.gather(0, ((chunk_of - 1 - k) % n_ranks)[None, :])[0]
+        acc = addend if acc is None else acc + addend
+    assert acc is not None
+    return acc
+
+
+# label: (dtype of the reduction, order, what is divided before the sum: "N", "sqrtN" (FSDP2) or "none")
+REDUCTION_VARIANTS = {
+    "FP32, ring": (torch.float32, "ring", "none"),
+    "BF16, ring": (torch.bfloat16, "ring", "none"),
+    "BF16, tree": (torch.bfloat16, "tree", "none"),
+    "FP16, ring, /N first (DDP hook)": (torch.float16, "ring", "N"),
+    "FP16, ring, /~sqrt(N) first (FSDP2)": (torch.float16, "ring", "sqrtN"),
+}
+
+
+def fsdp2_predivide(n: int) -> int:
+    """The power of two FSDP2 divides an FP16 gradient by before reducing over ``n`` ranks (the rest of
+    ``n`` is divided after): about sqrt(n), so neither the sum overflows nor the parts underflow."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    pre = 1
+    while n % pre == 0 and n / pre > pre:
+        pre *= 2
+    return pre
+
+
+def reduce_mean(grads: torch.Tensor, variant: str) -> torch.Tensor:
+    """The mean over ranks of ``grads`` (``[ranks, n]``) as the reduction ``variant`` (a key of
+    :data:`REDUCTION_VARIANTS`) computes it, returned in FP64 for comparison."""
+    if variant not in REDUCTION_VARIANTS:
+        raise ValueError(f"unknown reduction {variant!r}; known: {', '.join(REDUCTION_VARIANTS)}")
+    dtype, order, divide = REDUCTION_VARIANTS[variant]
+    n = grads.shape[0]
+    pre = {"none": 1, "N": n, "sqrtN": fsdp2_predivide(n)}[divide]
+    return simulate_all_reduce((grads.double() / pre).float(), dtype, order).double() / (n / pre)
+
+
+COMM_HOOKS = ("fp16", "bf16")

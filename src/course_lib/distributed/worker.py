@@ -1,0 +1,449 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from .reduce import COMM_HOOKS, REDUCE_CHECK_DTYPES, compress_hook, reduce_check_inputs, simulate_all_reduce
+
+WRAPPERS = ("ddp", "fsdp", "manual")
+
+
+SCALERS = ("auto", "plain", "sharded", "none")
+
+
+DTYPES_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+DEFAULT_TIMEOUT_S = 180.0   # the whole launch; collectives time out sooner (see DistRun.collective_timeout_s)
+
+
+def _dtype(name: str | None, what: str) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in DTYPES_BY_NAME:
+        raise ValueError(f"{what} must be one of {', '.join(DTYPES_BY_NAME)} (or None), got {name!r}")
+    return DTYPES_BY_NAME[name]
+
+
+@dataclass(frozen=True)
+class DistRun:
+    """One data-parallel training run (every rank runs the same ``DistRun``).
+
+    ``recipe``: a :data:`course_lib.train.RECIPES` name (autocast, parameter dtype, GradScaler).
+    ``wrapper``: ``ddp``, ``fsdp`` or ``manual`` (see the module's docstring).
+    ``comm_hook``: DDP only: compress gradients to ``fp16`` or ``bf16`` for the all-reduce.
+    ``param_dtype`` / ``reduce_dtype``: FSDP only: the ``MixedPrecisionPolicy`` (``"bfloat16"``, ...).
+    ``scaler``: ``auto`` (the recipe's GradScaler), ``plain`` (``torch.amp.GradScaler``), ``sharded``
+    (``ShardedGradScaler``) or ``none``.
+    ``plant_inf``: ``(rank, step)``: that rank's gradient gets an inf at that step: before the reduction
+    under ``ddp`` and ``manual`` (an overflow in that rank's backward), in the rank's own shard after the
+    reduce-scatter under ``fsdp`` (an overflow in the reduction of the part it owns).
+    ``fail_rank``: that rank raises at its first step (to test that a failure is reported, not hung on).
+    """
+
+    name: str
+    recipe: str = "bf16_autocast"
+    wrapper: str = "ddp"
+    steps: int = 8
+    seed: int = 0
+    lr: float = 3e-3
+    comm_hook: str | None = None
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    scaler: str = "auto"
+    plant_inf: tuple[int, int] | None = None
+    fail_rank: int | None = None
+    collective_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        from ..train import get_recipe
+
+        if not isinstance(self.name, str) or not self.name or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"a run's name must be a non-empty identifier (letters, digits, _), got {self.name!r}")
+        get_recipe(self.recipe)
+        if self.wrapper not in WRAPPERS:
+            raise ValueError(f"wrapper must be one of {WRAPPERS}, got {self.wrapper!r}")
+        for key in ("steps", "seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be a non-negative int, got {value!r}")
+        if self.comm_hook is not None and (self.comm_hook not in COMM_HOOKS or self.wrapper != "ddp"):
+            raise ValueError(f"comm_hook must be None or one of {COMM_HOOKS}, and only with wrapper 'ddp'; got "
+                             f"{self.comm_hook!r} with {self.wrapper!r}")
+        _dtype(self.param_dtype, "param_dtype")
+        _dtype(self.reduce_dtype, "reduce_dtype")
+        if self.wrapper != "fsdp" and (self.param_dtype or self.reduce_dtype):
+            raise ValueError("param_dtype and reduce_dtype are FSDP's MixedPrecisionPolicy: use them with "
+                             "wrapper 'fsdp' (DDP runs take their precision from the recipe)")
+        if self.wrapper == "fsdp" and get_recipe(self.recipe).param_dtype != torch.float32:
+            raise ValueError("under FSDP the sharded parameters stay FP32 and the policy's param_dtype sets the "
+                             f"compute dtype: use an FP32-weight recipe, not {self.recipe!r}")
+        if self.scaler not in SCALERS:
+            raise ValueError(f"scaler must be one of {SCALERS}, got {self.scaler!r}")
+        if self.plant_inf is not None:
+            if (len(self.plant_inf) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
+                                                for v in self.plant_inf)):
+                raise ValueError(f"plant_inf must be (rank, step) with non-negative ints, got {self.plant_inf!r}")
+            object.__setattr__(self, "plant_inf", tuple(self.plant_inf))
+        if self.fail_rank is not None and (isinstance(self.fail_rank, bool) or not isinstance(self.fail_rank, int)
+                                           or self.fail_rank < 0):
+            raise ValueError(f"fail_rank must be None or a non-negative int, got {self.fail_rank!r}")
+        if not (self.collective_timeout_s > 0 and math.isfinite(self.collective_timeout_s)):
+            raise ValueError(f"collective_timeout_s must be positive, got {self.collective_timeout_s}")
+
+    def check_world_size(self, world_size: int) -> None:
+        for what, pair in (("plant_inf", self.plant_inf), ("fail_rank", (self.fail_rank, 0))):
+            if pair is not None and pair[0] is not None and pair[0] >= world_size:
+                raise ValueError(f"{what} names rank {pair[0]}, but the world has ranks 0..{world_size - 1}")
+
+
+@dataclass(frozen=True)
+class RankHistory:
+    """What one rank recorded in one run: per step its local loss (its slice of the batch), loss scale,
+    skipped or not, gradient norm; its final parameters (the full FP32 vector, gathered under FSDP); and
+    the bytes this rank holds of parameters, gradients and optimizer state (its shard under FSDP)."""
+
+    run: str
+    rank: int
+    world_size: int
+    backend: str
+    device: str
+    losses: tuple[float, ...]
+    scales: tuple[float, ...]
+    skipped: tuple[bool, ...]
+    grad_norms: tuple[float, ...]
+    final_params: torch.Tensor
+    held_bytes: dict[str, int]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DistributedResult:
+    """Every rank's :class:`RankHistory` per run, in rank order."""
+
+    world_size: int
+    backend: str
+    runs: dict[str, tuple[RankHistory, ...]]
+    seconds: float
+    all_reduced: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def all_reduce_mismatches(self) -> dict[str, int]:
+        """Per dtype, how many of the real all-reduce's outputs differ from :func:`simulate_all_reduce`'s
+        ring order on the same inputs (:func:`reduce_check_inputs`): 0 means bit for bit."""
+        inputs = reduce_check_inputs(self.world_size)
+        return {name: int((simulate_all_reduce(inputs, DTYPES_BY_NAME[name], "ring") != real).sum())
+                for name, real in self.all_reduced.items()}
+
+    def ranks(self, run: str) -> tuple[RankHistory, ...]:
+        if run not in self.runs:
+            raise ValueError(f"no run named {run!r}; ran: {', '.join(self.runs)}")
+        return self.runs[run]
+
+    def mean_losses(self, run: str) -> tuple[float, ...]:
+        """The loss of the global batch per step: the mean of the ranks' losses on equal slices."""
+        hs = self.ranks(run)
+        return tuple(sum(h.losses[i] for h in hs) / len(hs) for i in range(len(hs[0].losses)))
+
+    def skipped_steps(self, run: str) -> dict[int, tuple[int, ...]]:
+        """Per rank, the steps its optimizer skipped."""
+        return {h.rank: tuple(i for i, s in enumerate(h.skipped) if s) for h in self.ranks(run)}
+
+    def param_gap_between_ranks(self, run: str) -> float:
+        """Largest absolute difference of any final parameter between rank 0 and another rank (0.0: the
+        replicas agree bit for bit; NaN when a rank's weights are not finite)."""
+        hs = self.ranks(run)
+        gaps = [float((h.final_params - hs[0].final_params).abs().max()) for h in hs[1:]]
+        return max(gaps, default=0.0)
+
+
+class _RankSlice:
+    """Rank ``rank``'s equal slice of each global batch of ``sampler`` (same ``batch`` interface)."""
+
+    def __init__(self, sampler, rank: int, world_size: int):
+        if sampler.batch_size % world_size:
+            raise ValueError(f"the global batch of {sampler.batch_size} sequences does not split evenly over "
+                             f"{world_size} ranks")
+        self.sampler, self.rank, self.per_rank = sampler, rank, sampler.batch_size // world_size
+
+    def batch(self, step: int, device):
+        x, y = self.sampler.batch(step, device)
+        rows = slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
+        return x[rows], y[rows]
+
+
+def setup_for_run(run: DistRun, profile, device: torch.device):
+    from ..models import course_setup
+
+    return course_setup(profile, device, steps=run.steps, default_steps=(run.steps, run.steps), seed=run.seed)
+
+
+def flatten_params(params) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1).cpu() for p in params])
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _held_bytes(state) -> dict[str, int]:
+    def nbytes(ts) -> int:
+        return sum(_local(t).numel() * _local(t).element_size() for t in ts if t is not None)
+
+    opt_state = [v for s in state.optimizer.state.values() for v in s.values()
+                 if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return {"parameters": nbytes(state.params), "gradients": nbytes(p.grad for p in state.params),
+            "optimizer_state": nbytes(opt_state),
+            "master_weights": nbytes(state.masters) if state.masters is not None else 0}
+
+
+class _AfterBackward:
+    """The loop's monitor slot, used to plant an inf in this rank's own gradient shard (FSDP)."""
+
+    def __init__(self, params, step: int | None):
+        self.params, self.step = params, step
+
+    def after_backward(self, step: int, *, scale: float) -> None:
+        if step == self.step:
+            with torch.no_grad():
+                g = next(p.grad for p in self.params if p.grad is not None)
+                _local(g).view(-1)[0] = math.inf
+
+    def after_step(self, *_args, **_kwargs) -> None:
+        pass
+
+
+def _plant_before_reduction(model: torch.nn.Module, step_of) -> None:
+    """An inf in this rank's gradient of the first parameter, before DDP all-reduces it (a tensor hook runs
+    as the gradient is produced, ahead of the reducer)."""
+    first = next(p for p in model.parameters() if p.requires_grad)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if step_of():
+            grad = grad.clone()
+            grad.view(-1)[0] = math.inf
+        return grad
+
+    first.register_hook(hook)
+
+
+def _backend_of(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _make_scaler(run: DistRun, device: torch.device, recipe_wants: bool):
+    kind = run.scaler if run.scaler != "auto" else ("plain" if recipe_wants else "none")
+    if kind == "sharded":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type, enabled=(kind == "plain"))
+
+
+def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_size: int) -> tuple[Any, Any]:
+    """Train ``run`` as rank ``rank`` of ``world_size`` (world_size 1: no process group needed)."""
+    from ..train import History, TrainConfig, TrainState, get_recipe, train
+
+    recipe = get_recipe(run.recipe, device)
+    setup = setup_for_run(run, profile, device)
+    sampler: Any = _RankSlice(setup.sampler, rank, world_size) if world_size > 1 else setup.sampler
+    model = setup.model(run.seed)
+    config = TrainConfig(steps=setup.steps, lr=run.lr)
+    step_counter = {"step": 0}
+    plant_step = run.plant_inf[1] if run.plant_inf is not None and run.plant_inf[0] == rank else None
+    monitor = None
+    if run.wrapper == "ddp" and world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model.to(device=device, dtype=recipe.param_dtype)
+        if plant_step is not None:
+            _plant_before_reduction(model, lambda: step_counter["step"] == plant_step)
+        wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if run.comm_hook is not None:
+            wrapped.register_comm_hook(None, compress_hook(run.comm_hook, backend=_backend_of(device)))
+        state = TrainState(wrapped, recipe, config, device)
+    elif run.wrapper == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model.to(device)
+        policy = MixedPrecisionPolicy(param_dtype=_dtype(run.param_dtype, "param_dtype"),
+                                      reduce_dtype=_dtype(run.reduce_dtype, "reduce_dtype"))
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        state = TrainState(model, recipe, config, device)
+        if plant_step is not None:
+            monitor = _AfterBackward(state.params, plant_step)
+    else:   # "manual", or a single process
+        if plant_step is not None:
+            _plant_before_reduction(model, lambda: step_counter["step"] == plant_step)
+        state = TrainState(model, recipe, config, device)
+    state.scaler = _make_scaler(run, device, recipe.grad_scaler)
+    if run.fail_rank == rank:
+        raise RuntimeError(f"planted failure on rank {rank} (DistRun.fail_rank)")
+    history = History(recipe.name)
+    if run.wrapper == "manual" and world_size > 1:
+        _train_manual(state, sampler, history, world_size, step_counter)
+    else:
+        while state.step < config.steps:
+            step_counter["step"] = state.step
+            train(state, sampler, steps=1, history=history, monitor=monitor)
+    return state, history
+
+
+def _train_manual(state, sampler, history, world_size: int, step_counter: dict) -> None:
+    """Data parallelism written by hand, in the wrong order: each rank unscales (and so checks its own
+    gradients for inf) first and all-reduces after. Its scaler decides on what it saw alone."""
+    import torch.distributed as dist
+
+    from ..train import recipe_autocast, step_optimizers
+
+    def all_reduce_mean(_opt) -> None:   # the pitfall: after the scaler has looked
+        for p in state.params:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world_size)
+
+    model, scaler = state.model, state.scaler
+    while state.step < state.config.steps:
+        step_counter["step"] = state.step
+        state.optimizer.zero_grad(set_to_none=True)
+        x, y = sampler.batch(state.step, state.device)
+        with recipe_autocast(state.recipe, state.device):
+            _, loss = model(x, y)
+        scaler.scale(loss).backward()
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+        result = step_optimizers(scaler, [state.optimizer], clip_norm=state.config.clip_norm,
+                                 after_unscale=all_reduce_mean)
+        history.losses.append(float(loss.detach().float()))
+        history.grad_norms.append(result.grad_norms[0])
+        history.scales.append(scale)
+        history.skipped.append(not result.ran[0])
+        state.step += 1
+
+
+def _final_params(state) -> torch.Tensor:
+    full = []
+    for p in state.params:
+        full.append(p.full_tensor() if hasattr(p, "full_tensor") else p)
+    masters = state.masters if state.masters is not None else full
+    return flatten_params(masters)
+
+
+def _rank_history(run: DistRun, state, history, *, rank: int, world_size: int, backend: str,
+                  seconds: float) -> RankHistory:
+    return RankHistory(run=run.name, rank=rank, world_size=world_size, backend=backend, device=str(state.device),
+                       losses=tuple(history.losses), scales=tuple(history.scales),
+                       skipped=tuple(history.skipped), grad_norms=tuple(history.grad_norms),
+                       final_params=_final_params(state), held_bytes=_held_bytes(state),
+                       seconds=seconds)
+
+
+def single_process_run(run: DistRun, profile, device: torch.device | str = "cpu") -> RankHistory:
+    """The same run in one process on the whole global batch: what a data-parallel run should match."""
+    device = torch.device(device)
+    if run.plant_inf is not None or run.fail_rank is not None:
+        raise ValueError("a single-process reference has no ranks to plant an inf or a failure in")
+    recipe, scaler = run.recipe, run.scaler
+    if run.wrapper == "fsdp":
+        # FSDP computes in the policy's param_dtype from FP32 shards, the optimizer updating the FP32 copy:
+        # in one process that is BF16 weights with FP32 master weights
+        if run.param_dtype == "bfloat16":
+            recipe = "bf16_master"
+        elif run.param_dtype not in (None, "float32"):
+            raise ValueError(f"no single-process recipe computes like FSDP with param_dtype {run.param_dtype!r}")
+        scaler = "plain" if run.scaler == "sharded" else run.scaler
+    start = time.perf_counter()
+    solo = DistRun(**{**asdict(run), "recipe": recipe, "wrapper": "manual", "comm_hook": None,
+                      "param_dtype": None, "reduce_dtype": None, "scaler": scaler})
+    state, history = _train_rank(solo, profile, device, 0, 1)
+    return _rank_history(run, state, history, rank=0, world_size=1, backend="none",
+                         seconds=time.perf_counter() - start)
+
+
+def choose_backend(requested: str, local_world_size: int) -> str:
+    if requested not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"backend must be 'auto', 'gloo' or 'nccl', got {requested!r}")
+    if requested != "auto":
+        return requested
+    every_rank_has_a_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
+    return "nccl" if every_rank_has_a_gpu else "gloo"
+
+
+def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None, max_steps: int | None,
+            reduce_check: bool = False) -> int:
+    """The body of one rank: join the group, train every run, write one JSON (and one .pt) per run."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ..device import SizeProfile
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    backend = choose_backend(backend, local_world)
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the machine's cores
+    timeout = max((r.collective_timeout_s for r in runs), default=DistRun("x").collective_timeout_s)
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    profile = SizeProfile(size, forced=True, max_steps=max_steps)
+    try:
+        for run in runs:
+            run.check_world_size(world_size)
+            start = time.perf_counter()
+            state, history = _train_rank(run, profile, device, rank, world_size)
+            record = _rank_history(run, state, history, rank=rank, world_size=world_size, backend=backend,
+                                   seconds=time.perf_counter() - start)
+            if out is not None:
+                _save_rank_history(record, out)
+            if rank == 0:
+                print(_summary_line(record), flush=True)
+            dist.barrier()
+        if reduce_check and out is not None:
+            _reduce_check(rank, world_size, out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _reduce_check(rank: int, world_size: int, out: Path) -> None:
+    import torch.distributed as dist
+
+    inputs = reduce_check_inputs(world_size)
+    for name in REDUCE_CHECK_DTYPES:
+        t = inputs[rank].to(DTYPES_BY_NAME[name])
+        dist.all_reduce(t)
+        if rank == 0:
+            torch.save(t, out / f"all_reduce.{name}.pt")
+
+
+def _summary_line(h: RankHistory) -> str:
+    skipped = [i for i, s in enumerate(h.skipped) if s]
+    return (f"[{h.run}] rank 0 of {h.world_size} ({h.backend}, {h.device}): {len(h.losses)} steps, "
+            f"loss {h.losses[0]:.4f} -> {h.losses[-1]:.4f}, skipped {skipped or 'none'}, {h.seconds:.1f} s")
+
+
+def _save_rank_history(h: RankHistory, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {k: v for k, v in asdict(h).items() if k != "final_params"}
+    torch.save(h.final_params, out / f"{h.run}.rank{h.rank}.pt")
+    (out / f"{h.run}.rank{h.rank}.json").write_text(json.dumps(meta))
+
+
+def load_rank_history(out: Path, run: str, rank: int) -> RankHistory:
+    meta = json.loads((out / f"{run}.rank{rank}.json").read_text())
+    params = torch.load(out / f"{run}.rank{rank}.pt", weights_only=True)
+    for key in ("losses", "scales", "skipped", "grad_norms"):
+        meta[key] = tuple(meta[key])
+    return RankHistory(final_params=params, **meta)
