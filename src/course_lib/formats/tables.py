@@ -1,0 +1,99 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from .codecs import FloatFormat, encode, get_format, list_formats, round_to_format
+
+
+def bit_string(code: int, fmt: str | FloatFormat) -> str:
+    """``"0 01111 0000000000"``: sign, exponent and mantissa fields of one code, space separated."""
+    f = get_format(fmt)
+    if not isinstance(code, (int, np.integer)) or isinstance(code, bool):
+        raise TypeError(f"code must be an int, got {type(code).__name__}")
+    if not 0 <= code < 2**f.bits:
+        raise ValueError(f"{f.name} codes lie in 0..{2**f.bits - 1}, got {code}")
+    s = format(int(code), f"0{f.bits}b")
+    parts = []
+    if f.signed:
+        parts.append(s[0])
+    parts.append(s[f.sign_bits:f.sign_bits + f.exponent_bits])
+    if f.mantissa_bits:
+        parts.append(s[f.sign_bits + f.exponent_bits:])
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class ValueInFormat:
+    """One number as a format stores it."""
+
+    format: str
+    value: float          # the input
+    stored: float         # the value after rounding
+    code: int | None      # the bit pattern (None when the format cannot hold the result, e.g. NaN in FP4)
+    bits: str             # the bit pattern as "s eeeee mmmmmmmmmm"
+    abs_error: float
+    rel_error: float
+
+
+def explain_value(value: float, formats: list[str | FloatFormat] | None = None) -> list[ValueInFormat]:
+    """How ``value`` is stored in each format: bits, stored value, absolute and relative error."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"value must be a real number, got {type(value).__name__}")
+    value = float(value)
+    rows = []
+    for f in (list_formats() if formats is None else [get_format(x) for x in formats]):
+        stored = float(round_to_format(np.array([value]), f)[0])
+        try:
+            code = int(encode(np.array([value]), f)[0])
+            bits = bit_string(code, f)
+        except ValueError:
+            code, bits = None, "-"
+        if math.isfinite(stored) and math.isfinite(value):
+            abs_err = abs(stored - value)
+            rel_err = abs_err / abs(value) if value != 0 else 0.0
+        else:
+            abs_err = rel_err = math.nan if not (stored == value) else 0.0
+        rows.append(ValueInFormat(f.name, value, stored, code, bits, abs_err, rel_err))
+    return rows
+
+
+def _num(x: float) -> str:
+    if math.isinf(x):
+        return "inf"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.3e}"
+    return f"{x:.6g}"
+
+
+def properties_markdown(formats=None) -> str:
+    """A Markdown table of every derived property, one row per format (values from the registry)."""
+    fmts = list_formats() if formats is None else [get_format(f) for f in formats]
+    head = ("| format | bits (S/E/M) | bias | max finite | min normal | min subnormal | epsilon "
+            "| decimal digits | binades | finite values | inf | NaN |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    rows = []
+    for f in fmts:
+        rows.append(
+            f"| {f.name} | {f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits}) | {f.bias} "
+            f"| {_num(f.max_finite)} | {_num(f.min_normal)} | {_num(f.min_subnormal)} | {_num(f.epsilon)} "
+            f"| {f.decimal_digits:.2f} | {f.binades:.1f} | {f.n_finite_codes:,} "
+            f"| {'yes' if f.has_inf else 'no'} | {'yes' if f.has_nan else 'no'} |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def explain_values_markdown(values, formats=None) -> str:
+    """A Markdown table of :func:`explain_value` for several numbers (the static explorer)."""
+    head = ("| number | format | bits (sign exponent mantissa) | stored value | relative error |\n"
+            "|---|---|---|---|---|\n")
+    rows = []
+    for v in values:
+        for r in explain_value(v, formats):
+            rel = "-" if math.isnan(r.rel_error) else f"{r.rel_error:.2e}"
+            stored = "NaN" if math.isnan(r.stored) else _num(r.stored)
+            rows.append(f"| {_num(v)} | {r.format} | `{r.bits}` | {stored} | {rel} |")
+    return head + "\n".join(rows) + "\n"
