@@ -1,0 +1,75 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from .style import FIGURE_DPI, finish_figure
+
+
+def plot_reduction_precision(study) -> Figure:
+    """Two panels against the number of ranks (log2 axis), one line per reduction of a
+    :class:`~course_lib.distributed.ReductionStudy`: the relative L2 error of the reduced mean gradient (log
+    scale, with one BF16 rounding of the exact mean as a dashed floor), and the share of entries off by more
+    than the study's tolerance."""
+    fig, (ax_err, ax_off) = plt.subplots(1, 2, figsize=(11, 5.0))
+    n = list(study.world_sizes)
+    styles = {"FP32": ("#000000", "-"), "BF16, ring": ("#D55E00", "-"), "BF16, tree": ("#D55E00", "--"),
+              "/N first": ("#0072B2", "-"), "sqrt": ("#0072B2", ":")}
+    for label in study.errors:
+        colour, ls = next(v for k, v in styles.items() if k in label)
+        ax_err.plot(n, study.errors[label], marker="o", ms=4, color=colour, ls=ls, label=label)
+        ax_off.plot(n, [100 * v for v in study.off_share[label]], marker="o", ms=4, color=colour, ls=ls,
+                    label=label)
+    ax_err.plot(n, study.floor, color="#999999", ls="--", lw=1, label="exact mean rounded once to BF16")
+    ax_err.set_yscale("log")
+    ax_err.set_ylabel("relative error of the mean gradient\n(L2, against FP64)")
+    ax_off.set_ylabel(f"entries off by more than {100 * study.tolerance:g}% (%)")
+    for ax in (ax_err, ax_off):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(v) for v in n])
+        ax.set_xlabel("ranks (N)")
+        ax.grid(alpha=0.3)
+    ax_err.set_title("Whole gradient")
+    ax_off.set_title("Entry by entry (what Adam sees)")
+    handles, names = ax_err.get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
+    plt.close(fig)
+    fig.set_dpi(FIGURE_DPI)
+    return fig
+
+
+def plot_rank_scales(study, labels=None) -> Figure:
+    """The loss scale per step of every rank, one panel per planted-inf case of a
+    :class:`~course_lib.distributed.DataParallelStudy`; a cross marks each step a rank skipped, and a
+    shaded column the step the inf was planted at."""
+    labels = list(study.scaler_cases) if labels is None else list(labels)
+    ncols = min(3, len(labels))
+    nrows = -(-len(labels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.3 * nrows), sharey=True, squeeze=False)
+    colours = ["#0072B2", "#D55E00", "#009E73", "#CC79A7"]
+    for ax in axes.flat[len(labels):]:
+        ax.set_visible(False)
+    for ax, label in zip(axes.flat, labels):
+        case = study.scaler_cases[label]
+        ax.axvspan(study.plant_step - 0.4, study.plant_step + 0.4, color="#999999", alpha=0.25, lw=0)
+        for j, (rank, scales) in enumerate(sorted(case.scales.items())):
+            steps = np.arange(len(scales))
+            ax.step(steps, scales, where="post", color=colours[j % 4], lw=2.2 - 0.8 * j, label=f"rank {rank}")
+            skipped = list(case.skipped[rank])
+            ax.plot(skipped, [scales[s] for s in skipped], "x", ms=9, mew=2, color=colours[j % 4])
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("step", fontsize=12)
+        ax.set_title(label.replace(", ", ",\n", 1), fontsize=12)
+        ax.tick_params(labelsize=11)
+        ax.grid(alpha=0.3)
+        bad = [r for r, ok in case.weights_finite.items() if not ok]
+        if bad:
+            ax.text(0.03, 0.05, f"rank {', '.join(map(str, bad))}: weights not finite", transform=ax.transAxes,
+                    fontsize=11, color="black")
+    for row in axes:
+        row[0].set_ylabel("loss scale (x: step skipped)", fontsize=12)
+    axes[0][0].legend(fontsize=11, loc="lower left")
+    return finish_figure(fig)

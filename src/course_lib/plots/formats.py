@@ -1,0 +1,184 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from ..formats import get_format, spacing
+from .style import EXPONENT_COLOUR, FORMAT_COLOURS, LIMIT_COLOUR, MANTISSA_COLOUR, SIGN_COLOUR, TENSOR_COLOUR, finish_figure, resolve_formats
+
+
+def plot_bit_layouts(formats=None) -> Figure:
+    """One row per format: its sign, exponent and mantissa bits as coloured cells, drawn from the registry."""
+    fmts = resolve_formats(formats)
+    width = max(f.bits for f in fmts)
+    fig, ax = plt.subplots(figsize=(8, 0.36 * len(fmts) + 1.0))
+    for row, f in enumerate(fmts):
+        y = len(fmts) - 1 - row
+        fields = [("S", f.sign_bits, SIGN_COLOUR), ("E", f.exponent_bits, EXPONENT_COLOUR),
+                  ("M", f.mantissa_bits, MANTISSA_COLOUR)]
+        x = 0
+        for letter, n, colour in fields:
+            for i in range(n):
+                ax.add_patch(Rectangle((x + i, y + 0.1), 0.92, 0.8, facecolor=colour, edgecolor="white"))
+            if n:
+                ax.text(x + n / 2, y + 0.5, f"{letter}{n}" if n > 1 else letter, ha="center", va="center",
+                        color="white", fontsize=8, fontweight="bold")
+            x += n
+        ax.text(-0.6, y + 0.5, f.name, ha="right", va="center", fontsize=10)
+        ax.text(width + 0.6, y + 0.5, f"{f.bits} bits", ha="left", va="center", fontsize=9)
+    ax.set_xlim(-6.5, width + 4)
+    ax.set_ylim(-0.2, len(fmts) + 0.2)
+    ax.axis("off")
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in (SIGN_COLOUR, EXPONENT_COLOUR, MANTISSA_COLOUR)]
+    ax.legend(handles, ["sign", "exponent", "mantissa (fraction)"], loc="upper center",
+              bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False)
+    ax.set_title("Bit layout of each format (one cell per bit)")
+    return finish_figure(fig)
+
+
+def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_of="FP16") -> Figure:
+    """Representable magnitudes of every format on one log axis, with a model's tensors placed on it.
+
+    ``magnitudes``: a :class:`~course_lib.magnitudes.TrainingMagnitudes` measured live (optional);
+    ``recorded``: an optional ``(label, TrainingMagnitudes)`` from a GPU record, drawn beside it.
+    Formats: light bar = subnormal range, dark bar = normal range. Tensors: thick bar = 1st to 99th
+    percentile of the non-zero magnitudes, thin line = smallest to largest, dot = median.
+    ``limits_of``: a format whose smallest subnormal, smallest normal and largest value are drawn as
+    vertical lines across the figure (None for none).
+    """
+    fmts = resolve_formats(formats)
+    tensor_sets = []
+    if magnitudes is not None:
+        tensor_sets.append(("this run", magnitudes))
+    if recorded is not None:
+        tensor_sets.append(recorded)
+    n_tensor_rows = sum(len(m.histograms) for _, m in tensor_sets)
+    if n_tensor_rows:
+        # two panels: the formats over their whole range, the tensors on an axis zoomed to their own span
+        # (on one shared axis, 10^-45..10^38, the tensors were squeezed into a few millimetres)
+        fig, (ax, tax) = plt.subplots(1, 2, figsize=(12, 0.34 * max(len(fmts), n_tensor_rows) + 2.4),
+                                      gridspec_kw={"width_ratios": [1, 1.25]})
+    else:
+        fig, ax = plt.subplots(figsize=(8.5, 0.32 * len(fmts) + 1.6))
+        tax = None
+    labels = []
+    for i, f in enumerate(fmts):
+        y = len(fmts) - 1 - i
+        colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        if f.min_subnormal < f.min_normal:
+            ax.plot([f.min_subnormal, f.min_normal], [y, y], color=colour, lw=7, alpha=0.35,
+                    solid_capstyle="butt")
+        ax.plot([f.min_normal, f.max_finite], [y, y], color=colour, lw=7, solid_capstyle="butt")
+        labels.append((y, f.name))
+    ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
+    ax.set_ylim(-0.8, len(fmts) - 0.2)
+    ax.set_title("Representable magnitudes\n(light: subnormal, dark: normal)", fontsize=11)
+    axes = [ax]
+    if tax is not None:
+        tlabels = []
+        y = n_tensor_rows - 1
+        spans = []
+        for set_label, mags in tensor_sets:
+            for kind, hist in mags.histograms.items():
+                lo, p1, p50, p99, hi = (hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))
+                if not math.isnan(lo):
+                    tax.plot([lo, hi], [y, y], color="#555555", lw=1.2)
+                    tax.plot([p1, p99], [y, y], color=TENSOR_COLOUR, lw=7, solid_capstyle="butt")
+                    tax.plot([p50], [y], "o", color="white", mec="black", ms=5)
+                    spans += [lo, hi]
+                # a GPU record's label, e.g. "NVIDIA H100 80GB HBM3 (sm 9.0)", shortened to fit beside the bars
+                short = re.sub(r"\s*\(sm [\d.]+\)", "", re.sub(r"^NVIDIA ", "", set_label))
+                suffix = f" ({short})" if len(tensor_sets) > 1 else ""
+                tlabels.append((y, f"{kind}{suffix}"))
+                y -= 1
+        tax.set_yticks([p for p, _ in tlabels], [t for _, t in tlabels])
+        tax.set_ylim(-0.8, n_tensor_rows - 0.2)
+        if spans:
+            tax.set_xlim(min(spans) / 8, max(spans) * 8)
+        tax.set_title("A real model's tensors\n(bar: 1st-99th percentile, line: min-max, dot: median)", fontsize=11)
+        axes.append(tax)
+    if limits_of is not None:
+        lim = get_format(limits_of)
+        for target in axes:
+            for value, style, what in ((lim.min_subnormal, ":", "smallest subnormal"),
+                                       (lim.min_normal, "--", "smallest normal"),
+                                       (lim.max_finite, "-", "largest value")):
+                target.axvline(value, color=LIMIT_COLOUR, lw=1.0, ls=style, label=f"{lim.name} {what}")
+        axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=2, frameon=False)
+    for target in axes:
+        target.set_xscale("log", base=10)
+        target.set_xlabel("magnitude |x| (log scale)")
+        target.grid(axis="x", alpha=0.3)
+    return finish_figure(fig)
+
+
+def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, points: int = 4000) -> Figure:
+    """Relative gap between neighbouring values, ``spacing(x)/x``, against magnitude, per format.
+
+    Flat at about epsilon across the normal range; rising in the subnormal range, where the absolute gap
+    stays fixed while x shrinks. Curves stop at each format's smallest subnormal and largest value.
+    """
+    fmts = resolve_formats(formats)
+    x = np.logspace(math.log10(lo), math.log10(hi), points)
+    fig, ax = plt.subplots(figsize=(8.5, 5))
+    for i, f in enumerate(fmts):
+        mask = (x >= f.min_subnormal) & (x <= f.max_finite)
+        if not mask.any():
+            continue
+        rel = spacing(x[mask], f) / x[mask]
+        colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        ax.step(x[mask], rel, where="post", color=colour, lw=1.4, label=f.name)
+        if lo <= f.min_normal <= hi:
+            ax.axvline(f.min_normal, color=colour, lw=0.8, ls=":", alpha=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("magnitude x (log scale)")
+    ax.set_ylabel("relative spacing  ulp(x) / x  (log2 scale)")
+    ax.set_title("Precision against magnitude: flat in the normal range,\n"
+                 "worse below the smallest normal (dotted lines)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+    return finish_figure(fig)
+
+
+def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e-9, hi: float = 1e6,
+                                     n: int = 200_000, seed: int = 0) -> Figure:
+    """The same log-uniform random values rounded to each format: relative rounding error against
+    magnitude (binned median and maximum). Flat at about epsilon/4 (median) in the normal range; 100%
+    where values flush to zero; undefined (not drawn) where they overflow."""
+    from ..formats import round_to_format
+
+    rng = np.random.default_rng(seed)
+    x = np.exp(rng.uniform(math.log(lo), math.log(hi), n))
+    edges = np.logspace(math.log10(lo), math.log10(hi), 61)
+    centres = np.sqrt(edges[:-1] * edges[1:])
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for i, name in enumerate(formats):
+        f = get_format(name)
+        r = round_to_format(x, f, overflow="inf" if f.has_inf else "saturate")
+        rel = np.abs(r - x) / x
+        idx = np.digitize(x, edges) - 1
+        med = np.full(len(centres), np.nan)
+        top = np.full(len(centres), np.nan)
+        for b in range(len(centres)):
+            vals = rel[(idx == b) & np.isfinite(rel)]
+            if vals.size:
+                med[b], top[b] = np.median(vals), vals.max()
+        colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
+        ax.plot(centres, med, color=colour, lw=2, label=f"{f.name} median")
+        ax.plot(centres, top, color=colour, lw=1, ls="--", label=f"{f.name} max")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("magnitude of the value (log scale)")
+    ax.set_ylabel("relative rounding error (log scale)")
+    ax.set_title("Precision against range: the same values rounded to each format")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return finish_figure(fig)

@@ -1,0 +1,205 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from .style import FORMAT_COLOURS, finish_figure
+
+_DTYPE_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16": "#0072B2", "fp16": "#D55E00", "fp8": "#CC79A7"}
+
+
+_DTYPE_NAMES = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16", "fp8": "FP8 E4M3"}
+
+
+def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure:
+    """Square-matmul throughput against size, one line per dtype, one panel per device.
+
+    ``panels``: ``{title: {dtype: {n: TFLOP/s}}}``. Sizes that are not a multiple of 8 (misaligned) are
+    drawn as hollow markers off the line. ``peaks``: ``{title: {dtype: TFLOP/s}}`` drawn as dashed lines.
+    """
+    if not panels:
+        raise ValueError("nothing to plot: panels is empty")
+    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 5.4), squeeze=False)
+    for ax, (title, by_dtype) in zip(axes[0], panels.items()):
+        for j, (dtype, points) in enumerate(by_dtype.items()):
+            colour = _DTYPE_COLOURS.get(dtype, "#555555")
+            aligned = sorted((n, t) for n, t in points.items() if n % 8 == 0)
+            # misaligned sizes sit next to their aligned neighbour: nudge each dtype's marker sideways so
+            # that dtypes with equal throughput do not hide each other
+            odd = sorted((n * 2 ** (0.06 * (j - 2)), t) for n, t in points.items() if n % 8)
+            if aligned:
+                ax.plot(*zip(*aligned), "o-", color=colour, lw=1.8, ms=4, label=_DTYPE_NAMES.get(dtype, dtype))
+            if odd:
+                ax.plot(*zip(*odd), "o", mfc="none", color=colour, ms=7, mew=1.5)
+            peak = (peaks or {}).get(title, {}).get(dtype)
+            if peak:
+                ax.axhline(peak, color=colour, ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (square n x n x n product, log2 axis)")
+        ax.set_ylabel("TFLOP/s (log scale)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+    for ax in axes[0]:
+        ax.plot([], [], "o", mfc="none", color="#555555", label="misaligned n (n - 1)")
+    if peaks:
+        axes[0][-1].plot([], [], "--", color="#555555", label="datasheet dense peak")
+    for ax in axes[0]:
+        # below the axes, so that no line is covered
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
+    return finish_figure(fig)
+
+
+def plot_roofline(ops, ceilings: dict) -> Figure:
+    """Roofline: attainable TFLOP/s against arithmetic intensity (FLOPs per byte) for each ceiling
+    ``{label: (peak TFLOP/s, bandwidth GB/s)}``, with each operation (an ``OpCost``) placed at its
+    intensity on the first ceiling's roof."""
+    from ..bench import attainable_tflops
+
+    if not ceilings:
+        raise ValueError("give at least one ceiling")
+    fig, ax = plt.subplots(figsize=(8.5, 5))
+    ai = np.logspace(-1, 4, 200)
+    for i, (label, (peak, bw)) in enumerate(ceilings.items()):
+        colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
+        ax.plot(ai, [attainable_tflops(a, peak, bw) for a in ai], color=colour, lw=2,
+                label=f"{label}: ridge at {peak * 1e3 / bw:.0f} FLOP/B")
+    first_peak, first_bw = next(iter(ceilings.values()))
+    ridge = first_peak * 1e3 / first_bw
+    # operations of nearly the same intensity share one label, so labels do not overprint each other
+    groups: list[list] = []
+    for op in sorted(ops, key=lambda o: o.intensity):
+        if groups and op.intensity <= groups[-1][0].intensity * 1.05:
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    for i, group in enumerate(groups):
+        for op in group:
+            marker = "s" if op.intensity >= ridge else "o"
+            ax.plot(op.intensity, attainable_tflops(op.intensity, first_peak, first_bw), marker,
+                    color="#000000", ms=6)
+        x = group[0].intensity
+        y = attainable_tflops(x, first_peak, first_bw)
+        ax.annotate(str(i + 1), (x, y), textcoords="offset points", xytext=(-4, 7), ha="right", fontsize=9,
+                    fontweight="bold")
+    key = "\n".join(f"{i + 1}: " + " / ".join(o.name for o in g)
+                    + (" (compute-bound)" if g[0].intensity >= ridge else " (memory-bound)")
+                    for i, g in enumerate(groups))
+    ax.text(0.98, 0.03, key, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+            bbox={"facecolor": "white", "edgecolor": "#999999", "alpha": 0.9})
+    ax.plot([], [], "o", color="#000000", label="op below the ridge: memory-bound")
+    ax.plot([], [], "s", color="#000000", label="op above the ridge: compute-bound")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOPs per byte moved, log scale)")
+    ax.set_ylabel("attainable TFLOP/s (log scale)")
+    ax.set_title("Roofline: the course model's operations (points on the first ceiling)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    return finish_figure(fig)
+
+
+def plot_throughput(panels: dict) -> Figure:
+    """Tokens per second per recipe (median over seeds, bar) with the seeds' range (error bar); one panel
+    per device. ``panels``: ``{title: [row, ...]}`` with rows as :meth:`ThroughputStudy.table` gives."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels.items()):
+        labels = [r["recipe"] + (" + compile" if r["compiled"] else "") for r in rows]
+        values = np.array([r["tokens_per_s"] / 1e3 for r in rows])
+        if all("tokens_per_s_range" in r for r in rows):
+            lo = np.array([r["tokens_per_s_range"][0] / 1e3 for r in rows])
+            hi = np.array([r["tokens_per_s_range"][1] / 1e3 for r in rows])
+        else:  # rows recorded before the table carried a tokens/s range: derive it from the step times
+            lo = np.array([v * r["step_ms"] / r["step_ms_range"][1] for v, r in zip(values, rows)])
+            hi = np.array([v * r["step_ms"] / r["step_ms_range"][0] for v, r in zip(values, rows)])
+        colours = ["#0072B2" if r["compiled"] else "#999999" for r in rows]
+        y = np.arange(len(rows))
+        # a median of an even number of seeds need not lie inside the range by more than rounding
+        ax.barh(y, values, color=colours, xerr=[np.clip(values - lo, 0, None), np.clip(hi - values, 0, None)],
+                capsize=3)
+        ax.set_yticks(y, labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("thousand tokens per second (median over seeds; bar: range)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, axis="x")
+    return finish_figure(fig)
+
+
+def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figure:
+    """Training loss against wall-clock seconds, one line per run, coloured by recipe; one panel per
+    device. ``panels``: ``{title: {recipe: [(seconds, losses), ...]}}``; ``target``: ``{title: loss}``
+    drawn as a horizontal line."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
+    recipes = list(dict.fromkeys(r for by_recipe in panels.values() for r in by_recipe))
+    colours = {r: FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)] for i, r in enumerate(recipes)}
+    for ax, (title, by_recipe) in zip(axes[0], panels.items()):
+        for recipe, runs in by_recipe.items():
+            colour = colours[recipe]  # one colour per recipe in every panel
+            for j, (seconds, losses) in enumerate(runs):
+                # a moving average over about a thirtieth of the run, so seeds stay distinguishable
+                window = max(1, len(losses) // 30)
+                smooth = np.convolve(np.asarray(losses, float), np.ones(window) / window, mode="valid")
+                ax.plot(np.cumsum(seconds)[window - 1:], smooth, color=colour, lw=1.2, alpha=0.85,
+                        label=f"{recipe} ({len(runs)} seeds)" if j == 0 else None)
+        if target and title in target:
+            ax.axhline(target[title], color="#555555", ls=":", lw=1.2, label="target loss")
+        ax.set_xlabel("wall-clock seconds")
+        ax.set_ylabel("training loss (moving average)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    return finish_figure(fig)
+
+
+_MEMORY_COLOURS = {"weights": "#0072B2", "gradients": "#56B4E9", "optimizer_state": "#009E73",
+                   "master_weights": "#E69F00", "autocast_weight_copies": "#CC79A7", "activations": "#999999"}
+
+
+def plot_memory_breakdown(breakdowns, *, title: str) -> Figure:
+    """Stacked bars: bytes of each component per recipe (a :class:`~course_lib.memory.MemoryBreakdown`
+    or its dict), with the allocator's measured peak as a black tick where there is one."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    names = []
+    for i, b in enumerate(breakdowns):
+        comp = b["components"] if isinstance(b, dict) else b.components
+        recipe = b["recipe"] if isinstance(b, dict) else b.recipe
+        peak = b.get("measured_peak_bytes") if isinstance(b, dict) else b.measured_peak_bytes
+        names.append(recipe)
+        left = 0.0
+        for key, colour in _MEMORY_COLOURS.items():
+            value = comp.get(key, 0) / 2 ** 20
+            ax.barh(i, value, left=left, color=colour, label=key.replace("_", " ") if i == 0 else None)
+            left += value
+        if peak:
+            ax.plot([peak / 2 ** 20] * 2, [i - 0.4, i + 0.4], color="#000000", lw=2.5,
+                    label="allocator peak (measured)" if i == 0 else None)
+    ax.set_yticks(range(len(names)), names, fontsize=9)
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
+    return finish_figure(fig)
+
+
+def plot_activation_sweep(sweep) -> Figure:
+    """Activation bytes saved for backward against batch size and against context, plain and with
+    activation checkpointing of every block. ``sweep``: an ``ActivationSweep`` or its dict."""
+    points = sweep["points"] if isinstance(sweep, dict) else sweep.points
+    max_b = max(p[0] for p in points)
+    max_t = max(p[1] for p in points)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for ck, colour, label in ((False, "#0072B2", "plain"), (True, "#D55E00", "checkpointed blocks")):
+        by_b = sorted((p[0], p[3]) for p in points if p[1] == max_t and p[2] == ck)
+        by_t = sorted((p[1], p[3]) for p in points if p[0] == max_b and p[2] == ck)
+        ax1.plot([b for b, _ in by_b], [v / 2 ** 20 for _, v in by_b], "o-", color=colour, label=label)
+        ax2.plot([t for t, _ in by_t], [v / 2 ** 20 for _, v in by_t], "o-", color=colour, label=label)
+    ax1.set_xlabel(f"batch size (context {max_t})")
+    ax2.set_xlabel(f"context length, tokens (batch {max_b})")
+    for ax in (ax1, ax2):
+        ax.set_ylabel("activations saved for backward (MiB)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return finish_figure(fig)

@@ -1,0 +1,155 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..formats import FloatFormat, get_format, list_formats
+
+# Colour-blind-safe (Okabe-Ito) colours for sign, exponent and mantissa; readable on light and dark.
+SIGN_COLOUR = "#D55E00"
+
+
+EXPONENT_COLOUR = "#0072B2"
+
+
+MANTISSA_COLOUR = "#009E73"
+
+
+TENSOR_COLOUR = "#555555"   # measured tensors: grey, so they never share a format's colour
+
+
+LIMIT_COLOUR = "#D55E00"
+
+
+FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9",
+                  "#009E73", "#F0E442", "#882255"]
+
+
+FIGURE_DPI = 150   # rendered at 1.5x the usual 100 dpi: the book scales images to its column, so text stays sharp
+
+
+def finish_figure(fig: Figure) -> Figure:
+    """Lay out and detach from pyplot: the caller displays or glues the figure; Jupyter's inline backend
+    must not show it a second time at the end of the cell, and no figure piles up in pyplot's registry.
+    The figure's dpi is set to :data:`FIGURE_DPI`, which the notebook's PNG uses."""
+    fig.tight_layout()
+    plt.close(fig)
+    fig.set_dpi(FIGURE_DPI)   # after close(), which restores the figure's original dpi
+    return fig
+
+
+def resolve_formats(formats) -> list[FloatFormat]:
+    return list_formats() if formats is None else [get_format(f) for f in formats]
+
+
+def quantiles(values, qs) -> list[float]:
+    """Quantiles of a 1-D tensor (numpy, so that any size works)."""
+    if values.numel() == 0:
+        return [math.nan] * len(qs)
+    return [float(v) for v in np.quantile(values.cpu().numpy(), qs)]
+
+
+def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minus: str | None = None,
+              smooth: int = 1) -> Figure:
+    """Lines of per-step values, one per named run (loss curves, zero fractions, ...).
+
+    ``minus``: the name of a run to subtract from every other (drawn as the zero line), to show
+    differences too small to see on the raw curves; ``smooth``: moving-average window in steps."""
+    if minus is not None and minus not in series:
+        raise ValueError(f"no run named {minus!r} to subtract; runs: {', '.join(series)}")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"smooth must be a positive int, got {smooth!r}")
+
+    def prepared(values):
+        v = np.asarray(values, dtype=float)
+        if minus is not None:
+            v = v - np.asarray(series[minus], dtype=float)[: len(v)]
+        if smooth > 1 and len(v) >= smooth:
+            v = np.convolve(v, np.ones(smooth) / smooth, mode="valid")
+        return v
+
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    if minus is not None:
+        ax.axhline(0.0, color="#000000", lw=1, label=minus)
+    for i, (label, raw) in enumerate(series.items()):
+        if label == minus:
+            continue
+        values = prepared(raw)
+        ax.plot(np.arange(len(values)) + (smooth - 1), values,
+                color=FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)], lw=1.5, label=label)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return finish_figure(fig)
+
+
+# One colour per kind of FP8 scaling, the same in every lesson-7 figure, and one per block-scaled recipe in
+# lesson 8 (matched on the label, first hit).
+_FP8_COLOURS = (("nvfp4_no_sr", "#56B4E9"), ("nvfp4_no_rht", "#009E73"), ("nvfp4_no_2d", "#D55E00"),
+                ("nvfp4_no_hp_last", "#882255"), ("nvfp4", "#E69F00"), ("mxfp8", "#0072B2"),
+                ("mxfp4_hp_last", "#999933"), ("mxfp4", "#CC79A7"),
+                ("no scaling", "#000000"), ("unscaled", "#000000"), ("e5m2", "#CC79A7"),
+                ("per tensor", "#0072B2"), ("tensorwise", "#0072B2"), ("current", "#0072B2"),
+                ("per row", "#E69F00"), ("rowwise", "#E69F00"), ("per column", "#56B4E9"),
+                ("tiles", "#009E73"), ("blockwise", "#009E73"), ("blocks", "#882255"),
+                ("most recent", "#AA4499"), ("delayed", "#D55E00"), ("bf16", "#777777"))
+
+
+def fp8_colour(label: str, j: int = 0) -> str:
+    low = label.lower()
+    for key, colour in _FP8_COLOURS:
+        if key in low:
+            return colour
+    return recipe_colour(j)
+
+
+def recipe_colour(j: int) -> str:
+    # the Okabe-Ito colours after black and grey, one per recipe, never the limit colour
+    palette = [c for c in FORMAT_COLOURS[2:] if c != LIMIT_COLOUR]
+    return palette[j % len(palette)]
+
+
+def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | None = None,
+                     final_label: str | None = None) -> Figure:
+    """Left: loss curves per recipe (mean over seeds as a line, min-max over seeds as a band). Right: each
+    seed's final loss (mean of the last ``tail`` steps) minus the ``reference`` recipe's from the same seed,
+    one dot per seed. ``result`` has ``recipes``, ``curves[recipe][seed_index]`` and ``final(recipe, tail)``.
+    ``finals`` (recipe -> one value per seed) replaces the final losses, ``final_label`` names them."""
+    if reference not in result.curves:
+        raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.curves)}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.6, 1]})
+    others = [r for r in result.recipes if r != reference]
+    colours = {reference: "#777777", **{r: fp8_colour(r, j) for j, r in enumerate(others)}}
+    if len({colours[r] for r in others} | {colours[reference]}) < len(others) + 1:   # names the map cannot tell apart
+        colours = {reference: "#777777", **{r: recipe_colour(j) for j, r in enumerate(others)}}
+    for recipe in result.recipes:
+        runs = np.asarray(result.curves[recipe], dtype=float)
+        x = np.arange(runs.shape[1])
+        left.plot(x, runs.mean(axis=0), color=colours[recipe], lw=1.8 if recipe != reference else 2.2,
+                  label=recipe)
+        left.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colours[recipe], alpha=0.15, lw=0)
+    left.set_xlabel("training step")
+    left.set_ylabel("loss (line: mean over seeds; band: range)")
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8, ncol=2)
+    if finals is not None and set(result.recipes) - set(finals):
+        raise ValueError(f"finals has no values for {', '.join(sorted(set(result.recipes) - set(finals)))}")
+    final = (lambda r: finals[r]) if finals is not None else (lambda r: result.final(r, tail))
+    ref_final = final(reference)
+    for i, recipe in enumerate(others):
+        diffs = [a - b for a, b in zip(final(recipe), ref_final)]
+        right.plot([i] * len(diffs), diffs, "o", color=colours[recipe], ms=7, alpha=0.85)
+    right.axhline(0.0, color="#000000", lw=1)
+    right.set_xticks(range(len(others)), others, rotation=30, ha="right")
+    right.set_ylabel(f"{final_label or 'final loss'} minus {reference}'s\n(same seed; one dot per seed)")
+    right.grid(alpha=0.3, axis="y")
+    return finish_figure(fig)

@@ -1,0 +1,89 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..formats import get_format
+from .style import LIMIT_COLOUR, finish_figure, quantiles
+
+
+def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, title: str | None = None,
+                            ax=None) -> Figure:
+    """Histogram of log2|g| (times ``loss_scale``) with the format's regions shaded and labelled with
+    the measured fractions: flushed to zero, subnormal, normal, overflow. Exact zeros are counted apart."""
+    from ..gradients import summarize_underflow
+    from ..magnitudes import log2_histogram
+
+    f = get_format(fmt)
+    summary = summarize_underflow(values, f, loss_scale)
+    scaled = values.detach().flatten().double() * loss_scale
+    hist = log2_histogram(scaled)
+    edges = hist.binade_edges
+    counts = np.asarray(hist.counts, dtype=float)
+    nz = np.flatnonzero(counts)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8.5, 4.2))
+    else:
+        fig = ax.figure
+    lo = min(edges[nz[0]] - 2, math.log2(f.min_subnormal) - 4) if nz.size else -30
+    hi = max(edges[nz[-1]] + 3, math.log2(f.max_finite) + 2) if nz.size else 20
+    flush_edge = math.log2(f.min_subnormal / 2)
+    normal_lo, top = math.log2(f.min_normal), math.log2(f.max_finite)
+    ax.axvspan(lo, flush_edge, color="#D55E00", alpha=0.15, lw=0)
+    ax.axvspan(flush_edge, normal_lo, color="#E69F00", alpha=0.18, lw=0)
+    ax.axvspan(normal_lo, top, color="#009E73", alpha=0.12, lw=0)
+    ax.axvspan(top, hi, color="#CC79A7", alpha=0.18, lw=0)
+    ax.bar(edges + 0.5, counts / max(hist.total, 1) * 100, width=0.9, color="#333333")
+    ymax = max(counts.max() / max(hist.total, 1) * 100 * 1.35, 1.0) if nz.size else 1.0
+    ax.set_ylim(0, ymax)
+    y = ymax * 0.9
+    labels = [((lo + flush_edge) / 2, f"flushed to 0\n{summary.flushed:.1%}"),
+              ((flush_edge + normal_lo) / 2, f"subnormal\n{summary.subnormal:.1%}"),
+              ((normal_lo + min(top, hi)) / 2, f"normal\n{summary.normal:.1%}"),
+              ((top + hi) / 2, f"overflow\n{summary.overflow:.1%}")]
+    for x, text in labels:
+        if lo <= x <= hi:
+            ax.text(x, y, text, ha="center", va="top", fontsize=8)
+    ax.set_xlim(lo, hi)
+    ax.set_xlabel(f"log2 |gradient x {loss_scale:g}|" if loss_scale != 1 else "log2 |gradient|")
+    ax.set_ylabel("% of values")
+    scale_text = f", loss scale {loss_scale:g}" if loss_scale != 1 else ""
+    ax.set_title(title or f"Gradients against {f.name}'s regions{scale_text} (exact zeros: {summary.zero:.1%})")
+    ax.grid(axis="y", alpha=0.3)
+    return finish_figure(fig)
+
+
+def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title: str | None = None) -> Figure:
+    """Per layer, in backward order, the 1st/50th/99th percentile of |gradient|, with the format's
+    smallest normal and subnormal as lines: how gradients shrink going backwards."""
+    f = get_format(fmt)
+    layers = list(reversed(capture.of_kind(kind)))
+    names, p1, p50, p99 = [], [], [], []
+    for g in layers:
+        v = g.values.abs()
+        v = v[v > 0].double()
+        q = quantiles(v, (0.01, 0.5, 0.99))
+        names.append(g.name)
+        p1.append(q[0])
+        p50.append(q[1])
+        p99.append(q[2])
+    fig, ax = plt.subplots(figsize=(8.5, 0.28 * len(names) + 1.8))
+    y = np.arange(len(names))
+    ax.hlines(y, p1, p99, color="#555555", lw=5)
+    ax.plot(p50, y, "o", color="white", mec="black", ms=5, label="median")
+    ax.axvline(f.min_normal, color=LIMIT_COLOUR, ls="--", lw=1, label=f"{f.name} smallest normal")
+    ax.axvline(f.min_subnormal, color=LIMIT_COLOUR, ls=":", lw=1, label=f"{f.name} smallest subnormal")
+    ax.set_yticks(y, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel(f"|{kind} gradient| (bar: 1st to 99th percentile)")
+    ax.set_ylabel("layer (top: last layer, where backpropagation starts)")
+    ax.set_title(title or f"{kind.capitalize()} gradients layer by layer, going backwards")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    return finish_figure(fig)
