@@ -77,7 +77,8 @@ def test_exceptions_custom_function_and_checkpointing():
 def test_amp_tables_have_one_row_per_op():
     import torch
 
-    from course_lib.amp import autocast_op_lists, op_table_markdown, sensitive_ops_markdown, trace_course_model
+    from course_lib.amp import autocast_op_lists, op_table_markdown, sensitive_ops_markdown
+    from course_lib.studies.amp import trace_course_model
 
     lists = autocast_op_lists()
     trace = trace_course_model("cpu", torch.bfloat16)

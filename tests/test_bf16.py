@@ -71,7 +71,7 @@ def test_precision_advice_for_reference_gpus_and_cpus():
 
 
 def test_compare_bf16_updates_runs_every_rule():
-    from course_lib.bf16 import compare_bf16_updates
+    from course_lib.studies.bf16 import compare_bf16_updates
     from course_lib.device import SizeProfile
 
     result = compare_bf16_updates(SizeProfile("small"), steps=3, seeds=(0, 1))

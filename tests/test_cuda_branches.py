@@ -69,6 +69,7 @@ import pytest
 import torch
 
 from course_lib import bench as B
+from course_lib import experiments as EXPERIMENTS
 from course_lib.bench import matmul as BM
 from course_lib.studies import performance as PERF
 from course_lib import hardware as HW
@@ -335,7 +336,7 @@ def fake_tf32_check(monkeypatch):
         return F.TF32Check(n=n, device=str(device), agreement={"nearest_even": 1.0, "nearest_away": 0.99,
                                                                 "toward_zero": 0.5})
 
-    monkeypatch.setattr(F, "tf32_matmul_check", check)
+    monkeypatch.setattr(EXPERIMENTS, "tf32_matmul_check", check)
     return asked
 
 
@@ -361,7 +362,7 @@ def test_training_throughput_experiment_runs_what_the_gpu_supports(fake_gpu, mon
         asked.update(device=device, recipes=list(recipes), compile_too=compile_too)
         return SimpleNamespace(peak_source="datasheet", flops_per_token=1.0, peaks={}, runs=(), table=lambda: [])
 
-    monkeypatch.setattr(PERF, "training_throughput", fake_study)
+    monkeypatch.setattr(EXPERIMENTS, "training_throughput", fake_study)
     out = run_experiment("training_throughput", D.SizeProfile("small"), "cuda")
     assert asked == {"device": torch.device("cuda"), "recipes": recipes, "compile_too": True}
     assert out.parameters["recipes"] == recipes
@@ -433,8 +434,8 @@ def test_bf16_autocast_is_flagged_only_below_compute_capability_8(fake_gpu, gpu,
     assert ("bf16_without_native_support" in [f.pitfall for f in audit.findings]) == flagged
 
 
-@pytest.mark.parametrize("name, study, module", [("training_memory", "account_training_memory", "memory"),
-                                                 ("profiled_step", "profile_training_step", "bench")])
+@pytest.mark.parametrize("name, study, module", [("training_memory", "account_training_memory", "experiments"),
+                                                 ("profiled_step", "profile_training_step", "experiments")])
 def test_lesson6_experiments_run_only_what_a_v100_supports(fake_gpu, monkeypatch, name, study, module):
     import importlib
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from course_lib.device import SizeProfile
-from course_lib.gradients import (capture_gradients, compare_naive_fp16, summarize_underflow, sweep_loss_scale,
-                                  train_and_capture, underflow_table)
+from course_lib.gradients import capture_gradients, summarize_underflow, sweep_loss_scale, underflow_table
+from course_lib.studies.underflow import compare_naive_fp16, train_and_capture
 from course_lib.models import DeepMLP, regression_batch
 
 

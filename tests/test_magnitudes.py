@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from course_lib.magnitudes import (LOG2_LO, TENSOR_KINDS, log2_histogram, measure_training_magnitudes,
-                                   training_magnitudes_from_dict)
+from course_lib.magnitudes import LOG2_LO, TENSOR_KINDS, log2_histogram
+from course_lib.studies.formats import measure_training_magnitudes, training_magnitudes_from_dict
 from course_lib.results import to_jsonable
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from course_lib import memory as M
+from course_lib.studies import performance as performance_studies
 from course_lib.device import SizeProfile
 
 
@@ -23,23 +24,23 @@ def test_saved_tensors_of_a_linear_layer_by_hand():
 
 def test_account_training_memory_is_exact_per_recipe():
     small = SizeProfile("small")
-    fp32 = M.account_training_memory("fp32", small)
+    fp32 = performance_studies.account_training_memory("fp32", small)
     n = fp32.n_params
     assert fp32.components["weights"] == 4 * n and fp32.components["gradients"] == 4 * n
     assert fp32.components["optimizer_state"] == 8 * n and fp32.components["autocast_weight_copies"] == 0
     assert fp32.per_parameter() == 16.0 and fp32.total == sum(fp32.components.values())
-    bf16 = M.account_training_memory("bf16_autocast", small)
+    bf16 = performance_studies.account_training_memory("bf16_autocast", small)
     assert bf16.persistent == fp32.persistent  # autocast keeps FP32 weights, gradients and moments
     assert bf16.components["autocast_weight_copies"] > 0
     assert bf16.components["activations"] < fp32.components["activations"]
     for recipe in ("bf16_pure", "bf16_master"):
-        b = M.account_training_memory(recipe, small)
+        b = performance_studies.account_training_memory(recipe, small)
         assert b.per_parameter() == sum(M.bytes_per_parameter(recipe).values())
     assert fp32.measured_peak_bytes is None  # only a GPU's allocator reports a peak
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        M.account_training_memory("fp32", small, context=10_000)
+        performance_studies.account_training_memory("fp32", small, context=10_000)
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
-        M.account_training_memory("fp32", small, batch_size=0)
+        performance_studies.account_training_memory("fp32", small, batch_size=0)
 
 
 def test_bytes_per_parameter_and_estimate():
@@ -53,7 +54,7 @@ def test_bytes_per_parameter_and_estimate():
 
 
 def test_activations_grow_linearly_and_checkpointing_cuts_them():
-    sweep = M.activation_sweep("fp32", SizeProfile("small"), batches=(1, 2, 4), contexts=(32, 64))
+    sweep = performance_studies.activation_sweep("fp32", SizeProfile("small"), batches=(1, 2, 4), contexts=(32, 64))
     plain = {(b, t): n for b, t, ck, n in sweep.points if not ck}
     ckpt = {(b, t): n for b, t, ck, n in sweep.points if ck}
     # linear in the batch size, over a small fixed part (position indices and the like)
@@ -61,13 +62,13 @@ def test_activations_grow_linearly_and_checkpointing_cuts_them():
     assert plain[(1, 64)] - (plain[(2, 64)] - plain[(1, 64)]) < 0.02 * plain[(1, 64)]
     assert all(ckpt[k] < plain[k] / 3 for k in plain)
     with pytest.raises(ValueError, match="must not exceed"):
-        M.activation_sweep("fp32", SizeProfile("small"), contexts=(1000,))
+        performance_studies.activation_sweep("fp32", SizeProfile("small"), contexts=(1000,))
 
 
 def test_quadratic_share_recovers_a_known_fit():
     # bytes = 100*T + 1*T**2: at T = 64 the quadratic term is 4096 of 10496 bytes
     points = tuple((8, t, False, 100 * t + t * t) for t in (16, 32, 64)) + ((8, 64, True, 1),)
-    share, t = M.ActivationSweep("fp32", points).quadratic_share()
+    share, t = performance_studies.ActivationSweep("fp32", points).quadratic_share()
     assert t == 64 and share == pytest.approx(4096 / 10496)
     with pytest.raises(ValueError, match="two contexts"):
-        M.ActivationSweep("fp32", ((1, 16, False, 5),)).quadratic_share()
+        performance_studies.ActivationSweep("fp32", ((1, 16, False, 5),)).quadratic_share()

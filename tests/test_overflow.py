@@ -1,6 +1,7 @@
 import math
 
-from course_lib.overflow import bf16_model_in_fp16, matmul_overflow, softmax_overflow
+from course_lib.overflow import matmul_overflow, softmax_overflow
+from course_lib.studies.underflow import bf16_model_in_fp16
 
 
 def test_softmax_naive_overflows_and_safe_forms_match_reference():
@@ -29,7 +30,7 @@ def test_planted_large_activation_breaks_fp16_not_bf16():
 
 
 def test_fp16_finetune_of_overflowing_model_skips_every_step():
-    from course_lib.overflow import finetune_bf16_model_in_fp16
+    from course_lib.studies.bf16 import finetune_bf16_model_in_fp16
 
     ft = finetune_bf16_model_in_fp16(steps=3)
     assert all(ft.skipped) and all(math.isnan(v) for v in ft.losses)
@@ -37,7 +38,7 @@ def test_fp16_finetune_of_overflowing_model_skips_every_step():
 
 
 def test_the_same_finetune_in_bf16_trains():
-    from course_lib.overflow import finetune_bf16_model_in_fp16
+    from course_lib.studies.bf16 import finetune_bf16_model_in_fp16
 
     ft = finetune_bf16_model_in_fp16(steps=3, recipe="bf16_autocast")
     assert not any(ft.skipped) and all(math.isfinite(v) for v in ft.losses)

@@ -2,7 +2,7 @@ import pytest
 
 from course_lib import plots
 from course_lib.formats import list_formats
-from course_lib.magnitudes import measure_training_magnitudes
+from course_lib.studies.formats import measure_training_magnitudes
 
 
 def test_bit_layout_draws_one_cell_per_bit():

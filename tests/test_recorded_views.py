@@ -16,7 +16,8 @@ def records(tmp_path_factory):
 
 
 def test_underflow_rows_roundtrip(records):
-    from course_lib.gradients import summary_markdown, summary_rows_from_record
+    from course_lib.gradients import summary_markdown
+    from course_lib.studies.underflow import summary_rows_from_record
 
     assert records["underflow_statistics"].parameters["max_steps"] == 6   # a capped run says so
     rows = summary_rows_from_record(records["underflow_statistics"].values)
@@ -40,7 +41,7 @@ def test_flight_recording_roundtrip(records):
 
 
 def test_parity_roundtrip(records):
-    from course_lib.train import parity_from_dict
+    from course_lib.studies.bf16 import parity_from_dict
 
     r = records["convergence_parity"]
     parity = parity_from_dict(r.parameters, r.values)

@@ -93,7 +93,7 @@ def test_record_cli_writes_record_and_log(tmp_path, capsys):
     assert rec.parameters["size"] == "small" and rec.parameters["seconds"] > 0
     log = (tmp_path / rec.log_file).read_text()
     assert "experiment 1/1: model_magnitudes" in log and "finished in" in log
-    from course_lib.magnitudes import training_magnitudes_from_dict
+    from course_lib.studies.formats import training_magnitudes_from_dict
     mags = training_magnitudes_from_dict(rec.values["magnitudes"])
     assert mags.histograms["weights"].nonzero > 0
 
@@ -162,7 +162,7 @@ def test_schema_version_must_be_an_int(tmp_path):
 
 def test_records_status_lists_every_experiment_and_its_records(tmp_path):
     from course_lib.experiments import EXPERIMENTS
-    from course_lib.results import records_status_markdown
+    from course_lib.record import records_status_markdown
 
     import dataclasses
 

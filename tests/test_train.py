@@ -88,7 +88,7 @@ def test_accumulation_and_evaluation():
 
 
 def test_convergence_parity_statistics():
-    from course_lib.train import convergence_parity
+    from course_lib.studies.bf16 import convergence_parity
 
     parity = convergence_parity(SMALL, recipes=("fp32", "bf16_autocast"), seeds=(0, 1), steps=3, tail=2)
     assert set(parity.final_losses) == {"fp32", "bf16_autocast"}
@@ -155,7 +155,7 @@ def test_train_config_refuses_values_that_would_silently_misbehave(kwargs, match
 
 
 def test_convergence_parity_needs_seeds():
-    from course_lib.train import convergence_parity
+    from course_lib.studies.bf16 import convergence_parity
 
     with pytest.raises(ValueError, match="at least one seed"):
         convergence_parity(SizeProfile("small"), seeds=(), steps=1)

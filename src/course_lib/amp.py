@@ -17,6 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .tables import markdown_table
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -244,21 +246,6 @@ def checkpointing_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bflo
     return {"identical gradients": identical, "output dtype": _name(y)}
 
 
-def trace_course_model(device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0) -> AutocastTrace:
-    """Trace one forward and backward pass of the course GPT (small shape) under autocast on ``device``.
-
-    ``dtype`` defaults to FP16 on CUDA and BF16 on the CPU (each device's usual autocast dtype)."""
-    from .device import SizeProfile
-    from .models import course_setup
-
-    device = torch.device(device)
-    dtype = dtype or (torch.float16 if device.type == "cuda" else torch.bfloat16)
-    setup = course_setup(SizeProfile("small"), device, steps=1, default_steps=(1, 1), seed=seed)
-    model = setup.model(seed)
-    x, y = setup.sampler.batch(0, device)
-    return trace_autocast(lambda: model(x, y)[1], device_type=device.type, dtype=dtype)
-
-
 def sensitive_ops_trace(device: torch.device | str, dtype: torch.dtype | None = None) -> dict[str, str]:
     """Output dtype of softmax, layer_norm, exp and sum applied under autocast to a low-precision
     activation (the output of a matmul) on ``device``: where CPU and CUDA autocast differ."""
@@ -295,8 +282,6 @@ def sensitive_loss_demo(device_type: str = "cpu", logit_scale: float = 16.0, see
 
 def op_table_markdown(trace, phase: str = "forward", lists: dict[str, frozenset[str]] | None = None):
     """:meth:`AutocastTrace.op_table` of ``phase`` as a Markdown table, with each op's CUDA policy."""
-    from .tables import markdown_table
-
     lists = autocast_op_lists() if lists is None else lists
     return markdown_table(
         ["op", "calls", "input dtypes", "output dtypes", "ran in", "torch's CUDA list"],
@@ -307,8 +292,6 @@ def op_table_markdown(trace, phase: str = "forward", lists: dict[str, frozenset[
 def sensitive_ops_markdown(live: dict[str, str], device_type: str, lists: dict[str, frozenset[str]] | None = None,
                            recorded: dict[str, str] | None = None, recorded_label: str = ""):
     """:func:`sensitive_ops_trace` output as a table: dtype here, CUDA's policy, and a recorded GPU's dtype."""
-    from .tables import markdown_table
-
     lists = autocast_op_lists() if lists is None else lists
     op_name = {"matmul output": "mm"}      # the other keys are op names already
     header = ["op", f"output dtype here ({device_type})", "torch's CUDA list"]

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .bench import capability_probe
+from .device import describe_hardware
 from .hardware import capability_unsupported_reason
 
 UPDATE_RULES = ("nearest", "stochastic", "kahan")
@@ -152,99 +154,11 @@ def precision_advice(compute_capability: tuple[int, int] | None, *, cpu_bf16_spe
 
 def advice_for_this_machine(device: torch.device | str | None = None) -> Advice:
     """:func:`precision_advice` for the detected hardware."""
-    from .device import describe_hardware
-
     hw = describe_hardware(device)
     if hw.device_type == "cuda":
         major, minor = (int(v) for v in str(hw.compute_capability).split("."))
         return precision_advice((major, minor), name=hw.name)
-    from .bench import capability_probe
 
     return precision_advice(None, cpu_bf16_speedup=capability_probe(hw.device_type).relative("bf16"), name=hw.name)
 
 
-@dataclass(frozen=True)
-class UpdateComparison:
-    """Training curves of the course model with BF16 weights under each way of applying the update, against
-    FP32, over seeds: ``curves[label][i]`` for ``seeds[i]``; ``lost_fraction[label][i][t]``: the share of
-    weights whose non-zero update was lost at step t (the BF16AdamW runs only)."""
-
-    lr: float
-    seeds: tuple[int, ...]
-    steps: int
-    curves: dict[str, tuple[tuple[float, ...], ...]]
-    lost_fraction: dict[str, tuple[tuple[float, ...], ...]]
-    eval_losses: dict[str, tuple[float, ...]]
-
-    @property
-    def recipes(self) -> tuple[str, ...]:
-        return tuple(self.curves)
-
-    def final(self, label: str, tail: int = 10) -> tuple[float, ...]:
-        """Per seed, the mean training loss over the last ``tail`` steps (computed in the run's own precision:
-        a BF16 run's loss is itself rounded, see ``eval_losses``)."""
-        return tuple(sum(c[-tail:]) / len(c[-tail:]) for c in self.curves[label])
-
-
-EVAL_BATCHES = 4
-
-
-@torch.no_grad()
-def fp32_eval_loss(model: torch.nn.Module, sampler, device, steps) -> float:
-    """The mean loss of ``model``'s weights as stored, evaluated in FP32 arithmetic (on a copy) on the
-    sampler's batches at ``steps``: one yardstick for runs whose own losses were computed in different
-    precisions."""
-    import copy
-
-    twin = copy.deepcopy(model).float().eval()
-    losses = [float(twin(*sampler.batch(step, device))[1]) for step in steps]
-    return sum(losses) / len(losses)
-
-
-UPDATE_LABELS = {"nearest": "BF16, round to nearest (no master)", "stochastic": "BF16, stochastic rounding",
-                 "kahan": "BF16, Kahan-compensated"}
-
-
-def compare_bf16_updates(profile, device: torch.device | str = "cpu", *, steps: int | None = None,
-                         lr: float = 3e-4, seeds=(0, 1, 2)) -> UpdateComparison:
-    """Train the course GPT, per seed from one initialisation and on the same batches: FP32 (reference),
-    BF16 weights with FP32 master weights, and BF16 weights updated by :class:`BF16AdamW` with each update
-    rule."""
-    from .models import course_setup
-    from .train import TrainConfig, TrainState, get_recipe, train
-
-    seeds = tuple(seeds)
-    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
-        raise ValueError(f"seeds must be a non-empty sequence of ints, got {seeds!r}")
-    curves: dict[str, list] = {}
-    lost: dict[str, list] = {}
-    evals: dict[str, list] = {}
-    n_steps = 0
-    for seed in seeds:
-        setup = course_setup(profile, device, steps=steps, default_steps=(45, 400), seed=seed)
-        n_steps = setup.steps
-        held_out = range(n_steps, n_steps + EVAL_BATCHES)      # batches no run trained on
-        for label, recipe in (("FP32", "fp32"), ("BF16 + FP32 master weights", "bf16_master")):
-            state = TrainState(setup.model(seed), get_recipe(recipe),
-                               TrainConfig(steps=setup.steps, lr=lr, clip_norm=None), setup.device)
-            curves.setdefault(label, []).append(tuple(train(state, setup.sampler).losses))
-            evals.setdefault(label, []).append(fp32_eval_loss(state.model, setup.sampler, setup.device, held_out))
-        for rule in UPDATE_RULES:
-            model = setup.model(seed).to(torch.bfloat16)
-            opt = BF16AdamW(model.parameters(), lr=lr, update_rule=rule, seed=seed)
-            run_losses, run_lost = [], []
-            n = sum(p.numel() for p in model.parameters())
-            for step in range(setup.steps):
-                x, y = setup.sampler.batch(step, setup.device)
-                opt.zero_grad(set_to_none=True)
-                _, loss = model(x, y)
-                loss.backward()
-                opt.step()
-                run_losses.append(float(loss.detach().float()))
-                run_lost.append(sum(opt.state[p].get("lost", 0) for p in model.parameters()) / n)
-            curves.setdefault(UPDATE_LABELS[rule], []).append(tuple(run_losses))
-            lost.setdefault(UPDATE_LABELS[rule], []).append(tuple(run_lost))
-            evals.setdefault(UPDATE_LABELS[rule], []).append(fp32_eval_loss(model, setup.sampler, setup.device,
-                                                                            held_out))
-    return UpdateComparison(lr, seeds, n_steps, {k: tuple(v) for k, v in curves.items()},
-                            {k: tuple(v) for k, v in lost.items()}, {k: tuple(v) for k, v in evals.items()})

@@ -24,8 +24,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .amp import trace_autocast
+from .device import select_device
 from .formats import get_format
 from .monitor import Alert, GradientHealthMonitor, gradient_stats
+from .scaling import ScalerAudit
+from .train import RECIPES, get_recipe
 
 CHECKUP_RECIPES = ("fp32", "bf16_autocast", "fp16_autocast_scaler")
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "permute", "expand", "reshape", "detach", "alias",
@@ -130,8 +134,6 @@ def _autocast(recipe: str, device: torch.device):
 
 def _run_recipe(recipe: str, model: nn.Module, loss_fn, batch, device: torch.device, steps: int,
                 lr: float) -> RecipeCheck:
-    from .train import get_recipe
-
     reason = get_recipe(recipe).unsupported_reason(device)   # get_recipe(recipe, device) would raise it
     if reason:
         return RecipeCheck(recipe, reason, (), 0, None, math.nan, ())
@@ -204,8 +206,6 @@ def _audit_loop(train_step, model: nn.Module, batch, device: torch.device, steps
     """Run the reader's ``train_step(model, batch, optimizer, scaler)`` ``steps`` times under
     :class:`course_lib.scaling.ScalerAudit` and return its findings (a GradScaler error ends the run and is
     a finding too)."""
-    from .scaling import ScalerAudit
-
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
     scaler = torch.amp.GradScaler(device.type)
     with ScalerAudit(scaler, opt, model=model) as audit:
@@ -226,9 +226,6 @@ def checkup(build_model: Callable[[], nn.Module], loss_fn, batch, *, device: tor
     difference from FP32's last loss that counts as the same. ``train_step(model, batch, optimizer,
     scaler)``: one iteration of the reader's own loop (given a ``torch.amp.GradScaler`` for the device);
     when given, it runs ``steps`` times under the pitfall detector and its findings join the report."""
-    from .device import select_device
-    from .train import RECIPES
-
     if not callable(build_model) or not callable(loss_fn):
         raise TypeError("build_model and loss_fn must be callables")
     if train_step is not None and not callable(train_step):
@@ -252,7 +249,6 @@ def checkup(build_model: Callable[[], nn.Module], loss_fn, batch, *, device: tor
         raise TypeError(f"loss_fn(model, batch) must return a scalar loss tensor, got "
                         f"{type(probe).__name__}{'' if not isinstance(probe, torch.Tensor) else list(probe.shape)}")
     trace_model = copy.deepcopy(base)
-    from .amp import trace_autocast
 
     ops = tuple(trace_autocast(lambda: loss_fn(trace_model, batch), device_type=device.type,
                                dtype=torch.bfloat16).op_table("forward"))

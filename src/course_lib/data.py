@@ -9,7 +9,6 @@ Batches are a pure function of ``(seed, step)``.
 from __future__ import annotations
 
 import functools
-
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path

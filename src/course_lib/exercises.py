@@ -6,7 +6,13 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .formats import FloatFormat, get_format
+from .amp import cuda_policy
+from .distributed import simulate_all_reduce
+from .formats import FloatFormat, get_format, round_to_format, spacing
+from .fp8 import DelayedScaling, fp8_max
+from .memory import bytes_per_parameter
+from .mx import BlockScaling, e8m0_exponents, element_format
+from .scaling import replay_scale_schedule
 
 CHECKABLE_PROPERTIES = ("max_finite", "min_normal", "min_subnormal", "epsilon")
 
@@ -121,8 +127,6 @@ def check_op_bound(flops: float, bytes_moved: float, peak_tflops: float, bandwid
 
 def check_bytes_per_parameter(recipe: str, answer) -> Feedback:
     """Check a reader's persistent bytes per parameter (AdamW) for a recipe, explaining the usual slips."""
-    from .memory import bytes_per_parameter
-
     parts = bytes_per_parameter(recipe)
     truth = sum(parts.values())
     if answer is None or answer is ...:
@@ -152,8 +156,6 @@ def check_delayed_scale(answer, amax_history, *, margin: int = 0, fmt: str = "e4
                         amax_compute_algo: str = "max", amax_history_len: int = 1024) -> Feedback:
     """Check the scale delayed scaling uses at the next step after the amaxes ``amax_history`` (oldest
     first), by Transformer Engine's rule as :class:`course_lib.fp8.DelayedScaling` implements it."""
-    from .fp8 import DelayedScaling, fp8_max
-
     recipe = DelayedScaling(fmt, amax_history_len=amax_history_len, amax_compute_algo=amax_compute_algo,
                             margin=margin)
     history = [float(a) for a in amax_history]
@@ -190,8 +192,6 @@ FATES = ("zero", "subnormal", "normal", "inf")
 def check_value_fate(value: float, answer, fmt: str | FloatFormat = "FP16") -> Feedback:
     """Check what becomes of ``value`` stored in ``fmt``: ``"zero"``, ``"subnormal"``, ``"normal"`` or
     ``"inf"`` (``"inf"`` also stands for saturation in formats without infinity)."""
-    from .formats import round_to_format
-
     f = get_format(fmt)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise ValueError(f"value must be a finite number, got {value!r}")
@@ -228,8 +228,6 @@ def check_scale_after(answer, steps: int, overflow_steps=(), *, init_scale: floa
                       growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000) -> Feedback:
     """Check the loss scale a dynamic scaler (GradScaler's rule) uses at step ``steps`` (counting from 0)
     when the steps in ``overflow_steps`` overflow and the others do not."""
-    from .scaling import replay_scale_schedule
-
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
     overflows = set(overflow_steps)
@@ -264,8 +262,6 @@ def check_autocast_policy(op: str, answer) -> Feedback:
     """Check which CUDA autocast policy torch applies to ``op``: ``"lower precision"``, ``"fp32"``,
     ``"promote"`` (widest input type) or ``"input dtype"`` (on no list: the op runs in its inputs' dtype).
     The truth is read from torch's own ``autocast_mode.h``."""
-    from .amp import cuda_policy
-
     policy = cuda_policy(op)
     truth = {"fp32 (via dtype argument)": "fp32", "-": "input dtype"}.get(policy, policy)
     if answer is None or answer is ...:
@@ -286,7 +282,6 @@ def check_bf16_update(weight: float, update: float, answer) -> Feedback:
     """Check whether adding ``update`` to a BF16 weight ``weight`` changes it (``answer``: True/False)."""
     import torch
 
-    from .formats import spacing
 
     w = torch.tensor(float(weight), dtype=torch.bfloat16)
     after = w + torch.tensor(float(update), dtype=torch.bfloat16)
@@ -308,7 +303,6 @@ def check_mx_scale(answer, block_amax: float, *, element: str = "e2m1", mode: st
     gets with ``element`` elements and scale ``mode`` (:func:`course_lib.mx.e8m0_exponents`)."""
     import torch
 
-    from .mx import e8m0_exponents, element_format
 
     f = element_format(element)
     if not (math.isfinite(block_amax) and block_amax > 0):
@@ -344,7 +338,6 @@ def check_nvfp4_value(answer, value: float, block_amax: float, tensor_amax: floa
     ``block_amax``, in a tensor whose largest magnitude is ``tensor_amax``."""
     import torch
 
-    from .mx import BlockScaling
 
     if not (0 < abs(value) <= block_amax <= tensor_amax) or not math.isfinite(tensor_amax):
         raise ValueError("need 0 < |value| <= block_amax <= tensor_amax, all finite")
@@ -404,7 +397,6 @@ def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
     order, rounding every partial sum (see :func:`course_lib.distributed.simulate_all_reduce`)."""
     import torch
 
-    from .distributed import simulate_all_reduce
 
     dtypes = {"BF16": torch.bfloat16, "FP16": torch.float16}
     if fmt not in dtypes:

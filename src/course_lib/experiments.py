@@ -11,7 +11,37 @@ from typing import Any, Callable
 
 import torch
 
+from .amp import sensitive_ops_trace
+from .bench import matmul_sweep, measure_copy_bandwidth, measure_matmul, torch_timer_matmul_seconds
 from .device import SizeProfile
+from .formats import tf32_matmul_check
+from .gradients import UNDERFLOW_FORMATS, summarize_underflow, underflow_table
+from .mx import BLOCK_RECIPES, block_error
+from .studies.amp import trace_course_model
+from .studies.bf16 import compare_bf16_updates, convergence_parity
+from .studies.distributed import data_parallel_study, reduction_precision_study
+from .studies.formats import measure_training_magnitudes
+from .studies.fp8 import (
+    capture_linear_tensors,
+    fp8_linear_speed,
+    fp8_training,
+    lab_recipes,
+    outlier_sweep,
+    scaling_lab,
+    with_outlier_channel,
+)
+from .studies.loss_scaling import record_grad_scaler_run
+from .studies.microscaling import (
+    block_scaled_training,
+    block_size_study,
+    compare_scale_modes,
+    gradient_fidelity,
+    nvfp4_scale_choices,
+)
+from .studies.monitoring import monitor_overhead, nan_hunt, overflow_recovery, underflow_trend
+from .studies.performance import account_training_memory, activation_sweep, profile_training_step, training_throughput
+from .studies.underflow import train_and_capture
+from .train import get_recipe
 
 
 @dataclass(frozen=True)
@@ -65,8 +95,6 @@ def run_experiment(name: str, profile: SizeProfile, device: torch.device | str) 
           "Magnitudes (log2 histograms) of weights, activations, gradients and Adam moments of the "
           "course model after FP32 AdamW training (lesson 1).")
 def _model_magnitudes(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .magnitudes import measure_training_magnitudes
-
     result = measure_training_magnitudes(profile, device)
     return ExperimentOutput(
         parameters={"profile": profile.name, "steps": result.steps, "batch_size": result.batch_size,
@@ -79,8 +107,6 @@ def _model_magnitudes(profile: SizeProfile, device: torch.device) -> ExperimentO
           "A float32 matmul A @ I with TF32 enabled, compared bit for bit with course_lib's TF32 rounding "
           "of A under each rounding rule (lesson 1).", requires_cuda=True)
 def _tf32_matmul_rounding(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .formats import tf32_matmul_check
-
     n = profile.pick(small=256, full=4096)
     result = tf32_matmul_check(n, device)
     return ExperimentOutput(parameters={"n": n}, values={"check": result})
@@ -92,8 +118,6 @@ def _tf32_matmul_rounding(profile: SizeProfile, device: torch.device) -> Experim
           "Per-format underflow/overflow fractions of the course model's activation and weight gradients, "
           "first and last step of FP32 training, per layer and overall (lesson 2).")
 def _underflow_statistics(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .gradients import UNDERFLOW_FORMATS, summarize_underflow, train_and_capture, underflow_table
-
     run = train_and_capture(profile, device)
     values = {}
     for step, cap in run.captures.items():
@@ -110,8 +134,6 @@ def _underflow_statistics(profile: SizeProfile, device: torch.device) -> Experim
           "A real torch.amp.GradScaler run of the course model with FP16 autocast at GradScaler's "
           "defaults: scale, skipped steps and growth tracker per step (lesson 3).")
 def _scaler_flight_recording(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .studies.loss_scaling import record_grad_scaler_run
-
     rec = record_grad_scaler_run(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "steps": rec.steps,
                                         "init_scale": rec.init_scale, "growth_interval": rec.growth_interval},
@@ -125,8 +147,6 @@ def _scaler_flight_recording(profile: SizeProfile, device: torch.device) -> Expe
           "autocast, and of softmax/layer_norm/exp/sum on a low-precision input (lesson 4).",
           requires_cuda=True)
 def _autocast_trace(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .amp import sensitive_ops_trace, trace_course_model
-
     trace = trace_course_model(device)
     return ExperimentOutput(parameters={"dtype": trace.dtype},
                             values={"forward": trace.op_table("forward"), "backward": trace.op_table("backward"),
@@ -139,8 +159,6 @@ def _autocast_trace(profile: SizeProfile, device: torch.device) -> ExperimentOut
           "Final training loss of FP32, FP16+GradScaler, BF16 and FP16-without-scaler on the course model "
           "over three seeds, with loss curves and step times (lesson 5).")
 def _convergence_parity(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .train import convergence_parity
-
     parity = convergence_parity(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "seeds": parity.seeds},
                             values={"final_losses": parity.final_losses, "curves": parity.curves})
@@ -150,8 +168,6 @@ def _convergence_parity(profile: SizeProfile, device: torch.device) -> Experimen
           "The course model with BF16 weights: round-to-nearest updates against FP32 master weights, "
           "Kahan compensation and stochastic rounding, with the share of lost updates (lesson 5).")
 def _bf16_update_stagnation(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .bf16 import compare_bf16_updates
-
     result = compare_bf16_updates(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "lr": result.lr, "seeds": list(result.seeds),
                                         "steps": result.steps},
@@ -173,8 +189,6 @@ def matmul_sweep_sizes(profile: SizeProfile) -> tuple[int, ...]:
           "aligned and misaligned sizes, copy bandwidth, and a cross-check against "
           "torch.utils.benchmark.Timer (lesson 6).")
 def _matmul_throughput(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .bench import matmul_sweep, measure_copy_bandwidth, measure_matmul, torch_timer_matmul_seconds
-
     sizes = matmul_sweep_sizes(profile)
     sweep = matmul_sweep(device, sizes, budget_s=profile.pick(small=0.05, full=0.2))
     points = [{"dtype": p.dtype, "n": p.n, "tflops": p.tflops, "median_s": p.timing.median,
@@ -198,9 +212,6 @@ def _matmul_throughput(profile: SizeProfile, device: torch.device) -> Experiment
           "Step time, tokens/s and MFU of the course model per precision recipe over seeds, eager and "
           "torch.compile, with loss curves and per-step times for time-to-target (lesson 6).")
 def _training_throughput(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .studies.performance import training_throughput
-    from .train import get_recipe
-
     # the recipes this device runs: TF32 and BF16 need compute capability 8.0 (a V100 or T4 has FP16 only),
     # and a CPU has no TF32
     recipes = tuple(r for r in ("fp32", "tf32", "bf16_autocast", "fp16_autocast_scaler")
@@ -219,8 +230,6 @@ def _training_throughput(profile: SizeProfile, device: torch.device) -> Experime
 
 def _runnable(recipes: tuple[str, ...], device: torch.device) -> tuple[str, ...]:
     """The recipes ``device`` runs (a V100 or T4 has no BF16 or TF32; a CPU no TF32), in the given order."""
-    from .train import get_recipe
-
     return tuple(r for r in recipes if get_recipe(r).unsupported_reason(device) is None)
 
 
@@ -229,8 +238,6 @@ def _runnable(recipes: tuple[str, ...], device: torch.device) -> tuple[str, ...]
           "gradients, optimizer state, masters, autocast weight copies, saved activations) and, on a GPU, "
           "the allocator's peak for the step; activation bytes against batch and context (lesson 6).")
 def _training_memory(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .memory import account_training_memory, activation_sweep
-
     recipes = _runnable(("fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure", "bf16_master"), device)
     breakdowns = [account_training_memory(r, profile, device) for r in recipes]
     low = "bf16_autocast" if "bf16_autocast" in recipes else "fp16_autocast_scaler"   # a V100 or T4: FP16
@@ -245,8 +252,6 @@ def _training_memory(profile: SizeProfile, device: torch.device) -> ExperimentOu
           "torch.profiler's top operators (self time) of one training step of the course model in FP32, "
           "BF16 autocast and FP16 autocast, and the share of time spent in casts (lesson 6).")
 def _profiled_step(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .studies.performance import profile_training_step
-
     recipes = _runnable(("fp32", "bf16_autocast", "fp16_autocast_scaler"), device)
     steps = [profile_training_step(r, profile, device, top=12) for r in recipes]
     return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(recipes)}, values={"steps": steps})
@@ -263,8 +268,6 @@ def fp8_speed_sizes(profile: SizeProfile) -> tuple[int, ...]:
           "Forward+backward time of a square linear layer in BF16 and in FP8 (the course's layer on "
           "torch._scaled_mm, and torchao's Float8Linear when it imports), over sizes (lesson 7).")
 def _fp8_linear_speed(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .studies.fp8 import fp8_linear_speed
-
     sizes = fp8_speed_sizes(profile)
     speed = fp8_linear_speed(sizes, device, budget_s=profile.pick(small=0.05, full=0.3))
     return ExperimentOutput(parameters={"sizes": list(sizes)},
@@ -276,8 +279,6 @@ def _fp8_linear_speed(profile: SizeProfile, device: torch.device) -> ExperimentO
           "Loss curves of the course model with FP8 linear layers per scaling recipe (tensorwise, rowwise, "
           "delayed, blockwise, unscaled) against BF16 autocast, three seeds each (lesson 7).")
 def _fp8_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .studies.fp8 import fp8_training
-
     steps = profile.pick(small=40, full=400)
     result = fp8_training(profile, device, steps=steps)
     return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(result.recipes),
@@ -291,7 +292,6 @@ def _fp8_training(profile: SizeProfile, device: torch.device) -> ExperimentOutpu
 def _fp8_scaling_lab(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .studies.fp8 import capture_linear_tensors, lab_recipes, outlier_sweep, scaling_lab
 
     block = profile.pick(small=32, full=128)
     tensors = capture_linear_tensors(profile, device)
@@ -311,8 +311,6 @@ def mx_lesson_tensors(profile: SizeProfile, device: torch.device) -> dict[str, t
     """The tensors lesson 8 quantises: the course model's ``blocks.0.out`` input activation, weight and
     output gradient after FP32 training, and the activation with its channel 0 made 100x larger (an outlier
     channel; measure the other channels with ``skip_columns={"activation + outlier": (0,)}``)."""
-    from .studies.fp8 import capture_linear_tensors, with_outlier_channel
-
     t = capture_linear_tensors(profile, device, layer="blocks.0.out")
     return {"activation": t.activation, "weight": t.weight, "gradient": t.grad_output,
             "activation + outlier": with_outlier_channel(t.activation)}
@@ -325,8 +323,6 @@ def mx_lesson_tensors(profile: SizeProfile, device: torch.device) -> dict[str, t
 def _mx_block_study(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .mx import block_error
-    from .studies.microscaling import block_size_study, compare_scale_modes, gradient_fidelity, nvfp4_scale_choices
 
     tensors = mx_lesson_tensors(profile, device)
     skip: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
@@ -347,9 +343,6 @@ def _mx_block_study(profile: SizeProfile, device: torch.device) -> ExperimentOut
           "Loss curves of the course model with MXFP8, MXFP4 and NVFP4 linear layers (exact emulation) against "
           "BF16 autocast, and the NVFP4 recipe with one piece removed at a time, three seeds each (lesson 8).")
 def _mx_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .mx import BLOCK_RECIPES
-    from .studies.microscaling import block_scaled_training
-
     steps = profile.pick(small=40, full=400)
     result = block_scaled_training(profile, device, recipes=("bf16_autocast", *BLOCK_RECIPES), steps=steps)
     return ExperimentOutput(parameters={"profile": profile.name, "recipes": list(result.recipes),
@@ -366,7 +359,6 @@ def _mx_training(profile: SizeProfile, device: torch.device) -> ExperimentOutput
 def _monitor_faults(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .studies.monitoring import nan_hunt, overflow_recovery, underflow_trend
 
     hunts = {}
     for kind, layer in (("nan", "blocks.1.fc"), ("nan_backward", "blocks.1.attn.qkv")):
@@ -385,8 +377,6 @@ def _monitor_faults(profile: SizeProfile, device: torch.device) -> ExperimentOut
           "Median optimizer-step time of the course model without a gradient monitor and with one sampling "
           "every step and every 10 steps, alternated within one run (lesson 9).")
 def _monitor_overhead(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
-    from .studies.monitoring import monitor_overhead
-
     result = monitor_overhead(profile, device, steps=profile.pick(small=20, full=50))
     return ExperimentOutput(parameters={"profile": profile.name, "everies": [1, 10]},
                             values={"seconds": {str(k): v for k, v in result.seconds.items()}})
@@ -402,7 +392,6 @@ def _monitor_overhead(profile: SizeProfile, device: torch.device) -> ExperimentO
 def _data_parallel(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .studies.distributed import data_parallel_study
 
     study = data_parallel_study(profile, device)
     values = dataclasses.asdict(study)
@@ -417,7 +406,6 @@ def _data_parallel(profile: SizeProfile, device: torch.device) -> ExperimentOutp
 def _reduction_precision(profile: SizeProfile, device: torch.device) -> ExperimentOutput:
     import dataclasses
 
-    from .studies.distributed import reduction_precision_study
 
     study = reduction_precision_study(profile, device)
     return ExperimentOutput(parameters={"profile": profile.name, "world_sizes": list(study.world_sizes),

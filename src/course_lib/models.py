@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .data import VOCAB_SIZE, BatchSampler
+from .data import VOCAB_SIZE, BatchSampler, load_corpus
 from .device import SizeProfile
 
 
@@ -196,8 +196,6 @@ def course_setup(profile: SizeProfile, device: torch.device | str = "cpu", *, st
     ``default_steps`` is ``(small, full)``, used when ``steps`` is None. Batch size and corpus size come
     from the profile.
     """
-    from .data import load_corpus
-
     if not isinstance(profile, SizeProfile):
         raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
     steps = profile.pick(small=default_steps[0], full=default_steps[1]) if steps is None else steps

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, get_experiment, run_experiment
-from .results import Record, capture_provenance, save_record, to_jsonable
+from .results import Record, capture_provenance, load_records, save_record, to_jsonable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,3 +111,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+def records_status_markdown(results_dir: str | Path | None = None) -> str:
+    """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it."""
+    records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
+        else load_records(device_type="cuda")
+    rows = []
+    for name in sorted(EXPERIMENTS):
+        mine = [r for r in records if r.experiment == name]
+        where = "; ".join(f"{r.label}, {r.provenance.date[:10]}" for r in mine) or "not yet"
+        needs = "yes" if EXPERIMENTS[name].requires_cuda else "no"
+        rows.append(f"| `{name}` | {needs} | {where} |")
+    return "| experiment | needs CUDA | recorded on a GPU |\n|---|---|---|\n" + "\n".join(rows)

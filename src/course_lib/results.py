@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .device import describe_hardware
+
 SCHEMA_VERSION = 1
 RESULTS_ENV_VAR = "COURSE_RESULTS_DIR"
 GIT_COMMIT_ENV_VAR = "COURSE_GIT_COMMIT"
@@ -128,8 +130,6 @@ def capture_provenance(command: str, device: torch.device | str | None = None) -
     ``command`` is the exact command line; the git commit comes from ``COURSE_GIT_COMMIT`` when set
     (for machines that receive a copy of the tree without ``.git``), else from ``git rev-parse``.
     """
-    from .device import describe_hardware
-
     if not isinstance(command, str) or not command.strip():
         raise ValueError("provenance needs the exact command that ran, as a non-empty string")
     hw = describe_hardware(device)
@@ -302,17 +302,3 @@ def describe_records(records: list[Record], experiment: str | None = None) -> st
     return "\n".join(lines)
 
 
-
-def records_status_markdown(results_dir: str | Path | None = None) -> str:
-    """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it."""
-    from .experiments import EXPERIMENTS
-
-    records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
-        else load_records(device_type="cuda")
-    rows = []
-    for name in sorted(EXPERIMENTS):
-        mine = [r for r in records if r.experiment == name]
-        where = "; ".join(f"{r.label}, {r.provenance.date[:10]}" for r in mine) or "not yet"
-        needs = "yes" if EXPERIMENTS[name].requires_cuda else "no"
-        rows.append(f"| `{name}` | {needs} | {where} |")
-    return "| experiment | needs CUDA | recorded on a GPU |\n|---|---|---|\n" + "\n".join(rows)

@@ -27,6 +27,11 @@ from typing import Callable
 import torch
 
 from .device import SizeProfile, describe_hardware, select_device
+from .experiments import EXPERIMENTS, get_experiment, run_experiment
+from .fp8 import FP8_LINEAR_RECIPES, Fp8Linear
+from .hardware import format_unsupported_reason
+from .results import to_jsonable
+from .train import RECIPES, get_recipe, run_recipe
 
 SMOKE_STEPS = 5   # training steps per run: enough to pass warm-up and take optimizer steps
 
@@ -47,8 +52,6 @@ class _Skip(Exception):
 
 def _recipe_check(name: str, profile: SizeProfile, device: torch.device) -> Callable[[], str]:
     def check() -> str:
-        from .train import get_recipe, run_recipe
-
         reason = get_recipe(name).unsupported_reason(device)
         if reason:
             raise _Skip(reason)
@@ -62,9 +65,6 @@ def _recipe_check(name: str, profile: SizeProfile, device: torch.device) -> Call
 
 def _fp8_check(recipe: str, device: torch.device) -> Callable[[], str]:
     def check() -> str:
-        from .hardware import format_unsupported_reason
-        from .fp8 import Fp8Linear
-
         torch.manual_seed(0)
         linear = torch.nn.Linear(64, 64).to(device)
         x = torch.randn(4, 16, 64, device=device)
@@ -101,9 +101,6 @@ def _fp8_check(recipe: str, device: torch.device) -> Callable[[], str]:
 
 def _experiment_check(name: str, profile: SizeProfile, device: torch.device) -> Callable[[], str]:
     def check() -> str:
-        from .experiments import get_experiment, run_experiment
-        from .results import to_jsonable
-
         if get_experiment(name).requires_cuda and device.type != "cuda":
             raise _Skip("needs a CUDA GPU")
         output = run_experiment(name, profile, device)
@@ -114,10 +111,6 @@ def _experiment_check(name: str, profile: SizeProfile, device: torch.device) -> 
 
 def build_checks(device: torch.device | str, *, size: str = "small") -> list[tuple[str, Callable[[], str]]]:
     """Every check, in order: precision recipes, FP8 linear recipes, registered experiments."""
-    from .experiments import EXPERIMENTS
-    from .fp8 import FP8_LINEAR_RECIPES
-    from .train import RECIPES
-
     device = torch.device(device)
     profile = SizeProfile(size, forced=True, max_steps=SMOKE_STEPS)
     checks = [(f"recipe {r}", _recipe_check(r, profile, device)) for r in RECIPES]

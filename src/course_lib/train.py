@@ -19,6 +19,7 @@ import torch
 
 from .data import BatchSampler
 from .hardware import capability_unsupported_reason, gpu_compute_capability, tf32_matmuls
+from .models import course_setup
 
 
 @dataclass(frozen=True)
@@ -335,8 +336,6 @@ def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *, clip_norm: floa
 def run_recipe(recipe: str | Recipe, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
                seed: int = 0, lr: float = 3e-3, **config_kwargs) -> History:
     """Train the course GPT from seed ``seed`` with ``recipe`` at the profile's size; return the history."""
-    from .models import course_setup
-
     device = torch.device(device)
     r = get_recipe(recipe, device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
@@ -344,53 +343,3 @@ def run_recipe(recipe: str | Recipe, profile, device: torch.device | str = "cpu"
     return train(state, setup.sampler)
 
 
-@dataclass(frozen=True)
-class Parity:
-    """Final losses per recipe over several seeds (mean of the last ``tail`` steps of each run)."""
-
-    recipes: tuple[str, ...]
-    seeds: tuple[int, ...]
-    final_losses: dict[str, tuple[float, ...]]
-    curves: dict[str, tuple[float, ...]]   # the first seed's loss curve per recipe
-
-    def mean(self, recipe: str) -> float:
-        v = self.final_losses[recipe]
-        return sum(v) / len(v)
-
-    def spread(self, recipe: str) -> float:
-        """Sample standard deviation over seeds (0 for a single seed)."""
-        v = self.final_losses[recipe]
-        if len(v) < 2:
-            return 0.0
-        m = self.mean(recipe)
-        return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
-
-
-def convergence_parity(profile, device: torch.device | str = "cpu", *,
-                       recipes=("fp32", "fp16_autocast_scaler", "bf16_autocast", "fp16_autocast_no_scaler"),
-                       seeds=(0, 1, 2), steps: int | None = None, tail: int = 5, lr: float = 3e-3) -> Parity:
-    """Train the course model with each recipe from each seed (model init and batches both follow it)."""
-    if tail < 1:
-        raise ValueError(f"tail must be at least 1, got {tail}")
-    if not seeds or not recipes:
-        raise ValueError("convergence_parity needs at least one seed and one recipe")
-    finals: dict[str, tuple[float, ...]] = {}
-    curves: dict[str, tuple[float, ...]] = {}
-    for name in recipes:
-        values = []
-        for seed in seeds:
-            h = run_recipe(name, profile, device, steps=steps, seed=seed, lr=lr)
-            values.append(sum(h.losses[-tail:]) / len(h.losses[-tail:]))
-            curves.setdefault(name, tuple(h.losses))
-        finals[name] = tuple(values)
-    return Parity(tuple(recipes), tuple(seeds), finals, curves)
-
-
-def parity_from_dict(parameters: dict, values: dict) -> Parity:
-    """Rebuild a :class:`Parity` from a recorded ``convergence_parity`` experiment."""
-    try:
-        finals = {k: tuple(v) for k, v in values["final_losses"].items()}
-        return Parity(tuple(finals), tuple(parameters["seeds"]), finals,
-                      {k: tuple(v) for k, v in values["curves"].items()})
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a convergence_parity record: {exc}") from None

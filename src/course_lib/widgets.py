@@ -7,6 +7,9 @@ import html
 import math
 
 from .formats import FloatFormat, bit_string, decode, explain_value, get_format, list_formats
+from .gradients import summarize_underflow
+from .plots import plot_delayed_spike
+from .studies.fp8 import delayed_spike
 
 
 def _fmt_number(x: float, digits: int | None = None) -> str:
@@ -115,7 +118,6 @@ def loss_scale_explorer(values, fmt: str = "FP16"):
     in ``fmt``. The static page shows the same as :func:`course_lib.plots.plot_scale_sweep`."""
     import ipywidgets as w
 
-    from .gradients import summarize_underflow
 
     nonzero = values[values != 0]
     out = w.HTML()
@@ -154,8 +156,6 @@ class DelayedScalingExplorer:
     def _redraw(self, change=None) -> None:
         import io
 
-        from .studies.fp8 import delayed_spike
-        from .plots import plot_delayed_spike
 
         self.run = delayed_spike(self.tensor, steps=self.steps, spike_at=self.spike_at, factor=self.factor.value,
                                  amax_history_len=self.history.value, margin=self.margin.value)

@@ -16,32 +16,32 @@ Throughput is in TFLOP/s (10^12 floating-point operations per second), bandwidth
 
 from __future__ import annotations
 
-from .timing import Timing, HostTimer, CudaEventTimer, make_timer, time_function
 from .matmul import (
     DTYPE_LABELS,
+    CapabilityProbe,
+    CPUPeakEstimate,
+    MatmulPoint,
+    MatmulSweep,
+    capability_probe,
+    cpu_peak_estimate,
     matmul_flops,
     matmul_operands,
-    MatmulPoint,
-    measure_matmul,
-    MatmulSweep,
     matmul_sweep,
-    torch_timer_matmul_seconds,
     measure_copy_bandwidth,
-    CapabilityProbe,
-    capability_probe,
-    CPUPeakEstimate,
-    cpu_peak_estimate,
+    measure_matmul,
     sweep_from_values,
+    torch_timer_matmul_seconds,
 )
 from .roofline import (
-    attainable_tflops,
     OpCost,
-    transformer_op_costs,
-    model_flops_per_token,
-    datasheet_markdown,
     RooflineRow,
+    attainable_tflops,
+    datasheet_markdown,
+    model_flops_per_token,
     roofline_rows,
+    transformer_op_costs,
 )
+from .timing import CudaEventTimer, HostTimer, Timing, make_timer, time_function
 
 __all__ = [
     "Timing",

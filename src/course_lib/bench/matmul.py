@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Matrix products per dtype (FP32 with TF32 off, TF32, BF16, FP16, FP8 through ``torch._scaled_mm``): FLOPs,
+throughput over a sweep of sizes (misaligned ones included), copy bandwidth, and the capability probe (this
+device's matmul speed per dtype against FP32, measured once per process). TFLOP/s are 10^12 FLOP/s, GB/s 10^9 B/s."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The roofline: attainable TFLOP/s from arithmetic intensity, peak and bandwidth; the FLOPs and bytes of each
+operation of a transformer block; the model FLOPs per token behind MFU."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""A timing harness a reader can trust: warm-up, synchronisation (CUDA events on a GPU, a host clock around a
+synchronised region elsewhere), repeats chosen from a time budget, median and quartiles (seconds), and
+rotation over several input buffers so that caches are not what is measured."""
 
 from __future__ import annotations
 

@@ -23,35 +23,35 @@ against the number of ranks.
 
 from __future__ import annotations
 
+from .launch import DistributedRunError, build_parser, launch_local, main
 from .reduce import (
+    COMM_HOOKS,
+    REDUCE_CHECK_DTYPES,
+    REDUCE_CHECK_VALUES,
     REDUCE_ORDERS,
+    REDUCTION_VARIANTS,
     cast_compress_hook,
     compress_hook,
-    REDUCE_CHECK_VALUES,
-    REDUCE_CHECK_DTYPES,
-    reduce_check_inputs,
-    simulate_all_reduce,
-    REDUCTION_VARIANTS,
     fsdp2_predivide,
+    reduce_check_inputs,
     reduce_mean,
-    COMM_HOOKS,
+    simulate_all_reduce,
 )
 from .worker import (
-    WRAPPERS,
-    SCALERS,
-    DTYPES_BY_NAME,
     DEFAULT_TIMEOUT_S,
+    DTYPES_BY_NAME,
+    SCALERS,
+    WRAPPERS,
+    DistributedResult,
     DistRun,
     RankHistory,
-    DistributedResult,
-    setup_for_run,
-    flatten_params,
-    single_process_run,
     choose_backend,
-    run_worker,
+    flatten_params,
     load_rank_history,
+    run_worker,
+    setup_for_run,
+    single_process_run,
 )
-from .launch import DistributedRunError, launch_local, build_parser, main
 
 __all__ = [
     "REDUCE_ORDERS",

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Starting a group: ``launch_local`` runs N local processes with torchrun's variables and reports a failing
+rank without hanging; ``main`` is the command line that torchrun starts."""
 
 from __future__ import annotations
 
@@ -15,9 +16,21 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from .reduce import REDUCE_CHECK_DTYPES
-from .reduce import COMM_HOOKS
-from .worker import DEFAULT_TIMEOUT_S, DistRun, DistributedResult, SCALERS, WRAPPERS, DTYPES_BY_NAME, choose_backend, load_rank_history, setup_for_run, run_worker
+
+from ..device import SizeProfile
+from .reduce import COMM_HOOKS, REDUCE_CHECK_DTYPES
+from .worker import (
+    DEFAULT_TIMEOUT_S,
+    DTYPES_BY_NAME,
+    SCALERS,
+    WRAPPERS,
+    DistributedResult,
+    DistRun,
+    choose_backend,
+    load_rank_history,
+    run_worker,
+    setup_for_run,
+)
 
 
 class DistributedRunError(RuntimeError):
@@ -54,8 +67,6 @@ def launch_local(runs, *, world_size: int = 2, size: str = "small", backend: str
         r.check_world_size(world_size)
     chosen = choose_backend(backend, world_size)
     if runs:
-        from ..device import SizeProfile
-
         batch = setup_for_run(runs[0], SizeProfile(size), torch.device("cpu")).sampler.batch_size
         if batch % world_size:
             raise ValueError(f"the global batch of {batch} sequences does not split evenly over {world_size} ranks")

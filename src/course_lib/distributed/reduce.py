@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Gradient reductions as arithmetic: gloo's ring all-reduce order simulated bit for bit, the reduction variants
+(FP32, BF16 ring and tree, FP16 divided by N or by FSDP2's split factor) and DDP's compression hooks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""One rank of a data-parallel run: the course's training loop under DDP, FSDP2 or a hand-written all-reduce,
+with its scaler, and the history each rank reports back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..device import SizeProfile
+from ..models import course_setup
+from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, step_optimizers, train
 from .reduce import COMM_HOOKS, REDUCE_CHECK_DTYPES, compress_hook, reduce_check_inputs, simulate_all_reduce
 
 WRAPPERS = ("ddp", "fsdp", "manual")
@@ -64,8 +69,6 @@ class DistRun:
     collective_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        from ..train import get_recipe
-
         if not isinstance(self.name, str) or not self.name or not self.name.replace("_", "").isalnum():
             raise ValueError(f"a run's name must be a non-empty identifier (letters, digits, _), got {self.name!r}")
         get_recipe(self.recipe)
@@ -180,8 +183,6 @@ class _RankSlice:
 
 
 def setup_for_run(run: DistRun, profile, device: torch.device):
-    from ..models import course_setup
-
     return course_setup(profile, device, steps=run.steps, default_steps=(run.steps, run.steps), seed=run.seed)
 
 
@@ -249,8 +250,6 @@ def _make_scaler(run: DistRun, device: torch.device, recipe_wants: bool):
 
 def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_size: int) -> tuple[Any, Any]:
     """Train ``run`` as rank ``rank`` of ``world_size`` (world_size 1: no process group needed)."""
-    from ..train import History, TrainConfig, TrainState, get_recipe, train
-
     recipe = get_recipe(run.recipe, device)
     setup = setup_for_run(run, profile, device)
     sampler: Any = _RankSlice(setup.sampler, rank, world_size) if world_size > 1 else setup.sampler
@@ -303,7 +302,6 @@ def _train_manual(state, sampler, history, world_size: int, step_counter: dict) 
     gradients for inf) first and all-reduces after. Its scaler decides on what it saw alone."""
     import torch.distributed as dist
 
-    from ..train import recipe_autocast, step_optimizers
 
     def all_reduce_mean(_opt) -> None:   # the pitfall: after the scaler has looked
         for p in state.params:
@@ -383,7 +381,6 @@ def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None
 
     import torch.distributed as dist
 
-    from ..device import SizeProfile
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

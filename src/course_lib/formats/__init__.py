@@ -7,26 +7,26 @@
 from __future__ import annotations
 
 from .codecs import (
-    Specials,
-    Overflow,
-    Rounding,
+    FORMATS,
     ArrayLike,
     FloatFormat,
-    FORMATS,
+    Overflow,
+    Rounding,
+    Specials,
+    all_values,
+    decode,
+    encode,
     get_format,
     list_formats,
-    decode,
-    all_values,
-    pow2,
-    round_to_format,
-    native_cast_agrees,
     narrow_format,
+    native_cast_agrees,
+    pow2,
     round_magnitude32,
-    encode,
+    round_to_format,
     spacing,
 )
-from .tables import bit_string, ValueInFormat, explain_value, properties_markdown, explain_values_markdown
-from .tf32 import TF32Check, tf32_rounding_agreement, tf32_matmul_check
+from .tables import ValueInFormat, bit_string, explain_value, explain_values_markdown, properties_markdown
+from .tf32 import TF32Check, tf32_matmul_check, tf32_rounding_agreement
 
 __all__ = [
     "Specials",

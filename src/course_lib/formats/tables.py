@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""Single values explained in every format (bits, stored value, error) and the formats' property tables."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from .codecs import FloatFormat, encode, get_format, list_formats, round_to_format
 
 

@@ -1,10 +1,12 @@
-"""TODO docstring."""
+"""TF32 checked against the hardware: a GPU's TF32 matmul ``A @ I`` compared with the codec's TF32 rounding
+under each rounding rule."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
 from .codecs import Rounding, round_to_format
 
 

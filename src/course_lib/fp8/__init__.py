@@ -28,45 +28,45 @@ E5M2 (it rounds to inf). The tests check these casts against the course's softwa
 
 from __future__ import annotations
 
+from .accumulation import AccumulationStudy, accumulation_error
 from .casts import (
     AMAX_FLOOR,
-    fp8_format,
-    fp8_dtype,
-    fp8_max,
-    native_cast_saturates,
-    cast_saturating,
-    cast_blocks,
-    Fp8Tensor,
-    expand_blocks,
-    as_2d,
-    check_finite_amax,
-    block_amax,
-    amax_to_scale,
-    resolve_block,
     E4M3,
     E5M2,
-)
-from .recipes import (
-    ScalingRecipe,
-    CurrentScaling,
-    StaticScaling,
-    RowwiseScaling,
-    BlockwiseScaling,
-    DelayedScaling,
-    QuantizationError,
-    quantization_error,
+    Fp8Tensor,
+    amax_to_scale,
+    as_2d,
+    block_amax,
+    cast_blocks,
+    cast_saturating,
+    check_finite_amax,
+    expand_blocks,
+    fp8_dtype,
+    fp8_format,
+    fp8_max,
+    native_cast_saturates,
+    resolve_block,
 )
 from .linear import (
-    fp8_matmul,
-    LinearScaling,
-    linear_scaling,
-    QuantizedLinear,
-    replace_linears,
-    Fp8Linear,
-    convert_to_fp8,
     FP8_LINEAR_RECIPES,
+    Fp8Linear,
+    LinearScaling,
+    QuantizedLinear,
+    convert_to_fp8,
+    fp8_matmul,
+    linear_scaling,
+    replace_linears,
 )
-from .accumulation import AccumulationStudy, accumulation_error
+from .recipes import (
+    BlockwiseScaling,
+    CurrentScaling,
+    DelayedScaling,
+    QuantizationError,
+    RowwiseScaling,
+    ScalingRecipe,
+    StaticScaling,
+    quantization_error,
+)
 from .roofline import LAUNCH_SECONDS, Fp8LinearEstimate, predict_fp8_linear
 
 __all__ = [

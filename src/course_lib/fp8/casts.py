@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""FP8 casts and scaled FP8 tensors: the formats, saturating casts, block amax, amax-to-scale, and
+:class:`Fp8Tensor` (codes plus one FP32 scale per block)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""FP8 matrix products and linear layers: ``fp8_matmul`` (simulated or ``torch._scaled_mm``), the per-operand
+scaling of torchao's recipes, :class:`Fp8Linear` and ``convert_to_fp8``; :class:`QuantizedLinear` is the
+shell the block-scaled layers of :mod:`course_lib.mx` share."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from typing import TypeVar
 
 import torch
 import torch.nn as nn
+
+from ..hardware import scaled_mm_unsupported_reason
 from .casts import Fp8Tensor
 from .recipes import BlockwiseScaling, CurrentScaling, DelayedScaling, RowwiseScaling, ScalingRecipe, StaticScaling
 
@@ -48,8 +52,6 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
         b_col = b.data.t().contiguous().t()
         sa, sb = _scaled_mm_inverse(a, "a"), _scaled_mm_inverse(b, "b")
         if sa.dim() or sb.dim():
-            from ..hardware import scaled_mm_unsupported_reason
-
             why = scaled_mm_unsupported_reason(a.data.device, row_scales=True)
             if why is not None:
                 raise ValueError(f"row/column scales need a _scaled_mm that takes them: {why}; use "

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The FP8 scaling recipes, one granularity each of a scale per block: current (per tensor), static, rowwise,
+blockwise (DeepSeek-V3) and delayed (Transformer Engine's amax history); and their quantisation error."""
 
 from __future__ import annotations
 
@@ -8,7 +9,18 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import get_format
-from .casts import Fp8Tensor, as_2d, cast_blocks, check_finite_amax, resolve_block, amax_to_scale, block_amax, expand_blocks, fp8_format, fp8_max
+from .casts import (
+    Fp8Tensor,
+    amax_to_scale,
+    as_2d,
+    block_amax,
+    cast_blocks,
+    check_finite_amax,
+    expand_blocks,
+    fp8_format,
+    fp8_max,
+    resolve_block,
+)
 
 
 class ScalingRecipe:

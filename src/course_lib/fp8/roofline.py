@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""When FP8 pays: a roofline prediction of one linear layer's forward and backward time in BF16 and in FP8
+(after torchao's predictor), casts included, fused or not."""
 
 from __future__ import annotations
 

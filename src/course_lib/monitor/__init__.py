@@ -15,11 +15,11 @@
 
 from __future__ import annotations
 
-from .health import ALERT_KINDS, Thresholds, GradientStats, gradient_stats, Alert, MonitorLog, GradientHealthMonitor
-from .locator import TensorSummary, NonFiniteReport, NonFiniteLocator, anomaly_mode_raises
-from .faults import FAULT_KINDS, PlantedFault, plant_fault
-from .matmul_stats import MatmulStats, matmul_stats
 from .diagnose import Diagnosis, diagnose
+from .faults import FAULT_KINDS, PlantedFault, plant_fault
+from .health import ALERT_KINDS, Alert, GradientHealthMonitor, GradientStats, MonitorLog, Thresholds, gradient_stats
+from .locator import NonFiniteLocator, NonFiniteReport, TensorSummary, anomaly_mode_raises
+from .matmul_stats import MatmulStats, matmul_stats
 
 __all__ = [
     "ALERT_KINDS",

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The debugging procedure as one call: FP32, the failing autocast step, the non-finite locator, the operands
+the format loses, and BF16, with a verdict."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
 from .locator import NonFiniteLocator
 from .matmul_stats import matmul_stats
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Planted faults for the lessons and the tests: a module wrapped to overflow, to emit NaN forward or backward,
+or to die (zero output)."""
 
 from __future__ import annotations
 

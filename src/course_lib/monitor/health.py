@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Gradient health: per-parameter (and per layer output) shares that are zero, flushed, subnormal or
+overflowing in a format, the alerts they raise, and the monitor that samples them during training."""
 
 from __future__ import annotations
 

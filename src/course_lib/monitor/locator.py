@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Finding the first non-finite value: forward and backward hooks on every module, and the report naming the
+module, the pass and its inputs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Per-matmul operand statistics: every linear layer's input and weight classified as a format would store them,
+unscaled or with a per-tensor scale (Transformer Engine's per-GEMM debug statistics)."""
 
 from __future__ import annotations
 

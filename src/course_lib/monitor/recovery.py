@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Recovery: checkpoints that survive a crash, keeping one module in FP32, and a training run that rolls back
+to its last good checkpoint and continues under a safer recipe (layer 3: it drives the training loop)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from ..train import History, TrainState, get_recipe, train
 from .faults import wrap_submodule
 from .health import ALERT_KINDS, Alert, GradientHealthMonitor
 
@@ -106,8 +109,6 @@ def train_with_recovery(state, sampler, checkpoint_path: str | Path, *, policy: 
     """Train ``state`` (a :class:`course_lib.train.TrainState`) to ``config.steps`` (or ``steps`` more),
     one optimizer step at a time under ``monitor``, checkpointing atomically to ``checkpoint_path``, and
     recovering by ``policy`` when a trigger alert is raised."""
-    from ..train import History, TrainState, get_recipe, train
-
     policy = policy if policy is not None else RecoveryPolicy()
     if not isinstance(policy, RecoveryPolicy):
         raise TypeError("policy must be a RecoveryPolicy")

@@ -39,22 +39,22 @@ of values below about 1e-35 are affected.
 from __future__ import annotations
 
 from .blocks import (
-    MX_ELEMENTS,
-    SCALE_MODES,
-    SCALE_FORMATS,
     E8M0_BIAS,
-    element_format,
-    element_key,
-    e8m0_exponents,
+    MX_ELEMENTS,
+    SCALE_FORMATS,
+    SCALE_MODES,
     BlockScaling,
     BlockTensor,
-    pack_fp4,
-    unpack_fp4,
     block_error,
+    e8m0_exponents,
+    element_format,
+    element_key,
+    pack_fp4,
     stochastic_round,
+    unpack_fp4,
 )
-from .nvfp4 import HADAMARD_SIZE, hadamard_matrix, random_signs, random_hadamard
-from .linear import BlockRecipe, block_recipe, BLOCK_RECIPES, BlockLinear, convert_to_block_scaled
+from .linear import BLOCK_RECIPES, BlockLinear, BlockRecipe, block_recipe, convert_to_block_scaled
+from .nvfp4 import HADAMARD_SIZE, hadamard_matrix, random_hadamard, random_signs
 
 __all__ = [
     "MX_ELEMENTS",

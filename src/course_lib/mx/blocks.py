@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""Block-scaled tensors (OCP Microscaling and NVFP4): element formats, E8M0 scale selection (FLOOR, RCEIL,
+CEIL, EVEN), :class:`BlockScaling` and :class:`BlockTensor`, FP4 packing, stochastic rounding and the
+quantisation error of a block scaling."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Block-scaled linear layers: the MXFP8, MXFP4 and NVFP4 recipes (and NVFP4 with one piece removed) and
+:class:`BlockLinear` with ``convert_to_block_scaled``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""TODO docstring."""
+"""The NVFP4 recipe's random Hadamard transform: the 16 x 16 Hadamard matrix, random signs and the transform."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-
 
 HADAMARD_SIZE = 16
 

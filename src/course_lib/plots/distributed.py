@@ -1,10 +1,11 @@
-"""TODO docstring."""
+"""Figures of lesson 10: reduction error against the number of ranks, and each rank's loss scale."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
 from .style import FIGURE_DPI, finish_figure
 
 

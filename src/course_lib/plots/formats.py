@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Figures of lesson 1 (and lesson 5's rounding error): bit layouts, ranges against measured magnitudes,
+relative spacing."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ..formats import get_format, spacing
-from .style import EXPONENT_COLOUR, FORMAT_COLOURS, LIMIT_COLOUR, MANTISSA_COLOUR, SIGN_COLOUR, TENSOR_COLOUR, finish_figure, resolve_formats
+from ..formats import get_format, round_to_format, spacing
+from .style import (
+    EXPONENT_COLOUR,
+    FORMAT_COLOURS,
+    LIMIT_COLOUR,
+    MANTISSA_COLOUR,
+    SIGN_COLOUR,
+    TENSOR_COLOUR,
+    finish_figure,
+    resolve_formats,
+)
 
 
 def plot_bit_layouts(formats=None) -> Figure:
@@ -153,8 +163,6 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
     """The same log-uniform random values rounded to each format: relative rounding error against
     magnitude (binned median and maximum). Flat at about epsilon/4 (median) in the normal range; 100%
     where values flush to zero; undefined (not drawn) where they overflow."""
-    from ..formats import round_to_format
-
     rng = np.random.default_rng(seed)
     x = np.exp(rng.uniform(math.log(lo), math.log(hi), n))
     edges = np.logspace(math.log10(lo), math.log10(hi), 61)

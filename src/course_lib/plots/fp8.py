@@ -1,10 +1,12 @@
-"""TODO docstring."""
+"""Figures of lesson 7: scaling recipes' error, the outlier sweep, delayed scaling against a spike, FP8
+training, accumulation error and the predicted speed-up."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
 from .style import TENSOR_COLOUR, finish_figure, fp8_colour, plot_seeded_runs, recipe_colour
 
 

@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""Figures of lesson 3: survival against the loss scale, gradient fidelity per scale, scale traces."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
 from .style import FORMAT_COLOURS, finish_figure, recipe_colour
 
 

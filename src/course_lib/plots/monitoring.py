@@ -1,10 +1,11 @@
-"""TODO docstring."""
+"""Figures of lesson 9: a recovered run, underflow over a run, the monitor's dashboard."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
 from .style import LIMIT_COLOUR, finish_figure, recipe_colour
 
 

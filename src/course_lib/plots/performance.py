@@ -1,10 +1,12 @@
-"""TODO docstring."""
+"""Figures of lesson 6: matmul throughput, the roofline, training throughput, loss against time, memory."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
+from ..bench import attainable_tflops
 from .style import FORMAT_COLOURS, finish_figure
 
 _DTYPE_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16": "#0072B2", "fp16": "#D55E00", "fp8": "#CC79A7"}
@@ -56,8 +58,6 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     """Roofline: attainable TFLOP/s against arithmetic intensity (FLOPs per byte) for each ceiling
     ``{label: (peak TFLOP/s, bandwidth GB/s)}``, with each operation (an ``OpCost``) placed at its
     intensity on the first ceiling's roof."""
-    from ..bench import attainable_tflops
-
     if not ceilings:
         raise ValueError("give at least one ceiling")
     fig, ax = plt.subplots(figsize=(8.5, 5))

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""What every figure shares: colours (colour-blind safe, one per format and per recipe), resolution, the
+finishing touches, and the loss-curve plots several lessons use."""
 
 from __future__ import annotations
 

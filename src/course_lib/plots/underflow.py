@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""Figures of lesson 2: gradient histograms against a format's regions, per layer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..formats import get_format
+from ..gradients import summarize_underflow
+from ..magnitudes import log2_histogram
 from .style import LIMIT_COLOUR, finish_figure, quantiles
 
 
@@ -16,9 +18,6 @@ def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, titl
                             ax=None) -> Figure:
     """Histogram of log2|g| (times ``loss_scale``) with the format's regions shaded and labelled with
     the measured fractions: flushed to zero, subnormal, normal, overflow. Exact zeros are counted apart."""
-    from ..gradients import summarize_underflow
-    from ..magnitudes import log2_histogram
-
     f = get_format(fmt)
     summary = summarize_underflow(values, f, loss_scale)
     scaled = values.detach().flatten().double() * loss_scale

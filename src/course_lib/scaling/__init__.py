@@ -16,27 +16,27 @@ growth tracker, the skip decisions and the unscaled gradients bit for bit):
 
 from __future__ import annotations
 
+from .pitfalls import (
+    AUTOCAST_PITFALLS_DTYPE,
+    LOW_PRECISION_DTYPES,
+    PITFALLS,
+    Finding,
+    PitfallDemo,
+    ScalerAudit,
+    run_pitfall_demo,
+)
 from .scaler import (
-    DEFAULT_INIT_SCALE,
-    DEFAULT_GROWTH_FACTOR,
     DEFAULT_BACKOFF_FACTOR,
+    DEFAULT_GROWTH_FACTOR,
     DEFAULT_GROWTH_INTERVAL,
-    TeachingLossScaler,
+    DEFAULT_INIT_SCALE,
+    ScalerDefaults,
     ScaleTrace,
+    TeachingLossScaler,
+    compare_with_grad_scaler,
+    grad_scaler_defaults,
     replay_scale_schedule,
     steps_to_double,
-    ScalerDefaults,
-    grad_scaler_defaults,
-    compare_with_grad_scaler,
-)
-from .pitfalls import (
-    PITFALLS,
-    LOW_PRECISION_DTYPES,
-    Finding,
-    ScalerAudit,
-    PitfallDemo,
-    run_pitfall_demo,
-    AUTOCAST_PITFALLS_DTYPE,
 )
 
 __all__ = [

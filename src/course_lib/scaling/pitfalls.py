@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Loss-scaling pitfalls caught as they happen: an auditor that watches a real GradScaler loop (clipping
+before unscale_, a scaler with BF16, evaluation without autocast, ...), and each pitfall planted in a demo."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""A dynamic loss scaler written from scratch (checked bit for bit against ``torch.amp.GradScaler``), replays
+of a scale schedule, and GradScaler's defaults."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Lesson 10's studies: every two-process run of the lesson in one launch, and reduction error against the
+number of ranks on real gradients."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ..data import BatchSampler
+from ..device import SizeProfile
 from ..distributed.launch import launch_local
 from ..distributed.reduce import REDUCTION_VARIANTS, reduce_mean
 from ..distributed.worker import DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, single_process_run
+from ..models import course_setup
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,6 @@ def per_rank_gradients(profile, device: torch.device | str, n_ranks: int, *, see
                        sequences: int = 2) -> torch.Tensor:
     """``[n_ranks, n_params]`` FP32 gradients of the course model at its initialisation, each rank's from
     its own ``sequences`` sequences (distinct batches), as the ranks of a data-parallel step hold them."""
-    from ..models import course_setup
-
     for name, value in (("n_ranks", n_ranks), ("sequences", sequences)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -190,9 +193,6 @@ class DataParallelStudy:
 def fp32_eval_of(flat_params: torch.Tensor, profile, *, seed: int = 0, batches: int = 4) -> float:
     """The course model with the FP32 weights ``flat_params`` (as :class:`RankHistory` keeps them),
     evaluated in FP32 on ``batches`` held-out (validation split) batches."""
-    from ..data import BatchSampler
-    from ..models import course_setup
-
     setup = course_setup(profile, "cpu", steps=0, default_steps=(0, 0), seed=seed)
     model = setup.model(seed)
     params = list(model.parameters())
@@ -213,8 +213,6 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
     rank (DDP, by hand in the wrong order, FSDP2), FSDP2's mixed precision policies, DDP's compression
     hooks, and the real all-reduce against :func:`simulate_all_reduce`; all in one launch of
     ``world_size`` local processes (NCCL on GPUs when every rank has one, else gloo on the CPU)."""
-    from ..device import SizeProfile
-
     if not isinstance(profile, SizeProfile):
         raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
     backend = choose_backend("auto", world_size)

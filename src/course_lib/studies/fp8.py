@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Lesson 7's studies: the course model's tensors under every scaling recipe, the outlier sweep, delayed scaling
+against a spike, FP8 training over seeds, and the measured speed of FP8 linear layers."""
 
 from __future__ import annotations
 
@@ -8,9 +9,22 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from ..bench import time_function
 from ..fp8.casts import as_2d
 from ..fp8.linear import Fp8Linear, convert_to_fp8
-from ..fp8.recipes import BlockwiseScaling, CurrentScaling, DelayedScaling, QuantizationError, RowwiseScaling, ScalingRecipe, StaticScaling, quantization_error
+from ..fp8.recipes import (
+    BlockwiseScaling,
+    CurrentScaling,
+    DelayedScaling,
+    QuantizationError,
+    RowwiseScaling,
+    ScalingRecipe,
+    StaticScaling,
+    quantization_error,
+)
+from ..models import course_setup
+from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 
 
 @dataclass(frozen=True)
@@ -31,8 +45,6 @@ def capture_linear_tensors(profile, device: torch.device | str = "cpu", *, layer
                            steps: int | None = None, seed: int = 0, lr: float = 3e-3) -> LinearTensors:
     """Train the course GPT in FP32 for ``steps`` steps, then record one linear layer's input, weight and
     output gradient on the next batch."""
-    from ..models import course_setup
-
     setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
     model = setup.model(seed)
     modules = dict(model.named_modules())
@@ -176,9 +188,6 @@ def train_fp8(recipe: str, profile, device: torch.device | str = "cpu", *, steps
     """Train the course GPT with FP8 linear layers (``recipe``, see :func:`linear_scaling`; every other op
     and the weights in FP32), or with a plain precision recipe of :mod:`course_lib.train` ("fp32",
     "bf16_autocast", ...). Same batches, same initial weights for the same seed. Returns the History."""
-    from ..models import course_setup
-    from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
     model = setup.model(seed)
@@ -293,8 +302,6 @@ def _linear_implementations(n: int, device: torch.device):
 def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2) -> Fp8LinearSpeed:
     """Time forward + backward of a square linear layer in BF16 and in FP8 (the course's layer on
     ``torch._scaled_mm``, and torchao's when it imports), with :func:`course_lib.bench.time_function`."""
-    from ..bench import time_function
-
     device = torch.device(device)
     sizes = tuple(int(n) for n in sizes)
     if not sizes or any(n < 16 or n % 16 for n in sizes):

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Lesson 3's studies: a flight recording of a real GradScaler run, static against dynamic scaling, and the
+gradient fidelity of each loss scale."""
 
 from __future__ import annotations
 
@@ -6,7 +7,16 @@ import math
 from dataclasses import dataclass
 
 import torch
-from ..scaling.scaler import DEFAULT_BACKOFF_FACTOR, DEFAULT_GROWTH_FACTOR, DEFAULT_GROWTH_INTERVAL, DEFAULT_INIT_SCALE, ScaleTrace, check_scaler_args
+
+from ..models import course_setup
+from ..scaling.scaler import (
+    DEFAULT_BACKOFF_FACTOR,
+    DEFAULT_GROWTH_FACTOR,
+    DEFAULT_GROWTH_INTERVAL,
+    DEFAULT_INIT_SCALE,
+    ScaleTrace,
+    check_scaler_args,
+)
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,6 @@ def record_grad_scaler_run(
     back-offs reached zero in float32, as happens when the forward pass itself is non-finite): from
     there on torch's scaler stays at zero and no later step can carry information.
     """
-    from ..models import course_setup
-
     setup = course_setup(profile, device, steps=steps, default_steps=(60, 2000), seed=seed)
     check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval)
     steps, device, sampler = setup.steps, setup.device, setup.sampler
@@ -145,8 +153,6 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
     gradients are not finite, never changing the scale. Every run starts from the same weights and sees
     the same batches.
     """
-    from ..models import course_setup
-
     setup = course_setup(profile, device, steps=steps, default_steps=(30, 1000), seed=seed)
     steps, device, sampler = setup.steps, setup.device, setup.sampler
     interval = profile.pick(small=10, full=DEFAULT_GROWTH_INTERVAL) if dynamic_growth_interval is None \
@@ -224,8 +230,6 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
     backward of ``loss * scale`` (divided by the scale afterwards) with the FP32 gradient. Unlike a
     training curve under Adam, which divides the scale out of every update, this shows what the scale does
     to the gradients themselves."""
-    from ..models import course_setup
-
     scales = tuple(float(sc) for sc in scales)
     if not scales or any(not (sc > 0 and math.isfinite(sc)) for sc in scales):
         raise ValueError(f"scales must be positive finite numbers, got {scales!r}")

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Lesson 8's studies: error against block size, scale choices and modes, MX and NVFP4 training over seeds,
+and the NVFP4 recipe's pieces measured on the gradient."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import torch
 from torch import nn
 
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
-from ..mx.blocks import BlockScaling, element_key, block_error, e8m0_exponents, element_format
+from ..models import course_setup
+from ..mx.blocks import BlockScaling, block_error, e8m0_exponents, element_format, element_key
 from ..mx.linear import block_recipe, convert_to_block_scaled
+from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
+from .fp8 import Fp8Training, seeded_curves
 
 
 @dataclass(frozen=True)
@@ -111,9 +115,6 @@ def train_block_scaled(recipe: str, profile, device: torch.device | str = "cpu",
     """Train the course GPT with block-scaled linear layers (``recipe``, see :func:`block_recipe`; every other
     op and the weights in FP32) or with a plain precision recipe of :mod:`course_lib.train`
     (``"bf16_autocast"``, ...). Same batches and initial weights for the same seed. Returns the History."""
-    from ..models import course_setup
-    from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
     model = setup.model(seed)
@@ -131,12 +132,9 @@ def block_scaled_training(profile, device: torch.device | str = "cpu", *,
                           steps: int | None = None, lr: float = 3e-3):
     """Loss curves of :func:`train_block_scaled` per recipe and seed, as a
     :class:`course_lib.fp8.Fp8Training` (``block``: NVFP4's 16)."""
-    from ..studies.fp8 import Fp8Training, seeded_curves
-
     if not recipes or not seeds:
         raise ValueError("block_scaled_training needs at least one recipe and one seed")
     for r in recipes:
-        from ..train import RECIPES
         if r not in RECIPES:
             block_recipe(r)
     curves, n_steps = seeded_curves(lambda recipe, seed: train_block_scaled(recipe, profile, device, steps=steps,
@@ -176,7 +174,6 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
     rounding gives the same gradient every time, so it is computed once per batch)."""
     import copy
 
-    from ..models import course_setup
 
     for name, v in (("draws", draws), ("batches", batches)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Lesson 9's studies: NaN hunts, an overflow recovered, underflow over a run, a dying layer, and what watching
+costs."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 import torch
 
 from ..formats import get_format
+from ..models import course_setup
 from ..monitor.faults import plant_fault
 from ..monitor.health import Alert, GradientHealthMonitor, MonitorLog, Thresholds
 from ..monitor.locator import NonFiniteLocator, NonFiniteReport
 from ..monitor.recovery import RecoveryEvent, RecoveryPolicy, train_with_recovery
+from ..train import TrainConfig, TrainState, get_recipe, train
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,6 @@ def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "block
     under the locator and one under anomaly mode, and time a healthy step each way."""
     import copy
 
-    from ..models import course_setup
 
     if kind not in ("nan", "nan_backward"):
         raise ValueError(f"kind must be 'nan' or 'nan_backward', got {kind!r}")
@@ -119,9 +121,6 @@ def overflow_recovery(profile, device: torch.device | str = "cpu", *, steps: int
                       seed: int = 0) -> RecoveryDemo:
     """Train the course model with FP16 autocast and GradScaler, with an overflow planted in ``layer`` from
     step ``fault_at``; once as it is, once under :func:`train_with_recovery`."""
-    from ..models import course_setup
-    from ..train import TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
     n = setup.steps
@@ -163,9 +162,6 @@ class UnderflowTrend:
 def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int | None = None, every: int = 5,
                     fmt: str = "FP16", threshold: float = 0.1, seed: int = 0) -> UnderflowTrend:
     """Train the course model in FP32 while a monitor asks what an unscaled ``fmt`` would flush."""
-    from ..models import course_setup
-    from ..train import TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(60, 600), seed=seed)
     model = setup.model(seed)
@@ -207,9 +203,6 @@ def monitor_overhead(profile, device: torch.device | str = "cpu", *, everies=(1,
                      rounds: int = 3, seed: int = 0) -> MonitorOverhead:
     """Time optimizer steps of one run, alternating blocks of ``steps`` steps without a monitor and with a
     monitor at each sampling interval in ``everies`` (``rounds`` times, so drift affects all alike)."""
-    from ..models import course_setup
-    from ..train import TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps * (len(everies) + 1) * rounds + 2,
                          default_steps=(10**6, 10**6), seed=seed)
@@ -242,9 +235,6 @@ def dead_layer_run(profile, device: torch.device | str = "cpu", *, layer: str = 
                    seed: int = 0) -> DeadLayerRun:
     """Train the course model in FP32 under a monitor (sampling every ``every`` steps) while ``layer``
     dies at ``dies_at`` (default: a third of the way)."""
-    from ..models import course_setup
-    from ..train import TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 400), seed=seed)
     n = setup.steps

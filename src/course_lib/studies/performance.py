@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Lesson 6's studies: training throughput, MFU and time to a target per recipe, the profiled step, and memory
+per recipe counted byte by byte."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from typing import Any, Sequence
 
 import torch
 
+from ..bench.matmul import capability_probe
+from ..bench.roofline import model_flops_per_token
+from ..data import BatchSampler
 from ..hardware import (
     find_gpu_peaks,
 )
-from ..bench.matmul import capability_probe
-from ..bench.roofline import model_flops_per_token
-from ..models import count_parameters
+from ..memory import MemoryBreakdown, saved_tensor_bytes, tensor_bytes
+from ..models import count_parameters, course_setup
+from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, train
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,6 @@ class ThroughputStudy:
 
 def recipe_matmul_dtype(recipe: str) -> str:
     """The dtype a recipe's matrix products run in (one of :data:`MATMUL_DTYPES`), read off the recipe."""
-    from ..train import get_recipe
-
     r = get_recipe(recipe)
     if r.tf32:
         return "tf32"
@@ -122,9 +124,6 @@ def training_throughput(profile, device: torch.device | str = "cpu", *,
     MFU peaks: on a GPU in :data:`DATASHEET_PEAKS`, its datasheet figure for the recipe's dtype; on a CPU,
     the FP32 matmul rate measured here (capability probe) for every recipe. ``compile_too`` adds ``torch.compile`` runs of every recipe.
     """
-    from ..models import course_setup
-    from ..train import TrainConfig, TrainState, get_recipe, train
-
     device = torch.device(device)
     if not seeds:
         raise ValueError("seeds must not be empty")
@@ -228,8 +227,6 @@ def profile_training_step(recipe: str, profile, device: torch.device | str = "cp
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from ..models import course_setup
-    from ..train import TrainConfig, TrainState, get_recipe, train
 
     device = torch.device(device)
     r = get_recipe(recipe, device)
@@ -259,3 +256,107 @@ def study_from_values(parameters: dict, values: dict, device: str = "recorded") 
                                str(parameters.get("peak_source", "")))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a training_throughput record: {exc}") from None
+
+
+def account_training_memory(recipe: str, profile, device: torch.device | str = "cpu", *,
+                            batch_size: int | None = None, context: int | None = None,
+                            seed: int = 0) -> MemoryBreakdown:
+    """Run two training steps of the course model with ``recipe`` and count the second one's memory.
+
+    Both steps run through :func:`course_lib.train.train`. The first creates the optimizer state; the
+    second is counted: the tensors its forward pass saves for backward, its gradients, and the state that
+    exists after its optimizer step; on a GPU, the allocator's peak during that step.
+    """
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    setup = course_setup(profile, device, steps=2, default_steps=(2, 2), seed=seed)
+    cfg = setup.config
+    b = setup.sampler.batch_size if batch_size is None else batch_size
+    t = cfg.context if context is None else context
+    for name, v in (("batch_size", b), ("context", t)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if t > cfg.context:
+        raise ValueError(f"context {t} exceeds the model's context {cfg.context}")
+    sampler = BatchSampler(setup.sampler.corpus, b, t, seed=seed)
+    state = TrainState(setup.model(seed), r, TrainConfig(steps=2), device)
+    train(state, sampler, steps=1)  # creates the optimizer state
+    # the counted step runs through the course's one training loop; only the forward pass saves tensors
+    # for backward, so the hook around the whole step sees exactly the forward's saved tensors
+    history = History(r.name)
+    activations, copies, _ = saved_tensor_bytes(state.model, lambda: train(state, sampler, steps=1,
+                                                                          history=history))
+    grads = sum(tensor_bytes(p.grad) for p in state.params if p.grad is not None)
+    if state.masters is not None:
+        grads += sum(tensor_bytes(m.grad) for m in state.masters if m.grad is not None)
+    components = {
+        "weights": sum(tensor_bytes(p) for p in state.params),
+        "gradients": grads,
+        "optimizer_state": sum(tensor_bytes(v) for st in state.optimizer.state.values()
+                               for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0),
+        "master_weights": 0 if state.masters is None else sum(tensor_bytes(m) for m in state.masters),
+        "autocast_weight_copies": copies,
+        "activations": activations,
+    }
+    peak = history.peak_memory_bytes  # train() resets the allocator's peak at the start of the step
+    n_params = sum(p.numel() for p in state.params)
+    return MemoryBreakdown(r.name, str(device), n_params, b, t, components, peak)
+
+
+@dataclass(frozen=True)
+class ActivationSweep:
+    """Bytes saved for backward against batch size and sequence length, with and without activation
+    checkpointing of every block."""
+
+    recipe: str
+    points: tuple[tuple[int, int, bool, int], ...]   # (batch, context, checkpointed, bytes)
+
+    def quadratic_share(self) -> tuple[float, int]:
+        """Fit ``bytes(T) = a*T + c*T**2`` through the plain points at the largest batch; return the
+        share of the ``T**2`` term (attention's scores) in the bytes at the largest context, and that
+        context."""
+        import numpy as np
+
+        b = max(p[0] for p in self.points)
+        pts = sorted((p[1], p[3]) for p in self.points if p[0] == b and not p[2])
+        if len(pts) < 2:
+            raise ValueError("the fit needs at least two contexts at the largest batch size")
+        t = np.array([p[0] for p in pts], float)
+        (a, c), *_ = np.linalg.lstsq(np.stack([t, t ** 2], 1), np.array([p[1] for p in pts], float), rcond=None)
+        return float(c * t[-1] ** 2 / (a * t[-1] + c * t[-1] ** 2)), int(t[-1])
+
+
+def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *,
+                     batches=(1, 2, 4, 8), contexts=(16, 32, 64), seed: int = 0) -> ActivationSweep:
+    """Activation bytes (saved for backward, weight copies excluded) of the course model's forward pass
+    over batch sizes (at the largest context) and contexts (at the largest batch), plain and with
+    ``torch.utils.checkpoint`` around every block."""
+    from torch.utils.checkpoint import checkpoint
+
+
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    setup = course_setup(profile, device, steps=1, default_steps=(1, 1), seed=seed)
+    model = setup.model(seed).to(dtype=r.param_dtype)
+    if max(contexts) > setup.config.context:
+        raise ValueError(f"contexts must not exceed the model's context {setup.config.context}")
+    points = []
+    shapes = sorted({(b, max(contexts)) for b in batches} | {(max(batches), t) for t in contexts})
+    for b, t in shapes:
+        x, y = BatchSampler(setup.sampler.corpus, b, t, seed=seed).batch(0, device)
+        for checkpointed in (False, True):
+            def forward():
+                with recipe_autocast(r, device):
+                    if not checkpointed:
+                        return model(x, y)[1]
+                    pos = torch.arange(t, device=device)
+                    h = model.tok_emb(x) + model.pos_emb(pos)
+                    for block in model.blocks:
+                        h = checkpoint(block, h, use_reentrant=False)
+                    logits = model.head(model.ln_f(h))
+                    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            activations, _, loss = saved_tensor_bytes(model, forward)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            points.append((b, t, checkpointed, activations))
+    return ActivationSweep(r.name, tuple(points))
