@@ -136,7 +136,6 @@ def test_figures_render_at_high_resolution():
 def test_microscaling_figures_draw_their_data():
     import torch
 
-    from course_lib import mx
     from course_lib.studies import microscaling as mx_studies
 
     torch.manual_seed(0)
@@ -188,8 +187,6 @@ def test_monitoring_figures_draw_their_data():
 
 def test_dashboard_draws_each_panel_and_groups_alerts():
     from course_lib import monitor as mon
-    from course_lib.monitor import recovery
-    from course_lib.studies import monitoring as monitoring_studies
 
     stats = lambda z: (mon.GradientStats("a", 4, z, 0, 0, 0, 0, 1.0), mon.GradientStats("b", 4, 0.0, 0, 0, 0, 0, 1.0))  # noqa: E731
     log = mon.MonitorLog(steps=[0, 1, 2, 3], losses=[3.0, 2.5, 2.0, 1.8], scales=[1.0] * 4,

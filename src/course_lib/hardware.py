@@ -71,7 +71,9 @@ def format_unsupported_reason(fmt: str, device: torch.device | str) -> str | Non
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return "torch sees no CUDA GPU on this machine"
-        why = capability_unsupported_reason(fmt, gpu_compute_capability(device))
+        cc = gpu_compute_capability(device)
+        assert cc is not None   # a CUDA device has one
+        why = capability_unsupported_reason(fmt, cc)
         if why is None and fmt == "fp8":
             return scaled_mm_unsupported_reason(device)
         return why
