@@ -15,15 +15,15 @@ Where each call site is reached (``file:function``, the call -> the test):
 * device.py:describe_hardware, ``is_available``/``current_device``/``get_device_properties``, the summary and
   caveat of a GPU -> test_describing_a_gpu_by_index, test_device.py::test_gpu_description_from_compute_capability;
   no GPU -> test_asking_for_a_gpu_without_one
-* device.py:HardwareInfo.banner_markdown on a GPU, bench.py:capability_probe (n=4096 on a GPU),
-  bench.py:_probe -> test_banner_on_a_gpu_measures_what_its_capability_allows
+* device.py:HardwareInfo.banner_markdown on a GPU, bench/matmul.py:capability_probe (n=4096 on a
+  GPU), bench/matmul.py:_probe -> test_banner_on_a_gpu_measures_what_its_capability_allows
 * hardware.py:format_unsupported_reason, ``is_available``/``get_device_capability`` ->
   test_bench.py::test_no_cuda_is_a_reason_not_a_crash, test_bench.py::test_dtype_support_on_gpus_from_compute_capability,
   and through the probe above
-* bench.py:make_timer/CudaEventTimer, ``torch.cuda.Event`` -> test_bench.py::test_cuda_event_timer_converts_milliseconds,
+* bench/timing.py:make_timer/CudaEventTimer, ``torch.cuda.Event`` -> test_bench.py::test_cuda_event_timer_converts_milliseconds,
   test_time_function_on_a_gpu_uses_cuda_events
-* bench.py:_mfu_peaks, ``get_device_properties`` -> test_bench.py::test_mfu_peaks_on_a_gpu_come_from_the_datasheet
-* bench.py:profile_training_step, the profiler's self-time field on a GPU (_self_time_attribute) ->
+* studies/performance.py:_mfu_peaks, ``get_device_properties`` -> test_bench.py::test_mfu_peaks_on_a_gpu_come_from_the_datasheet
+* studies/performance.py:profile_training_step, the profiler's self-time field on a GPU (_self_time_attribute) ->
   test_profiler_self_time_field_on_a_gpu
 * train.py:Recipe.unsupported_reason, ``is_available``/``get_device_capability`` ->
   test_train.py::test_recipes_refused_by_compute_capability_not_by_emulated_bf16,
@@ -41,7 +41,7 @@ Where each call site is reached (``file:function``, the call -> the test):
   test_selfcheck_skips_gpu_only_experiments_on_a_cpu
 * record.py:main on a GPU (no refusal, ``--all`` includes GPU-only experiments), results.py:capture_provenance
   (CUDA version), results.py validation of a GPU record -> test_record_on_a_gpu
-* scaling.py:ScalerAudit._on_autocast, ``is_available``/``get_device_capability`` ->
+* scaling/pitfalls.py:ScalerAudit._on_autocast, ``is_available``/``get_device_capability`` ->
   test_bf16_autocast_is_flagged_only_below_compute_capability_8; the pitfall demos' patches of
   ``torch.cuda`` (disabled_scaler, bf16_without_native_support) ->
   test_scaling.py::test_each_detector_catches_its_planted_pitfall
@@ -49,14 +49,14 @@ Where each call site is reached (``file:function``, the call -> the test):
 Not reachable without a GPU, because the branch itself launches CUDA kernels or allocates CUDA memory
 (they ran on an H100: the records under results/ and ``python -m course_lib.selfcheck`` there):
 
-* formats.py:tf32_matmul_check (a TF32 matmul, then ``torch.cuda.synchronize``); its refusal on a CPU is
+* formats/tf32.py:tf32_matmul_check (a TF32 matmul, then ``torch.cuda.synchronize``); its refusal on a CPU is
   tested in test_formats.py
-* bench.py:_scaled_mm_runs and matmul_operands/measure_matmul on a GPU (FP8 ``torch._scaled_mm``, matmuls)
-* bench.py:profile_training_step's profile itself (``ProfilerActivity.CUDA`` around a CUDA training step)
-* bench.py:training_throughput with ``torch.compile`` on a GPU (the CUDA path of inductor)
-* amp.py:trace_course_model and sensitive_ops_trace (FP16 autocast on CUDA tensors), overflow.py:matmul_overflow
+* hardware.py:_scaled_mm_runs and bench/matmul.py:matmul_operands/measure_matmul on a GPU (FP8 ``torch._scaled_mm``, matmuls)
+* studies/performance.py:profile_training_step's profile itself (``ProfilerActivity.CUDA`` around a CUDA training step)
+* studies/performance.py:training_throughput with ``torch.compile`` on a GPU (the CUDA path of inductor)
+* studies/amp.py:trace_course_model and amp.py:sensitive_ops_trace (FP16 autocast on CUDA tensors), overflow.py:matmul_overflow
   (an FP16 autocast matmul on CUDA)
-* scaling.py:_autocast_enabled's fallback for torch before 2.4 (the course needs 2.11 or newer)
+* scaling/pitfalls.py:_autocast_enabled's fallback for torch before 2.4 (the course needs 2.11 or newer)
 """
 
 from __future__ import annotations

@@ -74,10 +74,8 @@ def differences(before: dict, after: dict) -> dict[str, list[str]]:
             if b["glue"].get(name) != a["glue"].get(name):
                 diffs.append(f"glue:{name}")
         bd, ad = sorted(b["displays"]), sorted(a["displays"])
-        for i, text in enumerate(d for d in bd if d not in ad):
-            diffs.append(f"display-before:{text[:60]!r}")
-        for i, text in enumerate(d for d in ad if d not in bd):
-            diffs.append(f"display-after:{text[:60]!r}")
+        diffs += [f"display-before:{text[:60]!r}" for text in bd if text not in ad]
+        diffs += [f"display-after:{text[:60]!r}" for text in ad if text not in bd]
         if diffs:
             out[lesson] = diffs
     return out

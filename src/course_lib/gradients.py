@@ -208,7 +208,7 @@ def sweep_loss_scale(values: torch.Tensor, scales, fmt: str | FloatFormat = "FP1
                       tuple(s.flushed for s in sums), tuple(s.subnormal for s in sums))
 
 
-# ---- training runs ------------------------------------------------------------------------------------
+# ---- summaries of several captured steps ------------------------------------------------------------
 
 
 def summary_rows(captures: dict[int, GradientCapture], formats=UNDERFLOW_FORMATS,

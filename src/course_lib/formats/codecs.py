@@ -585,14 +585,3 @@ def spacing(x: ArrayLike | float, fmt: str | FloatFormat) -> ArrayLike:
     binade = torch.clamp(_binade(a), min=f.min_exponent)
     gap = pow2(binade - f.mantissa_bits)
     return _back(torch.where(torch.isfinite(t), gap, torch.full_like(gap, math.nan)), from_numpy)
-
-
-# ---- explaining single values ------------------------------------------------------------------------
-
-
-# ---- checking TF32 against the hardware ------------------------------------------------------------
-
-
-# ---- tables ------------------------------------------------------------------------------------------
-
-

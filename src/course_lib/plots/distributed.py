@@ -11,7 +11,7 @@ from .style import FIGURE_DPI, finish_figure
 
 def plot_reduction_precision(study) -> Figure:
     """Two panels against the number of ranks (log2 axis), one line per reduction of a
-    :class:`~course_lib.distributed.ReductionStudy`: the relative L2 error of the reduced mean gradient (log
+    :class:`~course_lib.studies.distributed.ReductionStudy`: the relative L2 error of the reduced mean gradient (log
     scale, with one BF16 rounding of the exact mean as a dashed floor), and the share of entries off by more
     than the study's tolerance."""
     fig, (ax_err, ax_off) = plt.subplots(1, 2, figsize=(11, 5.0))
@@ -44,7 +44,7 @@ def plot_reduction_precision(study) -> Figure:
 
 def plot_rank_scales(study, labels=None) -> Figure:
     """The loss scale per step of every rank, one panel per planted-inf case of a
-    :class:`~course_lib.distributed.DataParallelStudy`; a cross marks each step a rank skipped, and a
+    :class:`~course_lib.studies.distributed.DataParallelStudy`; a cross marks each step a rank skipped, and a
     shaded column the step the inf was planted at."""
     labels = list(study.scaler_cases) if labels is None else list(labels)
     ncols = min(3, len(labels))

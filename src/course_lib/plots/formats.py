@@ -56,7 +56,7 @@ def plot_bit_layouts(formats=None) -> Figure:
 def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_of="FP16") -> Figure:
     """Representable magnitudes of every format on one log axis, with a model's tensors placed on it.
 
-    ``magnitudes``: a :class:`~course_lib.magnitudes.TrainingMagnitudes` measured live (optional);
+    ``magnitudes``: a :class:`~course_lib.studies.formats.TrainingMagnitudes` measured live (optional);
     ``recorded``: an optional ``(label, TrainingMagnitudes)`` from a GPU record, drawn beside it.
     Formats: light bar = subnormal range, dark bar = normal range. Tensors: thick bar = 1st to 99th
     percentile of the non-zero magnitudes, thin line = smallest to largest, dot = median.

@@ -35,7 +35,7 @@ def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
 
 def plot_scale_fidelity(result) -> Figure:
     """Relative error of each parameter's FP16-autocast gradient against FP32's (log scale), one line per
-    loss scale of a :class:`~course_lib.scaling.ScaleFidelity`; a scale whose gradients overflowed is named
+    loss scale of a :class:`~course_lib.studies.loss_scaling.ScaleFidelity`; a scale whose gradients overflowed is named
     in the legend without a line."""
     fig, ax = plt.subplots(figsize=(10, 4.6))
     x = np.arange(len(result.names))

@@ -15,7 +15,7 @@ _TENSOR_COLOURS = {"activation": "#332288", "weight": "#8C6D31", "gradient": "#A
 
 def plot_block_sizes(study) -> Figure:
     """Relative error (log) of MX quantisation against block size, one panel per element format of a
-    :class:`~course_lib.mx.BlockSizeStudy`; one line per tensor, dashed for a tensor named "... + outlier"."""
+    :class:`~course_lib.studies.microscaling.BlockSizeStudy`; one line per tensor, dashed for a tensor named "... + outlier"."""
     # each panel its own log range: FP8's errors would sit below the lowest labelled tick of FP4's
     fig, axes = plt.subplots(1, len(study.elements), figsize=(5.6 * len(study.elements), 4.4), squeeze=False)
     x = np.arange(len(study.blocks))

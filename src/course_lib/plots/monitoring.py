@@ -11,7 +11,7 @@ from .style import LIMIT_COLOUR, finish_figure, recipe_colour
 
 def plot_recovery(demo) -> Figure:
     """Loss, loss scale and skipped steps against the optimizer step for the run without recovery (grey)
-    and with it (colour) of a :class:`~course_lib.monitor.RecoveryDemo`; the fault's start and each rollback
+    and with it (colour) of a :class:`~course_lib.studies.monitoring.RecoveryDemo`; the fault's start and each rollback
     marked. A rolled-back run steps back along the x axis, so its line doubles back where it rolled back."""
     fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 7.4), sharex=True,
                                            gridspec_kw={"height_ratios": [2, 1.4, 0.8]})

@@ -183,22 +183,31 @@ class Fp8Training:
         return tuple(sum(c[-tail:]) / len(c[-tail:]) for c in self.curves[recipe])
 
 
-def train_fp8(recipe: str, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
-              seed: int = 0, lr: float = 3e-3, block: int | None = None, backend: str = "simulated"):
-    """Train the course GPT with FP8 linear layers (``recipe``, see :func:`linear_scaling`; every other op
-    and the weights in FP32), or with a plain precision recipe of :mod:`course_lib.train` ("fp32",
-    "bf16_autocast", ...). Same batches, same initial weights for the same seed. Returns the History."""
+def train_converted(recipe: str, convert, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+                    seed: int = 0, lr: float = 3e-3):
+    """Train the course GPT from seed ``seed``: with a plain precision recipe of :mod:`course_lib.train` when
+    ``recipe`` names one ("fp32", "bf16_autocast", ...), else in FP32 after ``convert(model)`` has swapped its
+    linear layers for quantised ones (every other op and the weights stay FP32). Same batches, same initial
+    weights for the same seed. Returns the History."""
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
     model = setup.model(seed)
     if recipe in RECIPES:
         precision = get_recipe(recipe, device)
     else:
-        block = block if block is not None else profile.pick(small=32, full=128)
-        convert_to_fp8(model, recipe, backend=backend, block=block)
+        convert(model)
         precision = get_recipe("fp32", device)
     state = TrainState(model, precision, TrainConfig(steps=setup.steps, lr=lr), device)
     return train(state, setup.sampler)
+
+
+def train_fp8(recipe: str, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+              seed: int = 0, lr: float = 3e-3, block: int | None = None, backend: str = "simulated"):
+    """Train the course GPT with FP8 linear layers (``recipe``, see :func:`linear_scaling`) or with a plain
+    precision recipe (see :func:`train_converted`). Returns the History."""
+    block = block if block is not None else profile.pick(small=32, full=128)
+    return train_converted(recipe, lambda model: convert_to_fp8(model, recipe, backend=backend, block=block),
+                           profile, device, steps=steps, seed=seed, lr=lr)
 
 
 def fp8_training(profile, device: torch.device | str = "cpu", *,

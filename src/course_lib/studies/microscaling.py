@@ -12,8 +12,8 @@ from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
 from ..models import course_setup
 from ..mx.blocks import BlockScaling, block_error, e8m0_exponents, element_format, element_key
 from ..mx.linear import block_recipe, convert_to_block_scaled
-from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
-from .fp8 import Fp8Training, seeded_curves
+from ..train import RECIPES
+from .fp8 import Fp8Training, seeded_curves, train_converted
 
 
 @dataclass(frozen=True)
@@ -112,26 +112,17 @@ def compare_scale_modes(x: torch.Tensor, *, element: str = "e2m1", block: int = 
 
 def train_block_scaled(recipe: str, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
                        seed: int = 0, lr: float = 3e-3):
-    """Train the course GPT with block-scaled linear layers (``recipe``, see :func:`block_recipe`; every other
-    op and the weights in FP32) or with a plain precision recipe of :mod:`course_lib.train`
-    (``"bf16_autocast"``, ...). Same batches and initial weights for the same seed. Returns the History."""
-    device = torch.device(device)
-    setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
-    model = setup.model(seed)
-    if recipe in RECIPES:
-        precision = get_recipe(recipe, device)
-    else:
-        convert_to_block_scaled(model, recipe, seed=seed)
-        precision = get_recipe("fp32", device)
-    state = TrainState(model, precision, TrainConfig(steps=setup.steps, lr=lr), device)
-    return train(state, setup.sampler)
+    """Train the course GPT with block-scaled linear layers (``recipe``, see :func:`block_recipe`) or with a
+    plain precision recipe (see :func:`~course_lib.studies.fp8.train_converted`). Returns the History."""
+    return train_converted(recipe, lambda model: convert_to_block_scaled(model, recipe, seed=seed),
+                           profile, device, steps=steps, seed=seed, lr=lr)
 
 
 def block_scaled_training(profile, device: torch.device | str = "cpu", *,
                           recipes=("bf16_autocast", "mxfp8", "mxfp4", "nvfp4"), seeds=(0, 1, 2),
                           steps: int | None = None, lr: float = 3e-3):
     """Loss curves of :func:`train_block_scaled` per recipe and seed, as a
-    :class:`course_lib.fp8.Fp8Training` (``block``: NVFP4's 16)."""
+    :class:`course_lib.studies.fp8.Fp8Training` (``block``: NVFP4's 16)."""
     if not recipes or not seeds:
         raise ValueError("block_scaled_training needs at least one recipe and one seed")
     for r in recipes:
