@@ -34,3 +34,14 @@ def test_differences_name_what_changed(tmp_path):
     assert snap.differences(before, after) == {"01": ["glue:ratio", "display-before:'| a |'",
                                                       "display-after:'| b |'"]}
     assert snap.differences(before, {}) == {"01": ["<lesson missing on one side>"]}
+
+
+def test_trailing_whitespace_is_not_a_change_and_one_lesson_can_be_compared(tmp_path):
+    before = {"01": snap.snapshot_notebook(_notebook(tmp_path / "a.ipynb", "x", "| a |")),
+              "02": snap.snapshot_notebook(_notebook(tmp_path / "b.ipynb", "y", "| b |"))}
+    after = {"01": snap.snapshot_notebook(_notebook(tmp_path / "c.ipynb", "x\n", "| a |\n"))}
+    assert snap.differences(before, after) == {"02": ["<lesson missing on one side>"]}
+    assert snap.differences(before, after, only_after=True) == {}
+    changed = {"01": snap.snapshot_notebook(_notebook(tmp_path / "d.ipynb", "x", "| a | b |"))}
+    assert snap.differences(before, changed, only_after=True) == {
+        "01": ["display-before:'| a |'", "display-after:'| a | b |'"]}

@@ -61,19 +61,26 @@ def save(folder: Path, out: Path) -> None:
           f"{sum(len(v['displays']) for v in snap.values())} displays from {len(snap)} lessons")
 
 
-def differences(before: dict, after: dict) -> dict[str, list[str]]:
-    """Per lesson, the glue names whose value changed or vanished, and the displays that changed."""
+def _same(a: str | None, b: str | None) -> bool:
+    """Equal up to trailing whitespace (a table that ends in a newline renders as one that does not)."""
+    return (a or "").rstrip() == (b or "").rstrip() and (a is None) == (b is None)
+
+
+def differences(before: dict, after: dict, *, only_after: bool = False) -> dict[str, list[str]]:
+    """Per lesson, the glue names whose value changed or vanished, and the displays that changed;
+    ``only_after`` compares just the lessons present in ``after`` (one lesson re-run)."""
     out: dict[str, list[str]] = {}
-    for lesson in sorted(set(before) | set(after)):
+    lessons = set(after) if only_after else set(before) | set(after)
+    for lesson in sorted(lessons):
         b, a = before.get(lesson), after.get(lesson)
         if b is None or a is None:
             out[lesson] = ["<lesson missing on one side>"]
             continue
         diffs = []
         for name in sorted(set(b["glue"]) | set(a["glue"])):
-            if b["glue"].get(name) != a["glue"].get(name):
+            if not _same(b["glue"].get(name), a["glue"].get(name)):
                 diffs.append(f"glue:{name}")
-        bd, ad = sorted(b["displays"]), sorted(a["displays"])
+        bd, ad = sorted(t.rstrip() for t in b["displays"]), sorted(t.rstrip() for t in a["displays"])
         diffs += [f"display-before:{text[:60]!r}" for text in bd if text not in ad]
         diffs += [f"display-after:{text[:60]!r}" for text in ad if text not in bd]
         if diffs:
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("after", type=Path)
     c.add_argument("--noise", type=Path, help="keys known to differ between two runs of the same code")
     c.add_argument("--write-noise", type=Path, help="write the differences found as a noise file")
+    c.add_argument("--only-after", action="store_true", help="compare only the lessons present in AFTER")
     c.add_argument("--verbose", action="store_true", help="print old and new values of each changed glue key")
     args = p.parse_args(argv)
     if args.cmd == "save":
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     before = json.loads(args.before.read_text())
     after = json.loads(args.after.read_text())
-    diffs = differences(before, after)
+    diffs = differences(before, after, only_after=args.only_after)
     if args.write_noise:
         args.write_noise.write_text(json.dumps(diffs, indent=1), encoding="utf-8")
     noise = json.loads(args.noise.read_text()) if args.noise else {}

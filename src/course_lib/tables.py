@@ -36,3 +36,12 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence]) -> MarkdownT
             raise ValueError(f"row {i} has {len(cells)} cells, the header has {len(header)}")
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return MarkdownTable("\n".join(lines) + "\n")
+
+
+def errata_table(rows: Iterable[Sequence[str]]) -> MarkdownTable:
+    """The errata box's table: one row per claim, with what the page measured against it. ``rows`` are
+    ``(claim, measured)`` pairs of Markdown text; an empty list is refused (a box with no claims)."""
+    rows = [tuple(r) for r in rows]
+    if not rows:
+        raise ValueError("errata_table needs at least one (claim, measured) row")
+    return markdown_table(("claim", "measured"), rows)

@@ -1,0 +1,41 @@
+"""Numbers into a lesson's prose: one helper hands a result's named facts to myst-nb's ``glue``.
+
+A study returns its facts as a mapping, name to value (a number the prose formats with ``{glue:text}`x:.2f```,
+Markdown text for ``{glue:md}``, a figure for ``{glue:figure}``); a lesson's hidden cell calls
+:func:`glue_facts` with it. Markdown text is wrapped so that Jupyter and the book render it, not quote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from IPython.display import Markdown
+from myst_nb import glue
+
+from .tables import MarkdownTable, errata_table
+
+
+class Prose(str):
+    """A fact that is Markdown text (a phrase or a table) rather than a number: glued as Markdown."""
+
+
+def glue_facts(facts: Mapping[str, object]) -> None:
+    """Glue every fact under its name, out of sight (``display=False``); :class:`Prose` and Markdown tables
+    are glued as Markdown. Raises ``TypeError`` for a name that is not a string and ``ValueError`` for an
+    empty or spaced one, before gluing anything."""
+    if not isinstance(facts, Mapping):
+        raise TypeError(f"facts must be a mapping of name to value, not {type(facts).__name__}")
+    for name in facts:
+        if not isinstance(name, str):
+            raise TypeError(f"fact names must be strings, got {name!r}")
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"fact name {name!r} must be non-empty and without spaces (myst-nb refers to it)")
+    for name, value in facts.items():
+        if isinstance(value, (Prose, MarkdownTable)):
+            value = Markdown(str(value))
+        glue(name, value, display=False)
+
+
+def glue_errata(name: str, rows: Sequence[tuple[str, str]]) -> None:
+    """Glue a lesson's errata table (claim, what this page measured) under ``name`` for ``{glue:md}``."""
+    glue_facts({name: errata_table(rows)})

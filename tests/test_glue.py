@@ -1,0 +1,47 @@
+"""course_lib.glue: a study's named facts reach myst-nb's glue, Markdown as Markdown, bad names refused."""
+
+import pytest
+from IPython.display import Markdown
+
+from course_lib import glue as G
+from course_lib.tables import errata_table, markdown_table
+
+
+@pytest.fixture
+def glued(monkeypatch):
+    calls = []
+    monkeypatch.setattr(G, "glue", lambda name, value, display=True: calls.append((name, value, display)))
+    return calls
+
+
+def test_glue_facts_glues_each_fact_out_of_sight_and_markdown_as_markdown(glued):
+    table = markdown_table(["a"], [(1,)])
+    G.glue_facts({"ratio": 1.25, "phrase": G.Prose("in *every* run"), "table": table, "n": 3})
+    assert [(n, d) for n, _, d in glued] == [("ratio", False), ("phrase", False), ("table", False), ("n", False)]
+    values = {n: v for n, v, _ in glued}
+    assert values["ratio"] == 1.25 and values["n"] == 3
+    assert isinstance(values["phrase"], Markdown) and values["phrase"].data == "in *every* run"
+    assert isinstance(values["table"], Markdown) and values["table"].data == str(table)
+
+
+@pytest.mark.parametrize("facts, error, match", [
+    ([("a", 1)], TypeError, "mapping"),
+    ({1: 2}, TypeError, "strings"),
+    ({"ok": 1, "two words": 2}, ValueError, "without spaces"),
+    ({"": 2}, ValueError, "non-empty"),
+])
+def test_glue_facts_refuses_bad_input_before_gluing_anything(glued, facts, error, match):
+    with pytest.raises(error, match=match):
+        G.glue_facts(facts)
+    assert glued == []
+
+
+def test_glue_errata_glues_the_claim_measured_table(glued):
+    G.glue_errata("errata", [("FP16 is enough.", "It flushed 12%."), ("a|b", "c")])
+    (name, value, _), = glued
+    assert name == "errata"
+    assert value.data.splitlines() == ["| claim | measured |", "|---|---|", "| FP16 is enough. | It flushed 12%. |",
+                                       "| a\\|b | c |"]
+    assert value.data == str(errata_table([("FP16 is enough.", "It flushed 12%."), ("a|b", "c")]))
+    with pytest.raises(ValueError, match="at least one"):
+        errata_table([])
