@@ -22,7 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "course_lib"
 
 # top-level name under course_lib (a module or a package) -> layer
 LAYERS: dict[str, int] = {
-    "formats": 1, "hardware": 1, "bench": 1, "device": 1, "tables": 1, "results": 1,
+    "formats": 1, "hardware": 1, "bench": 1, "device": 1, "tables": 1, "results": 1, "jsonable": 1,
     "fp8": 2, "mx": 2, "scaling": 2, "monitor": 2, "gradients": 2, "magnitudes": 2, "amp": 2, "bf16": 2,
     "memory": 2, "overflow": 2, "reduction": 2,
     "data": 3, "models": 3, "train": 3, "distributed": 3,

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from .device import describe_hardware
+from .jsonable import from_jsonable, to_jsonable  # noqa: F401  (the one JSON conversion, beside the records)
 
 SCHEMA_VERSION = 1
 RESULTS_ENV_VAR = "COURSE_RESULTS_DIR"
@@ -73,38 +73,6 @@ class Record:
         p = self.provenance
         cc = f" (sm {p.compute_capability})" if p.compute_capability else ""
         return f"{p.device_name}{cc}"
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Convert dataclasses, numpy and torch values, tuples and paths into plain JSON types.
-
-    Non-finite floats become the strings ``"inf"``, ``"-inf"`` and ``"nan"`` so the file stays strict JSON.
-    """
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return to_jsonable(obj.detach().cpu().tolist())
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return to_jsonable(obj.item())
-    if isinstance(obj, float):
-        if math.isnan(obj):
-            return "nan"
-        if math.isinf(obj):
-            return "inf" if obj > 0 else "-inf"
-        return obj
-    if isinstance(obj, (str, int, bool)) or obj is None:
-        return obj
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, torch.dtype):
-        return str(obj)
-    raise TypeError(f"cannot store a {type(obj).__name__} in a record")
 
 
 def _git_commit() -> str:
