@@ -269,10 +269,11 @@ def test_lesson6_experiments_run_on_the_cpu_at_small_size():
     from course_lib.experiments import run_experiment
 
     out = run_experiment("matmul_throughput", SizeProfile("small"), "cpu")
-    assert {p["dtype"] for p in out.values["points"]} >= {"fp32", "bf16", "fp16"}
-    assert "tf32" in out.values["skipped"] and out.values["copy_bandwidth_gbs"] > 0
-    assert set(out.values["cross_check"]) == {"fp32", "bf16"}
+    assert {p["dtype"] for p in out["points"]} >= {"fp32", "bf16", "fp16"}
+    assert "tf32" in out["skipped"] and out["copy_bandwidth_gbs"] > 0
+    assert set(out["cross_check"]) == {"fp32", "bf16"}
     mem = run_experiment("training_memory", SizeProfile("small"), "cpu")
-    assert [b.recipe for b in mem.values["breakdowns"]][0] == "fp32"
+    assert [b.recipe for b in mem["breakdowns"]] == ["fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure",
+                                                     "bf16_master"]
     prof = run_experiment("profiled_step", SizeProfile("small"), "cpu")
-    assert len(prof.values["steps"]) == 3
+    assert [s.recipe for s in prof["steps"]] == ["fp32", "bf16_autocast", "fp16_autocast_scaler"]

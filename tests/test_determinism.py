@@ -29,6 +29,6 @@ def _without_timing(value):
 @pytest.mark.parametrize("name", sorted(n for n, e in EXPERIMENTS.items() if not e.requires_cuda and n not in SKIP))
 def test_experiment_is_deterministic(name):
     profile = SizeProfile("small", max_steps=5)
-    first, second = (json.dumps(_without_timing(to_jsonable(run_experiment(name, profile, "cpu").values)),
+    first, second = (json.dumps(_without_timing(to_jsonable(run_experiment(name, profile, "cpu"))),
                                 sort_keys=True) for _ in range(2))
     assert first == second

@@ -1,8 +1,13 @@
-"""Lessons show GPU records beside live results: the converters from a record's JSON back to results."""
+"""Lessons show GPU records beside live results: a record made by ``course_lib.record`` reads back, through
+the registry, into what the lesson draws, and agrees with the run that made it."""
+
+import math
+import statistics
 
 import pytest
 
 from course_lib import record as R
+from course_lib.experiments import get_experiment
 from course_lib.results import load_records
 
 
@@ -19,10 +24,11 @@ def test_underflow_rows_roundtrip(records):
     from course_lib.gradients import summary_markdown
     from course_lib.studies.underflow import summary_rows_from_record
 
-    assert records["underflow_statistics"].parameters["max_steps"] == 6   # a capped run says so
-    rows = summary_rows_from_record(records["underflow_statistics"].values)
-    assert {s.format for _, s in rows} == {"FP16", "BF16", "FP8 E4M3", "FP8 E5M2"}
-    assert len({step for step, _ in rows}) == 2
+    rec = records["underflow_statistics"]
+    assert rec.parameters["max_steps"] == 6   # a capped run says so
+    rows = summary_rows_from_record(get_experiment("underflow_statistics").load(rec))
+    assert [s.format for _, s in rows] == ["FP16", "BF16", "FP8 E4M3", "FP8 E5M2"] * 2
+    assert [step for step, _ in rows] == [0] * 4 + [5] * 4
     assert "| FP16 |" in summary_markdown(rows)
     with pytest.raises(ValueError, match="not an underflow_statistics record"):
         summary_rows_from_record({"captures": {"step_0": {}}})
@@ -30,21 +36,21 @@ def test_underflow_rows_roundtrip(records):
 
 def test_flight_recording_roundtrip(records):
     from course_lib.scaling import replay_scale_schedule
-    from course_lib.studies.loss_scaling import flight_recording_from_dict
 
-    rec = flight_recording_from_dict(records["scaler_flight_recording"].values["recording"])
+    rec = get_experiment("scaler_flight_recording").load(records["scaler_flight_recording"])
+    assert rec.growth_interval == 10 and rec.steps == 6     # the small profile's registry parameters
+    # replaying GradScaler's rule on the recorded overflow thresholds gives back the recorded scales
     replay = replay_scale_schedule(rec.overflow_thresholds(), init_scale=rec.init_scale,
                                    growth_interval=rec.growth_interval)
-    assert replay.scales == rec.scales and rec.steps == len(rec.losses)
-    with pytest.raises(ValueError, match="not a scaler flight recording"):
-        flight_recording_from_dict({"losses": []})
+    assert replay.scales == rec.scales
 
 
 def test_parity_roundtrip(records):
-    from course_lib.studies.bf16 import parity_from_dict
-
-    r = records["convergence_parity"]
-    parity = parity_from_dict(r.parameters, r.values)
-    assert len(parity.seeds) == 3 and "fp32" in parity.final_losses and parity.spread("fp32") >= 0
-    with pytest.raises(ValueError, match="not a convergence_parity record"):
-        parity_from_dict({}, {})
+    parity = get_experiment("convergence_parity").load(records["convergence_parity"])
+    assert parity.seeds == (0, 1, 2) and parity.recipes[0] == "fp32"
+    for recipe in parity.recipes:
+        finals = parity.final_losses[recipe]
+        assert parity.spread(recipe) == pytest.approx(statistics.stdev(finals))
+        # seed 0's final loss is the mean of its curve's last five steps (the study's tail)
+        assert finals[0] == pytest.approx(sum(parity.curves[recipe][-5:]) / 5)
+        assert all(math.isfinite(f) for f in finals)

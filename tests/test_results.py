@@ -93,23 +93,24 @@ def test_record_cli_writes_record_and_log(tmp_path, capsys):
     assert rec.parameters["size"] == "small" and rec.parameters["seconds"] > 0
     log = (tmp_path / rec.log_file).read_text()
     assert "experiment 1/1: model_magnitudes" in log and "finished in" in log
-    from course_lib.studies.formats import training_magnitudes_from_dict
-    mags = training_magnitudes_from_dict(rec.values["magnitudes"])
-    assert mags.histograms["weights"].nonzero > 0
+    from course_lib.experiments import get_experiment
+    mags = get_experiment("model_magnitudes").load(rec)        # the record reads back as the lesson's type
+    assert rec.schema_version == 2 and set(rec.values) == {"result"}
+    assert mags.steps == rec.values["result"]["steps"] and mags.histograms["weights"].nonzero > 0
 
 
 def test_record_all_runs_what_the_device_can_and_keeps_going_after_a_failure(tmp_path, capsys, monkeypatch):
     from course_lib import experiments as E
 
     def ok(profile, device):
-        return E.ExperimentOutput({"n": 1}, {"x": 2.0})
+        return {"x": 2.0}
 
     def broken(profile, device):
         raise RuntimeError("planted")
 
-    fake = {"a_ok": E.Experiment("a_ok", "fine", ok), "b_broken": E.Experiment("b_broken", "fails", broken),
-            "c_gpu": E.Experiment("c_gpu", "GPU only", ok, requires_cuda=True),
-            "d_ok": E.Experiment("d_ok", "fine", ok)}
+    fake = {"a_ok": E.Experiment("a_ok", "fine", ok, dict), "b_broken": E.Experiment("b_broken", "fails", broken, dict),
+            "c_gpu": E.Experiment("c_gpu", "GPU only", ok, dict, requires_cuda=True),
+            "d_ok": E.Experiment("d_ok", "fine", ok, dict)}
     monkeypatch.setattr(E, "EXPERIMENTS", fake)
     monkeypatch.setattr(R, "EXPERIMENTS", fake)
     status = R.main(["--all", "--size", "small", "--device", "cpu", "--allow-cpu", "--out", str(tmp_path)])

@@ -20,7 +20,7 @@ def test_a_failing_experiment_fails_the_selfcheck_and_the_others_still_run(monke
         raise RuntimeError("planted failure")
 
     monkeypatch.setitem(EXPERIMENTS, "model_magnitudes",
-                        dataclasses.replace(EXPERIMENTS["model_magnitudes"], run=broken))
+                        dataclasses.replace(EXPERIMENTS["model_magnitudes"], study=broken))
     status = selfcheck.main(["--device", "cpu", "--only", "experiment model_magnitudes", "fp8 linear rowwise"])
     out = capsys.readouterr().out
     assert status == 1

@@ -23,7 +23,8 @@ import traceback
 from pathlib import Path
 
 from .device import SizeProfile, describe_hardware, select_device
-from .experiments import EXPERIMENTS, get_experiment, run_experiment
+from .experiments import EXPERIMENTS, get_experiment, record_output
+from .tables import MarkdownTable, markdown_table
 from .results import Record, capture_provenance, load_records, save_record, to_jsonable
 
 
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         provenance = capture_provenance(command, device)
         start = time.perf_counter()
         try:
-            output = run_experiment(name, profile, device)
+            output = record_output(name, profile, device)
         except Exception:  # record nothing for a failed run, but keep going with the others
             say("FAILED:\n" + traceback.format_exc())
             status = 1
@@ -113,7 +114,7 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-def records_status_markdown(results_dir: str | Path | None = None) -> str:
+def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTable:
     """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it."""
     records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
         else load_records(device_type="cuda")
@@ -121,6 +122,5 @@ def records_status_markdown(results_dir: str | Path | None = None) -> str:
     for name in sorted(EXPERIMENTS):
         mine = [r for r in records if r.experiment == name]
         where = "; ".join(f"{r.label}, {r.provenance.date[:10]}" for r in mine) or "not yet"
-        needs = "yes" if EXPERIMENTS[name].requires_cuda else "no"
-        rows.append(f"| `{name}` | {needs} | {where} |")
-    return "| experiment | needs CUDA | recorded on a GPU |\n|---|---|---|\n" + "\n".join(rows)
+        rows.append((f"`{name}`", "yes" if EXPERIMENTS[name].requires_cuda else "no", where))
+    return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)

@@ -27,7 +27,8 @@ import torch
 from .device import describe_hardware
 from .jsonable import from_jsonable, to_jsonable  # noqa: F401  (the one JSON conversion, beside the records)
 
-SCHEMA_VERSION = 1
+# version 2 (this one): values hold {"result": to_jsonable(result)}; version 1 held hand-made values
+SCHEMA_VERSION = 2
 RESULTS_ENV_VAR = "COURSE_RESULTS_DIR"
 GIT_COMMIT_ENV_VAR = "COURSE_GIT_COMMIT"
 

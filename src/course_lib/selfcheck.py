@@ -27,10 +27,10 @@ from typing import Callable
 import torch
 
 from .device import SizeProfile, describe_hardware, select_device
-from .experiments import EXPERIMENTS, get_experiment, run_experiment
+from .experiments import EXPERIMENTS, get_experiment, record_output
 from .fp8 import FP8_LINEAR_RECIPES, Fp8Linear
 from .hardware import format_unsupported_reason
-from .results import to_jsonable
+from .jsonable import from_jsonable, to_jsonable
 from .train import RECIPES, get_recipe, run_recipe
 
 SMOKE_STEPS = 5   # training steps per run: enough to pass warm-up and take optimizer steps
@@ -103,9 +103,12 @@ def _experiment_check(name: str, profile: SizeProfile, device: torch.device) -> 
     def check() -> str:
         if get_experiment(name).requires_cuda and device.type != "cuda":
             raise _Skip("needs a CUDA GPU")
-        output = run_experiment(name, profile, device)
-        size = len(json.dumps(to_jsonable({"parameters": output.parameters, "values": output.values})))
-        return f"{size:,} bytes of JSON"
+        output = record_output(name, profile, device)
+        text = json.dumps(to_jsonable({"parameters": output.parameters, "values": output.values}), allow_nan=False)
+        # what a record stores must read back into the type the lesson draws from
+        result_type = get_experiment(name).result_type
+        from_jsonable(result_type, json.loads(text)["values"]["result"])
+        return f"{len(text):,} bytes of JSON, read back as {getattr(result_type, '__name__', 'a dict')}"
     return check
 
 

@@ -1,0 +1,123 @@
+"""The registry: each experiment's parameters per profile fit its study, a record reads back into the
+study's result type (records written before that format through their legacy readers, checked against the
+hand-written converters they replace), and a bad record is refused by name."""
+
+import dataclasses
+import inspect
+import json
+import math
+
+import pytest
+import torch
+
+from course_lib import experiments as E
+from course_lib.device import SizeProfile
+from course_lib.jsonable import to_jsonable
+from course_lib.results import Record, capture_provenance, load_record, load_records, save_record
+from course_lib.studies.bf16 import Parity, parity_from_dict
+from course_lib.studies.formats import training_magnitudes_from_dict
+from course_lib.studies.loss_scaling import flight_recording_from_dict
+from course_lib.studies.performance import study_from_values
+
+SMALL, FULL = SizeProfile("small"), SizeProfile("full")
+
+
+@pytest.mark.parametrize("name", sorted(E.EXPERIMENTS))
+@pytest.mark.parametrize("profile", [SMALL, FULL], ids=["small", "full"])
+def test_parameters_fit_the_study_and_are_jsonable(name, profile):
+    exp = E.EXPERIMENTS[name]
+    params = exp.parameters_for(profile, "cpu")
+    json.dumps(to_jsonable(params), allow_nan=False)
+    inspect.signature(exp.study).bind(profile, torch.device("cpu"), **params)   # TypeError if they do not fit
+
+
+def test_lessons_sizes_are_the_registrys():
+    """What the lessons used to pass themselves, now the registry's small profile (the lessons' numbers do
+    not move), and the recorded full size (the records stay comparable)."""
+    p = lambda name, profile: E.get_experiment(name).parameters_for(profile, "cpu")  # noqa: E731
+    assert p("fp8_training", SMALL) == {"steps": 25} and p("fp8_training", FULL) == {"steps": 400}
+    assert p("mx_training", SMALL)["recipes"] == ("bf16_autocast", "mxfp8", "mxfp4", "nvfp4")
+    assert "nvfp4_no_sr" in p("mx_training", FULL)["recipes"] and p("mx_training", FULL)["steps"] == 400
+    assert p("convergence_parity", SMALL) == {"seeds": (0, 1, 2), "steps": 12}
+    assert p("monitor_overhead", SMALL) == {"everies": (1, 10), "steps": 10, "rounds": 6}
+    assert p("scaler_flight_recording", SMALL) == {"growth_interval": 10} and p("scaler_flight_recording", FULL) == {}
+    throughput = p("training_throughput", SMALL)
+    assert throughput["recipes"] == ("fp32", "bf16_autocast", "fp16_autocast_scaler")   # a CPU has no TF32
+    assert throughput["seeds"] == (0, 1) and throughput["steps"] == 16 and throughput["compile_too"] is False
+
+
+def test_parameters_for_refuses_a_profile_that_is_not_one():
+    with pytest.raises(TypeError, match="SizeProfile"):
+        E.get_experiment("fp8_training").parameters_for("small", "cpu")
+    with pytest.raises(ValueError, match="unknown experiment 'nope'"):
+        E.run_experiment("nope", SMALL, "cpu")
+
+
+def test_gpu_only_experiment_is_refused_on_the_cpu():
+    with pytest.raises(ValueError, match="needs a CUDA GPU"):
+        E.run_experiment("autocast_trace", SMALL, "cpu")
+
+
+RECORDED = sorted({r.experiment for r in load_records()})
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_every_recorded_gpu_result_reads_back_into_its_type(name):
+    exp = E.get_experiment(name)
+    for rec in load_records(name):
+        result = exp.load(rec)
+        if isinstance(exp.result_type, type):
+            assert isinstance(result, exp.result_type)
+
+
+def _nan_equal(a, b):
+    return json.dumps(to_jsonable(a), sort_keys=True) == json.dumps(to_jsonable(b), sort_keys=True)
+
+
+@pytest.mark.parametrize("name, legacy", [
+    ("convergence_parity", lambda r: parity_from_dict(r.parameters, r.values)),
+    ("model_magnitudes", lambda r: training_magnitudes_from_dict(r.values["magnitudes"])),
+    ("scaler_flight_recording", lambda r: flight_recording_from_dict(r.values["recording"])),
+    ("training_throughput", lambda r: study_from_values(r.parameters, r.values)),
+])
+def test_legacy_readers_give_what_the_hand_written_converters_gave(name, legacy):
+    (rec, *_) = load_records(name)
+    assert _nan_equal(E.get_experiment(name).load(rec), legacy(rec))
+
+
+def test_fp8_speed_and_monitor_overhead_records_read_back():
+    (speed,) = E.recorded_results("fp8_linear_speed")
+    assert speed.result.sizes == tuple(speed.record.parameters["sizes"])
+    assert speed.result.seconds["BF16 nn.Linear"][8192] == speed.record.values["seconds"]["BF16 nn.Linear"]["8192"]
+    (cost,) = E.recorded_results("monitor_overhead")
+    assert cost.result.seconds[10] == cost.record.values["seconds"]["10"] and cost.result.rounds == {}
+
+
+def test_a_new_record_round_trips_into_the_result_type(tmp_path, monkeypatch):
+    parity = Parity(("fp32", "bf16_autocast"), (0, 1), {"fp32": (2.0, 2.1), "bf16_autocast": (2.0, math.inf)},
+                    {"fp32": (3.0, 2.0), "bf16_autocast": (3.0, 2.5)})
+    fake = dataclasses.replace(E.get_experiment("convergence_parity"), study=lambda profile, device, **k: parity)
+    monkeypatch.setitem(E.EXPERIMENTS, "convergence_parity", fake)
+    out = E.record_output("convergence_parity", SMALL, "cpu")
+    assert out.parameters == {"profile": "small", "seeds": [0, 1, 2], "steps": 12}
+    monkeypatch.setenv("COURSE_GIT_COMMIT", "deadbeef")
+    path = save_record(Record("convergence_parity", out.parameters, out.values,
+                              capture_provenance("test", "cpu")), tmp_path)
+    back = fake.load(load_record(path))
+    assert back == dataclasses.replace(parity, final_losses={"fp32": (2.0, 2.1), "bf16_autocast": (2.0, math.inf)})
+    assert E.recorded_results("convergence_parity", device_type="cpu", results_dir=tmp_path)[0].result == back
+
+
+def test_a_record_of_another_experiment_or_shape_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_GIT_COMMIT", "deadbeef")
+    prov = capture_provenance("test", "cpu")
+    rec = load_record(save_record(Record("convergence_parity", {}, {"result": {}, "extra": 1}, prov), tmp_path))
+    with pytest.raises(ValueError, match="values must hold just 'result'"):
+        E.get_experiment("convergence_parity").load(rec)
+    with pytest.raises(ValueError, match="is not a 'fp8_training' result"):
+        E.get_experiment("fp8_training").load(rec)
+    old = dataclasses.replace(rec, schema_version=1, values={"final_losses": {"fp32": [1.0]}})
+    with pytest.raises(ValueError, match="not a 'convergence_parity' record"):
+        E.get_experiment("convergence_parity").load(old)
+    with pytest.raises(ValueError, match="has no reader for schema version 1"):
+        E.get_experiment("fp8_training").load(dataclasses.replace(old, experiment="fp8_training"))
