@@ -37,8 +37,12 @@ def test_checkup_on_a_cnn():
     assert {x.layer for x in result.layers} == {"0", "4", "9"}            # both convolutions and the head
     ops = {row["op"]: row["runs_in"] for row in result.autocast_ops}
     assert ops["convolution"] == "low precision"
-    assert result.recommendation in ("bf16_autocast", "fp16_autocast_scaler", "fp32")
-    assert result.reasons and "Recommendation" in result.markdown()
+    # the rule, from the measured losses: BF16 autocast ends within 2% of FP32's last loss, so it is chosen
+    fp32_last, bf16_last = result.recipes["fp32"].losses[-1], result.recipes["bf16_autocast"].losses[-1]
+    assert abs(bf16_last - fp32_last) <= 0.02 * abs(fp32_last)
+    assert result.recommendation == "bf16_autocast"
+    assert result.reasons[0].startswith(f"BF16 autocast's last loss was {100 * (bf16_last - fp32_last) / fp32_last:+.3g}%")
+    assert "**Recommendation: bf16_autocast** (on cpu)" in result.markdown()
     assert result.max_fp16_scale == 2.0 ** math.floor(math.log2(65504 / result.grad_amax))
 
 
@@ -68,7 +72,7 @@ def test_a_model_that_overflows_fp16_is_not_sent_to_fp16():
     result = checkup(build, lambda m, b: m(b).square().mean() * 1e-12, x, device="cpu", steps=3,
                      recipes=("fp32", "fp16_autocast_scaler"))
     assert [x.layer for x in result.layers if x.output_overflow > 0] == ["0"]
-    assert result.recommendation != "fp16_autocast_scaler"
+    assert result.recommendation == "fp32"             # the only other recipe asked for
     assert any("overflow" in r for r in result.reasons)
 
 
@@ -163,3 +167,30 @@ def test_the_readers_own_loop_is_audited():
     assert clean.findings == () and "no pitfall found" in clean.markdown()
     with pytest.raises(TypeError, match="train_step"):
         checkup(_cnn, _classification, _images(), train_step="loop")
+
+
+def _check(recipe, last, *, unsupported=None):
+    from course_lib.checkup import RecipeCheck
+
+    losses = () if unsupported else (3.0, last)
+    return RecipeCheck(recipe, unsupported, losses, 0, 1024.0 if "fp16" in recipe else None, 0.01, ())
+
+
+@pytest.mark.parametrize("bf16, fp16, overflow, want", [
+    (_check("bf16_autocast", 2.01), _check("fp16_autocast_scaler", 2.0), False, "bf16_autocast"),
+    (_check("bf16_autocast", 2.10), _check("fp16_autocast_scaler", 2.01), False, "fp16_autocast_scaler"),
+    (_check("bf16_autocast", 2.10), _check("fp16_autocast_scaler", 2.01), True, "fp32"),
+    (_check("bf16_autocast", 2.10), _check("fp16_autocast_scaler", 2.10), False, "fp32"),
+    (_check("bf16_autocast", 0, unsupported="no BF16 on sm 7.0"), _check("fp16_autocast_scaler", 2.0), False,
+     "fp16_autocast_scaler"),
+])
+def test_the_recommendation_rule(bf16, fp16, overflow, want):
+    """FP32 ends at 2.0; tolerance 2%: BF16 first when close, FP16 when close and no layer overflows."""
+    from course_lib.checkup import LayerRisk, _recommend
+
+    layers = [LayerRisk("head", 0.01 if overflow else 0.0, 0.0, 0.0)]
+    checks = {"fp32": _check("fp32", 2.0), "bf16_autocast": bf16, "fp16_autocast_scaler": fp16}
+    recommendation, reasons = _recommend(checks, layers, 2.0**10, 0.02)
+    assert recommendation == want
+    assert any("BF16 does not run here: no BF16 on sm 7.0." == r for r in reasons) == bool(bf16.unsupported)
+    assert any("outputs of head overflow" in r for r in reasons) == (overflow and want == "fp32")
