@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from IPython.display import Markdown
-from myst_nb import glue
+from myst_nb import glue  # type: ignore[import-untyped]
 
 from .tables import MarkdownTable, errata_table
 
