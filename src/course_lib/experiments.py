@@ -23,7 +23,7 @@ from .formats import TF32Check, tf32_matmul_check
 from .gradients import UNDERFLOW_FORMATS, summarize_underflow, underflow_table
 from .jsonable import from_jsonable, to_jsonable
 from .mx import BLOCK_RECIPES, block_error
-from .results import SCHEMA_VERSION, Record, load_records
+from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import trace_course_model
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
@@ -150,18 +150,6 @@ def record_output(name: str, profile: SizeProfile, device: torch.device | str) -
     exp = get_experiment(name)
     parameters = {"profile": profile.name, **exp.parameters_for(profile, device)}
     return ExperimentOutput(parameters=to_jsonable(parameters), values={"result": exp.run(profile, device)})
-
-
-@dataclass(frozen=True)
-class RecordedResult:
-    """A record and the result it holds, in the experiment's result type."""
-
-    record: Record
-    result: Any
-
-    @property
-    def label(self) -> str:
-        return self.record.label
 
 
 def recorded_results(name: str, *, device_type: str | None = "cuda",

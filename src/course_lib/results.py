@@ -20,6 +20,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -74,6 +75,24 @@ class Record:
         p = self.provenance
         cc = f" (sm {p.compute_capability})" if p.compute_capability else ""
         return f"{p.device_name}{cc}"
+
+
+@dataclass(frozen=True)
+class RecordedResult:
+    """A record and the result it holds, read back into its experiment's result type
+    (``course_lib.experiments.recorded_results`` makes them); ``label`` and ``provenance`` are the record's,
+    so :func:`describe_records` takes these as it takes records."""
+
+    record: Record
+    result: Any
+
+    @property
+    def label(self) -> str:
+        return self.record.label
+
+    @property
+    def provenance(self) -> Provenance:
+        return self.record.provenance
 
 
 def _git_commit() -> str:
@@ -254,7 +273,7 @@ def load_records(experiment: str | None = None, results_dir: str | Path | None =
     return sorted(records, key=lambda r: r.provenance.date, reverse=True)
 
 
-def describe_records(records: list[Record], experiment: str | None = None) -> str:
+def describe_records(records: Sequence[Record | RecordedResult], experiment: str | None = None) -> str:
     """Markdown: one line per record naming its hardware, versions, date and command; with no record,
     a short note (naming the command that records ``experiment`` on a GPU, when given)."""
     if not records:

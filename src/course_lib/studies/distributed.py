@@ -1,8 +1,10 @@
 """Lesson 10's studies: every two-process run of the lesson in one launch, and reduction error against the
-number of ranks on real gradients."""
+number of ranks on real gradients; and what the lesson's prose, tables and errata say about them."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,9 +13,12 @@ import torch
 from ..data import BatchSampler
 from ..device import SizeProfile
 from ..distributed.launch import launch_local
-from ..distributed.reduce import REDUCTION_VARIANTS, reduce_mean
+from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean
 from ..distributed.worker import DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, single_process_run
+from ..glue import Prose
+from ..memory import bytes_per_parameter
 from ..models import course_setup
+from ..tables import MarkdownTable, markdown_table
 
 
 @dataclass(frozen=True)
@@ -264,3 +269,232 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
                              parity=parity, curves=curves, scaler_cases=cases, eval_losses=evals, held_bytes=held,
                              hook_weight_gaps=hook_gaps, all_reduce_mismatches=result.all_reduce_mismatches(),
                              seconds=result.seconds)
+
+
+# --- What lesson 10's prose, tables and errata say about these results ----------------------------------
+
+
+def launch_line(study: DataParallelStudy) -> str:
+    """One line on the launch: ranks, backend, rank device, steps per run and seconds for the launch."""
+    return (f"{study.world_size} ranks, backend {study.backend}, each on {study.device}, "
+            f"{study.steps} steps per run, {study.seconds:.1f} s for the launch")
+
+
+def launch_facts(study: DataParallelStudy) -> dict[str, object]:
+    """Lesson 10's facts of the launch: ranks, backend, device and size of the ranks, steps per run, the
+    course model's parameter count and the launch's seconds."""
+    return {
+        "world": study.world_size,
+        "backend": Prose(f"`{study.backend}`"),
+        "rank_device": Prose(f"`{study.device}`"),
+        "size": Prose(f"'{study.size}'"),
+        "steps": study.steps,
+        "n_params": Prose(f"{study.n_params:,}"),
+        "launch_s": study.seconds,
+    }
+
+
+def _need(mapping: Mapping[str, Any], keys, what: str) -> None:
+    missing = [k for k in keys if k not in mapping]
+    if missing:
+        raise ValueError(f"the study has no {what} {missing}; it has {list(mapping)}")
+
+
+def parity_table(study: DataParallelStudy) -> MarkdownTable:
+    """Per recipe, the largest loss gap at any step and the largest weight gap between the data-parallel
+    run and one process."""
+    rows = [(f"`{recipe}`", f"{loss:.1e}", f"{weight:.1e}") for recipe, (loss, weight) in study.parity.items()]
+    return markdown_table(["recipe", "largest loss gap at any step", "largest weight gap"], rows)
+
+
+def parity_facts(study: DataParallelStudy) -> dict[str, object]:
+    """Lesson 10's facts of DDP against one process: loss and weight gaps per recipe, the largest loss gap
+    between BF16 autocast and FP32 in one process, and how many times the BF16 data-parallel gap that is
+    (``inf`` when that gap is zero)."""
+    _need(study.parity, PARITY_RECIPES, "parity recipes")
+    _need(study.curves, ("fp32", "bf16_autocast"), "loss curves")
+    precision_gap = max(abs(a - b) for a, b in zip(study.curves["bf16_autocast"][1], study.curves["fp32"][1]))
+    dp_gap = study.parity["bf16_autocast"][0]
+    return {
+        "gap_fp32": study.parity["fp32"][0],
+        "gap_bf16": dp_gap,
+        "gap_fp16": study.parity["fp16_autocast_scaler"][0],
+        "wgap_fp32": study.parity["fp32"][1],
+        "wgap_bf16": study.parity["bf16_autocast"][1],
+        "precision_gap": precision_gap,
+        "dp_vs_precision": precision_gap / dp_gap if dp_gap else math.inf,
+    }
+
+
+def skipped_text(case: ScalerCase) -> str:
+    """The steps each rank skipped, ``"rank 0: 4; rank 1: none"``."""
+    return "; ".join(f"rank {r}: {', '.join(map(str, s)) or 'none'}" for r, s in case.skipped.items())
+
+
+def scaler_table(study: DataParallelStudy) -> MarkdownTable:
+    """Per planted-inf set-up: the steps each rank skipped, whether the ranks' final scales agree, whether
+    the replicas agree, and which ranks ended with non-finite weights."""
+    agree = {True: "yes", False: "no", None: "n/a (sharded)"}
+    rows = [(label, skipped_text(c), "yes" if len(set(c.scales.values())) == 1 else "no", agree[c.replicas_agree],
+             ", ".join(f"rank {r}" for r, ok in c.weights_finite.items() if not ok) or "none")
+            for label, c in study.scaler_cases.items()]
+    return markdown_table(["set-up", "steps skipped", "scales agree", "replicas agree", "non-finite weights"], rows)
+
+
+def corpus_byte_count(size: str, byte: int = 0) -> int:
+    """How many times ``byte`` (0..255) occurs in the course's training text at ``size`` ('small' or 'full')."""
+    if isinstance(byte, bool) or not isinstance(byte, int) or not 0 <= byte < 256:
+        raise ValueError(f"byte must be an int in 0..255, got {byte!r}")
+    corpus = course_setup(SizeProfile(size), "cpu", steps=0, default_steps=(0, 0)).sampler.corpus
+    return int((corpus.tokens == byte).sum())
+
+
+def byte0_sentence(count: int) -> Prose:
+    """Whether the embedding row of byte 0 (where the planted inf sits) is ever read in training."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"count must be a non-negative int, got {count!r}")
+    if count == 0:
+        return Prose("Byte 0 never occurs in the training text, so that row is never read.")
+    return Prose(f"Byte 0 occurs {count} times in the training text.")
+
+
+SCALER_DDP, SCALER_WRONG, SCALER_FSDP = ("DDP, GradScaler per rank", "by hand, unscale before the all-reduce",
+                                         "FSDP2 (FP16 compute), plain GradScaler")
+
+
+def scaler_facts(study: DataParallelStudy, *, byte0_count: int) -> dict[str, object]:
+    """Lesson 10's facts of the planted-inf runs: the planted step, DDP's scale after it, the wrong-order
+    loop's final scales, non-finite weights and last loss on rank 0, the FSDP2 run's other skipped steps,
+    its initial scale, this torch's version, and whether byte 0 (``byte0_count`` occurrences) is read."""
+    _need(study.scaler_cases, (SCALER_DDP, SCALER_WRONG, SCALER_FSDP), "scaler set-ups")
+    ddp, wrong, fsdp = (study.scaler_cases[k] for k in (SCALER_DDP, SCALER_WRONG, SCALER_FSDP))
+    initial = fsdp.scales[0][0]
+    return {
+        "plant_step": study.plant_step,
+        "ddp_scale_after": ddp.scales[0][study.plant_step + 1],
+        "wrong_scale0": wrong.scales[0][-1],
+        "wrong_scale1": wrong.scales[1][-1],
+        "wrong_bad_weights": wrong.non_finite_weights[0],
+        "wrong_loss0": wrong.final_losses[0],
+        "byte0_sentence": byte0_sentence(byte0_count),
+        "fsdp_first_skip": Prose(", ".join(str(s) for s in fsdp.skipped[0] if s != study.plant_step) or "none"),
+        "torch_version": Prose(f"torch {torch.__version__}"),
+        "initial_scale_log2": Prose(f"$2^{{{int(math.log2(initial))}}}$ = {initial:g}"),
+        "fp16_max": torch.finfo(torch.float16).max,
+    }
+
+
+def _bytes_per_parameter(study: DataParallelStudy, label: str) -> float:
+    return sum(study.held_bytes[label].values()) / study.n_params
+
+
+def fsdp_table(study: DataParallelStudy) -> MarkdownTable:
+    """Per run (DDP FP32 and each FSDP2 policy): rank 0's KiB of parameters, gradients and optimizer state,
+    bytes per parameter, and the final weights' FP32 evaluation loss."""
+    labels = ["DDP fp32", *FSDP_POLICIES]
+    _need(study.held_bytes, labels, "held bytes for")
+    rows = []
+    for label in labels:
+        held = study.held_bytes[label]
+        rows.append((label, f"{held['parameters'] / 1024:.0f}", f"{held['gradients'] / 1024:.0f}",
+                     f"{held['optimizer_state'] / 1024:.0f}", f"{_bytes_per_parameter(study, label):.1f}",
+                     f"{study.eval_losses[label]:.5f}"))
+    return markdown_table(["run", "parameters (KiB)", "gradients (KiB)", "optimizer state (KiB)",
+                           "bytes per parameter", "loss, FP32 evaluation"], rows)
+
+
+def fsdp_facts(study: DataParallelStudy) -> dict[str, object]:
+    """Lesson 10's facts of FSDP2: bytes per parameter on a DDP rank and an FSDP2 rank, lesson 6's count for
+    FP32 weights with AdamW, the spread of the policies' FP32 evaluation losses, and whether FSDP2 without a
+    policy ends with exactly DDP's loss."""
+    _need(study.held_bytes, ("DDP fp32", "FSDP2, FP32 (no policy)"), "held bytes for")
+    _need(study.eval_losses, ("DDP fp32", *FSDP_POLICIES), "evaluation losses for")
+    losses = [study.eval_losses[k] for k in FSDP_POLICIES]
+    same = study.eval_losses["FSDP2, FP32 (no policy)"] == study.eval_losses["DDP fp32"]
+    return {
+        "ddp_bpp": _bytes_per_parameter(study, "DDP fp32"),
+        "fsdp_bpp": _bytes_per_parameter(study, "FSDP2, FP32 (no policy)"),
+        "lesson6_bpp": sum(bytes_per_parameter("fp32").values()),
+        "policy_spread": max(losses) - min(losses),
+        "fsdp_equals_ddp": Prose("exactly the loss of" if same else "not the loss of"),
+    }
+
+
+def all_reduce_check_facts(study: DataParallelStudy) -> dict[str, object]:
+    """Whether the launch's real all-reduce matched :func:`simulate_all_reduce`, and how many values per
+    rank it compared."""
+    mismatches = sum(study.all_reduce_mismatches.values())
+    return {
+        "mismatch": Prose("matched it bit for bit" if mismatches == 0 else f"differed from it in {mismatches} values"),
+        "check_values": Prose(f"{REDUCE_CHECK_VALUES:,}"),
+    }
+
+
+def off_percent(reduction: ReductionStudy, label: str, world_size: int) -> float:
+    """Percent of entries that ``label`` got off by more than the tolerance at ``world_size`` ranks."""
+    return 100 * reduction.at(label, world_size)[1]
+
+
+def reduction_facts(reduction: ReductionStudy) -> dict[str, object]:
+    """Lesson 10's facts of a :class:`ReductionStudy` (2 and its largest world size must have run): shares of
+    entries off by more than the tolerance (percent) per variant, relative L2 errors, the BF16 floor."""
+    if 2 not in reduction.world_sizes:
+        raise ValueError(f"the reduction study must include 2 ranks; ran {reduction.world_sizes}")
+    n_max = reduction.world_sizes[-1]
+    return {
+        "n_max": n_max,
+        "n_values": Prose(f"{reduction.n_values:,}"),
+        "ring_off_2": off_percent(reduction, "BF16, ring", 2),
+        "ring_off_max": off_percent(reduction, "BF16, ring", n_max),
+        "tree_off_max": off_percent(reduction, "BF16, tree", n_max),
+        "tree_off_peak": 100 * max(reduction.off_share["BF16, tree"]),
+        "fp16n_off_max": off_percent(reduction, "FP16, ring, /N first (DDP hook)", n_max),
+        "fp16s_off_max": off_percent(reduction, "FP16, ring, /~sqrt(N) first (FSDP2)", n_max),
+        "ring_l2_max": reduction.at("BF16, ring", n_max)[0],
+        "floor_l2": max(reduction.floor),
+        "fp32_l2_max": reduction.at("FP32, ring", n_max)[0],
+        "tol": 100 * reduction.tolerance,
+        "per_rank_sequences": reduction.per_rank_sequences,
+    }
+
+
+def hook_table(study: DataParallelStudy) -> MarkdownTable:
+    """Per DDP communication hook (and none): the FP32 evaluation loss and the largest weight gap to no hook."""
+    rows = [(label, f"{study.eval_losses['DDP fp32'] if hook is None else study.eval_losses[label]:.5f}",
+             "0" if hook is None else f"{study.hook_weight_gaps[label]:.1e}")
+            for label, hook in HOOKS.items()]
+    return markdown_table(["run", "loss, FP32 evaluation", "largest weight gap to no hook"], rows)
+
+
+def hook_facts(study: DataParallelStudy) -> dict[str, object]:
+    """The largest weight gap any hook made, and the largest change of the FP32 evaluation loss."""
+    if not study.hook_weight_gaps:
+        raise ValueError("the study ran no communication hook")
+    return {
+        "hook_gap_max": max(study.hook_weight_gaps.values()),
+        "hook_loss_gap": max(abs(study.eval_losses[k] - study.eval_losses["DDP fp32"]) for k in study.hook_weight_gaps),
+    }
+
+
+def errata_rows(study: DataParallelStudy, reduction: ReductionStudy) -> list[tuple[str, str]]:
+    """Lesson 10's errata, (claim, what this page measured): FSDP2 and DDP under a planted inf, a BF16 ring
+    reduction at the largest world size against 2 ranks, and DDP's loss gaps to one process."""
+    _need(study.parity, ("fp32", "bf16_autocast"), "parity recipes")
+    n_max = reduction.world_sizes[-1]
+    return [
+        ("FP16 with FSDP needs `ShardedGradScaler`.",
+         f"For FSDP1, whose gradient shards are plain tensors. Under FSDP2 a plain `GradScaler` skipped step "
+         f"{study.plant_step} on every rank when one rank's shard held an inf ({torch.__version__}): DTensor "
+         f"gradients reduce the found-inf flag."),
+        ("Under DDP, the ranks' scalers must be synchronised.",
+         f"DDP averages the gradients before the scaler looks at them: an inf on rank 1 made both ranks skip step "
+         f"{study.plant_step}, with equal scales after it."),
+        ("BF16 has FP32's range, so a BF16 all-reduce is safe.",
+         f"The range is not the problem; precision is. In ring order at {n_max} ranks, "
+         f"{off_percent(reduction, 'BF16, ring', n_max):.1f}% of the mean gradient's entries came out off by "
+         f"more than {100 * reduction.tolerance:g}%, against {off_percent(reduction, 'BF16, ring', 2):.1f}% at "
+         f"2 ranks."),
+        ("Data parallelism computes exactly what one process computes.",
+         f"In FP32 up to the order of sums (loss gap {study.parity['fp32'][0]:.1e}); under BF16 autocast each "
+         f"rank's weight gradient is rounded separately (loss gap {study.parity['bf16_autocast'][0]:.1e})."),
+    ]

@@ -1,21 +1,27 @@
 """Lesson 9's studies: NaN hunts, an overflow recovered, underflow over a run, a dying layer, and what watching
-costs."""
+costs; and what the lesson's prose, tables and errata say about each result."""
 
 from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from ..checkup import Checkup
 from ..formats import get_format
+from ..glue import Prose
 from ..models import course_setup
-from ..monitor.faults import plant_fault
+from ..monitor.faults import PlantedFault, plant_fault
 from ..monitor.health import Alert, GradientHealthMonitor, MonitorLog, Thresholds
 from ..monitor.locator import NonFiniteLocator, NonFiniteReport
+from ..monitor.matmul_stats import MatmulStats
 from ..monitor.recovery import RecoveryEvent, RecoveryPolicy, train_with_recovery
+from ..results import RecordedResult
+from ..tables import MarkdownTable, markdown_table
 from ..train import TrainConfig, TrainState, get_recipe, train
 
 
@@ -245,3 +251,287 @@ def dead_layer_run(profile, device: torch.device | str = "cpu", *, layer: str = 
     state = TrainState(model, get_recipe("fp32", device), TrainConfig(steps=n), device)
     train(state, setup.sampler, monitor=watch)
     return DeadLayerRun(layer, dies_at, watch.log, tuple(watch.alerts))
+
+
+# --- What lesson 9's prose and tables say about these results -------------------------------------------
+
+
+def _code(name: str | None) -> str:
+    return f"`{name}`"
+
+
+def alert_table(alerts: Sequence[Alert]) -> MarkdownTable:
+    """The monitor's alerts, one row each (step, kind, gradient, message); ``"No alerts."`` when empty."""
+    if not alerts:
+        return MarkdownTable("No alerts.")
+    return markdown_table(["step", "alert", "gradient", "message"],
+                          [(a.step, a.kind, _code(a.layer), a.message) for a in alerts])
+
+
+def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
+    """Lesson 9's facts of an :class:`UnderflowTrend`: the gradient whose flushed share grew most (percent at
+    the first and last sampled step, and the step its alert fired), the loss at the first and last step,
+    the ``qkv.bias`` parameters that alerted (and their largest flushed share, percent), and the attention
+    ``qkv`` output gradient with the largest flushed share (its peak, the step of the peak, its last share)."""
+    if not trend.flush or not trend.losses:
+        raise ValueError("the trend has no sampled gradients or no losses")
+    growing = max(trend.flush, key=lambda n: trend.flush[n][-1] - trend.flush[n][0])
+    first_alert = {a.layer: a.step for a in trend.alerts}
+    bias = sorted(n for n in first_alert if n is not None and n.endswith("qkv.bias"))
+    qkv = [n for n in trend.flush if n.endswith("qkv:grad_output")]
+    if not qkv:
+        raise ValueError("the trend watched no attention qkv output gradient (names ending 'qkv:grad_output')")
+    peak_name = max(qkv, key=lambda n: max(trend.flush[n]))
+    peak = trend.flush[peak_name]
+    return {
+        "trend_steps": len(trend.losses),
+        "trend_grow_name": Prose(_code(growing)),
+        "trend_grow_first": 100 * trend.flush[growing][0],
+        "trend_grow_last": 100 * trend.flush[growing][-1],
+        "trend_grow_alert": Prose(f"at step {first_alert[growing]}" if growing in first_alert else "not at all"),
+        "trend_loss_first": trend.losses[0],
+        "trend_loss_last": trend.losses[-1],
+        "trend_bias": Prose(" and ".join(_code(n) for n in bias) or "no bias"),
+        "trend_bias_share": 100 * max((max(trend.flush[n]) for n in bias), default=0.0),
+        "trend_qkv_name": Prose(_code(peak_name)),
+        "trend_qkv_peak": 100 * max(peak),
+        "trend_qkv_peak_step": trend.steps[peak.index(max(peak))],
+        "trend_qkv_last": 100 * peak[-1],
+    }
+
+
+def other_alerts_sentence(alerts: Sequence[Alert]) -> Prose:
+    """One sentence on the alerts a run raised besides the one the section is about; it names them as the
+    first section's key-bias alerts when every one is on a ``qkv.bias``."""
+    if not alerts:
+        return Prose("It raised no other alert.")
+    what = ", ".join(sorted(f"{a.kind} on {_code(a.layer)}" for a in alerts))
+    steps = sorted({a.step for a in alerts})
+    when = ("at step " if len(steps) == 1 else "at steps ") + ", ".join(str(s) for s in steps)
+    known = ", the key bias of the first section again" if all("qkv.bias" in (a.layer or "") for a in alerts) else ""
+    subject = "Its other alert was" if len(alerts) == 1 else f"Its {len(alerts)} other alerts were"
+    return Prose(f"{subject} {what} {when}{known}.")
+
+
+def dead_layer_facts(dead: DeadLayerRun) -> dict[str, object]:
+    """Lesson 9's facts of a :class:`DeadLayerRun`: the layer, the step it died and the step of the first
+    zero-gradient alert, the parameters so alerted, the loss at the last step before the death and at the
+    end, and a sentence on the other alerts."""
+    zero = [a for a in dead.alerts if a.kind == "zero_gradients"]
+    if not zero:
+        raise ValueError("the run raised no zero_gradients alert: the monitor did not see the layer die")
+    before = [loss for st, loss in zip(dead.log.steps, dead.log.losses) if st < dead.dies_at]
+    after = [loss for st, loss in zip(dead.log.steps, dead.log.losses) if st >= dead.dies_at]
+    if not before or not after:
+        raise ValueError(f"the log needs losses before and from step {dead.dies_at}")
+    return {
+        "dead_layer": Prose(_code(dead.layer)),
+        "dead_at": dead.dies_at,
+        "dead_alert_step": min(zero, key=lambda a: a.step).step,
+        "dead_alert_layers": Prose(", ".join(sorted(_code(a.layer) for a in zero))),
+        "dead_loss_at": before[-1],
+        "dead_loss_end": after[-1],
+        "dead_other_alerts": other_alerts_sentence([a for a in dead.alerts if a.kind != "zero_gradients"]),
+    }
+
+
+def anomaly_function(message: str | None) -> str | None:
+    """The autograd function an anomaly-mode error names (the first quoted name in ``"Function 'X'
+    returned nan values ..."``); the whole message when it quotes none; None for no message."""
+    if message is None:
+        return None
+    parts = message.split("'")
+    return parts[1] if len(parts) > 2 else message
+
+
+def nan_hunt_table(hunts: Iterable[NanHunt]) -> MarkdownTable:
+    """One row per hunt: where the NaN was planted, what the locator named, what anomaly mode said."""
+    rows = []
+    for h in hunts:
+        named = "nothing" if h.report is None else f"{_code(h.report.module)}, {h.report.phase} pass"
+        rows.append((f"NaN in the {'forward' if h.kind == 'nan' else 'backward'} pass", _code(h.layer), named,
+                     h.anomaly or "nothing"))
+    return markdown_table(["planted", "in", "the locator names", "anomaly mode says"], rows)
+
+
+def nan_hunt_facts(forward: NanHunt, backward: NanHunt) -> dict[str, object]:
+    """Lesson 9's facts of the two hunts: the forward fault's layer and what anomaly mode named for it, and
+    the cost of the locator and of anomaly mode on a healthy step (percent over a plain step, from the
+    backward hunt's timings)."""
+    if forward.kind != "nan" or backward.kind != "nan_backward":
+        raise ValueError(f"expected a 'nan' and a 'nan_backward' hunt, got {forward.kind!r} and {backward.kind!r}")
+    named = anomaly_function(forward.anomaly)
+    return {
+        "hunt_fwd_layer": Prose(_code(forward.layer)),
+        "hunt_fwd_anomaly": Prose(_code(named) if named else "nothing"),
+        "hunt_locator_cost": 100 * (backward.locator_s / backward.plain_s - 1),
+        "hunt_anomaly_cost": 100 * (backward.anomaly_s / backward.plain_s - 1),
+    }
+
+
+def skipped_after_fault(demo: RecoveryDemo) -> list[bool]:
+    """Per step of the run without recovery from the fault on, whether the scaler skipped it."""
+    return [s for step, s in zip(demo.without.steps, demo.without.skipped) if step >= demo.fault_at]
+
+
+def recovery_facts(demo: RecoveryDemo) -> dict[str, object]:
+    """Lesson 9's facts of a :class:`RecoveryDemo`: the FP16 value above which the planted fault overflows,
+    the skipped steps and final scale without recovery, and the first rollback (step, alert, target) and the
+    losses with recovery."""
+    if not demo.events:
+        raise ValueError("the recovered run has no recovery event: nothing rolled back")
+    after = skipped_after_fault(demo)
+    event = demo.events[0]
+    return {
+        "rec_threshold": get_format("FP16").max_finite / PlantedFault(torch.nn.Identity(), "overflow").factor,
+        "rec_fault_at": demo.fault_at,
+        "rec_steps": demo.steps,
+        "rec_skipped": sum(after),
+        "rec_after": len(after),
+        "rec_final_scale": demo.without.scales[-1],
+        "rec_alert_step": event.step,
+        "rec_alert_kind": event.alert.kind,
+        "rec_back_to": event.rolled_back_to,
+        "rec_final_loss": demo.with_recovery.losses[-1],
+        "rec_start_loss": demo.with_recovery.losses[0],
+        "rec_alerts_without": Prose(", ".join(sorted({a.kind for a in demo.without_alerts}))),
+    }
+
+
+def _interval_name(every: int) -> str:
+    return "none" if every == 0 else "every step" if every == 1 else f"every {every} steps"
+
+
+def overhead_table(cost: MonitorOverhead) -> MarkdownTable:
+    """Milliseconds per step with no monitor and with each sampling interval, and the overhead over none."""
+    return markdown_table(["monitor", "step (ms)", "overhead"], [
+        (_interval_name(k), f"{1e3 * v:.1f}", "" if k == 0 else f"{100 * cost.overhead(k):+.1f}%")
+        for k, v in cost.seconds.items()])
+
+
+def _check_intervals(cost: MonitorOverhead) -> None:
+    missing = [k for k in (0, 1, 10) if k not in cost.seconds]
+    if missing:
+        raise ValueError(f"the overhead run lacks sampling intervals {missing} (0: no monitor)")
+
+
+def overhead_facts(cost: MonitorOverhead) -> dict[str, object]:
+    """Lesson 9's facts of a :class:`MonitorOverhead` run with intervals 1 and 10: the overhead of each
+    (percent) and its range over single rounds (a phrase, ``"+30% to +45%"``)."""
+    _check_intervals(cost)
+    return {
+        "cost_every1": 100 * cost.overhead(1),
+        "cost_every10": 100 * cost.overhead(10),
+        "cost_range10": Prose("{:+.0f}% to {:+.0f}%".format(*(100 * v for v in cost.overhead_range(10)))),
+        "cost_range1": Prose("{:+.0f}% to {:+.0f}%".format(*(100 * v for v in cost.overhead_range(1)))),
+    }
+
+
+def recorded_step_seconds(recorded: RecordedResult) -> dict[int, float]:
+    """A recorded ``monitor_overhead`` run's seconds per step by sampling interval (0: no monitor)."""
+    seconds = dict(recorded.result.seconds)
+    missing = [k for k in (0, 1, 10) if k not in seconds]
+    if missing:
+        raise ValueError(f"the record lacks sampling intervals {missing}")
+    return seconds
+
+
+def recorded_overhead_facts(records: Sequence[RecordedResult]) -> dict[str, object]:
+    """Lesson 9's phrases on the monitor's cost on a GPU, from the first recorded ``monitor_overhead`` run
+    (milliseconds per step and percent over none), or what to measure when there is no record."""
+    if not records:
+        return {
+            "gpu_cost": Prose("On a GPU the statistics run on the GPU, but each parameter's shares come back to "
+                              "the host, a synchronisation per parameter, so measure it there (`monitor_overhead` "
+                              "below) before choosing an interval."),
+            "gpu_cost_short": Prose(""),
+            "gpu_cost_every1": Prose(""),
+        }
+    rec = records[0]
+    s = recorded_step_seconds(rec)
+    return {
+        "gpu_cost": Prose(
+            f"On a GPU the balance changes. Recorded on {rec.label} with the full-size model: "
+            f"{1e3 * s[0]:.1f} ms a step without a monitor, {1e3 * s[1]:.1f} ms watched every step "
+            f"({100 * (s[1] / s[0] - 1):+.0f}%) and {1e3 * s[10]:.1f} ms every 10 steps "
+            f"({100 * (s[10] / s[0] - 1):+.0f}%). The statistics themselves run on the GPU, but each "
+            "parameter's shares come back to the host, one synchronisation per parameter, so the GPU cannot "
+            "run ahead of Python on a sampled step (the record does not separate that from the arithmetic). "
+            "Sample every 10 steps or less often."),
+        "gpu_cost_short": Prose(f"; {100 * (s[10] / s[0] - 1):.0f}% recorded on {rec.label} with the full-size model"),
+        "gpu_cost_every1": Prose(f" (every step made the step {s[1] / s[0]:.1f}x as long there)"),
+    }
+
+
+def _lost_share(row: MatmulStats) -> float:
+    return row.flush + row.subnormal
+
+
+def matmul_table(stats: Mapping[str, Sequence[MatmulStats]]) -> MarkdownTable:
+    """Per linear layer and operand, the percent of its values lost or subnormal in each view (one column
+    per key of ``stats``, in order); every view must list the same operands in the same order."""
+    if not stats:
+        raise ValueError("no views of the operands to tabulate")
+    views = list(stats)
+    first = stats[views[0]]
+    for v in views[1:]:
+        if [(r.layer, r.operand) for r in stats[v]] != [(r.layer, r.operand) for r in first]:
+            raise ValueError(f"view {v!r} lists other operands than {views[0]!r}")
+    rows = [(_code(r.layer), r.operand, *(f"{100 * _lost_share(stats[v][i]):.2f}%" for v in views))
+            for i, r in enumerate(first)]
+    return markdown_table(["layer", "operand", *(f"{v}: lost or subnormal" for v in views)], rows)
+
+
+def matmul_facts(stats: Mapping[str, Sequence[MatmulStats]], *, fp16: str = "FP16",
+                 unscaled: str = "E4M3 unscaled", scaled: str = "E4M3 per-tensor scale") -> dict[str, object]:
+    """Lesson 9's facts of the operand views: the operand the unscaled E4M3 view loses most of (and its
+    share, percent), and the largest share lost in the FP16 and the scaled E4M3 views (percent)."""
+    missing = [k for k in (fp16, unscaled, scaled) if not stats.get(k)]
+    if missing:
+        raise ValueError(f"no operands for the views {missing}; have {list(stats)}")
+    worst = max(stats[unscaled], key=_lost_share)
+    return {
+        "mm_worst_layer": Prose(f"{_code(worst.layer)} {worst.operand}"),
+        "mm_worst_share": 100 * _lost_share(worst),
+        "mm_fp16_max": 100 * max(_lost_share(r) for r in stats[fp16]),
+        "mm_scaled_max": 100 * max(_lost_share(r) for r in stats[scaled]),
+    }
+
+
+def checkup_facts(report: Checkup) -> dict[str, object]:
+    """The pitfalls the check-up's audit of the reader's loop found, as a phrase (``"nothing"`` if none)."""
+    return {"checkup_findings": Prose(", ".join(_code(f.pitfall) for f in report.findings) or "nothing")}
+
+
+def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, records: Sequence[RecordedResult], *,
+                inf_raises: bool, nan_raises: bool) -> list[tuple[str, str]]:
+    """Lesson 9's errata, (claim, what this page measured): the forward NaN hunt, the FP16 run without
+    recovery, whether anomaly mode raised on an inf and on a NaN gradient, and the monitor's overhead here
+    (and on the first recorded GPU run, if any)."""
+    _check_intervals(cost)
+    if forward.kind != "nan":
+        raise ValueError(f"the anomaly-mode erratum needs the forward ('nan') hunt, got {forward.kind!r}")
+    after = skipped_after_fault(demo)
+    named = "nothing" if forward.report is None else _code(forward.report.module)
+    recorded = "."
+    if records:
+        s = recorded_step_seconds(records[0])
+        recorded = (f" (recorded on {records[0].label}: {100 * (s[1] / s[0] - 1):.0f}% and "
+                    f"{100 * (s[10] / s[0] - 1):.0f}%).")
+    return [
+        ("`detect_anomaly` shows where a NaN came from.",
+         f"Only from the backward pass. A NaN made in `{forward.layer}`'s forward output was reported as "
+         f"{anomaly_function(forward.anomaly) or 'nothing'}, the backward function at the loss; the locator "
+         f"named {named}."),
+        ("GradScaler takes care of overflows.",
+         f"Of overflows in the scaled gradients. An FP16 forward overflow made it skip {sum(after)} of "
+         f"{len(after)} steps and drive the scale to {demo.without.scales[-1]:g}; the run never recovered on "
+         "its own."),
+        ("`detect_anomaly` catches overflows.",
+         f"It checks backward outputs for NaN only: a backward pass whose gradient is inf "
+         f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
+         f"{'raised' if nan_raises else 'passed'}; FP16 overflows to inf."),
+        ("Gradient monitoring is too slow to leave on.",
+         f"Every step, it cost {100 * cost.overhead(1):.0f}% here; every 10 steps, {100 * cost.overhead(10):.0f}%"
+         + recorded),
+    ]

@@ -1,0 +1,187 @@
+"""Lesson 10's facts, phrases, tables and errata, each computed from a study built by hand with known numbers."""
+
+import math
+
+import pytest
+import torch
+
+from course_lib.device import SizeProfile
+from course_lib.glue import Prose
+from course_lib.models import course_setup
+from course_lib.studies import distributed as D
+from course_lib.tables import MarkdownTable
+
+
+def _case(skipped, scales, agree, finite, bad=None, losses=None):
+    return D.ScalerCase(skipped, scales, agree, finite, bad or {0: 0, 1: 0}, losses or {0: 3.5, 1: 3.5})
+
+
+CASES = {
+    "DDP, GradScaler per rank": _case({0: (4,), 1: (4,)}, {0: (8.0, 8.0, 8.0, 8.0, 8.0, 4.0), 1: (8.0,) * 5 + (4.0,)},
+                                      True, {0: True, 1: True}),
+    "by hand, unscale before the all-reduce": _case({0: (), 1: (4,)}, {0: (8.0,) * 6, 1: (8.0,) * 5 + (4.0,)}, False,
+                                                    {0: False, 1: True}, bad={0: 3, 1: 0}, losses={0: 3.25, 1: 3.5}),
+    "FSDP2 (FP16 compute), plain GradScaler": _case({0: (0, 4), 1: (0, 4)}, {0: (65536.0, 32768.0), 1: (65536.0, 32768.0)},
+                                                    None, {0: True, 1: True}),
+}
+
+HELD = {"parameters": 1024, "gradients": 1024, "optimizer_state": 2048}
+HALF = {"parameters": 512, "gradients": 512, "optimizer_state": 1024}
+
+
+def _study(**over):
+    fields = dict(
+        world_size=2, backend="gloo", device="cpu", size="small", steps=8, plant_step=4, n_params=256,
+        parity={"fp32": (5e-7, 1.5e-6), "bf16_autocast": (2e-4, 1e-2), "fp16_autocast_scaler": (2.5e-5, 2.5e-3)},
+        curves={"fp32": ((4.0, 3.0), (4.0, 3.0)), "bf16_autocast": ((4.0, 3.0), (4.0005, 2.999))},
+        scaler_cases=CASES,
+        eval_losses={"DDP fp32": 3.5, "FSDP2, FP32 (no policy)": 3.5, "FSDP2, BF16 params, FP32 reduce": 3.25,
+                     "FSDP2, BF16 params, BF16 reduce": 3.375, "DDP FP32, FP16 hook": 3.625,
+                     "DDP FP32, BF16 hook": 3.4375},
+        held_bytes={"DDP fp32": HELD, "FSDP2, FP32 (no policy)": HALF, "FSDP2, BF16 params, FP32 reduce": HALF,
+                    "FSDP2, BF16 params, BF16 reduce": HALF},
+        hook_weight_gaps={"DDP FP32, FP16 hook": 1.5e-3, "DDP FP32, BF16 hook": 4e-3},
+        all_reduce_mismatches={"bf16": 0, "fp16": 0}, seconds=5.25)
+    fields.update(over)
+    return D.DataParallelStudy(**fields)
+
+
+def test_launch_line_and_facts():
+    study = _study(n_params=136960)
+    assert D.launch_line(study) == "2 ranks, backend gloo, each on cpu, 8 steps per run, 5.2 s for the launch"
+    facts = D.launch_facts(study)
+    assert facts == {"world": 2, "backend": "`gloo`", "rank_device": "`cpu`", "size": "'small'", "steps": 8,
+                     "n_params": "136,960", "launch_s": 5.25}
+    assert all(isinstance(facts[k], Prose) for k in ("backend", "rank_device", "size", "n_params"))
+
+
+def test_parity_table_and_facts():
+    study = _study()
+    table = D.parity_table(study)
+    assert isinstance(table, MarkdownTable)
+    assert table.splitlines() == ["| recipe | largest loss gap at any step | largest weight gap |", "|---|---|---|",
+                                  "| `fp32` | 5.0e-07 | 1.5e-06 |", "| `bf16_autocast` | 2.0e-04 | 1.0e-02 |",
+                                  "| `fp16_autocast_scaler` | 2.5e-05 | 2.5e-03 |"]
+    facts = D.parity_facts(study)
+    gap = max(abs(4.0005 - 4.0), abs(2.999 - 3.0))
+    assert facts == {"gap_fp32": 5e-7, "gap_bf16": 2e-4, "gap_fp16": 2.5e-5, "wgap_fp32": 1.5e-6, "wgap_bf16": 1e-2,
+                     "precision_gap": gap, "dp_vs_precision": gap / 2e-4}
+    even = _study(parity={**study.parity, "bf16_autocast": (0.0, 0.0)})
+    assert D.parity_facts(even)["dp_vs_precision"] == math.inf
+    with pytest.raises(ValueError, match="fp16_autocast_scaler"):
+        D.parity_facts(_study(parity={"fp32": (0.0, 0.0), "bf16_autocast": (1.0, 1.0)}))
+
+
+def test_scaler_table_reads_each_case():
+    assert D.skipped_text(CASES["by hand, unscale before the all-reduce"]) == "rank 0: none; rank 1: 4"
+    assert D.scaler_table(_study()).splitlines() == [
+        "| set-up | steps skipped | scales agree | replicas agree | non-finite weights |", "|---|---|---|---|---|",
+        "| DDP, GradScaler per rank | rank 0: 4; rank 1: 4 | yes | yes | none |",
+        "| by hand, unscale before the all-reduce | rank 0: none; rank 1: 4 | no | no | rank 0 |",
+        "| FSDP2 (FP16 compute), plain GradScaler | rank 0: 0, 4; rank 1: 0, 4 | yes | n/a (sharded) | none |"]
+
+
+def test_scaler_facts():
+    facts = D.scaler_facts(_study(), byte0_count=0)
+    assert facts == {
+        "plant_step": 4, "ddp_scale_after": 4.0, "wrong_scale0": 8.0, "wrong_scale1": 4.0, "wrong_bad_weights": 3,
+        "wrong_loss0": 3.25, "byte0_sentence": "Byte 0 never occurs in the training text, so that row is never read.",
+        "fsdp_first_skip": "0", "torch_version": f"torch {torch.__version__}",
+        "initial_scale_log2": "$2^{16}$ = 65536", "fp16_max": 65504.0,
+    }
+    only_planted = {**CASES, "FSDP2 (FP16 compute), plain GradScaler": _case(
+        {0: (4,), 1: (4,)}, {0: (1024.0,), 1: (1024.0,)}, None, {0: True, 1: True})}
+    other = D.scaler_facts(_study(scaler_cases=only_planted), byte0_count=7)
+    assert other["fsdp_first_skip"] == "none" and other["initial_scale_log2"] == "$2^{10}$ = 1024"
+    assert other["byte0_sentence"] == "Byte 0 occurs 7 times in the training text."
+    with pytest.raises(ValueError, match="scaler set-ups"):
+        D.scaler_facts(_study(scaler_cases={}), byte0_count=0)
+
+
+@pytest.mark.parametrize("count", [-1, 1.0, True])
+def test_byte0_sentence_refuses_what_is_not_a_count(count):
+    with pytest.raises(ValueError, match="non-negative int"):
+        D.byte0_sentence(count)
+
+
+def test_corpus_byte_count_counts_the_training_text():
+    tokens = course_setup(SizeProfile("small"), "cpu", steps=0, default_steps=(0, 0)).sampler.corpus.tokens
+    common = int(torch.mode(tokens).values)
+    assert D.corpus_byte_count("small", common) == int((tokens == common).sum()) > 0
+    with pytest.raises(ValueError, match="0..255"):
+        D.corpus_byte_count("small", 256)
+
+
+def test_fsdp_table_and_facts():
+    study = _study()
+    assert D.fsdp_table(study).splitlines() == [
+        "| run | parameters (KiB) | gradients (KiB) | optimizer state (KiB) | bytes per parameter | "
+        "loss, FP32 evaluation |", "|---|---|---|---|---|---|",
+        "| DDP fp32 | 1 | 1 | 2 | 16.0 | 3.50000 |",
+        "| FSDP2, FP32 (no policy) | 0 | 0 | 1 | 8.0 | 3.50000 |",
+        "| FSDP2, BF16 params, FP32 reduce | 0 | 0 | 1 | 8.0 | 3.25000 |",
+        "| FSDP2, BF16 params, BF16 reduce | 0 | 0 | 1 | 8.0 | 3.37500 |"]
+    assert D.fsdp_facts(study) == {"ddp_bpp": 16.0, "fsdp_bpp": 8.0, "lesson6_bpp": 16, "policy_spread": 0.25,
+                                   "fsdp_equals_ddp": "exactly the loss of"}
+    apart = _study(eval_losses={**study.eval_losses, "FSDP2, FP32 (no policy)": 3.5000001})
+    assert D.fsdp_facts(apart)["fsdp_equals_ddp"] == "not the loss of"
+    with pytest.raises(ValueError, match="held bytes for"):
+        D.fsdp_table(_study(held_bytes={"DDP fp32": HELD}))
+
+
+@pytest.mark.parametrize("mismatches, phrase", [({"bf16": 0, "fp16": 0}, "matched it bit for bit"),
+                                                ({"bf16": 2, "fp16": 1}, "differed from it in 3 values")])
+def test_all_reduce_check_facts(mismatches, phrase):
+    assert D.all_reduce_check_facts(_study(all_reduce_mismatches=mismatches)) == {
+        "mismatch": phrase, "check_values": f"{D.REDUCE_CHECK_VALUES:,}"}
+    assert D.REDUCE_CHECK_VALUES == 4096
+
+
+def _reduction(world_sizes=(2, 8, 128)):
+    errors = {"FP32, ring": (1e-8, 1e-8, 2e-7), "BF16, ring": (1e-3, 4e-3, 1e-2), "BF16, tree": (1e-3, 2e-3, 3e-3),
+              "FP16, ring, /N first (DDP hook)": (1e-4, 2e-4, 3e-4),
+              "FP16, ring, /~sqrt(N) first (FSDP2)": (1e-4, 2e-4, 3e-4)}
+    off = {"FP32, ring": (0.0, 0.0, 0.0), "BF16, ring": (0.025, 0.125, 0.375), "BF16, tree": (0.025, 0.0625, 0.03125),
+           "FP16, ring, /N first (DDP hook)": (0.0, 0.0, 0.0625),
+           "FP16, ring, /~sqrt(N) first (FSDP2)": (0.0, 0.0, 0.015625)}
+    return D.ReductionStudy(world_sizes, errors, off, (1.5e-3, 1.75e-3, 1.625e-3), (0.01, 0.01, 0.01), 0.01, 136960, 2,
+                            1e-4)
+
+
+def test_reduction_facts():
+    assert D.off_percent(_reduction(), "BF16, ring", 8) == 12.5
+    assert D.reduction_facts(_reduction()) == {
+        "n_max": 128, "n_values": "136,960", "ring_off_2": 2.5, "ring_off_max": 37.5, "tree_off_max": 3.125,
+        "tree_off_peak": 6.25, "fp16n_off_max": 6.25, "fp16s_off_max": 1.5625, "ring_l2_max": 1e-2,
+        "floor_l2": 1.75e-3, "fp32_l2_max": 2e-7, "tol": 1.0, "per_rank_sequences": 2}
+    with pytest.raises(ValueError, match="must include 2 ranks"):
+        D.reduction_facts(_reduction(world_sizes=(4, 8, 128)))
+
+
+def test_hook_table_and_facts():
+    study = _study()
+    assert D.hook_table(study).splitlines() == [
+        "| run | loss, FP32 evaluation | largest weight gap to no hook |", "|---|---|---|",
+        "| DDP FP32, FP32 all-reduce | 3.50000 | 0 |", "| DDP FP32, FP16 hook | 3.62500 | 1.5e-03 |",
+        "| DDP FP32, BF16 hook | 3.43750 | 4.0e-03 |"]
+    assert D.hook_facts(study) == {"hook_gap_max": 4e-3, "hook_loss_gap": 0.125}
+    with pytest.raises(ValueError, match="no communication hook"):
+        D.hook_facts(_study(hook_weight_gaps={}))
+
+
+def test_errata_rows():
+    rows = D.errata_rows(_study(), _reduction())
+    assert rows == [
+        ("FP16 with FSDP needs `ShardedGradScaler`.",
+         "For FSDP1, whose gradient shards are plain tensors. Under FSDP2 a plain `GradScaler` skipped step 4 on every "
+         f"rank when one rank's shard held an inf ({torch.__version__}): DTensor gradients reduce the found-inf flag."),
+        ("Under DDP, the ranks' scalers must be synchronised.",
+         "DDP averages the gradients before the scaler looks at them: an inf on rank 1 made both ranks skip step 4, "
+         "with equal scales after it."),
+        ("BF16 has FP32's range, so a BF16 all-reduce is safe.",
+         "The range is not the problem; precision is. In ring order at 128 ranks, 37.5% of the mean gradient's "
+         "entries came out off by more than 1%, against 2.5% at 2 ranks."),
+        ("Data parallelism computes exactly what one process computes.",
+         "In FP32 up to the order of sums (loss gap 5.0e-07); under BF16 autocast each rank's weight gradient is "
+         "rounded separately (loss gap 2.0e-04)."),
+    ]

@@ -1,0 +1,260 @@
+"""Lesson 9's facts, phrases, tables and errata, each computed from a result built by hand with known numbers."""
+
+import math
+
+import pytest
+
+from course_lib.checkup import Checkup
+from course_lib.glue import Prose
+from course_lib.monitor import Alert, MatmulStats, MonitorLog, NonFiniteReport, TensorSummary
+from course_lib.monitor.recovery import RecoveryEvent
+from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.scaling.pitfalls import Finding
+from course_lib.studies import monitoring as M
+from course_lib.tables import MarkdownTable
+
+
+def _alert(step, kind, layer, message="m"):
+    return Alert(step, kind, layer, message)
+
+
+def _trend(alerts=()):
+    flush = {
+        "head:grad_output": (0.0, 0.25, 0.5),
+        "blocks.0.attn.qkv:grad_output": (0.125, 0.75, 0.25),
+        "blocks.1.attn.qkv:grad_output": (0.0, 0.5, 0.375),
+        "blocks.0.attn.qkv.bias": (0.375, 0.25, 0.25),
+        "blocks.1.attn.qkv.bias": (0.125, 0.5, 0.25),
+    }
+    return M.UnderflowTrend("FP16", (0, 5, 10), flush, (5.5, 4.0, 3.25, 2.75), tuple(alerts))
+
+
+def test_alert_table_lists_each_alert_and_says_when_there_is_none():
+    table = M.alert_table([_alert(5, "underflow", "head:grad_output", "head: 22% would flush")])
+    assert isinstance(table, MarkdownTable)
+    assert table.splitlines() == ["| step | alert | gradient | message |", "|---|---|---|---|",
+                                  "| 5 | underflow | `head:grad_output` | head: 22% would flush |"]
+    assert M.alert_table([]) == "No alerts." and isinstance(M.alert_table([]), MarkdownTable)
+
+
+def test_underflow_trend_facts_name_the_growing_gradient_the_biases_and_the_qkv_peak():
+    alerts = [_alert(0, "underflow", "blocks.0.attn.qkv.bias"), _alert(0, "underflow", "blocks.1.attn.qkv.bias"),
+              _alert(10, "underflow", "head:grad_output"), _alert(3, "non_finite_loss", None)]
+    facts = M.underflow_trend_facts(_trend(alerts))
+    assert facts == {
+        "trend_steps": 4, "trend_grow_name": "`head:grad_output`", "trend_grow_first": 0.0, "trend_grow_last": 50.0,
+        "trend_grow_alert": "at step 10", "trend_loss_first": 5.5, "trend_loss_last": 2.75,
+        "trend_bias": "`blocks.0.attn.qkv.bias` and `blocks.1.attn.qkv.bias`", "trend_bias_share": 50.0,
+        "trend_qkv_name": "`blocks.0.attn.qkv:grad_output`", "trend_qkv_peak": 75.0, "trend_qkv_peak_step": 5,
+        "trend_qkv_last": 25.0,
+    }
+    for name in ("trend_grow_name", "trend_grow_alert", "trend_bias", "trend_qkv_name"):
+        assert isinstance(facts[name], Prose)
+    assert type(facts["trend_steps"]) is int and type(facts["trend_grow_last"]) is float
+
+
+def test_underflow_trend_facts_without_alerts_say_so():
+    facts = M.underflow_trend_facts(_trend())
+    assert facts["trend_grow_alert"] == "not at all"
+    assert facts["trend_bias"] == "no bias" and facts["trend_bias_share"] == 0.0
+
+
+def test_underflow_trend_facts_refuse_a_trend_without_a_qkv_output_gradient():
+    trend = M.UnderflowTrend("FP16", (0,), {"head:grad_output": (0.5,)}, (1.0,), ())
+    with pytest.raises(ValueError, match="qkv:grad_output"):
+        M.underflow_trend_facts(trend)
+    with pytest.raises(ValueError, match="no sampled gradients"):
+        M.underflow_trend_facts(M.UnderflowTrend("FP16", (), {}, (), ()))
+
+
+@pytest.mark.parametrize("alerts, sentence", [
+    ([], "It raised no other alert."),
+    ([_alert(0, "underflow", "blocks.1.attn.qkv.bias"), _alert(0, "underflow", "blocks.0.attn.qkv.bias")],
+     "Its 2 other alerts were underflow on `blocks.0.attn.qkv.bias`, underflow on `blocks.1.attn.qkv.bias` at "
+     "step 0, the key bias of the first section again."),
+    ([_alert(10, "underflow", "head.weight"), _alert(9, "underflow", "blocks.0.attn.qkv.bias")],
+     "Its 2 other alerts were underflow on `blocks.0.attn.qkv.bias`, underflow on `head.weight` at steps 9, 10."),
+    ([_alert(4, "scale_collapse", None)], "Its other alert was scale_collapse on `None` at step 4."),
+])
+def test_other_alerts_sentence(alerts, sentence):
+    assert M.other_alerts_sentence(alerts) == sentence
+
+
+def test_dead_layer_facts_take_the_first_zero_gradient_alert_and_the_losses_around_the_death():
+    log = MonitorLog(steps=[0, 1, 2, 3, 4], losses=[5.0, 4.5, 4.0, 3.5, 3.0])
+    alerts = (_alert(4, "zero_gradients", "blocks.1.ln2.weight"), _alert(3, "zero_gradients", "blocks.1.fc.bias"),
+              _alert(0, "underflow", "blocks.0.attn.qkv.bias"))
+    facts = M.dead_layer_facts(M.DeadLayerRun("blocks.1.fc", 2, log, alerts))
+    assert facts == {
+        "dead_layer": "`blocks.1.fc`", "dead_at": 2, "dead_alert_step": 3,
+        "dead_alert_layers": "`blocks.1.fc.bias`, `blocks.1.ln2.weight`", "dead_loss_at": 4.5, "dead_loss_end": 3.0,
+        "dead_other_alerts": "Its other alert was underflow on `blocks.0.attn.qkv.bias` at step 0, the key bias of "
+                             "the first section again.",
+    }
+
+
+def test_dead_layer_facts_refuse_a_run_whose_death_was_not_seen():
+    log = MonitorLog(steps=[0, 1, 2], losses=[3.0, 2.0, 1.0])
+    with pytest.raises(ValueError, match="zero_gradients"):
+        M.dead_layer_facts(M.DeadLayerRun("fc", 1, log, (_alert(0, "underflow", "x"),)))
+    with pytest.raises(ValueError, match="before and from step 0"):
+        M.dead_layer_facts(M.DeadLayerRun("fc", 0, log, (_alert(1, "zero_gradients", "fc.weight"),)))
+
+
+def _report(module, phase):
+    s = TensorSummary((2,), "float32", 1.0, 0, 0)
+    return NonFiniteReport(module, phase, (s,), (s,))
+
+
+FWD = M.NanHunt("blocks.1.fc", "nan", _report("blocks.1.fc", "forward"),
+                "Function 'LogSoftmaxBackward0' returned nan values in its 0th output.", 0.01, 0.02, 0.05)
+BWD = M.NanHunt("blocks.1.attn.qkv", "nan_backward", _report("blocks.1.attn.qkv", "backward"),
+                "Function '_NanGradBackward' returned nan values in its 0th output.", 0.004, 0.005, 0.01)
+
+
+def test_anomaly_function_reads_the_quoted_name():
+    assert M.anomaly_function(FWD.anomaly) == "LogSoftmaxBackward0"
+    assert M.anomaly_function("no quotes here") == "no quotes here"
+    assert M.anomaly_function(None) is None
+
+
+def test_nan_hunt_table_and_facts():
+    quiet = M.NanHunt("fc", "nan", None, None, 1.0, 1.0, 1.0)
+    assert M.nan_hunt_table([FWD, BWD, quiet]).splitlines() == [
+        "| planted | in | the locator names | anomaly mode says |", "|---|---|---|---|",
+        "| NaN in the forward pass | `blocks.1.fc` | `blocks.1.fc`, forward pass | "
+        "Function 'LogSoftmaxBackward0' returned nan values in its 0th output. |",
+        "| NaN in the backward pass | `blocks.1.attn.qkv` | `blocks.1.attn.qkv`, backward pass | "
+        "Function '_NanGradBackward' returned nan values in its 0th output. |",
+        "| NaN in the forward pass | `fc` | nothing | nothing |"]
+    facts = M.nan_hunt_facts(FWD, BWD)
+    assert facts == {"hunt_fwd_layer": "`blocks.1.fc`", "hunt_fwd_anomaly": "`LogSoftmaxBackward0`",
+                     "hunt_locator_cost": 100 * (0.005 / 0.004 - 1), "hunt_anomaly_cost": 100 * (0.01 / 0.004 - 1)}
+    assert M.nan_hunt_facts(quiet, BWD)["hunt_fwd_anomaly"] == "nothing"
+    with pytest.raises(ValueError, match="'nan' and a 'nan_backward'"):
+        M.nan_hunt_facts(BWD, FWD)
+
+
+def _demo(events=True):
+    without = MonitorLog(steps=[0, 1, 2, 3], losses=[5.0, 4.0, math.inf, math.inf], scales=[4.0, 4.0, 2.0, 0.5],
+                         skipped=[False, False, True, True])
+    recovered = MonitorLog(steps=[0, 1, 2, 1, 2, 3], losses=[5.0, 4.0, math.inf, 4.0, 3.5, 3.0])
+    alert = _alert(2, "non_finite_loss", None)
+    ev = (RecoveryEvent(2, 1, alert, "bf16_autocast"),) if events else ()
+    return M.RecoveryDemo(1, 4, without, (alert, _alert(3, "scale_collapse", None), _alert(2, "non_finite_loss", None)),
+                          recovered, ev)
+
+
+def test_recovery_facts():
+    facts = M.recovery_facts(_demo())
+    assert facts == {
+        "rec_threshold": 65504.0 / 2**24, "rec_fault_at": 1, "rec_steps": 4, "rec_skipped": 2, "rec_after": 3,
+        "rec_final_scale": 0.5, "rec_alert_step": 2, "rec_alert_kind": "non_finite_loss", "rec_back_to": 1,
+        "rec_final_loss": 3.0, "rec_start_loss": 5.0, "rec_alerts_without": "non_finite_loss, scale_collapse",
+    }
+    assert type(facts["rec_alert_kind"]) is str and isinstance(facts["rec_alerts_without"], Prose)
+    with pytest.raises(ValueError, match="no recovery event"):
+        M.recovery_facts(_demo(events=False))
+
+
+COST = M.MonitorOverhead({0: 0.008, 1: 0.010, 10: 0.0084},
+                         {0: (0.008, 0.008), 1: (0.0104, 0.0116), 10: (0.0076, 0.0092)})
+
+
+def test_overhead_table_and_facts():
+    assert M.overhead_table(COST).splitlines() == [
+        "| monitor | step (ms) | overhead |", "|---|---|---|", "| none | 8.0 |  |",
+        "| every step | 10.0 | +25.0% |",
+        "| every 10 steps | 8.4 | +5.0% |"]
+    assert M.overhead_facts(COST) == {"cost_every1": 100 * (0.010 / 0.008 - 1),
+                                      "cost_every10": 100 * (0.0084 / 0.008 - 1),
+                                      "cost_range10": "-5% to +15%", "cost_range1": "+30% to +45%"}
+    with pytest.raises(ValueError, match=r"intervals \[10\]"):
+        M.overhead_facts(M.MonitorOverhead({0: 1.0, 1: 2.0}))
+
+
+def _record(seconds):
+    prov = Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
+                      compute_capability="9.0")
+    record = Record("monitor_overhead", {}, {"seconds": seconds}, prov)
+    return RecordedResult(record, M.MonitorOverhead({int(k): v for k, v in seconds.items()}))
+
+
+REC = _record({"0": 0.04, "1": 0.09, "10": 0.044})
+
+
+def test_recorded_overhead_facts_with_and_without_a_record():
+    facts = M.recorded_overhead_facts([REC])
+    assert facts["gpu_cost"] == (
+        "On a GPU the balance changes. Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.0 ms "
+        "a step without a monitor, 90.0 ms watched every step (+125%) and 44.0 ms every 10 steps (+10%). The "
+        "statistics themselves run on the GPU, but each parameter's shares come back to the host, one "
+        "synchronisation per parameter, so the GPU cannot run ahead of Python on a sampled step (the record does "
+        "not separate that from the arithmetic). Sample every 10 steps or less often.")
+    assert facts["gpu_cost_short"] == "; 10% recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model"
+    assert facts["gpu_cost_every1"] == " (every step made the step 2.2x as long there)"
+    none = M.recorded_overhead_facts([])
+    assert none["gpu_cost"].startswith("On a GPU the statistics run on the GPU") and "measure it there" in none["gpu_cost"]
+    assert none["gpu_cost_short"] == "" and none["gpu_cost_every1"] == ""
+    assert all(isinstance(v, Prose) for v in (*facts.values(), *none.values()))
+    with pytest.raises(ValueError, match=r"intervals \[1\]"):
+        M.recorded_step_seconds(_record({"0": 1.0, "10": 1.0}))
+
+
+def _mm(layer, operand, fmt, flush, subnormal):
+    return MatmulStats(layer, operand, fmt, 1.0, 0.0, flush, subnormal, 0.0)
+
+
+STATS = {
+    "FP16": (_mm("fc", "input", "FP16", 0.0, 0.0), _mm("fc", "weight", "FP16", 0.001, 0.002)),
+    "E4M3 unscaled": (_mm("fc", "input", "E4M3", 0.125, 0.25), _mm("fc", "weight", "E4M3", 0.25, 0.25)),
+    "E4M3 per-tensor scale": (_mm("fc", "input", "E4M3", 0.0, 0.0001), _mm("fc", "weight", "E4M3", 0.0, 0.0)),
+}
+
+
+def test_matmul_table_and_facts():
+    assert M.matmul_table(STATS).splitlines() == [
+        "| layer | operand | FP16: lost or subnormal | E4M3 unscaled: lost or subnormal | "
+        "E4M3 per-tensor scale: lost or subnormal |", "|---|---|---|---|---|",
+        "| `fc` | input | 0.00% | 37.50% | 0.01% |", "| `fc` | weight | 0.30% | 50.00% | 0.00% |"]
+    assert M.matmul_facts(STATS) == {"mm_worst_layer": "`fc` weight", "mm_worst_share": 50.0,
+                                     "mm_fp16_max": 100 * (0.001 + 0.002), "mm_scaled_max": 100 * 0.0001}
+    with pytest.raises(ValueError, match="other operands"):
+        M.matmul_table({"a": STATS["FP16"], "b": STATS["FP16"][::-1]})
+    with pytest.raises(ValueError, match="E4M3 per-tensor scale"):
+        M.matmul_facts({k: v for k, v in STATS.items() if k != "E4M3 per-tensor scale"})
+    with pytest.raises(ValueError, match="no views"):
+        M.matmul_table({})
+
+
+@pytest.mark.parametrize("findings, phrase", [
+    ((), "nothing"),
+    ((Finding("unaligned_matmul", 0, "m"), Finding("clip_before_unscale", 0, "m")),
+     "`unaligned_matmul`, `clip_before_unscale`"),
+])
+def test_checkup_facts(findings, phrase):
+    report = Checkup("cpu", (), {}, (), 0.1, 2.0**18, "fp32", (), findings, True)
+    assert M.checkup_facts(report) == {"checkup_findings": phrase}
+
+
+def test_errata_rows_say_what_was_measured_with_and_without_a_record():
+    rows = M.errata_rows(FWD, _demo(), COST, [REC], inf_raises=False, nan_raises=True)
+    assert [c for c, _ in rows] == ["`detect_anomaly` shows where a NaN came from.",
+                                    "GradScaler takes care of overflows.", "`detect_anomaly` catches overflows.",
+                                    "Gradient monitoring is too slow to leave on."]
+    assert rows[0][1] == ("Only from the backward pass. A NaN made in `blocks.1.fc`'s forward output was reported "
+                          "as LogSoftmaxBackward0, the backward function at the loss; the locator named `blocks.1.fc`.")
+    assert rows[1][1] == ("Of overflows in the scaled gradients. An FP16 forward overflow made it skip 2 of 3 steps "
+                          "and drive the scale to 0.5; the run never recovered on its own.")
+    assert rows[2][1] == ("It checks backward outputs for NaN only: a backward pass whose gradient is inf passed "
+                          "without an error under it here, one whose gradient is NaN raised; FP16 overflows to inf.")
+    assert rows[3][1] == ("Every step, it cost 25% here; every 10 steps, 5% (recorded on NVIDIA H100 80GB HBM3 "
+                          "(sm 9.0): 125% and 10%).")
+    other = M.errata_rows(M.NanHunt("fc", "nan", None, None, 1, 1, 1), _demo(), COST, [],
+                          inf_raises=True, nan_raises=False)
+    assert other[0][1].endswith("reported as nothing, the backward function at the loss; the locator named nothing.")
+    assert "gradient is inf raised under it here, one whose gradient is NaN passed;" in other[2][1]
+    assert other[3][1] == "Every step, it cost 25% here; every 10 steps, 5%."
+    with pytest.raises(ValueError, match="forward"):
+        M.errata_rows(BWD, _demo(), COST, [], inf_raises=False, nan_raises=True)
+
