@@ -29,7 +29,8 @@ from .device import select_device
 from .formats import get_format
 from .monitor import Alert, GradientHealthMonitor, gradient_stats
 from .scaling import ScalerAudit
-from .train import RECIPES, get_recipe
+from .tables import markdown_table
+from .train import RECIPES, get_recipe, recipe_autocast
 
 CHECKUP_RECIPES = ("fp32", "bf16_autocast", "fp16_autocast_scaler")
 _VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "permute", "expand", "reshape", "detach", "alias",
@@ -88,21 +89,22 @@ class Checkup:
             lines += ["", "Your training step, run under the pitfall detector: " + (
                 "no pitfall found." if not self.findings else "")]
             lines += [f"- **{f.pitfall}** (iteration {f.iteration}): {f.message}" for f in self.findings]
-        lines += ["", "| recipe | runs here | first loss | last loss | skipped | final scale | s/step |",
-                  "|---|---|---|---|---|---|---|"]
+        rows = []
         for r in self.recipes.values():
             if r.unsupported:
-                lines.append(f"| {r.recipe} | no: {r.unsupported} | | | | | |")
+                rows.append((r.recipe, f"no: {r.unsupported}", "", "", "", "", ""))
                 continue
             scale = "" if r.final_scale is None else f"{r.final_scale:g}"
-            lines.append(f"| {r.recipe} | yes | {r.losses[0]:.4g} | {r.losses[-1]:.4g} | {r.skipped} | {scale} | "
-                         f"{r.seconds_per_step:.3g} |")
+            rows.append((r.recipe, "yes", f"{r.losses[0]:.4g}", f"{r.losses[-1]:.4g}", r.skipped, scale,
+                         f"{r.seconds_per_step:.3g}"))
+        lines += ["", markdown_table(("recipe", "runs here", "first loss", "last loss", "skipped", "final scale",
+                                      "s/step"), rows).rstrip("\n")]
         risky = [x for x in self.layers if x.output_overflow or x.grad_flush > 0.01]
         if risky:
-            lines += ["", "| layer | FP16: outputs overflowing | outputs subnormal | weight gradient flushed (scale 1) |",
-                      "|---|---|---|---|"]
-            lines += [f"| `{x.layer}` | {100 * x.output_overflow:.2f}% | {100 * x.output_subnormal:.2f}% | "
-                      f"{100 * x.grad_flush:.1f}% |" for x in risky]
+            lines += ["", markdown_table(
+                ("layer", "FP16: outputs overflowing", "outputs subnormal", "weight gradient flushed (scale 1)"),
+                [(f"`{x.layer}`", f"{100 * x.output_overflow:.2f}%", f"{100 * x.output_subnormal:.2f}%",
+                  f"{100 * x.grad_flush:.1f}%") for x in risky]).rstrip("\n")]
         else:
             lines += ["", "No layer at FP16 risk: no output overflows FP16, and no layer's weight gradient loses "
                           "more than 1% to flushing at scale 1."]
@@ -122,16 +124,6 @@ class Checkup:
         return self.markdown()
 
 
-def _autocast(recipe: str, device: torch.device):
-    from contextlib import nullcontext
-
-    if recipe == "bf16_autocast":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if recipe == "fp16_autocast_scaler":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return nullcontext()
-
-
 def _run_recipe(recipe: str, model: nn.Module, loss_fn, batch, device: torch.device, steps: int,
                 lr: float) -> RecipeCheck:
     reason = get_recipe(recipe).unsupported_reason(device)   # get_recipe(recipe, device) would raise it
@@ -146,7 +138,7 @@ def _run_recipe(recipe: str, model: nn.Module, loss_fn, batch, device: torch.dev
     for step in range(steps):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with _autocast(recipe, device):
+        with recipe_autocast(get_recipe(recipe), device):
             loss = loss_fn(model, batch)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise TypeError("loss_fn(model, batch) must return a scalar loss tensor")
