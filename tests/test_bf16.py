@@ -67,7 +67,20 @@ def test_precision_advice_for_reference_gpus_and_cpus():
         precision_advice(None, cpu_bf16_speedup=0.0)
     with pytest.raises(TypeError, match="compute_capability"):
         precision_advice("8.0")
-    assert advice_for_this_machine().recipe in ("bf16_autocast", "fp32", "fp16_autocast_scaler")
+
+
+@pytest.mark.parametrize("ratio, want", [(1.9, "bf16_autocast"), (1.1, "bf16_autocast"), (1.09, "fp32"), (0.6, "fp32")])
+def test_advice_for_this_cpu_follows_its_measured_bf16_speed(monkeypatch, ratio, want):
+    """On a CPU the advice comes from the probe's measured BF16/FP32 matmul ratio (faked here), not flags."""
+    from types import SimpleNamespace
+
+    import course_lib.bf16 as B
+
+    asked = []
+    monkeypatch.setattr(B, "capability_probe", lambda device_type: asked.append(device_type) or SimpleNamespace(
+        relative=lambda dtype: ratio if dtype == "bf16" else math.nan))
+    advice = advice_for_this_machine("cpu")
+    assert asked == ["cpu"] and advice.recipe == want and f"measured {ratio:.2f}x FP32's throughput" in advice.why
 
 
 def test_compare_bf16_updates_runs_every_rule():
