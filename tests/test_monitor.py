@@ -112,14 +112,18 @@ def test_a_scale_torch_drove_to_zero_is_monitored_not_refused():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**-149)
     watch = mon.GradientHealthMonitor(model, every=1)
+    seen = []
     for step in range(2):
         opt.zero_grad()
         scaler.scale(model(torch.full((1, 2), math.inf)).sum()).backward()
-        assert watch.after_backward(step, scale=scaler.get_scale()) is not None
+        seen.append([(s.name, s.non_finite) for s in watch.after_backward(step, scale=scaler.get_scale())])
         scaler.step(opt)
         scaler.update()
         watch.after_step(step, loss=math.inf, scale=scaler.get_scale(), skipped=True)
     assert scaler.get_scale() == 0.0
+    # step 0: the inf input makes all four weight gradients non-finite (the bias's stay finite); step 1 already
+    # ran at scale 2^-150, which rounds to 0 in float32: nothing to classify
+    assert seen == [[("weight", 4), ("bias", 0)], []]
     assert watch.after_backward(2, scale=0.0) == ()        # nothing to classify: gradients times zero
     assert "scale_collapse" in [a.kind for a in watch.alerts]
     for bad in (-1.0, math.inf, math.nan, True):
