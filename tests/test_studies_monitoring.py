@@ -42,7 +42,7 @@ def test_underflow_trend_facts_name_the_growing_gradient_the_biases_and_the_qkv_
               _alert(10, "underflow", "head:grad_output"), _alert(3, "non_finite_loss", None)]
     facts = M.underflow_trend_facts(_trend(alerts))
     assert facts == {
-        "trend_steps": 4, "trend_grow_name": "`head:grad_output`", "trend_grow_first": 0.0, "trend_grow_last": 50.0,
+        "trend_steps": 4, "trend_every": 5, "trend_grow_name": "`head:grad_output`", "trend_grow_first": 0.0, "trend_grow_last": 50.0,
         "trend_grow_alert": "at step 10", "trend_loss_first": 5.5, "trend_loss_last": 2.75,
         "trend_bias": "`blocks.0.attn.qkv.bias` and `blocks.1.attn.qkv.bias`", "trend_bias_share": 50.0,
         "trend_qkv_name": "`blocks.0.attn.qkv:grad_output`", "trend_qkv_peak": 75.0, "trend_qkv_peak_step": 5,
@@ -258,3 +258,18 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
     with pytest.raises(ValueError, match="forward"):
         M.errata_rows(BWD, _demo(), COST, [], inf_raises=False, nan_raises=True)
 
+
+
+def test_monitor_faults_record_from_the_h100_reads_back_typed():
+    """The version-1 record (hand-made values) of monitor_faults loads into MonitorFaults, and the facts the
+    lesson draws from a live run come out of it too."""
+    from course_lib.experiments import recorded_results
+
+    (rec,) = recorded_results("monitor_faults")
+    faults = rec.result
+    assert isinstance(faults, M.MonitorFaults) and set(faults.nan_hunts) == {k for k, _ in M.NAN_HUNTS}
+    forward = faults.nan_hunts["nan"]
+    assert forward.layer == "blocks.1.fc" and forward.report.module == "blocks.1.fc"
+    assert forward.plain_s == rec.record.values["nan_hunts"]["nan"]["seconds"]["plain"]
+    facts = M.underflow_trend_facts(faults.underflow_trend)
+    assert facts["trend_every"] == 5 and facts["trend_steps"] == len(rec.record.values["underflow_trend"]["losses"])

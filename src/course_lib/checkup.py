@@ -95,7 +95,7 @@ class Checkup:
                 rows.append((r.recipe, f"no: {r.unsupported}", "", "", "", "", ""))
                 continue
             scale = "" if r.final_scale is None else f"{r.final_scale:g}"
-            rows.append((r.recipe, "yes", f"{r.losses[0]:.4g}", f"{r.losses[-1]:.4g}", r.skipped, scale,
+            rows.append((r.recipe, "yes", f"{r.losses[0]:.4g}", f"{r.losses[-1]:.4g}", str(r.skipped), scale,
                          f"{r.seconds_per_step:.3g}"))
         lines += ["", markdown_table(("recipe", "runs here", "first loss", "last loss", "skipped", "final scale",
                                       "s/step"), rows).rstrip("\n")]

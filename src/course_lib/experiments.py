@@ -47,7 +47,7 @@ from .studies.microscaling import (
     gradient_fidelity,
     nvfp4_scale_choices,
 )
-from .studies.monitoring import MonitorOverhead, monitor_overhead, nan_hunt, overflow_recovery, underflow_trend
+from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
 from .studies.performance import (
     ThroughputStudy,
     account_training_memory,
@@ -417,21 +417,20 @@ def _mx_training(profile: SizeProfile, device: torch.device, **parameters: Any) 
 
 # ---- lesson 9: monitoring and debugging ---------------------------------------------------------------
 
+def _faults_legacy(parameters: dict, values: dict) -> dict[str, Any]:
+    hunts = {kind: {"layer": h["layer"], "kind": kind, "report": h["report"], "anomaly": h["anomaly"],
+                    "plain_s": h["seconds"]["plain"], "locator_s": h["seconds"]["locator"],
+                    "anomaly_s": h["seconds"]["anomaly"]} for kind, h in values["nan_hunts"].items()}
+    return {"underflow_trend": values["underflow_trend"], "nan_hunts": hunts, "recovery": values["recovery"]}
+
+
 @register("monitor_faults",
           "Planted faults caught: a NaN in a forward and in a backward pass located by module (against "
           "torch.autograd.detect_anomaly), an FP16 overflow run with and without rollback-and-BF16 recovery, "
           "and the share of each gradient an unscaled FP16 would flush over an FP32 run (lesson 9).",
-          result_type=dict[str, Any], legacy=_legacy_whole)
-def _monitor_faults(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    hunts = {}
-    for kind, layer in (("nan", "blocks.1.fc"), ("nan_backward", "blocks.1.attn.qkv")):
-        h = nan_hunt(profile, device, layer=layer, kind=kind)
-        hunts[kind] = {"layer": h.layer, "report": None if h.report is None else dataclasses.asdict(h.report),
-                       "anomaly": h.anomaly,
-                       "seconds": {"plain": h.plain_s, "locator": h.locator_s, "anomaly": h.anomaly_s}}
-    demo = overflow_recovery(profile, device)
-    trend = underflow_trend(profile, device)
-    return {"nan_hunts": hunts, "recovery": dataclasses.asdict(demo), "underflow_trend": dataclasses.asdict(trend)}
+          result_type=MonitorFaults, legacy=_faults_legacy)
+def _monitor_faults(profile: SizeProfile, device: torch.device) -> MonitorFaults:
+    return monitor_faults(profile, device)
 
 
 def _overhead_legacy(parameters: dict, values: dict) -> dict[str, Any]:

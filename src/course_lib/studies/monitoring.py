@@ -184,6 +184,28 @@ def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int |
                           tuple(watch.alerts))
 
 
+# lesson 9's two planted NaNs: (kind, layer), one made in a forward pass and one in a backward pass
+NAN_HUNTS = (("nan", "blocks.1.fc"), ("nan_backward", "blocks.1.attn.qkv"))
+
+
+@dataclass(frozen=True)
+class MonitorFaults:
+    """Lesson 9's faults, each in its own run: the monitor's ``underflow_trend`` over a healthy FP32 run,
+    ``nan_hunts`` by kind (:data:`NAN_HUNTS`), and the FP16 overflow with and without ``recovery``."""
+
+    underflow_trend: UnderflowTrend
+    nan_hunts: dict[str, NanHunt]
+    recovery: RecoveryDemo
+
+
+def monitor_faults(profile, device: torch.device | str = "cpu") -> MonitorFaults:
+    """Run :func:`underflow_trend`, a :func:`nan_hunt` per entry of :data:`NAN_HUNTS` and
+    :func:`overflow_recovery`, each at its defaults (every 5 steps, FP16, 10% threshold for the trend)."""
+    trend = underflow_trend(profile, device)
+    hunts = {kind: nan_hunt(profile, device, layer=layer, kind=kind) for kind, layer in NAN_HUNTS}
+    return MonitorFaults(trend, hunts, overflow_recovery(profile, device))
+
+
 @dataclass(frozen=True)
 class MonitorOverhead:
     """Seconds per optimizer step (the mean over a block of steps, median over blocks) of the same run
@@ -272,7 +294,8 @@ def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
     """Lesson 9's facts of an :class:`UnderflowTrend`: the gradient whose flushed share grew most (percent at
     the first and last sampled step, and the step its alert fired), the loss at the first and last step,
     the ``qkv.bias`` parameters that alerted (and their largest flushed share, percent), and the attention
-    ``qkv`` output gradient with the largest flushed share (its peak, the step of the peak, its last share)."""
+    ``qkv`` output gradient with the largest flushed share (its peak, the step of the peak, its last share);
+    ``trend_every``: the steps between two samples."""
     if not trend.flush or not trend.losses:
         raise ValueError("the trend has no sampled gradients or no losses")
     growing = max(trend.flush, key=lambda n: trend.flush[n][-1] - trend.flush[n][0])
@@ -285,6 +308,7 @@ def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
     peak = trend.flush[peak_name]
     return {
         "trend_steps": len(trend.losses),
+        "trend_every": trend.steps[1] - trend.steps[0] if len(trend.steps) > 1 else len(trend.losses),
         "trend_grow_name": Prose(_code(growing)),
         "trend_grow_first": 100 * trend.flush[growing][0],
         "trend_grow_last": 100 * trend.flush[growing][-1],
