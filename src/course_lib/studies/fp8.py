@@ -1,17 +1,19 @@
 """Lesson 7's studies: the course model's tensors under every scaling recipe, the outlier sweep, delayed scaling
-against a spike, FP8 training over seeds, and the measured speed of FP8 linear layers."""
+against a spike, the cost of current scaling's cast, FP8 training over seeds, and the predicted and measured
+speed of FP8 linear layers. The facts and tables the lesson glues from them are in :mod:`.fp8_prose`."""
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from ..bench import time_function
-from ..fp8.casts import as_2d
+from ..fp8.casts import as_2d, cast_saturating
 from ..fp8.linear import Fp8Linear, convert_to_fp8
 from ..fp8.recipes import (
     BlockwiseScaling,
@@ -23,7 +25,10 @@ from ..fp8.recipes import (
     StaticScaling,
     quantization_error,
 )
+from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
+from ..hardware import GPUPeaks
 from ..models import course_setup
+from ..results import RecordedResult
 from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 
 
@@ -338,3 +343,88 @@ def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2
             except (RuntimeError, ValueError) as exc:
                 skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     return Fp8LinearSpeed(str(device), sizes, seconds, skipped)
+
+
+def describe_tensors(tensors: Mapping[str, torch.Tensor], *, name_width: int, stats=("median", "max"),
+                     nonzero_only: bool = False) -> str:
+    """One line per tensor: its name (padded to ``name_width`` characters), shape, and the ``stats``
+    ("median", "max") of its magnitudes, in that order; ``nonzero_only`` leaves exact zeros out of them."""
+    if not tensors:
+        raise ValueError("describe_tensors needs at least one tensor")
+    unknown = [s for s in stats if s not in ("median", "max")]
+    if unknown or not stats:
+        raise ValueError(f"stats must be 'median' and/or 'max', got {tuple(stats)}")
+    lines = []
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name!r} is a {type(t).__name__}, not a tensor")
+        mags = (t[t != 0] if nonzero_only else t).abs()
+        values = {"median": float(mags.median()), "max": float(mags.max())}
+        lines.append(f"{name:{name_width}s} shape {tuple(t.shape)}  "
+                     + "  ".join(f"{s} |x| {values[s]:.2e}" for s in stats))
+    return "\n".join(lines)
+
+
+# the three ways of casting a BF16 tensor to FP8 that lesson 7 times against each other
+TORCH_CAST = "torch cast"
+KNOWN_SCALE_CAST = "scale known (scale, saturate, cast)"
+CURRENT_SCALING_CAST = "current scaling (amax, then cast)"
+
+
+def time_scaled_casts(device: torch.device | str, *, n: int = 10_000_000, budget_s: float = 0.3,
+                      seed: int = 0) -> dict[str, float]:
+    """Median seconds to cast ``n`` standard normal FP32 values to E4M3 three ways: torch's own cast (no
+    scale, no saturation), :func:`~course_lib.fp8.cast_saturating` with a scale known in advance (delayed
+    scaling's case), and :class:`~course_lib.fp8.CurrentScaling`, which reads the tensor for its amax first."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    device = torch.device(device)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(device)
+    known_scale = torch.tensor(100.0, device=device)
+    casts = {
+        TORCH_CAST: lambda: x.to(torch.float8_e4m3fn),
+        KNOWN_SCALE_CAST: lambda: cast_saturating(x, "e4m3", known_scale),
+        CURRENT_SCALING_CAST: lambda: CurrentScaling().quantize(x),
+    }
+    return {name: time_function(cast, device=device, budget_s=budget_s).median for name, cast in casts.items()}
+
+
+def output_and_gradients(module: nn.Module, x: torch.Tensor, *,
+                         loss=torch.sum) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``module(x)`` and, after backpropagating ``loss(module(x))``, the gradients of ``x`` and of the
+    module's one weight (a linear layer, or a container holding one): what two implementations of a layer
+    must agree on. ``x`` itself is left untouched (a copy gets the gradient)."""
+    weights = [w for m in module.modules() if isinstance(w := getattr(m, "weight", None), nn.Parameter)]
+    if len(weights) != 1:
+        raise ValueError(f"module must hold exactly one weight, found {len(weights)}")
+    xb = x.detach().clone().requires_grad_()
+    out = module(xb)
+    loss(out).backward()
+    return out.detach(), xb.grad, weights[0].grad
+
+
+def roofline_speedups(gpu: GPUPeaks, sizes) -> dict[str, list[Fp8LinearEstimate]]:
+    """:func:`~course_lib.fp8.predict_fp8_linear` for square layers ``M = K = N`` of each size on ``gpu``'s
+    datasheet peaks and bandwidth: unfused tensorwise, tensorwise with fused casts, and rowwise."""
+    bf16, fp8 = gpu.peak("bf16"), gpu.peak("fp8")
+    if bf16 is None or fp8 is None:
+        raise ValueError(f"{gpu.name} lists no BF16 or no FP8 tensor-core peak")
+    return {f"{recipe}{' (casts fused)' if fuse else ''}": [
+        predict_fp8_linear(n, n, n, bf16_tflops=bf16, fp8_tflops=fp8, bandwidth_gbs=gpu.bandwidth_gbs,
+                           recipe=recipe, fuse_casts=fuse) for n in sizes]
+        for recipe, fuse in (("tensorwise", False), ("tensorwise", True), ("rowwise", False))}
+
+
+def recorded_product_ratios(records: Sequence[RecordedResult]) -> dict[str, dict[int, float]]:
+    """From the newest ``matmul_throughput`` record (if any): one FP8 ``_scaled_mm`` product's TFLOP/s over
+    one BF16 product's, per size n, under a label naming the GPU; ``{}`` with no record."""
+    if not records:
+        return {}
+    rec = records[0]
+    if rec.record.experiment != "matmul_throughput":
+        raise ValueError(f"a {rec.record.experiment!r} record holds no matmul throughput")
+    points = rec.result["points"]
+    bf16 = {p["n"]: p["tflops"] for p in points if p["dtype"] == "bf16"}
+    fp8 = {p["n"]: p["tflops"] for p in points if p["dtype"] == "fp8"}
+    return {f"recorded {rec.label}: _scaled_mm / BF16, one product, no casts": {
+        n: fp8[n] / bf16[n] for n in fp8 if n in bf16}}

@@ -1,19 +1,34 @@
 """Lesson 8's studies: error against block size, scale choices and modes, MX and NVFP4 training over seeds,
-and the NVFP4 recipe's pieces measured on the gradient."""
+and the NVFP4 recipe's pieces measured on the gradient; and the facts, phrases and tables the lesson glues."""
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..formats import all_values
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
+from ..glue import Prose
 from ..models import course_setup
-from ..mx.blocks import BlockScaling, block_error, e8m0_exponents, element_format, element_key
+from ..mx.blocks import (
+    BlockScaling,
+    BlockTensor,
+    block_error,
+    e8m0_exponents,
+    element_format,
+    element_key,
+    pack_fp4,
+)
 from ..mx.linear import block_recipe, convert_to_block_scaled
+from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES
 from .fp8 import Fp8Training, seeded_curves, train_converted
+from .fp8_prose import BASELINE, loss_differences
 
 
 @dataclass(frozen=True)
@@ -158,14 +173,11 @@ def _flat_grad(model: nn.Module) -> torch.Tensor:
 
 def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                       recipes=("mxfp8", "mxfp4", "mxfp4_hp_last", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht",
-                               "nvfp4_no_2d", "nvfp4_no_hp_last"), draws: int = 8, batches: int = 3, steps: int | None = None,
-                      seed: int = 0, lr: float = 3e-3) -> GradientFidelity:
+                               "nvfp4_no_2d", "nvfp4_no_hp_last"), draws: int = 8, batches: int = 3,
+                      steps: int | None = None, seed: int = 0, lr: float = 3e-3) -> GradientFidelity:
     """Train the course GPT in FP32 for ``steps`` steps, then on each of the next ``batches`` batches compute
     the gradient exactly and ``draws`` times with each block-scaled ``recipe`` (a recipe without stochastic
     rounding gives the same gradient every time, so it is computed once per batch)."""
-    import copy
-
-
     for name, v in (("draws", draws), ("batches", batches)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
@@ -207,3 +219,264 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                     for g in range(draws // k)) / (draws // k) / norm for k in ks])
     return GradientFidelity(tuple(recipes), setup.steps, batches, ks, {r: tuple(v) for r, v in single.items()},
                             {r: tuple(sum(col) / batches for col in zip(*v)) for r, v in averaged.items()})
+
+
+# ---- lesson 8's facts, phrases and tables ---------------------------------------------------------------
+
+def mx_formats() -> dict[str, BlockScaling]:
+    """The block-scaled formats lesson 8 lists, by display name (NVFP4 with its FP32 tensor scale)."""
+    return {"MXFP8 (E4M3)": BlockScaling("e4m3", 32), "MXFP8 (E5M2)": BlockScaling("e5m2", 32),
+            "MXFP6 (E2M3)": BlockScaling("e2m3", 32), "MXFP6 (E3M2)": BlockScaling("e3m2", 32),
+            "MXFP4 (E2M1)": BlockScaling("e2m1", 32),
+            "NVFP4 (E2M1)": BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True)}
+
+
+def format_table(formats: Mapping[str, BlockScaling] | None = None) -> MarkdownTable:
+    """Per format (default :func:`mx_formats`): elements per scale, the scale's format, the largest element,
+    the number of non-zero element magnitudes, and the storage in bits per element, scale included."""
+    rows = []
+    for label, scaling in (formats if formats is not None else mx_formats()).items():
+        f = element_format(scaling.element)
+        grid = {abs(v) for v in all_values(f).tolist() if math.isfinite(v)}
+        bits = scaling.quantize(torch.ones(1, scaling.block)).storage_bits_per_element
+        rows.append([label, scaling.block, scaling.scale_format.upper(), f"{f.max_finite:g}", len(grid) - 1,
+                     f"{bits:g}"])
+    return markdown_table(["format", "elements per scale", "scale", "largest element", "non-zero magnitudes",
+                           "bits per element, scale included"], rows)
+
+
+def nvfp4_bits_per_element() -> float:
+    """Bits per element of NVFP4: a 4-bit element plus an 8-bit E4M3 scale per 16 (the FP32 tensor scale
+    left out, as negligible)."""
+    return BlockScaling("e2m1", 16, scale_format="e4m3").quantize(torch.ones(1, 16)).storage_bits_per_element
+
+
+def format_facts() -> dict[str, object]:
+    """FP4 E2M1's largest and smallest non-zero magnitudes, and NVFP4's bits per element."""
+    e2m1 = element_format("e2m1")
+    return {"fp4_max": e2m1.max_finite, "fp4_min": e2m1.min_subnormal, "nvfp4_bits": nvfp4_bits_per_element()}
+
+
+def _percent_errors(errors: Mapping[str, QuantizationError], labels) -> list[str]:
+    return [f"{100 * errors[b].relative_error:.1f}%" for b in labels]
+
+
+def block_size_table(study: BlockSizeStudy, element: str = "e2m1") -> MarkdownTable:
+    """Relative error per tensor (rows) and block size (columns) for ``element``."""
+    if element not in study.errors:
+        raise ValueError(f"the study has no {element!r} elements; it ran {study.elements}")
+    return markdown_table(["tensor", *(f"{element.upper()}, {b}" for b in study.blocks)],
+                          [[t, *_percent_errors(study.errors[element][t], study.blocks)] for t in study.tensors])
+
+
+def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
+    """Percent relative error and flushed of E2M1 blocks of 1, 32 and the whole tensor on the activation and
+    on the outlier activation's other channels; E4M3 blocks of 32 and one scale per tensor; E4M3's binades."""
+    fp4, fp8 = study.errors["e2m1"], study.errors["e4m3"]
+    act, out = fp4["activation"], fp4["activation + outlier"]
+    return {"blk_fp4_32": 100 * act["32"].relative_error, "blk_fp4_tensor": 100 * act["tensor"].relative_error,
+            "blk_fp4_out_32": 100 * out["32"].relative_error,
+            "blk_fp4_out_tensor": 100 * out["tensor"].relative_error,
+            "blk_fp4_out_flushed": 100 * out["tensor"].flushed, "blk_fp4_out_flushed32": 100 * out["32"].flushed,
+            "blk_fp8_32": 100 * fp8["activation"]["32"].relative_error,
+            "blk_fp4_flushed32": 100 * act["32"].flushed, "blk_fp4_1": 100 * act["1"].relative_error,
+            "e4m3_binades": element_format("e4m3").binades,
+            "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error}
+
+
+def scale_choice_table(errors: Mapping[str, Mapping[str, QuantizationError]]) -> MarkdownTable:
+    """``errors[tensor][choice]``: one row per scale choice, the relative error on each tensor, and the
+    share flushed to zero where it is more than half."""
+    tensors = list(errors)
+    if not tensors:
+        raise ValueError("scale_choice_table needs at least one tensor")
+
+    def cell(e: QuantizationError) -> str:
+        return f"{100 * e.relative_error:.1f}%" + (f" ({100 * e.flushed:.0f}% flushed)" if e.flushed > 0.5 else "")
+
+    return markdown_table(["scale", *tensors], [[name, *(cell(errors[t][name]) for t in tensors)]
+                                                for name in errors[tensors[0]]])
+
+
+def scale_choice_facts(errors: Mapping[str, Mapping[str, QuantizationError]],
+                       gradient: torch.Tensor) -> dict[str, object]:
+    """Percent error on the weight of each of :func:`nvfp4_scale_choices` but the one without tensor scale,
+    which is measured on the gradient (percent flushed), beside NVFP4's on the gradient; and the gradient's
+    median magnitude."""
+    mx32, e8m0_16, no_tensor_scale, nvfp4, ideal = nvfp4_scale_choices()
+    weight, grad = errors["weight"], errors["gradient"]
+    return {"sc_mx32": 100 * weight[mx32].relative_error, "sc_e8m0_16": 100 * weight[e8m0_16].relative_error,
+            "sc_nvfp4": 100 * weight[nvfp4].relative_error, "sc_ideal": 100 * weight[ideal].relative_error,
+            "sc_noglobal_grad": 100 * grad[no_tensor_scale].flushed,
+            "sc_nvfp4_grad": 100 * grad[nvfp4].relative_error, "grad_median": float(gradient.abs().median())}
+
+
+def mode_examples_table(comparison: ModeComparison) -> MarkdownTable:
+    """The example blocks of a FLOOR/RCEIL comparison: amax, and per mode the scale, amax over it and the
+    stored largest element."""
+    return markdown_table(
+        ["block amax", "FLOOR scale", "amax / scale", "stored largest", "RCEIL scale", "amax / scale",
+         "stored largest"],
+        [[f"{r['amax']:.4g}", *(v for m in ("floor", "rceil") for v in (
+            f"2^{r[f'{m} exponent']}", f"{r[f'{m} amax / scale']:.3g}", f"{r[f'{m} largest element']:g}"))]
+         for r in comparison.examples])
+
+
+def mode_summary_table(modes: Mapping[str, ModeComparison]) -> MarkdownTable:
+    """Per element format and mode: the share of blocks where the modes differ, the relative error, and the
+    share of blocks whose largest value the clamp changes."""
+    return markdown_table(
+        ["elements", "blocks where the modes differ", "mode", "relative error",
+         "blocks whose largest value the clamp changes"],
+        [[el.upper(), f"{100 * c.blocks_differ:.0f}%", m.upper(), f"{100 * c.errors[m].relative_error:.2f}%",
+          f"{100 * c.top_saturated[m]:.0f}%"] for el, c in modes.items() for m in ("floor", "rceil")])
+
+
+def lower_error_mode(comparison: ModeComparison) -> str:
+    """"FLOOR" when FLOOR's relative error is the lower, else "RCEIL"."""
+    floor, rceil = comparison.errors["floor"].relative_error, comparison.errors["rceil"].relative_error
+    return "FLOOR" if floor < rceil else "RCEIL"
+
+
+def mode_verdict(modes: Mapping[str, ModeComparison]) -> Prose:
+    """Which rule has the lower error with E2M1 and with E4M3 elements, and whether one wins both."""
+    fp4, fp8 = lower_error_mode(modes["e2m1"]), lower_error_mode(modes["e4m3"])
+    return Prose(f"With E2M1 elements the lower error is {fp4}'s, with E4M3 elements {fp8}'s"
+                 + (": neither rule wins everywhere." if fp4 != fp8 else "."))
+
+
+def mode_facts(modes: Mapping[str, ModeComparison]) -> dict[str, object]:
+    """Percent of E2M1 blocks where FLOOR and RCEIL differ; per element format the percent of blocks FLOOR
+    saturates and each mode's relative error (percent); and :func:`mode_verdict`."""
+    fp4, fp8 = modes["e2m1"], modes["e4m3"]
+    return {"mode_differ_fp4": 100 * fp4.blocks_differ, "mode_sat_fp4": 100 * fp4.top_saturated["floor"],
+            "mode_err_floor": 100 * fp4.errors["floor"].relative_error,
+            "mode_err_rceil": 100 * fp4.errors["rceil"].relative_error,
+            "mode_sat_fp8": 100 * fp8.top_saturated["floor"], "mode_verdict": mode_verdict(modes),
+            "mode_err_fp8_floor": 100 * fp8.errors["floor"].relative_error,
+            "mode_err_fp8_rceil": 100 * fp8.errors["rceil"].relative_error}
+
+
+def same_bytes(ours: BlockTensor, scale: torch.Tensor, data: torch.Tensor) -> bool:
+    """Whether another implementation's ``scale`` codes and packed FP4 ``data`` (two elements per byte) are
+    byte for byte those of ``ours``."""
+    return (torch.equal(scale.view(torch.uint8), ours.scale_codes().view(torch.uint8))
+            and torch.equal(data.view(torch.uint8), pack_fp4(ours.element_codes()).view(torch.uint8)))
+
+
+def same_side_sentence(consistent: Sequence[str]) -> Prose:
+    """Which recipes ended on the same side of BF16 in every seed."""
+    return Prose(", ".join(consistent) + " ended on the same side of BF16 in every seed." if consistent
+                 else "No recipe ended on the same side of BF16 in every seed.")
+
+
+def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
+    """NVFP4's final loss minus MXFP4's per seed, and whether the full recipe paid for itself."""
+    if not differences:
+        raise ValueError("nvfp4_against_mxfp4 needs at least one seed")
+    verdict = (": at this size the recipe did not pay for itself in the loss." if min(differences) > 0 else
+               ": better in every seed." if max(differences) < 0 else ", no consistent difference.")
+    return Prose(f"NVFP4, with every piece of its recipe, ended {', '.join(f'{d:+.3f}' for d in differences)} "
+                 "against MXFP4 (same seeds)" + verdict)
+
+
+def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
+    """Steps; the spread of BF16's final loss over seeds; the range of every block-scaled recipe's per-seed
+    gap to BF16; which recipes kept one side; NVFP4 against MXFP4."""
+    diffs = loss_differences(result)
+    bf16 = result.final(BASELINE)
+    others = [r for r in result.recipes if r != BASELINE]
+    if not others:
+        raise ValueError(f"no block-scaled recipe ran beside {BASELINE!r}")
+    consistent = [r for r in others if min(diffs[r]) > 0 or max(diffs[r]) < 0]
+    return {"train_steps": result.steps, "train_seed_spread": max(bf16) - min(bf16),
+            "train_lo": min(min(diffs[r]) for r in others), "train_hi": max(max(diffs[r]) for r in others),
+            "train_consistent": same_side_sentence(consistent),
+            "train_nvfp4_vs_mxfp4": nvfp4_against_mxfp4(
+                [a - b for a, b in zip(result.final("nvfp4"), result.final("mxfp4"))])}
+
+
+def fidelity_differences(fidelity: GradientFidelity, reference: str = "nvfp4") -> dict[str, tuple[float, ...]]:
+    """Per recipe and batch, its gradient error minus ``reference``'s on the same batch."""
+    ref = fidelity.single[reference]
+    return {r: tuple(a - b for a, b in zip(fidelity.single[r], ref)) for r in fidelity.recipes}
+
+
+def fidelity_table(fidelity: GradientFidelity) -> MarkdownTable:
+    """Per recipe, the gradient error on each batch and its difference from NVFP4's (percentage points)."""
+    delta = fidelity_differences(fidelity)
+    return markdown_table(
+        ["recipe", "gradient error, per batch", "minus NVFP4's (same batch, percentage points)"],
+        [[r, ", ".join(f"{100 * v:.1f}%" for v in fidelity.single[r]), ", ".join(f"{100 * d:+.2f}" for d in delta[r])]
+         for r in fidelity.recipes])
+
+
+def fidelity_facts(fidelity: GradientFidelity) -> dict[str, object]:
+    """Per recipe (``gf_<recipe>``): the mean gradient error in percent and (``gf_d_<recipe>_lo``/``_hi``)
+    the range of its difference from NVFP4's in points; NVFP4's error for one draw and for the mean of the
+    most draws (``gf_k_last``)."""
+    delta = fidelity_differences(fidelity)
+    facts: dict[str, object] = {}
+    for r in fidelity.recipes:
+        facts[f"gf_{r}"] = 100 * (sum(fidelity.single[r]) / len(fidelity.single[r]))
+        facts[f"gf_d_{r}_lo"] = 100 * min(delta[r])
+        facts[f"gf_d_{r}_hi"] = 100 * max(delta[r])
+    facts.update({"gf_avg_first": 100 * fidelity.averaged["nvfp4"][0],
+                  "gf_avg_last": 100 * fidelity.averaged["nvfp4"][-1], "gf_k_last": fidelity.ks[-1]})
+    return facts
+
+
+def emulation_note(capability: tuple[int, int] | None) -> Prose:
+    """Where this page's block-scaled products ran: a GPU of compute ``capability``, or (None) a CPU."""
+    if capability is None:
+        return Prose("This page ran on a CPU: every block-scaled product above was emulated (exactly) in FP32.")
+    major, minor = capability
+    return Prose(f"This page ran on a GPU of compute capability {major}.{minor}; its products here were "
+                 "emulated in FP32 either way.")
+
+
+def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str, QuantizationError]],
+                   fidelity: GradientFidelity, *, torchao_agrees: bool) -> list[tuple[str, str]]:
+    """Lesson 8's errata, (claim, what was measured) pairs, from the FLOOR/RCEIL comparison on the
+    activation's FP4 blocks (``modes``), the scale choices' errors (``scale_errors[tensor][choice]``), the
+    gradient fidelity study, and whether the course's quantisation agreed with torchao's."""
+    _, e8m0_16, no_tensor_scale, nvfp4, _ = nvfp4_scale_choices()
+    rceil = modes.top_saturated["rceil"]
+    single = {r: sum(v) / len(v) for r, v in fidelity.single.items()}
+    return [
+        ("MX scales are chosen so that nothing overflows.",
+         f"The spec's rule (FLOOR) saturates the largest value of {100 * modes.top_saturated['floor']:.0f}% of "
+         f"this activation's FP4 blocks; RCEIL, NVIDIA's rule, saturates "
+         + ("none" if rceil == 0 else f"that of {100 * rceil:.0f}%") + " {cite:p}`ocp_mx,torchao_mx`."),
+        ("NVFP4 is MXFP4 with smaller blocks.",
+         f"The scale differs too: E4M3 rather than a power of two, under an FP32 tensor scale. Without the tensor "
+         f"scale, {100 * scale_errors['gradient'][no_tensor_scale].flushed:.0f}% of the course model's gradient "
+         f"flushes to zero; with it, the weight's error is {100 * scale_errors['weight'][nvfp4].relative_error:.1f}% "
+         f"against {100 * scale_errors['weight'][e8m0_16].relative_error:.1f}% for E8M0 scales on the same "
+         "16-element blocks."),
+        ("Stochastic rounding makes each gradient more accurate.",
+         f"Not each: a single NVFP4 gradient was {100 * single['nvfp4']:.1f}% off with it and "
+         f"{100 * single['nvfp4_no_sr']:.1f}% without. It removes bias, so averages converge: "
+         f"{100 * fidelity.averaged['nvfp4'][0]:.1f}% for one draw, {100 * fidelity.averaged['nvfp4'][-1]:.1f}% "
+         f"for the mean of {fidelity.ks[-1]}."),
+        ("FP4 training needs Blackwell.",
+         "FP4 *speed* does; FP4 numerics run anywhere, as here, exactly. The course's emulation "
+         + ("agrees with torchao's reference quantisation bit for bit." if torchao_agrees else
+            "did not agree with torchao's reference quantisation on this page's check.")),
+    ]
+
+
+def exercise_facts() -> dict[str, object]:
+    """The exercises' answers: the E8M0 scale and the values an MXFP4 block of 0.9, -2.6, 0.1, 1.7 (and 28
+    zeros) stores with RCEIL and with FLOOR; MXFP8's bits per element; NVFP4's saving over BF16 and the
+    gigabytes of a 7-billion-parameter model's weights in BF16 and in NVFP4."""
+    block = torch.tensor([[0.9, -2.6, 0.1, 1.7] + [0.0] * 28])
+    facts: dict[str, object] = {}
+    for mode in ("rceil", "floor"):
+        q = BlockScaling("e2m1", 32, mode=mode).quantize(block)
+        facts[f"ex_{mode}_scale"] = float(q.block_scales[0, 0])
+        facts[f"ex_{mode}_values"] = ", ".join(f"{v:g}" for v in q.dequantize()[0, :4].tolist())
+    nvfp4_bits = nvfp4_bits_per_element()
+    facts.update({"ex_bits_mxfp8": BlockScaling("e4m3", 32).quantize(torch.ones(1, 32)).storage_bits_per_element,
+                  "ex_saving": 16 / nvfp4_bits, "ex_bf16_gb": 7e9 * 2 / 1e9, "ex_nvfp4_gb": 7e9 * nvfp4_bits / 8 / 1e9})
+    return facts

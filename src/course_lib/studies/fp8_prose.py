@@ -1,0 +1,369 @@
+"""Lesson 7's facts, phrases and tables: what the FP8 studies measured, under the names the prose glues."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..formats import get_format
+from ..fp8.accumulation import AccumulationStudy
+from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
+from ..glue import Prose
+from ..hardware import DATASHEET_PEAKS, GPUPeaks
+from ..tables import MarkdownTable, markdown_table
+from .fp8 import (
+    CURRENT_SCALING_CAST,
+    KNOWN_SCALE_CAST,
+    TORCH_CAST,
+    Fp8LinearSpeed,
+    Fp8Training,
+    LinearTensors,
+    OutlierSweep,
+    ScalingLab,
+    SpikeRun,
+)
+
+BASELINE = "bf16_autocast"
+COURSE_LAYER = "FP8 course layer (_scaled_mm, tensorwise, eager)"
+BF16_LAYER = "BF16 nn.Linear"
+
+
+def format_facts() -> dict[str, object]:
+    """Largest finite value, smallest subnormal, epsilon and binades of E4M3 and E5M2
+    (``e4m3_max``, ``e4m3_tiny``, ``e4m3_eps``, ``e4m3_binades``, and the same for ``e5m2``)."""
+    facts: dict[str, object] = {}
+    for name in ("e4m3", "e5m2"):
+        f = get_format(name)
+        facts.update({f"{name}_max": f.max_finite, f"{name}_tiny": f.min_subnormal, f"{name}_eps": f.epsilon,
+                      f"{name}_binades": f.binades})
+    return facts
+
+
+def tensor_facts(tensors: LinearTensors) -> dict[str, object]:
+    """The captured layer and its training steps, the output gradient's median magnitude, and the share
+    (percent) of its values below E4M3's smallest subnormal."""
+    grad = tensors.grad_output
+    below = float((grad.abs() < get_format("e4m3").min_subnormal).float().mean())
+    return {"lab_steps": tensors.steps, "lab_layer": tensors.layer, "grad_median": float(grad.abs().median()),
+            "grad_below_e4m3": 100 * below}
+
+
+def lab_facts(lab: ScalingLab) -> dict[str, object]:
+    """The scaling lab on the gradient (percent flushed without and with a per-tensor scale; relative error
+    in percent and effective bits of per-tensor E4M3 and E5M2), and the range of relative errors (percent)
+    of every scaled E4M3 recipe on every tensor."""
+    grad = lab.errors["gradient"]
+    e4, e5 = grad["per tensor, E4M3"], grad["per tensor, E5M2"]
+    fine = [e.relative_error for t in lab.tensors for r, e in lab.errors[t].items()
+            if "E4M3" in r and "no scaling" not in r]
+    return {"lab_grad_flushed_unscaled": 100 * grad["no scaling (E4M3)"].flushed,
+            "lab_grad_flushed_scaled": 100 * e4.flushed, "lab_e4m3_err": 100 * e4.relative_error,
+            "lab_e5m2_err": 100 * e5.relative_error, "lab_bits_e4m3": e4.effective_bits,
+            "lab_bits_e5m2": e5.effective_bits, "lab_fine_lo": 100 * min(fine), "lab_fine_hi": 100 * max(fine)}
+
+
+def _factor_index(sweep: OutlierSweep, factor: float) -> int:
+    if factor not in sweep.factors:
+        raise ValueError(f"the outlier sweep has no factor {factor:g}; it ran {sweep.factors}")
+    return sweep.factors.index(factor)
+
+
+def outlier_facts(sweep: OutlierSweep, block: int) -> dict[str, object]:
+    """Percent of the other channels flushed by an outlier channel 1,000x (per tensor) and 100,000x
+    (per tensor, per row, per column, 1 x ``block`` tiles) larger than the rest."""
+    i3, i5 = _factor_index(sweep, 1e3), _factor_index(sweep, 1e5)
+    flushed = sweep.flushed
+    return {"out_tensor_1e3": 100 * flushed["per tensor, E4M3"][i3],
+            "out_tensor_1e5": 100 * flushed["per tensor, E4M3"][i5],
+            "out_row_1e5": 100 * flushed["per row (token), E4M3"][i5],
+            "out_tile_1e5": 100 * flushed[f"1 x {block} tiles, E4M3"][i5],
+            "out_col_1e5": 100 * flushed["per column (channel), E4M3"][i5]}
+
+
+def spike_facts(spike: SpikeRun) -> dict[str, object]:
+    """Delayed scaling (history reduced by "max") against current scaling at an amax spike: percent
+    saturated and relative error (percent) at the spike, the worst error over the history that follows
+    it, and the error the step before."""
+    delayed = [k for k in spike.relative_error if k.startswith("delayed, max of ")]
+    if len(delayed) != 1:
+        raise ValueError(f"expected one 'delayed, max of N' recipe, got {delayed}")
+    key, at = delayed[0], spike.spike_at
+    history = int(key.removeprefix("delayed, max of "))
+    if not 1 <= at < len(spike.amax) - 1:
+        raise ValueError(f"the spike (step {at}) needs a step before and after it in {len(spike.amax)} steps")
+    after = spike.relative_error[key][at + 1: at + history]
+    return {"spike_factor": spike.factor, "spike_at": at,
+            "spike_sat_delayed": 100 * spike.saturated[key][at],
+            "spike_err_delayed": 100 * spike.relative_error[key][at],
+            "spike_err_current": 100 * spike.relative_error["current"][at],
+            "spike_sat_current": 100 * max(spike.saturated["current"]),
+            "spike_after_max": 100 * max(after),
+            "spike_before": 100 * spike.relative_error[key][at - 1]}
+
+
+def cast_cost_table(times: Mapping[str, float]) -> MarkdownTable:
+    """Milliseconds per cast of :func:`~course_lib.studies.fp8.time_scaled_casts`, and each as a multiple
+    of torch's own cast."""
+    base = times[TORCH_CAST]
+    return markdown_table(["", "ms", "x torch cast"], [[k, f"{1e3 * v:.2f}", f"{v / base:.2f}"]
+                                                        for k, v in times.items()])
+
+
+def cast_cost_facts(times: Mapping[str, float]) -> dict[str, object]:
+    """``cost_current``: current scaling's time over the cast with a known scale."""
+    return {"cost_current": times[CURRENT_SCALING_CAST] / times[KNOWN_SCALE_CAST]}
+
+
+def backend_facts(recipe: str, same: bool) -> dict[str, object]:
+    """The recipe the two backends ran (as code) and whether their outputs and gradients were identical."""
+    return {"backend_recipe": Prose(f"`{recipe}`"),
+            "backends_same": Prose("**identical**" if same else "**different**")}
+
+
+def torchao_agreement(agree: bool) -> Prose:
+    """How the course's quantisation compares with torchao's: "bit for bit" or "not exactly" (bold)."""
+    return Prose("**bit for bit**" if agree else "**not exactly**")
+
+
+# ---- training: shared by lessons 7 and 8 --------------------------------------------------------------
+
+def loss_differences(result: Fp8Training, baseline: str = BASELINE) -> dict[str, tuple[float, ...]]:
+    """Per recipe, each seed's final loss minus ``baseline``'s from the same seed."""
+    if baseline not in result.recipes:
+        raise ValueError(f"baseline {baseline!r} did not run; recipes: {result.recipes}")
+    base = result.final(baseline)
+    return {r: tuple(a - b for a, b in zip(result.final(r), base)) for r in result.recipes}
+
+
+def final_loss_table(result: Fp8Training, baseline: str = BASELINE) -> MarkdownTable:
+    """One row per recipe: its final loss per seed, and minus ``baseline``'s from the same seed."""
+    diffs = loss_differences(result, baseline)
+    return markdown_table(["recipe", "final loss, per seed", "minus BF16 (same seed)"],
+                          [[r, ", ".join(f"{v:.3f}" for v in result.final(r)),
+                            ", ".join(f"{d:+.3f}" for d in diffs[r])] for r in result.recipes])
+
+
+def listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    if not names:
+        raise ValueError("listed needs at least one name")
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def seed_consistency(above: Sequence[str], below: Sequence[str], mixed: Sequence[str]) -> Prose:
+    """Which recipes ended above the baseline in every seed, below it in every seed, or changed sign."""
+    return Prose((f"{listed(above)} ended above BF16 in every seed; " if above else "")
+                 + (f"{listed(below)} ended below it in every seed; " if below else "")
+                 + (f"{listed(mixed)} changed sign from seed to seed." if mixed else
+                    "no scaled recipe changed sign."))
+
+
+def recorded_training_note(recorded: bool) -> Prose:
+    """Whether a longer GPU run of the training is recorded below."""
+    if recorded:
+        return Prose("These are short runs of a small model; the recorded GPU run below trains the full-size "
+                     "model longer.")
+    return Prose("These are short runs of a small model; no longer GPU run is recorded yet (the command is "
+                 "below).")
+
+
+def fp8_training_facts(result: Fp8Training, *, recorded: bool, unscaled: str = "unscaled",
+                       skip_steps: int = 10) -> dict[str, object]:
+    """Steps, BF16's mean final loss, the unscaled recipe's mean gap to BF16, the range of the scaled
+    recipes' per-seed gaps, which recipes kept one sign, and the worst loss after ``skip_steps`` steps of
+    the unscaled recipe and of BF16."""
+    diffs = loss_differences(result)
+    bf16 = result.final(BASELINE)
+    scaled = [r for r in result.recipes if r not in (BASELINE, unscaled)]
+    if not scaled or unscaled not in result.recipes:
+        raise ValueError(f"need {unscaled!r} and at least one scaled recipe beside {BASELINE!r}")
+    above = [r for r in scaled if min(diffs[r]) > 0]
+    below = [r for r in scaled if max(diffs[r]) < 0]
+    mixed = [r for r in scaled if r not in above and r not in below]
+    return {"train_steps": result.steps, "train_bf16": sum(bf16) / len(bf16),
+            "train_unscaled_gap": sum(diffs[unscaled]) / len(diffs[unscaled]),
+            "train_scaled_lo": min(min(diffs[r]) for r in scaled),
+            "train_scaled_hi": max(max(diffs[r]) for r in scaled),
+            "train_consistent": seed_consistency(above, below, mixed),
+            "train_unscaled_peak": max(max(c[skip_steps:]) for c in result.curves[unscaled]),
+            "train_bf16_peak": max(max(c[skip_steps:]) for c in result.curves[BASELINE]),
+            "train_recorded_note": recorded_training_note(recorded)}
+
+
+# ---- accumulation and speed ----------------------------------------------------------------------------
+
+def accumulation_facts(studies: Mapping[str, AccumulationStudy], *, k: int = 4096,
+                       reported_percent: float = 2.0) -> dict[str, object]:
+    """Per rounding model (``studies["toward_zero"]``, ``studies["nearest_even"]``): the largest relative
+    error (percent) at length ``k`` of the limited accumulator, without and with promotion to FP32; and
+    whether DeepSeek-V3's ``reported_percent`` lies between the two models' figures."""
+    facts: dict[str, object] = {}
+    worst = {}
+    for rounding in ("toward_zero", "nearest_even"):
+        s = studies[rounding]
+        if k not in s.ks:
+            raise ValueError(f"the {rounding} study has no K = {k}; it ran {s.ks}")
+        i, bits = s.ks.index(k), s.accumulator_bits
+        worst[rounding] = 100 * s.errors[f"{bits}-bit accumulator"][i][1]
+        facts[f"acc_{rounding}_{k}"] = worst[rounding]
+        promoted = s.errors[f"{bits}-bit, promoted to FP32 every {s.promote_every}"]
+        facts[f"acc_{rounding}_promoted"] = 100 * promoted[i][1]
+    between = worst["nearest_even"] < reported_percent < worst["toward_zero"]
+    facts["acc_vs_deepseek"] = Prose("lies between the two models' figures" if between else
+                                     "lies outside both models' figures")
+    return facts
+
+
+def _ratio_range(ratios: Sequence[float], *, missing: str) -> Prose:
+    return Prose(f"{min(ratios):.2f} and {max(ratios):.2f}" if ratios else missing)
+
+
+def product_ratios(measured: Mapping[str, Mapping[int, float]]) -> Mapping[int, float]:
+    """The first recorded GPU's FP8/BF16 product ratios by size (``{}`` with none recorded)."""
+    return next(iter(measured.values()), {})
+
+
+def speedup_facts(estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
+                  measured: Mapping[str, Mapping[int, float]], gpu: GPUPeaks) -> dict[str, object]:
+    """The unfused tensorwise roofline's speedup at 1024 and 16384 and the first size where it reaches 1
+    (None if none does); the recorded product's ratio at 8192 and its range up to 2048 (phrases); the GPU's
+    dense FP8 and BF16 peaks (TFLOP/s) and their ratio."""
+    tw = estimates["tensorwise"]
+    at = {e.m: e.speedup for e in tw}
+    for n in (1024, 16384):
+        if n not in at:
+            raise ValueError(f"the tensorwise estimates have no M = {n}; they cover {sorted(at)}")
+    rec = product_ratios(measured)
+    fp8, bf16 = gpu.peak("fp8"), gpu.peak("bf16")
+    if fp8 is None or bf16 is None:
+        raise ValueError(f"{gpu.name} lists no BF16 or no FP8 tensor-core peak")
+    return {"pred_1k": at[1024], "pred_16k": at[16384],
+            "pred_breakeven": next((e.m for e in tw if e.speedup >= 1), None),
+            "rec_mm_8k": Prose(f"{rec[8192]:.2f}" if 8192 in rec else "not recorded"),
+            "rec_mm_small": _ratio_range([v for n, v in rec.items() if n <= 2048], missing="(not recorded)"),
+            "h100_fp8": fp8, "h100_bf16_peak": bf16, "peak_ratio": fp8 / bf16}
+
+
+def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
+    """Milliseconds of each implementation's forward and backward per size."""
+    names = list(speed.seconds)
+    return markdown_table(["n", *names], [[n, *(f"{1e3 * speed.seconds[k][n]:.3f} ms" for k in names)]
+                                          for n in speed.sizes])
+
+
+def linear_speed_facts(speed: Fp8LinearSpeed) -> dict[str, object]:
+    """The course's FP8 layer's speed as a multiple of BF16's (range over sizes), the device, and what a
+    reader should make of these timings there."""
+    ratios = list(speed.speedup(COURSE_LAYER).values())
+    if not ratios:
+        raise ValueError(f"{COURSE_LAYER!r} has no timing next to {BF16_LAYER!r}")
+    device = speed.device.split(":")[0]
+    note = ("A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 first, so FP8 can only "
+            "cost time here, and these timings say nothing about a GPU." if device != "cuda" else
+            "These are eager layers: each cast is a separate kernel, the overhead the roofline charges.")
+    return {"cpu_fp8_ratio": Prose(f"{min(ratios):.2f} to {max(ratios):.2f}"), "speed_device": device.upper(),
+            "speed_note": Prose(note)}
+
+
+def recorded_linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
+    """A recorded speed study: milliseconds per implementation and size, and BF16's time over each
+    FP8 implementation's (above 1: FP8 is faster)."""
+    base = speed.seconds[BF16_LAYER]
+    others = [k for k in speed.seconds if k != BF16_LAYER]
+    return markdown_table(
+        ["n", f"{BF16_LAYER} (ms)", *(f"{k} (ms)" for k in others), *(f"{k}: BF16's time / its time" for k in others)],
+        [[n, f"{1e3 * base[n]:.3f}", *(f"{1e3 * speed.seconds[k][n]:.3f}" for k in others),
+          *(f"{base[n] / speed.seconds[k][n]:.2f}" for k in others)] for n in base])
+
+
+def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
+                                  measured: Mapping[str, Mapping[int, float]]) -> Prose:
+    """What a recorded speed study says about the course's FP8 layer on ``label``'s GPU, beside the recorded
+    product ratios ``measured`` (see :func:`~course_lib.studies.fp8.recorded_product_ratios`)."""
+    ours = list(speed.speedup(COURSE_LAYER).values())
+    if not ours:
+        raise ValueError(f"the record has no {COURSE_LAYER!r} timing next to {BF16_LAYER!r}")
+    rec = product_ratios(measured)
+    product = (f", although one FP8 `_scaled_mm` product alone ran {rec[max(rec)]:.2f}x BF16's at n = "
+               f"{max(rec)} (the recorded products above)" if rec else "")
+    torchao = ("torchao did not import on the recording machine, so this record has no torchao layer."
+               if any("torchao" in k for k in speed.skipped) else "")
+    return Prose(f"On {label} the course's FP8 layer ran at {min(ours):.2f} to {max(ours):.2f} times BF16's speed "
+                 f"(below 1: slower), at every size{product}. This record times the whole layer, forward and "
+                 "backward, and does not say where the extra time goes; the layer is written for clarity (each "
+                 "operand's amax, scale, clamp and cast as separate eager operations), not speed. Profile a layer "
+                 f"before concluding anything about FP8 from it (`torch.profiler`, lesson 6). {torchao}")
+
+
+# ---- errata and exercises ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OverflowCasts:
+    """What unscaled casts past a format's largest value give: 1000 to E4M3 (max 448) in torch and in
+    ml_dtypes, and a million to E5M2 (max 57344) in torch; with the versions that did it."""
+
+    torch_version: str
+    torch_e4m3_1000: float
+    ml_dtypes_version: str
+    ml_dtypes_e4m3_1000: float
+    torch_e5m2_1e6: float
+
+
+def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
+                    estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
+                    measured: Mapping[str, Mapping[int, float]]) -> list[tuple[str, str]]:
+    """Lesson 7's errata, (claim, what was measured) pairs: datasheet peaks of the L4, the RTX 4090 and the
+    H100; the recorded product ratio at 8192 and the roofline's largest layer; ``overflow``; and the outlier
+    sweep's per-tensor flushing at 1,000x and 100,000x."""
+    l4, rtx, h100 = DATASHEET_PEAKS["L4"], DATASHEET_PEAKS["RTX 4090"], DATASHEET_PEAKS["H100 SXM5"]
+    h100_fp8, h100_bf16 = h100.peak("fp8"), h100.peak("bf16")
+    if h100_fp8 is None or h100_bf16 is None:
+        raise ValueError("the H100's datasheet entry lacks its FP8 or BF16 peak")
+    largest = estimates["tensorwise"][-1]
+    rec = product_ratios(measured)
+    flushed = sweep.flushed["per tensor, E4M3"]
+    i3, i5 = _factor_index(sweep, 1e3), _factor_index(sweep, 1e5)
+    return [
+        ("FP8 needs Hopper.",
+         f"Ada GPUs (compute capability 8.9) have FP8 tensor cores: the L4's datasheet lists {l4.peak('fp8'):g} "
+         f"dense FP8 TFLOP/s and the RTX 4090's {rtx.peak('fp8'):g} (with FP32 accumulation); Transformer Engine "
+         "supports FP8 on 8.9 {cite:p}`nvidia_te`. (Block-scaled FP8 recipes do need 9.0 or newer.)"),
+        ("FP8 training is 4-6x faster than BF16.",
+         f"The dense FP8 peak is {h100_fp8 / h100_bf16:.1f}x BF16's ({h100_fp8:g} against {h100_bf16:g} TFLOP/s on "
+         f"an H100); one recorded H100 product reached {rec.get(8192, float('nan')):.2f}x; the roofline above "
+         f"predicts {largest.speedup:.2f}x for a {largest.m}-wide layer with its casts. End to end, torchao "
+         "reports up to 1.5x (405B parameters, 512 GPUs) and about 1.25x (8B, 8 GPUs) {cite:p}`torchao_float8`; "
+         "Transformer Engine's Llama tutorial reports 1.39x against Hugging Face's BF16 model, and 252 against "
+         "226 ms per step (1.12x) against its own BF16 {cite:p}`nvidia_te_llama`."),
+        ("An FP8 overflow becomes NaN.",
+         f"It depends on the library and the format. This torch ({overflow.torch_version}) casts 1000 to E4M3 as "
+         f"{overflow.torch_e4m3_1000:g} (it saturates); ml_dtypes ({overflow.ml_dtypes_version}) gives "
+         f"{overflow.ml_dtypes_e4m3_1000:g}; torchao's source notes that torch 2.11 and older do not saturate "
+         f"either. E5M2 rounds a million to {overflow.torch_e5m2_1e6:g}. FP8 recipes clamp to ±max before the "
+         "cast, so none of this reaches a product."),
+        ("Gradients always use E5M2.",
+         "Transformer Engine's HYBRID and torchao's tensorwise do; torchao's rowwise recipes and DeepSeek-V3 use "
+         "E4M3 everywhere, relying on finer scales for range {cite:p}`deepseek2024v3`."),
+        ("Per-tensor scaling cannot cope with outlier channels.",
+         f"In E4M3 it copes with a lot: a 1,000x outlier channel flushed {100 * flushed[i3]:.1f}% of the other "
+         f"values of the course model's activation; it is at 100,000x that {100 * flushed[i5]:.0f}% go. "
+         f"Per-token scales do not help; 1 x {block} tiles do."),
+    ]
+
+
+def exercise_facts(gpu: GPUPeaks, *, spike: float = 50.0) -> dict[str, object]:
+    """The exercises' answers: the roofline for a 4096 x 4096 x 1024 layer on ``gpu`` (speedup, percent of
+    the FP8 time spent casting, the products' own gain), its operands' sizes (millions of elements), and
+    the delayed-scaling margin that absorbs a ``spike``-fold jump, with its headroom."""
+    bf16, fp8 = gpu.peak("bf16"), gpu.peak("fp8")
+    if bf16 is None or fp8 is None:
+        raise ValueError(f"{gpu.name} lists no BF16 or no FP8 tensor-core peak")
+    if not (math.isfinite(spike) and spike > 1):
+        raise ValueError(f"spike must be a factor above 1, got {spike!r}")
+    layer = predict_fp8_linear(4096, 4096, 1024, bf16_tflops=bf16, fp8_tflops=fp8, bandwidth_gbs=gpu.bandwidth_gbs)
+    margin = math.ceil(math.log2(spike))
+    return {"ex_speedup": layer.speedup, "ex_cast_share": 100 * layer.fp8_cast_s / layer.fp8_s,
+            "ex_gemm_gain": layer.bf16_s / layer.fp8_gemm_s, "ex_elems_x": 4096 * 4096 / 1e6,
+            "ex_elems_w": 4096 * 1024 / 1e6, "ex_margin": margin, "ex_headroom": 2 ** margin}
+

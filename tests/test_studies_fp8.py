@@ -1,0 +1,406 @@
+"""Lesson 7's facts, phrases, tables and errata (course_lib.studies.fp8_prose) and the small studies the lesson
+calls (course_lib.studies.fp8), each against results built by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.fp8 import QuantizationError
+from course_lib.fp8.accumulation import AccumulationStudy
+from course_lib.fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
+from course_lib.glue import Prose
+from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
+from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.studies import fp8 as fp8_studies
+from course_lib.studies import fp8_prose
+from course_lib.studies.fp8 import Fp8LinearSpeed, Fp8Training, LinearTensors, OutlierSweep, ScalingLab, SpikeRun
+from course_lib.tables import MarkdownTable
+
+COURSE = "FP8 course layer (_scaled_mm, tensorwise, eager)"
+
+
+def qe(relative_error: float, *, flushed: float = 0.0, bits: float = 5.0, saturated: float = 0.0):
+    return QuantizationError("r", relative_error, saturated, flushed, bits, 16)
+
+
+def gpu(bf16: float | None = 100.0, fp8: float | None = 250.0) -> GPUPeaks:
+    return GPUPeaks("Test GPU", "9.0", {"fp32": 10.0, "tf32": None, "bf16": bf16, "fp16": bf16, "fp8": fp8},
+                    1000.0, "test")
+
+
+def training(curves: dict[str, tuple[tuple[float, ...], ...]], steps: int = 12) -> Fp8Training:
+    return Fp8Training(tuple(curves), (0, 1, 2), steps, 32, curves)
+
+
+def flat(*finals: float, length: int = 16, peak: float | None = None) -> tuple[tuple[float, ...], ...]:
+    """Constant loss curves (one per seed) ending at ``finals``; with ``peak``, the first seed's step 10."""
+    runs = [[f] * length for f in finals]
+    if peak is not None:
+        runs[0][10] = peak
+    return tuple(tuple(r) for r in runs)
+
+
+# ---- formats and tensors --------------------------------------------------------------------------------
+
+def test_format_facts_are_e4m3_and_e5m2s_limits():
+    facts = fp8_prose.format_facts()
+    assert facts["e4m3_max"] == 448.0 and facts["e5m2_max"] == 57344.0
+    assert facts["e4m3_tiny"] == 2.0 ** -9 and facts["e5m2_tiny"] == 2.0 ** -16
+    assert facts["e4m3_eps"] == 0.125 and facts["e5m2_eps"] == 0.25
+    assert facts["e4m3_binades"] == pytest.approx(math.log2(448 / 2 ** -9), rel=1e-12)
+    assert facts["e5m2_binades"] == pytest.approx(math.log2(57344 / 2 ** -16), rel=1e-12)
+    assert len(facts) == 8
+
+
+def test_describe_tensors_lines():
+    t = {"a": torch.tensor([[0.0, 1.0], [-3.0, 2.0]]), "bb": torch.tensor([4.0])}
+    assert fp8_studies.describe_tensors(t, name_width=3) == (
+        "a   shape (2, 2)  median |x| 1.00e+00  max |x| 3.00e+00\n"
+        "bb  shape (1,)  median |x| 4.00e+00  max |x| 4.00e+00")
+    # zeros left out: the median of 1, 2, 3 is 2; the order of the statistics follows ``stats``
+    assert fp8_studies.describe_tensors({"a": t["a"]}, name_width=1, stats=("max", "median"), nonzero_only=True) == (
+        "a shape (2, 2)  max |x| 3.00e+00  median |x| 2.00e+00")
+
+
+@pytest.mark.parametrize("kwargs, match", [({"tensors": {}}, "at least one"),
+                                           ({"stats": ("mean",)}, "stats"), ({"stats": ()}, "stats")])
+def test_describe_tensors_refuses_bad_input(kwargs, match):
+    args = {"tensors": {"a": torch.ones(2)}, "name_width": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        fp8_studies.describe_tensors(**args)
+    with pytest.raises(TypeError, match="not a tensor"):
+        fp8_studies.describe_tensors({"a": [1.0]}, name_width=2)
+
+
+def test_tensor_facts():
+    grad = torch.tensor([[1e-4, 1e-3], [1.0, 2e-3]])     # two of four below E4M3's 2**-9 = 0.00195
+    t = LinearTensors("blocks.0.fc", 30, torch.ones(2, 2), torch.ones(2, 2), grad, (1.0,))
+    assert fp8_prose.tensor_facts(t) == {"lab_steps": 30, "lab_layer": "blocks.0.fc",
+                                         "grad_median": float(torch.tensor(1e-3)), "grad_below_e4m3": 50.0}
+
+
+def test_lab_facts():
+    errors = {
+        "activation": {"no scaling (E4M3)": qe(0.9), "per tensor, E4M3": qe(0.02), "per tensor, E5M2": qe(0.04),
+                       "1 x 32 tiles, E4M3": qe(0.01)},
+        "gradient": {"no scaling (E4M3)": qe(1.0, flushed=1.0), "per tensor, E4M3": qe(0.03, flushed=0.25, bits=5.25),
+                     "per tensor, E5M2": qe(0.05, bits=4.5), "1 x 32 tiles, E4M3": qe(0.0625)},
+    }
+    lab = ScalingLab(("activation", "gradient"), tuple(errors["gradient"]), errors)
+    assert fp8_prose.lab_facts(lab) == {
+        "lab_grad_flushed_unscaled": 100.0, "lab_grad_flushed_scaled": 25.0, "lab_e4m3_err": 100 * 0.03,
+        "lab_e5m2_err": 100 * 0.05, "lab_bits_e4m3": 5.25, "lab_bits_e5m2": 4.5,
+        "lab_fine_lo": 100 * 0.01, "lab_fine_hi": 6.25}
+
+
+def sweep() -> OutlierSweep:
+    flushed = {"per tensor, E4M3": (0.0, 0.125, 0.5), "per row (token), E4M3": (0.0, 0.0, 0.25),
+               "per column (channel), E4M3": (0.0, 0.0, 0.0), "1 x 32 tiles, E4M3": (0.0, 0.0, 0.0625)}
+    return OutlierSweep(0, (1.0, 1e3, 1e5), {k: (0.0, 0.0, 0.0) for k in flushed}, flushed)
+
+
+def test_outlier_facts():
+    assert fp8_prose.outlier_facts(sweep(), 32) == {"out_tensor_1e3": 12.5, "out_tensor_1e5": 50.0,
+                                                    "out_row_1e5": 25.0, "out_tile_1e5": 6.25, "out_col_1e5": 0.0}
+    short = OutlierSweep(0, (1.0, 1e3), {}, {})
+    with pytest.raises(ValueError, match="no factor 100000"):
+        fp8_prose.outlier_facts(short, 32)
+
+
+def spike_run(spike_at: int = 2, keys=("current", "delayed, max of 2", "delayed, most recent")) -> SpikeRun:
+    #          step:  0     1     2 (spike)  3     4     5
+    rel = {"current": (0.02, 0.02, 0.03, 0.02, 0.02, 0.02),
+           "delayed, max of 2": (0.02, 0.0625, 0.75, 0.125, 0.5, 0.02),
+           "delayed, most recent": (0.0,) * 6}
+    sat = {"current": (0.0, 0.0, 0.0, 0.0, 0.0, 0.0), "delayed, max of 2": (0.0, 0.0, 0.5, 0.0, 0.0, 0.0),
+           "delayed, most recent": (0.0,) * 6}
+    return SpikeRun(spike_at, 50.0, (1.0,) * 6, {k: sat[k] for k in keys}, {k: (0.0,) * 6 for k in keys},
+                    {k: rel[k] for k in keys})
+
+
+def test_spike_facts_reads_the_history_length_from_the_recipe():
+    # a history of 2 covers the step after the spike only (0.125), not step 4 (0.5)
+    assert fp8_prose.spike_facts(spike_run()) == {
+        "spike_factor": 50.0, "spike_at": 2, "spike_sat_delayed": 50.0, "spike_err_delayed": 75.0,
+        "spike_err_current": 3.0, "spike_sat_current": 0.0, "spike_after_max": 12.5, "spike_before": 6.25}
+
+
+def test_spike_facts_refuses_a_spike_without_neighbours_or_a_max_history():
+    with pytest.raises(ValueError, match="step before and after"):
+        fp8_prose.spike_facts(spike_run(spike_at=0))
+    with pytest.raises(ValueError, match="delayed, max of N"):
+        fp8_prose.spike_facts(spike_run(keys=("current", "delayed, most recent")))
+
+
+# ---- casts, backends, torchao ----------------------------------------------------------------------------
+
+def test_cast_cost_table_and_facts():
+    times = {fp8_studies.TORCH_CAST: 0.002, fp8_studies.KNOWN_SCALE_CAST: 0.003,
+             fp8_studies.CURRENT_SCALING_CAST: 0.0045}
+    table = fp8_prose.cast_cost_table(times)
+    assert isinstance(table, MarkdownTable)
+    assert table == ("|  | ms | x torch cast |\n|---|---|---|\n| torch cast | 2.00 | 1.00 |\n"
+                     "| scale known (scale, saturate, cast) | 3.00 | 1.50 |\n"
+                     "| current scaling (amax, then cast) | 4.50 | 2.25 |\n")
+    assert fp8_prose.cast_cost_facts(times) == {"cost_current": 0.0045 / 0.003}
+
+
+def test_time_scaled_casts_times_the_three_casts():
+    times = fp8_studies.time_scaled_casts("cpu", n=1000, budget_s=0.01)
+    assert list(times) == [fp8_studies.TORCH_CAST, fp8_studies.KNOWN_SCALE_CAST, fp8_studies.CURRENT_SCALING_CAST]
+    assert all(isinstance(v, float) and v > 0 for v in times.values())
+    with pytest.raises(ValueError, match="positive int"):
+        fp8_studies.time_scaled_casts("cpu", n=0)
+
+
+def test_backend_facts_and_torchao_agreement_phrases():
+    assert fp8_prose.backend_facts("rowwise", True) == {"backend_recipe": "`rowwise`", "backends_same": "**identical**"}
+    facts = fp8_prose.backend_facts("tensorwise", False)
+    assert facts == {"backend_recipe": "`tensorwise`", "backends_same": "**different**"}
+    assert all(isinstance(v, Prose) for v in facts.values())
+    assert fp8_prose.torchao_agreement(True) == "**bit for bit**"
+    assert fp8_prose.torchao_agreement(False) == "**not exactly**"
+    assert isinstance(fp8_prose.torchao_agreement(True), Prose)
+
+
+def test_output_and_gradients_of_a_linear_layer():
+    layer = nn.Linear(3, 2)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0, 2.0, 3.0], [-1.0, 0.0, 1.0]]))
+        layer.bias.copy_(torch.tensor([0.5, -0.5]))
+    x = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -1.0]])
+    out, x_grad, w_grad = fp8_studies.output_and_gradients(nn.Sequential(layer), x)
+    assert torch.equal(out, torch.tensor([[6.5, -0.5], [-0.5, -3.5]]))
+    assert torch.equal(x_grad, torch.tensor([[0.0, 2.0, 4.0], [0.0, 2.0, 4.0]]))      # ones @ W
+    assert torch.equal(w_grad, torch.tensor([[3.0, 1.0, 0.0], [3.0, 1.0, 0.0]]))      # ones^T @ x
+    assert x.grad is None and not x.requires_grad
+    layer.zero_grad()
+    _, x_grad, _ = fp8_studies.output_and_gradients(layer, x, loss=lambda y: y.square().sum())
+    assert torch.equal(x_grad, 2 * torch.tensor([[6.5, -0.5], [-0.5, -3.5]]) @ layer.weight.detach())
+    with pytest.raises(ValueError, match="exactly one weight"):
+        fp8_studies.output_and_gradients(nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2)), x)
+
+
+# ---- training ----------------------------------------------------------------------------------------------
+
+def fp8_result() -> Fp8Training:
+    return training({"bf16_autocast": flat(3.0, 2.5, 2.0, peak=3.5),
+                     "tensorwise": flat(3.25, 2.25, 2.0),      # -0.25 .. +0.25: changes sign
+                     "rowwise": flat(3.125, 2.75, 2.5),        # above in every seed
+                     "unscaled": flat(3.5, 3.0, 2.25, peak=7.5)})
+
+
+def test_loss_differences_and_final_loss_table():
+    result = fp8_result()
+    diffs = fp8_prose.loss_differences(result)
+    assert diffs["rowwise"] == (0.125, 0.25, 0.5) and diffs["bf16_autocast"] == (0.0, 0.0, 0.0)
+    assert fp8_prose.final_loss_table(result) == (
+        "| recipe | final loss, per seed | minus BF16 (same seed) |\n|---|---|---|\n"
+        "| bf16_autocast | 3.000, 2.500, 2.000 | +0.000, +0.000, +0.000 |\n"
+        "| tensorwise | 3.250, 2.250, 2.000 | +0.250, -0.250, +0.000 |\n"
+        "| rowwise | 3.125, 2.750, 2.500 | +0.125, +0.250, +0.500 |\n"
+        "| unscaled | 3.500, 3.000, 2.250 | +0.500, +0.500, +0.250 |\n")
+    with pytest.raises(ValueError, match="baseline 'fp32' did not run"):
+        fp8_prose.loss_differences(result, "fp32")
+
+
+def test_listed():
+    assert fp8_prose.listed(["a"]) == "a"
+    assert fp8_prose.listed(["a", "b"]) == "a and b"
+    assert fp8_prose.listed(["a", "b", "c"]) == "a, b and c"
+    with pytest.raises(ValueError, match="at least one"):
+        fp8_prose.listed([])
+
+
+@pytest.mark.parametrize("above, below, mixed, sentence", [
+    (["rowwise", "delayed"], [], ["tensorwise"],
+     "rowwise and delayed ended above BF16 in every seed; tensorwise changed sign from seed to seed."),
+    ([], ["blockwise"], [], "blockwise ended below it in every seed; no scaled recipe changed sign."),
+    (["a"], ["b"], [], "a ended above BF16 in every seed; b ended below it in every seed; "
+                       "no scaled recipe changed sign."),
+    ([], [], ["a", "b"], "a and b changed sign from seed to seed."),
+])
+def test_seed_consistency(above, below, mixed, sentence):
+    assert fp8_prose.seed_consistency(above, below, mixed) == sentence
+
+
+def test_recorded_training_note():
+    assert fp8_prose.recorded_training_note(True) == (
+        "These are short runs of a small model; the recorded GPU run below trains the full-size model longer.")
+    assert fp8_prose.recorded_training_note(False) == (
+        "These are short runs of a small model; no longer GPU run is recorded yet (the command is below).")
+
+
+def test_fp8_training_facts():
+    facts = fp8_prose.fp8_training_facts(fp8_result(), recorded=False)
+    assert facts == {
+        "train_steps": 12, "train_bf16": 2.5, "train_unscaled_gap": 1.25 / 3, "train_scaled_lo": -0.25,
+        "train_scaled_hi": 0.5, "train_consistent": "rowwise ended above BF16 in every seed; tensorwise changed "
+                                                    "sign from seed to seed.",
+        "train_unscaled_peak": 7.5, "train_bf16_peak": 3.5,
+        "train_recorded_note": fp8_prose.recorded_training_note(False)}
+    assert isinstance(facts["train_consistent"], Prose)
+    with pytest.raises(ValueError, match="'unscaled' and at least one scaled recipe"):
+        fp8_prose.fp8_training_facts(training({"bf16_autocast": flat(3.0, 2.5, 2.0),
+                                               "rowwise": flat(3.0, 2.5, 2.0)}), recorded=True)
+
+
+# ---- accumulation, speed ---------------------------------------------------------------------------------
+
+def accumulation(rounding: str, worst: float, promoted: float) -> AccumulationStudy:
+    return AccumulationStudy((128, 4096), 14, 128, rounding, 4, {
+        "FP32 accumulator": ((0.0, 0.0), (0.0, 0.0)),
+        "14-bit accumulator": ((0.0, 0.0), (0.001, worst)),
+        "14-bit, promoted to FP32 every 128": ((0.0, 0.0), (0.0, promoted))})
+
+
+def test_accumulation_facts_places_the_reported_figure():
+    studies = {"toward_zero": accumulation("toward_zero", 0.0625, 0.001),
+               "nearest_even": accumulation("nearest_even", 0.005, 0.0001)}
+    assert fp8_prose.accumulation_facts(studies) == {
+        "acc_toward_zero_4096": 6.25, "acc_toward_zero_promoted": 100 * 0.001,
+        "acc_nearest_even_4096": 0.5, "acc_nearest_even_promoted": 100 * 0.0001,
+        "acc_vs_deepseek": "lies between the two models' figures"}
+    studies["toward_zero"] = accumulation("toward_zero", 0.015, 0.001)
+    assert fp8_prose.accumulation_facts(studies)["acc_vs_deepseek"] == "lies outside both models' figures"
+    with pytest.raises(ValueError, match="no K = 8192"):
+        fp8_prose.accumulation_facts(studies, k=8192)
+
+
+def estimate(m: int, speedup: float) -> Fp8LinearEstimate:
+    return Fp8LinearEstimate(m, m, m, "tensorwise", speedup, 0.75, 0.25)     # fp8_s = 1
+
+
+ESTIMATES = {"tensorwise": [estimate(512, 0.5), estimate(1024, 0.75), estimate(2048, 1.25), estimate(16384, 2.0)]}
+MEASURED = {"recorded GPU: _scaled_mm / BF16, one product, no casts": {1024: 0.91, 2048: 1.32, 8192: 1.8234}}
+
+
+def test_speedup_facts_with_and_without_a_record():
+    facts = fp8_prose.speedup_facts(ESTIMATES, MEASURED, gpu())
+    assert facts == {"pred_1k": 0.75, "pred_16k": 2.0, "pred_breakeven": 2048, "rec_mm_8k": "1.82",
+                     "rec_mm_small": "0.91 and 1.32", "h100_fp8": 250.0, "h100_bf16_peak": 100.0,
+                     "peak_ratio": 2.5}
+    none = fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2] + [estimate(16384, 0.9)]}, {}, gpu())
+    assert (none["pred_breakeven"], none["rec_mm_8k"], none["rec_mm_small"]) == (None, "not recorded",
+                                                                                 "(not recorded)")
+    with pytest.raises(ValueError, match="no M = 16384"):
+        fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2]}, {}, gpu())
+    with pytest.raises(ValueError, match="no BF16 or no FP8"):
+        fp8_prose.speedup_facts(ESTIMATES, {}, gpu(fp8=None))
+
+
+def test_roofline_speedups_are_the_roofline_per_variant():
+    g = gpu()
+    out = fp8_studies.roofline_speedups(g, [256, 4096])
+    assert list(out) == ["tensorwise", "tensorwise (casts fused)", "rowwise"]
+    assert out["tensorwise (casts fused)"][1] == predict_fp8_linear(
+        4096, 4096, 4096, bf16_tflops=100.0, fp8_tflops=250.0, bandwidth_gbs=1000.0, fuse_casts=True)
+    assert out["rowwise"][0] == predict_fp8_linear(256, 256, 256, bf16_tflops=100.0, fp8_tflops=250.0,
+                                                   bandwidth_gbs=1000.0, recipe="rowwise")
+    with pytest.raises(ValueError, match="no BF16 or no FP8"):
+        fp8_studies.roofline_speedups(gpu(fp8=None), [256])
+
+
+def record(experiment: str, values: dict) -> RecordedResult:
+    rec = Record(experiment, {}, values, Provenance("NVIDIA H100", "cuda", "2.11", "2026-01-01", "cmd", "abc",
+                                                    "3.12", compute_capability="9.0"))
+    return RecordedResult(rec, values)
+
+
+def test_recorded_product_ratios():
+    points = [{"dtype": "bf16", "n": 256, "tflops": 100.0}, {"dtype": "fp8", "n": 256, "tflops": 125.0},
+              {"dtype": "bf16", "n": 512, "tflops": 400.0}, {"dtype": "fp8", "n": 1024, "tflops": 900.0},
+              {"dtype": "fp32", "n": 256, "tflops": 50.0}]
+    assert fp8_studies.recorded_product_ratios([record("matmul_throughput", {"points": points})]) == {
+        "recorded NVIDIA H100 (sm 9.0): _scaled_mm / BF16, one product, no casts": {256: 1.25}}
+    assert fp8_studies.recorded_product_ratios([]) == {}
+    with pytest.raises(ValueError, match="no matmul throughput"):
+        fp8_studies.recorded_product_ratios([record("fp8_training", {})])
+
+
+def speed(device: str = "cpu", skipped: dict | None = None) -> Fp8LinearSpeed:
+    return Fp8LinearSpeed(device, (64, 128), {"BF16 nn.Linear": {64: 0.001, 128: 0.002},
+                                              COURSE: {64: 0.004, 128: 0.0025}}, skipped or {})
+
+
+def test_linear_speed_table_and_facts():
+    assert fp8_prose.linear_speed_table(speed()) == (
+        f"| n | BF16 nn.Linear | {COURSE} |\n|---|---|---|\n| 64 | 1.000 ms | 4.000 ms |\n"
+        "| 128 | 2.000 ms | 2.500 ms |\n")
+    cpu = fp8_prose.linear_speed_facts(speed())
+    assert cpu == {"cpu_fp8_ratio": "0.25 to 0.80", "speed_device": "CPU", "speed_note": (
+        "A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 first, so FP8 can only cost "
+        "time here, and these timings say nothing about a GPU.")}
+    gpu_facts = fp8_prose.linear_speed_facts(speed("cuda:0"))
+    assert gpu_facts["speed_device"] == "CUDA"
+    assert gpu_facts["speed_note"] == ("These are eager layers: each cast is a separate kernel, the overhead the "
+                                       "roofline charges.")
+    with pytest.raises(ValueError, match="has no timing"):
+        fp8_prose.linear_speed_facts(Fp8LinearSpeed("cpu", (64,), {"BF16 nn.Linear": {64: 1.0}}, {}))
+
+
+def test_recorded_linear_speed_table_and_summary():
+    assert fp8_prose.recorded_linear_speed_table(speed()) == (
+        f"| n | BF16 nn.Linear (ms) | {COURSE} (ms) | {COURSE}: BF16's time / its time |\n|---|---|---|---|\n"
+        "| 64 | 1.000 | 4.000 | 0.25 |\n| 128 | 2.000 | 2.500 | 0.80 |\n")
+    tail = ("This record times the whole layer, forward and backward, and does not say where the extra time goes; "
+            "the layer is written for clarity (each operand's amax, scale, clamp and cast as separate eager "
+            "operations), not speed. Profile a layer before concluding anything about FP8 from it "
+            "(`torch.profiler`, lesson 6). ")
+    with_product = fp8_prose.recorded_linear_speed_summary(
+        speed(skipped={"torchao Float8Linear (tensorwise, eager)": "no torchao"}), "H100", MEASURED)
+    assert with_product == (
+        "On H100 the course's FP8 layer ran at 0.25 to 0.80 times BF16's speed (below 1: slower), at every size, "
+        "although one FP8 `_scaled_mm` product alone ran 1.82x BF16's at n = 8192 (the recorded products above). "
+        + tail + "torchao did not import on the recording machine, so this record has no torchao layer.")
+    assert fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}) == (
+        "On H100 the course's FP8 layer ran at 0.25 to 0.80 times BF16's speed (below 1: slower), at every size. "
+        + tail)
+
+
+# ---- errata and exercises ----------------------------------------------------------------------------------
+
+def test_fp8_errata_rows():
+    overflow = fp8_prose.OverflowCasts("2.13.0+cpu", 448.0, "0.6.0", float("nan"), float("inf"))
+    rows = fp8_prose.fp8_errata_rows(overflow, sweep(), block=32, estimates=ESTIMATES, measured=MEASURED)
+    assert [c for c, _ in rows] == ["FP8 needs Hopper.", "FP8 training is 4-6x faster than BF16.",
+                                    "An FP8 overflow becomes NaN.", "Gradients always use E5M2.",
+                                    "Per-tensor scaling cannot cope with outlier channels."]
+    l4, rtx = DATASHEET_PEAKS["L4"].peak("fp8"), DATASHEET_PEAKS["RTX 4090"].peak("fp8")
+    assert rows[0][1] == (
+        f"Ada GPUs (compute capability 8.9) have FP8 tensor cores: the L4's datasheet lists {l4:g} dense FP8 "
+        f"TFLOP/s and the RTX 4090's {rtx:g} (with FP32 accumulation); Transformer Engine supports FP8 on 8.9 "
+        "{cite:p}`nvidia_te`. (Block-scaled FP8 recipes do need 9.0 or newer.)")
+    assert rows[1][1].startswith(
+        "The dense FP8 peak is 2.0x BF16's (1979 against 989.5 TFLOP/s on an H100); one recorded H100 product "
+        "reached 1.82x; the roofline above predicts 2.00x for a 16384-wide layer with its casts. End to end, ")
+    assert rows[2][1] == (
+        "It depends on the library and the format. This torch (2.13.0+cpu) casts 1000 to E4M3 as 448 (it "
+        "saturates); ml_dtypes (0.6.0) gives nan; torchao's source notes that torch 2.11 and older do not saturate "
+        "either. E5M2 rounds a million to inf. FP8 recipes clamp to ±max before the cast, so none of this reaches a "
+        "product.")
+    assert rows[4][1] == (
+        "In E4M3 it copes with a lot: a 1,000x outlier channel flushed 12.5% of the other values of the course "
+        "model's activation; it is at 100,000x that 50% go. Per-token scales do not help; 1 x 32 tiles do.")
+    unrecorded = fp8_prose.fp8_errata_rows(overflow, sweep(), block=32, estimates=ESTIMATES, measured={})
+    assert "one recorded H100 product reached nanx;" in unrecorded[1][1]
+
+
+def test_exercise_facts():
+    h100 = DATASHEET_PEAKS["H100 SXM5"]
+    layer = predict_fp8_linear(4096, 4096, 1024, bf16_tflops=989.5, fp8_tflops=1979.0,
+                               bandwidth_gbs=h100.bandwidth_gbs)
+    assert fp8_prose.exercise_facts(h100) == {
+        "ex_speedup": layer.speedup, "ex_cast_share": 100 * layer.fp8_cast_s / layer.fp8_s,
+        "ex_gemm_gain": layer.bf16_s / layer.fp8_gemm_s, "ex_elems_x": 16.777216, "ex_elems_w": 4.194304,
+        "ex_margin": 6, "ex_headroom": 64}
+    assert fp8_prose.exercise_facts(h100, spike=64.0)["ex_margin"] == 6
+    assert fp8_prose.exercise_facts(h100, spike=65.0)["ex_headroom"] == 128
+    with pytest.raises(ValueError, match="no BF16 or no FP8"):
+        fp8_prose.exercise_facts(DATASHEET_PEAKS["V100 SXM2"])
+    with pytest.raises(ValueError, match="factor above 1"):
+        fp8_prose.exercise_facts(h100, spike=0.5)

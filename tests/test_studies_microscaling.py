@@ -1,0 +1,246 @@
+"""Lesson 8's facts, phrases, tables and errata (course_lib.studies.microscaling), against results built by
+hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_lib import mx
+from course_lib.fp8 import QuantizationError
+from course_lib.glue import Prose
+from course_lib.studies import microscaling as ms
+from course_lib.studies.fp8 import Fp8Training
+from course_lib.studies.microscaling import BlockSizeStudy, GradientFidelity, ModeComparison
+
+CHOICES = list(ms.nvfp4_scale_choices())   # MXFP4 32, E8M0 16, E4M3 no tensor scale, NVFP4, ideal
+
+
+def qe(relative_error: float, flushed: float = 0.0) -> QuantizationError:
+    return QuantizationError("r", relative_error, 0.0, flushed, -math.log2(relative_error), 32)
+
+
+# ---- formats ------------------------------------------------------------------------------------------------
+
+def test_format_table_lists_each_format_with_its_storage():
+    table = ms.format_table({"MXFP4 (E2M1)": mx.BlockScaling("e2m1", 32),
+                             "NVFP4 (E2M1)": mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True)})
+    assert table == (
+        "| format | elements per scale | scale | largest element | non-zero magnitudes | bits per element, scale "
+        "included |\n|---|---|---|---|---|---|\n| MXFP4 (E2M1) | 32 | E8M0 | 6 | 7 | 4.25 |\n"
+        "| NVFP4 (E2M1) | 16 | E4M3 | 6 | 7 | 4.5 |\n")
+    rows = ms.format_table().splitlines()
+    assert rows[2] == "| MXFP8 (E4M3) | 32 | E8M0 | 448 | 126 | 8.25 |" and len(rows) == 8
+
+
+def test_format_facts():
+    assert ms.format_facts() == {"fp4_max": 6.0, "fp4_min": 0.5, "nvfp4_bits": 4.5}
+
+
+# ---- block sizes and scale choices ----------------------------------------------------------------------------
+
+def block_study() -> BlockSizeStudy:
+    def per_block(one, b32, tensor, flushed32=0.0, flushed_tensor=0.0):
+        return {"1": qe(one), "32": qe(b32, flushed32), "tensor": qe(tensor, flushed_tensor)}
+
+    errors = {"e2m1": {"activation": per_block(0.0625, 0.125, 0.25, flushed32=0.125),
+                       "activation + outlier": per_block(0.0625, 0.375, 0.875, 0.25, 0.9921875)},
+              "e4m3": {"activation": per_block(0.015625, 0.03125, 0.03125),
+                       "activation + outlier": per_block(0.015625, 0.03125, 0.046875)}}
+    return BlockSizeStudy(("e2m1", "e4m3"), ("activation", "activation + outlier"), ("1", "32", "tensor"), "rceil",
+                          errors)
+
+
+def test_block_size_table():
+    assert ms.block_size_table(block_study()) == (
+        "| tensor | E2M1, 1 | E2M1, 32 | E2M1, tensor |\n|---|---|---|---|\n"
+        "| activation | 6.2% | 12.5% | 25.0% |\n| activation + outlier | 6.2% | 37.5% | 87.5% |\n")
+    assert ms.block_size_table(block_study(), "e4m3").splitlines()[2] == "| activation | 1.6% | 3.1% | 3.1% |"
+    with pytest.raises(ValueError, match="no 'e3m2' elements"):
+        ms.block_size_table(block_study(), "e3m2")
+
+
+def test_block_size_facts():
+    assert ms.block_size_facts(block_study()) == {
+        "blk_fp4_32": 12.5, "blk_fp4_tensor": 25.0, "blk_fp4_out_32": 37.5, "blk_fp4_out_tensor": 87.5,
+        "blk_fp4_out_flushed": 99.21875, "blk_fp4_out_flushed32": 25.0, "blk_fp8_32": 3.125,
+        "blk_fp4_flushed32": 12.5, "blk_fp4_1": 6.25, "e4m3_binades": mx.element_format("e4m3").binades,
+        "blk_fp8_out_tensor": 4.6875}
+
+
+def scale_errors() -> dict[str, dict[str, QuantizationError]]:
+    weight = dict(zip(CHOICES, (qe(0.125), qe(0.109375), qe(0.1171875), qe(0.09375), qe(0.09))))
+    gradient = dict(zip(CHOICES, (qe(0.125), qe(0.125), qe(1.0, flushed=1.0), qe(0.09375), qe(0.09375))))
+    return {"weight": weight, "gradient": gradient}
+
+
+def test_scale_choice_table_notes_mostly_flushed_tensors():
+    assert ms.scale_choice_table(scale_errors()) == (
+        "| scale | weight | gradient |\n|---|---|---|\n"
+        "| MXFP4: 1x32, E8M0 scale | 12.5% | 12.5% |\n| 1x16, E8M0 scale | 10.9% | 12.5% |\n"
+        "| 1x16, E4M3 scale, no tensor scale | 11.7% | 100.0% (100% flushed) |\n"
+        "| NVFP4: 1x16, E4M3 scale + FP32 tensor scale | 9.4% | 9.4% |\n"
+        "| 1x16, exact FP32 scale (ideal) | 9.0% | 9.4% |\n")
+    with pytest.raises(ValueError, match="at least one tensor"):
+        ms.scale_choice_table({})
+
+
+def test_scale_choice_facts():
+    gradient = torch.tensor([1e-6, -3e-6, 2e-6])
+    assert ms.scale_choice_facts(scale_errors(), gradient) == {
+        "sc_mx32": 12.5, "sc_e8m0_16": 10.9375, "sc_nvfp4": 9.375, "sc_ideal": 100 * 0.09,
+        "sc_noglobal_grad": 100.0, "sc_nvfp4_grad": 9.375, "grad_median": float(torch.tensor(2e-6))}
+
+
+# ---- FLOOR against RCEIL -------------------------------------------------------------------------------------
+
+def comparison(floor: float, rceil: float, *, element: str = "e2m1", rceil_saturated: float = 0.0):
+    example = {"amax": 0.8849, "floor exponent": -3, "floor largest element": 6.0, "floor amax / scale": 7.0792,
+               "rceil exponent": -2, "rceil largest element": 4.0, "rceil amax / scale": 3.5396}
+    return ModeComparison(element, 32, 0.5, {"floor": qe(floor), "rceil": qe(rceil)},
+                          {"floor": 0.25, "rceil": rceil_saturated}, (example,))
+
+
+def test_mode_tables():
+    assert ms.mode_examples_table(comparison(0.125, 0.15)) == (
+        "| block amax | FLOOR scale | amax / scale | stored largest | RCEIL scale | amax / scale | stored largest |\n"
+        "|---|---|---|---|---|---|---|\n| 0.8849 | 2^-3 | 7.08 | 6 | 2^-2 | 3.54 | 4 |\n")
+    summary = ms.mode_summary_table({"e2m1": comparison(0.125, 0.15), "e4m3": comparison(0.0325, 0.025)})
+    assert summary.splitlines()[2:] == ["| E2M1 | 50% | FLOOR | 12.50% | 25% |", "| E2M1 | 50% | RCEIL | 15.00% | 0% |",
+                                        "| E4M3 | 50% | FLOOR | 3.25% | 25% |", "| E4M3 | 50% | RCEIL | 2.50% | 0% |"]
+
+
+def test_lower_error_mode_and_verdict():
+    split = {"e2m1": comparison(0.125, 0.15), "e4m3": comparison(0.0325, 0.025)}
+    assert ms.lower_error_mode(split["e2m1"]) == "FLOOR" and ms.lower_error_mode(split["e4m3"]) == "RCEIL"
+    assert ms.lower_error_mode(comparison(0.125, 0.125)) == "RCEIL"          # a tie goes to RCEIL
+    assert ms.mode_verdict(split) == ("With E2M1 elements the lower error is FLOOR's, with E4M3 elements RCEIL's: "
+                                      "neither rule wins everywhere.")
+    same = {"e2m1": comparison(0.2, 0.15), "e4m3": comparison(0.0325, 0.025)}
+    assert ms.mode_verdict(same) == "With E2M1 elements the lower error is RCEIL's, with E4M3 elements RCEIL's."
+    assert isinstance(ms.mode_verdict(same), Prose)
+
+
+def test_mode_facts():
+    modes = {"e2m1": comparison(0.125, 0.15), "e4m3": comparison(0.0325, 0.025)}
+    assert ms.mode_facts(modes) == {
+        "mode_differ_fp4": 50.0, "mode_sat_fp4": 25.0, "mode_err_floor": 12.5, "mode_err_rceil": 100 * 0.15,
+        "mode_sat_fp8": 25.0, "mode_verdict": ms.mode_verdict(modes), "mode_err_fp8_floor": 100 * 0.0325,
+        "mode_err_fp8_rceil": 2.5}
+
+
+def test_same_bytes_compares_scale_codes_and_packed_elements():
+    x = torch.linspace(-3, 3, 64).reshape(2, 32)
+    q = mx.BlockScaling("e2m1", 32).quantize(x)
+    packed = mx.pack_fp4(q.element_codes())
+    assert ms.same_bytes(q, q.scale_codes(), packed)
+    flipped = packed.view(torch.uint8).clone()
+    flipped[0, 0] ^= 1
+    assert not ms.same_bytes(q, q.scale_codes(), flipped)
+    other_scales = mx.BlockScaling("e2m1", 32).quantize(2 * x).scale_codes()
+    assert not ms.same_bytes(q, other_scales, packed)
+
+
+# ---- training and the recipe's pieces ----------------------------------------------------------------------
+
+def flat(*finals: float) -> tuple[tuple[float, ...], ...]:
+    return tuple((f,) * 8 for f in finals)
+
+
+def block_training() -> Fp8Training:
+    curves = {"bf16_autocast": flat(3.0, 2.5, 2.75), "mxfp8": flat(3.0, 2.625, 2.5),   # 0, +0.125, -0.25
+              "mxfp4": flat(3.125, 2.625, 2.875),                                       # above in every seed
+              "nvfp4": flat(3.25, 2.75, 3.0)}                                           # above in every seed
+    return Fp8Training(tuple(curves), (0, 1, 2), 8, 16, curves)
+
+
+def test_same_side_sentence():
+    assert ms.same_side_sentence(["mxfp4", "nvfp4"]) == "mxfp4, nvfp4 ended on the same side of BF16 in every seed."
+    assert ms.same_side_sentence([]) == "No recipe ended on the same side of BF16 in every seed."
+
+
+@pytest.mark.parametrize("differences, ending", [
+    ([0.042, 0.029, 0.015], ": at this size the recipe did not pay for itself in the loss."),
+    ([-0.01, -0.02], ": better in every seed."),
+    ([0.01, -0.02], ", no consistent difference."),
+])
+def test_nvfp4_against_mxfp4(differences, ending):
+    signed = ", ".join(f"{d:+.3f}" for d in differences)
+    assert ms.nvfp4_against_mxfp4(differences) == (
+        f"NVFP4, with every piece of its recipe, ended {signed} against MXFP4 (same seeds){ending}")
+
+
+def test_nvfp4_against_mxfp4_needs_a_seed():
+    with pytest.raises(ValueError, match="at least one seed"):
+        ms.nvfp4_against_mxfp4([])
+
+
+def test_block_scaled_training_facts():
+    assert ms.block_scaled_training_facts(block_training()) == {
+        "train_steps": 8, "train_seed_spread": 0.5, "train_lo": -0.25, "train_hi": 0.25,
+        "train_consistent": "mxfp4, nvfp4 ended on the same side of BF16 in every seed.",
+        "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
+                                "(same seeds): at this size the recipe did not pay for itself in the loss."}
+    alone = Fp8Training(("bf16_autocast",), (0,), 8, 16, {"bf16_autocast": flat(3.0)})
+    with pytest.raises(ValueError, match="no block-scaled recipe"):
+        ms.block_scaled_training_facts(alone)
+
+
+def fidelity() -> GradientFidelity:
+    single = {"mxfp8": (0.03125, 0.0625), "nvfp4": (0.125, 0.25), "nvfp4_no_sr": (0.09375, 0.28125)}
+    averaged = {"mxfp8": (0.046875, 0.046875), "nvfp4": (0.1875, 0.125), "nvfp4_no_sr": (0.1875, 0.1875)}
+    return GradientFidelity(tuple(single), 30, 2, (1, 8), single, averaged)
+
+
+def test_fidelity_table_and_facts():
+    assert ms.fidelity_table(fidelity()) == (
+        "| recipe | gradient error, per batch | minus NVFP4's (same batch, percentage points) |\n|---|---|---|\n"
+        "| mxfp8 | 3.1%, 6.2% | -9.38, -18.75 |\n| nvfp4 | 12.5%, 25.0% | +0.00, +0.00 |\n"
+        "| nvfp4_no_sr | 9.4%, 28.1% | -3.12, +3.12 |\n")
+    assert ms.fidelity_facts(fidelity()) == {
+        "gf_mxfp8": 4.6875, "gf_d_mxfp8_lo": -18.75, "gf_d_mxfp8_hi": -9.375,
+        "gf_nvfp4": 18.75, "gf_d_nvfp4_lo": 0.0, "gf_d_nvfp4_hi": 0.0,
+        "gf_nvfp4_no_sr": 18.75, "gf_d_nvfp4_no_sr_lo": -3.125, "gf_d_nvfp4_no_sr_hi": 3.125,
+        "gf_avg_first": 18.75, "gf_avg_last": 12.5, "gf_k_last": 8}
+
+
+def test_emulation_note():
+    assert ms.emulation_note(None) == ("This page ran on a CPU: every block-scaled product above was emulated "
+                                       "(exactly) in FP32.")
+    assert ms.emulation_note((9, 0)) == ("This page ran on a GPU of compute capability 9.0; its products here were "
+                                         "emulated in FP32 either way.")
+
+
+# ---- errata and exercises ----------------------------------------------------------------------------------
+
+def test_mx_errata_rows():
+    rows = ms.mx_errata_rows(comparison(0.125, 0.15), scale_errors(), fidelity(), torchao_agrees=True)
+    assert rows == [
+        ("MX scales are chosen so that nothing overflows.",
+         "The spec's rule (FLOOR) saturates the largest value of 25% of this activation's FP4 blocks; RCEIL, "
+         "NVIDIA's rule, saturates none {cite:p}`ocp_mx,torchao_mx`."),
+        ("NVFP4 is MXFP4 with smaller blocks.",
+         "The scale differs too: E4M3 rather than a power of two, under an FP32 tensor scale. Without the tensor "
+         "scale, 100% of the course model's gradient flushes to zero; with it, the weight's error is 9.4% against "
+         "10.9% for E8M0 scales on the same 16-element blocks."),
+        ("Stochastic rounding makes each gradient more accurate.",
+         "Not each: a single NVFP4 gradient was 18.8% off with it and 18.8% without. It removes bias, so averages "
+         "converge: 18.8% for one draw, 12.5% for the mean of 8."),
+        ("FP4 training needs Blackwell.",
+         "FP4 *speed* does; FP4 numerics run anywhere, as here, exactly. The course's emulation agrees with "
+         "torchao's reference quantisation bit for bit."),
+    ]
+    other = ms.mx_errata_rows(comparison(0.125, 0.15, rceil_saturated=0.0625), scale_errors(), fidelity(),
+                              torchao_agrees=False)
+    assert other[0][1].endswith("RCEIL, NVIDIA's rule, saturates that of 6% {cite:p}`ocp_mx,torchao_mx`.")
+    assert other[3][1].endswith("The course's emulation did not agree with torchao's reference quantisation on "
+                                "this page's check.")
+
+
+def test_exercise_facts():
+    assert ms.exercise_facts() == {
+        "ex_rceil_scale": 0.5, "ex_rceil_values": "1, -3, 0, 1.5", "ex_floor_scale": 0.5,
+        "ex_floor_values": "1, -3, 0, 1.5", "ex_bits_mxfp8": 8.25, "ex_saving": 16 / 4.5, "ex_bf16_gb": 14.0,
+        "ex_nvfp4_gb": 3.9375}
