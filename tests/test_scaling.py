@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from course_lib.device import SizeProfile
-from course_lib.scaling import TeachingLossScaler, grad_scaler_defaults, replay_scale_schedule, steps_to_double
+from course_lib.scaling import (
+    TeachingLossScaler,
+    grad_scaler_defaults,
+    grad_scaler_refusal,
+    replay_scale_schedule,
+    scale_after_clean_steps,
+    steps_to_double,
+)
 from course_lib.studies.loss_scaling import record_grad_scaler_run
 
 
@@ -342,3 +349,20 @@ def test_scale_gradient_fidelity_shows_what_adam_hides():
     for bad in (dict(scales=()), dict(scales=(0.0,)), dict(scales=(math.inf,)), dict(batches=0)):
         with pytest.raises(ValueError):
             scale_gradient_fidelity(SizeProfile("small"), steps=0, **bad)
+
+
+def test_scale_after_clean_steps_runs_the_real_scalers_growth_rule():
+    assert scale_after_clean_steps(torch.amp.GradScaler("cpu"), 10) == 2.0**16     # growth_interval 2000
+    assert scale_after_clean_steps(torch.amp.GradScaler("cpu", growth_interval=1), 20) == 2.0**36
+    assert scale_after_clean_steps(torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=3), 7) == 32.0
+    assert scale_after_clean_steps(torch.amp.GradScaler("cpu", init_scale=8.0), 0) == 8.0
+    with pytest.raises(TypeError, match="GradScaler"):
+        scale_after_clean_steps(TeachingLossScaler(), 3)
+    with pytest.raises(ValueError, match="non-negative int"):
+        scale_after_clean_steps(torch.amp.GradScaler("cpu"), -1)
+
+
+def test_grad_scaler_refusal_returns_torchs_message_or_none():
+    assert grad_scaler_refusal("cpu", growth_factor=1.0) == "The growth factor must be > 1.0."
+    assert grad_scaler_refusal("cpu", backoff_factor=1.5) == "The backoff factor must be < 1.0."
+    assert grad_scaler_refusal("cpu", growth_factor=2.0) is None

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from .amp import sensitive_ops_trace
 from .bench import matmul_sweep, measure_copy_bandwidth, measure_matmul, torch_timer_matmul_seconds
 from .device import SizeProfile
 from .formats import TF32Check, tf32_matmul_check
@@ -24,7 +23,7 @@ from .gradients import UNDERFLOW_FORMATS, summarize_underflow, underflow_table
 from .jsonable import from_jsonable, to_jsonable
 from .mx import BLOCK_RECIPES, block_error
 from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
-from .studies.amp import trace_course_model
+from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
 from .studies.formats import TrainingMagnitudes, measure_training_magnitudes
@@ -221,11 +220,10 @@ def _scaler_flight_recording(profile: SizeProfile, device: torch.device, **param
 @register("autocast_trace",
           "Dtypes in and out of every op of the course model's forward and backward under CUDA FP16 "
           "autocast, and of softmax/layer_norm/exp/sum on a low-precision input (lesson 4).",
-          requires_cuda=True, result_type=dict[str, Any], legacy=_legacy_whole)
-def _autocast_trace(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    trace = trace_course_model(device)
-    return {"forward": trace.op_table("forward"), "backward": trace.op_table("backward"),
-            "sensitive_ops": sensitive_ops_trace(device)}
+          requires_cuda=True, result_type=AutocastOps,
+          legacy=lambda parameters, values: {"dtype": parameters["dtype"], **values})
+def _autocast_trace(profile: SizeProfile, device: torch.device) -> AutocastOps:
+    return autocast_ops(profile, device)
 
 
 # ---- lesson 5: BF16 against FP16 ----------------------------------------------------------------------

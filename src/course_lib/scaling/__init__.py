@@ -35,7 +35,9 @@ from .scaler import (
     TeachingLossScaler,
     compare_with_grad_scaler,
     grad_scaler_defaults,
+    grad_scaler_refusal,
     replay_scale_schedule,
+    scale_after_clean_steps,
     steps_to_double,
 )
 
@@ -50,6 +52,8 @@ __all__ = [
     "steps_to_double",
     "ScalerDefaults",
     "grad_scaler_defaults",
+    "grad_scaler_refusal",
+    "scale_after_clean_steps",
     "compare_with_grad_scaler",
     "PITFALLS",
     "LOW_PRECISION_DTYPES",

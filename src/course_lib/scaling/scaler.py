@@ -252,3 +252,33 @@ def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwar
         agree["skip"] += int((len(ran) == n_ran) == found)
         agree["gradients"] += int(same_grads)
     return agree
+
+
+def scale_after_clean_steps(scaler: torch.amp.GradScaler, steps: int) -> float:
+    """Run ``steps`` clean (finite) steps through a real ``torch.amp.GradScaler`` and return its scale.
+
+    Each step scales a one-parameter loss, backpropagates, steps an SGD optimizer with learning rate 0 and
+    updates the scaler, so only the scaler's own rule moves the scale: whether it grows after a clean
+    step, and how often."""
+    if not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler, got {type(scaler).__name__}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=0.0)
+    for _ in range(steps):
+        scaler.scale(p.sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return scaler.get_scale()
+
+
+def grad_scaler_refusal(device: str = "cpu", **scaler_kwargs) -> str | None:
+    """The message with which the installed ``torch.amp.GradScaler`` refuses ``scaler_kwargs`` (torch
+    raises an AssertionError or a ValueError), or None when it accepts them."""
+    try:
+        torch.amp.GradScaler(device, **scaler_kwargs)
+    except (AssertionError, ValueError) as exc:
+        return str(exc)
+    return None

@@ -1,12 +1,23 @@
-"""Lesson 4's study: the autocast dtype trace of the course model's forward and backward."""
+"""Lesson 4's study: the autocast dtype trace of the course model's forward and backward, and the facts,
+phrases and tables the lesson glues from what autocast did."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-from ..amp import AutocastTrace, trace_autocast
+from ..amp import AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
 from ..device import SizeProfile
+from ..glue import Prose
+from ..memory import bytes_per_parameter
 from ..models import course_setup
+from ..results import RecordedResult
+from ..tables import MarkdownTable, markdown_table
+from ..train import RECIPES, History
 
 
 def trace_course_model(device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0) -> AutocastTrace:
@@ -19,3 +30,157 @@ def trace_course_model(device: torch.device | str, dtype: torch.dtype | None = N
     model = setup.model(seed)
     x, y = setup.sampler.batch(0, device)
     return trace_autocast(lambda: model(x, y)[1], device_type=device.type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class AutocastOps:
+    """What autocast did to the course model on a device, in a form a record keeps: the autocast
+    ``dtype`` (``"float16"``), :meth:`~course_lib.amp.AutocastTrace.op_table`'s rows for the forward and
+    backward pass, and :func:`~course_lib.amp.sensitive_ops_trace` (op -> output dtype)."""
+
+    dtype: str
+    forward: tuple[dict[str, Any], ...]
+    backward: tuple[dict[str, Any], ...]
+    sensitive_ops: dict[str, str]
+
+
+def autocast_ops(profile, device: torch.device | str) -> AutocastOps:
+    """:func:`trace_course_model` (the small model's shape: dtypes do not depend on size) and the sensitive
+    ops on ``device``, at its usual autocast dtype."""
+    trace = trace_course_model(device)
+    return AutocastOps(trace.dtype, tuple(trace.op_table("forward")), tuple(trace.op_table("backward")),
+                       sensitive_ops_trace(device))
+
+
+def _code(value: object) -> Prose:
+    return Prose(f"`{value}`")
+
+
+def setup_facts(device_type: str, amp_dtype: torch.dtype) -> dict[str, object]:
+    """The device type and the autocast dtype this page runs with, as inline code (``device_type``,
+    ``amp_dtype``, e.g. `` `torch.bfloat16` ``)."""
+    if not isinstance(amp_dtype, torch.dtype):
+        raise TypeError(f"amp_dtype must be a torch.dtype, got {type(amp_dtype).__name__}")
+    return {"amp_dtype": _code(amp_dtype), "device_type": _code(device_type)}
+
+
+def trace_facts(trace: AutocastTrace) -> dict[str, object]:
+    """Distinct ops of the forward (``n_ops``) and of the backward (``n_backward_ops``), and the calls of
+    the casts autocast inserted in the forward (``n_casts``)."""
+    forward = trace.op_table("forward")
+    return {"n_ops": len(forward), "n_backward_ops": len(trace.op_table("backward")),
+            "n_casts": sum(r["calls"] for r in forward if r["runs_in"] == "cast")}
+
+
+def policy_lists_markdown(lists: Mapping[str, frozenset[str]]) -> Prose:
+    """A Markdown list: each CUDA autocast policy, how many ops it names, and the ops in alphabetical order."""
+    return Prose("\n".join(f"- **{policy}** ({len(ops)} ops): " + ", ".join(f"`{o}`" for o in sorted(ops))
+                           for policy, ops in lists.items()))
+
+
+def sensitive_ops_table(live: Mapping[str, str], device_type: str, lists: Mapping[str, frozenset[str]],
+                        cuda_records: Sequence[RecordedResult]) -> MarkdownTable:
+    """:func:`~course_lib.amp.sensitive_ops_markdown` of the live trace, with the first recorded CUDA
+    trace's ``sensitive_ops`` as a last column when one is recorded."""
+    if not cuda_records:
+        return sensitive_ops_markdown(dict(live), device_type, dict(lists))
+    first = cuda_records[0]
+    if not isinstance(first.result, AutocastOps):
+        raise TypeError(f"expected a recorded AutocastOps, got {type(first.result).__name__}")
+    return sensitive_ops_markdown(dict(live), device_type, dict(lists), first.result.sensitive_ops, first.label)
+
+
+def exceptions_table(exceptions: Mapping[str, str]) -> MarkdownTable:
+    """:func:`~course_lib.amp.autocast_exceptions`' cases: the code (as inline code) and its result dtype."""
+    return markdown_table(["code, run under autocast", "result dtype"], [(f"`{k}`", v) for k, v in exceptions.items()])
+
+
+def loss_demo_facts(lse: Mapping[str, object]) -> dict[str, object]:
+    """From :func:`~course_lib.amp.sensitive_loss_demo`: the naive FP16 loss (``lse_naive``, inf when
+    ``exp`` overflowed), the loss in a disabled-autocast region (``lse_safe``) and the FP64 one (``lse_ref``)."""
+    keys = {"lse_naive": "naive loss (FP16)", "lse_safe": "loss in autocast(enabled=False)",
+            "lse_ref": "FP64 reference"}
+    missing = [k for k in keys.values() if k not in lse]
+    if missing:
+        raise ValueError(f"not a sensitive_loss_demo result: it lacks {', '.join(missing)}")
+    return {name: lse[key] for name, key in keys.items()}
+
+
+def checkpoint_facts(ckpt: Mapping[str, object]) -> dict[str, object]:
+    """Whether :func:`~course_lib.amp.checkpointing_demo`'s gradients matched (``ckpt_identical``, a phrase)."""
+    if "identical gradients" not in ckpt:
+        raise ValueError("not a checkpointing_demo result: it lacks 'identical gradients'")
+    return {"ckpt_identical": Prose("identical, bit for bit" if ckpt["identical gradients"] else "**different**")}
+
+
+def recipes_table(device: torch.device | str) -> MarkdownTable:
+    """Every precision recipe: its name, what it does, and "yes" or why ``device`` cannot run it."""
+    return markdown_table(["recipe", "what it does", "runs here"],
+                          [(f"`{r.name}`", r.description, r.unsupported_reason(device) or "yes")
+                           for r in RECIPES.values()])
+
+
+def recipe_results_table(histories: Mapping[str, History], device_type: str) -> MarkdownTable:
+    """Per recipe run: final loss (nats per byte), skipped steps, and median tokens per second (labelled a
+    CPU speed off a GPU)."""
+    timing = "GPU" if device_type == "cuda" else "CPU (not a GPU speed)"
+    return markdown_table(["recipe", "final loss", "skipped steps", f"median tokens/s, {timing}"],
+                          [(f"`{k}`", f"{h.losses[-1]:.3f}", sum(h.skipped), f"{statistics.median(h.tokens_per_second):,.0f}")
+                           for k, h in histories.items()])
+
+
+def recipe_facts(histories: Mapping[str, History]) -> dict[str, object]:
+    """How many times as many tokens per second FP32 processed as FP16 autocast with a scaler
+    (``fp32_over_fp16``, ratio of the medians)."""
+    missing = [k for k in ("fp32", "fp16_autocast_scaler") if k not in histories]
+    if missing:
+        raise ValueError(f"the recipe runs lack {', '.join(missing)}")
+    return {"fp32_over_fp16": statistics.median(histories["fp32"].tokens_per_second)
+            / statistics.median(histories["fp16_autocast_scaler"].tokens_per_second)}
+
+
+def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype: torch.dtype,
+               weight_dtype: torch.dtype, warnings_seen: Sequence[str],
+               lists: Mapping[str, frozenset[str]] | None = None) -> list[tuple[str, str]]:
+    """The errata rows (claim, measured): the dtypes of ``mean``, ``softmax`` and ``exp`` of a matmul's
+    output under BF16 autocast on the CPU, a linear layer's weight dtype after running under autocast, and
+    the warnings ``torch.cuda.amp.autocast()`` gave (``warnings_seen``, messages); CUDA's policy for each op
+    is read from ``lists`` (torch's header when None)."""
+    for name, value in (("mean_dtype", mean_dtype), ("softmax_dtype", softmax_dtype), ("exp_dtype", exp_dtype),
+                        ("weight_dtype", weight_dtype)):
+        if not isinstance(value, torch.dtype):
+            raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__}")
+    if isinstance(warnings_seen, str):
+        raise TypeError("warnings_seen is a sequence of messages, not one string")
+    policy = {op: cuda_policy(op, None if lists is None else dict(lists)) for op in ("sum", "layer_norm", "softmax", "exp")}
+    deprecated = (f"Both are deprecated: torch says \"{warnings_seen[0]}\"." if warnings_seen
+                  else "The installed torch does not warn about them.")
+    return [
+        ("`mean` stays in FP32 under autocast.",
+         f"`mean` is on none of CUDA autocast's lists (torch's header gives it no policy), so it runs in its "
+         f"input's dtype: the mean of a matmul's output under BF16 autocast here is `{mean_dtype}`. On CUDA, autocast "
+         f"runs `sum` and `softmax` in FP32 ({policy['sum']}) and `layer_norm` too ({policy['layer_norm']})."),
+        ("Softmax runs in FP16/BF16 under autocast.",
+         f"On CUDA it is on the FP32 list ({policy['softmax']}); on the CPU it is not: here `softmax` of a "
+         f"BF16 matmul output returns `{softmax_dtype}` and `exp` returns `{exp_dtype}` (CUDA: {policy['exp']})."),
+        ("Autocast converts the model's weights to FP16.",
+         f"The weights stay `{weight_dtype}`; autocast casts a copy of each weight for each op that runs in "
+         f"lower precision, during the forward pass only."),
+        ("Use `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`.",
+         f"{deprecated} `torch.amp` takes the device type as an argument, "
+         f"so one code path serves CUDA, the CPU and other devices."),
+    ]
+
+
+def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None) -> dict[str, object]:
+    """For the exercises: the dtype ``exp`` returned on the CPU (``ex_exp_cpu``), CUDA's policy for ``exp``
+    (``ex_exp_cuda``), and the bytes per parameter ``bf16_master`` keeps beyond ``bf16_pure``
+    (``ex_master_extra``)."""
+    if not isinstance(exp_dtype, torch.dtype):
+        raise TypeError(f"exp_dtype must be a torch.dtype, got {type(exp_dtype).__name__}")
+    return {
+        "ex_exp_cpu": _code(exp_dtype),
+        "ex_master_extra": sum(bytes_per_parameter("bf16_master").values())
+        - sum(bytes_per_parameter("bf16_pure").values()),
+        "ex_exp_cuda": Prose(cuda_policy("exp", None if lists is None else dict(lists))),
+    }

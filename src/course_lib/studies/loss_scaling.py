@@ -286,3 +286,24 @@ def flight_recording_from_dict(data: dict) -> FlightRecording:
                                   for k, v in data.items()})
     except TypeError as exc:
         raise ValueError(f"not a scaler flight recording: {exc}") from None
+
+
+def adam_update_change(scale: float = 1024.0, *, size: int = 1000, seed: int = 0, lr: float = 1e-3) -> float:
+    """How much one Adam step's update changes when every gradient is multiplied by ``scale``.
+
+    Weights ``size`` normal draws (``seed``), gradients evenly spaced over [-1e-3, 1e-3]; returns the
+    largest absolute difference between the scaled and the unscaled update, as a fraction of the largest
+    entry of the unscaled update. Adam divides the scale out, so only its epsilon leaves a difference."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        raise ValueError(f"size must be an int of at least 2, got {size!r}")
+    w0 = torch.randn(size, generator=torch.Generator().manual_seed(seed))
+    updates = {}
+    for c in (1.0, float(scale)):
+        w = torch.nn.Parameter(w0.clone())
+        opt = torch.optim.Adam([w], lr=lr)
+        w.grad = c * torch.linspace(-1e-3, 1e-3, size)
+        opt.step()
+        updates[c] = w.detach() - w0
+    return float((updates[float(scale)] - updates[1.0]).abs().max() / updates[1.0].abs().max())

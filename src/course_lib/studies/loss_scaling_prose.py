@@ -1,0 +1,323 @@
+"""Lesson 3's facts, phrases, tables and errata: what the loss-scaling studies measured, under the names the prose glues."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ..glue import Prose
+from ..gradients import ScaleSweep
+from ..results import RecordedResult, describe_records
+from ..scaling import (
+    AUTOCAST_PITFALLS_DTYPE,
+    DEFAULT_GROWTH_INTERVAL,
+    PITFALLS,
+    PitfallDemo,
+    ScalerDefaults,
+    ScaleTrace,
+    replay_scale_schedule,
+    steps_to_double,
+)
+from ..tables import MarkdownTable, markdown_table
+from .loss_scaling import FlightRecording, ScaleFidelity, ScalingRun, adam_update_change
+
+CORRECT_LOOP = "correct loop"   # the name run_pitfall_demo(None) gives the loop without a mistake
+SMALLEST_FLOAT32 = 2.0 ** -149
+
+
+def power_of_two(scale: float) -> str:
+    """``2^k`` for a loss scale (``k`` with ``:g``, so a scale that is no power of two shows a fraction)."""
+    if not scale > 0:
+        raise ValueError(f"a loss scale is positive, got {scale!r}")
+    return f"2^{math.log2(scale):g}"
+
+
+def _index_of(scales: Sequence[float], scale: float, what: str) -> int:
+    if scale not in scales:
+        raise ValueError(f"{what} {scale:g} is not among the swept scales")
+    return list(scales).index(scale)
+
+
+# ---- what a scale does to the gradients ---------------------------------------------------------------
+
+def sweep_facts(sweep: ScaleSweep, init_scale: float, tolerance: float = 0.005) -> dict[str, object]:
+    """Percent of non-zero gradients that survive (``survive_*``) and survive as normal numbers
+    (``normal_*``) at scale 1, at ``init_scale`` (GradScaler's starting scale) and at the best scale; the
+    log2 ends of the plateaus within ``tolerance`` (a fraction) of the best (``plateau_lo``/``_hi``,
+    ``normal_lo``/``_hi``), and ``init_scale_log2``. Both 1 and ``init_scale`` must be swept scales."""
+    at_1 = _index_of(sweep.scales, 1.0, "scale")
+    at_init = _index_of(sweep.scales, init_scale, "init_scale")
+    plateau_lo, plateau_hi = sweep.plateau(tolerance)
+    normal_lo, normal_hi = sweep.plateau(tolerance, normal=True)
+    return {
+        "survive_at_1": sweep.survive[at_1] * 100,
+        "survive_best": max(sweep.survive) * 100,
+        "init_scale_log2": int(round(math.log2(init_scale))),
+        "survive_init": sweep.survive[at_init] * 100,
+        "normal_at_1": sweep.survive_normal[at_1] * 100,
+        "normal_init": sweep.survive_normal[at_init] * 100,
+        "plateau_lo": int(math.log2(plateau_lo)),
+        "plateau_hi": int(math.log2(plateau_hi)),
+        "normal_lo": int(math.log2(normal_lo)),
+        "normal_hi": int(math.log2(normal_hi)),
+        "normal_best": max(sweep.survive_normal) * 100,
+    }
+
+
+# ---- the scaler from scratch ---------------------------------------------------------------------------
+
+def agreement_facts(agreement: Mapping[str, int]) -> dict[str, object]:
+    """From :func:`~course_lib.scaling.compare_with_grad_scaler`'s counts: the steps compared
+    (``agree_steps``) and the steps on which every quantity agreed (``agree_all``, the smallest count)."""
+    if "steps" not in agreement:
+        raise ValueError("agreement lacks the 'steps' count of compare_with_grad_scaler")
+    return {"agree_steps": agreement["steps"], "agree_all": min(agreement.values())}
+
+
+def growth_facts(defaults: ScalerDefaults) -> dict[str, object]:
+    """The installed GradScaler's default ``growth_interval`` and the clean steps a replay of the rule
+    needs before the scale first grows (``steps_to_double``)."""
+    return {"growth_interval": defaults.growth_interval,
+            "steps_to_double": steps_to_double(defaults.growth_interval)}
+
+
+# ---- the flight recorder -------------------------------------------------------------------------------
+
+def flight_facts(recording: FlightRecording) -> dict[str, object]:
+    """Steps recorded, steps skipped, the growth interval it ran with, and log2 of the last scale used."""
+    if not recording.scales:
+        raise ValueError("the flight recording holds no step")
+    if not recording.scales[-1] > 0:
+        raise ValueError(f"the last recorded scale is {recording.scales[-1]!r}: it has no log2")
+    return {"rec_steps": recording.steps, "rec_skipped": sum(recording.skipped),
+            "rec_interval": recording.growth_interval,
+            "rec_final_log2": int(round(math.log2(recording.scales[-1])))}
+
+
+def nan_collapse_note(recording: FlightRecording) -> Prose:
+    """What a recording whose loss turned non-finite went through: the steps skipped before, the steps
+    skipped after, and the scale it halved down to; an empty phrase when every loss was finite."""
+    losses = recording.losses
+    first_nan = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
+    if first_nan is None:
+        return Prose("")
+    skipped_after = sum(recording.skipped[first_nan:])
+    remaining = recording.steps - first_nan
+    every = "all " if skipped_after == remaining else ""
+    before = sum(recording.skipped[:first_nan])
+    smallest = ", the smallest positive float32 number," if recording.scales[-1] == SMALLEST_FLOAT32 else ""
+    return Prose(
+        f"The recorded full-size run did not end well. It skipped {before} step(s) before step {first_nan}; "
+        f"from step {first_nan} on, its loss was NaN (the forward pass itself produced non-finite values in "
+        f"FP16), {every}{skipped_after} of the {remaining} remaining steps were skipped, and the scale halved "
+        f"at each of them down to {recording.scales[-1]:.3g}{smallest} before reaching zero at step "
+        f"{recording.steps}; the recorder stops there. Loss scaling protects the backward pass from underflow "
+        f"and overflow; it cannot repair a non-finite forward pass ({{doc}}`05_bf16_vs_fp16` records the same "
+        f"failure over seeds).")
+
+
+def recorded_flight_beside(records: Sequence[RecordedResult], device_type: str) -> FlightRecording | None:
+    """The first recorded GPU flight recording, to show beside a live run that is not on a GPU; None on a
+    GPU (the live run is then the full-size one) or when nothing is recorded."""
+    if not records or device_type == "cuda":
+        return None
+    if not isinstance(records[0].result, FlightRecording):
+        raise TypeError(f"expected a recorded FlightRecording, got {type(records[0].result).__name__}")
+    return records[0].result
+
+
+def recorded_flight_text(records: Sequence[RecordedResult], recorded: FlightRecording | None) -> Prose:
+    """The recorded runs' provenance lines (:func:`~course_lib.results.describe_records`), followed by
+    :func:`nan_collapse_note` of the recording shown beside the live run, if one is shown and collapsed."""
+    text = describe_records(list(records), "scaler_flight_recording")
+    note = nan_collapse_note(recorded) if recorded is not None else ""
+    return Prose(text + "\n\n" + note if note else text)
+
+
+def replay_facts(replayed: ScaleTrace, recording: FlightRecording) -> dict[str, object]:
+    """Whether replaying the recorded settings reproduced the recorded scales step for step
+    (``replay_matches``)."""
+    return {"replay_matches": replayed.scales == recording.scales}
+
+
+# ---- static against dynamic ----------------------------------------------------------------------------
+
+def _trained(runs: Sequence[ScalingRun]) -> list[ScalingRun]:
+    trained = [r for r in runs if r.n_skipped < len(r.losses)]
+    if not trained:
+        raise ValueError("no run trained: every run skipped every step")
+    return trained
+
+
+def static_facts(runs: Sequence[ScalingRun]) -> dict[str, object]:
+    """Skipped steps of the largest static scale (``static_big_skipped``), steps per run, the spread of the
+    final losses and the largest gap between losses at any one step over the runs that trained (nats per
+    byte), and a phrase naming the runs that never trained (``static_never``, empty if none)."""
+    static = [r for r in runs if r.label.startswith("static")]
+    if not static:
+        raise ValueError("no static run among the runs")
+    trained = _trained(runs)
+    finals = [r.losses[-1] for r in trained]
+    never = [r.label for r in runs if r.n_skipped == len(r.losses)]
+    return {
+        "static_big_skipped": max(static, key=lambda r: r.scales[0]).n_skipped,
+        "static_steps": len(runs[0].losses),
+        "static_spread": max(finals) - min(finals),
+        "static_max_step_gap": max(max(c) - min(c) for c in zip(*(r.losses for r in trained))),
+        "static_never": Prose(f"{' and '.join(never)} skipped every step and never trained." if never else ""),
+    }
+
+
+def static_runs_table(runs: Sequence[ScalingRun]) -> MarkdownTable:
+    """One row per run: its label, skipped steps of all steps, and its final loss (nats per byte)."""
+    return markdown_table(["run", "skipped steps", "final loss"],
+                          [(r.label, f"{r.n_skipped} of {len(r.losses)}", f"{r.losses[-1]:.3f}") for r in runs])
+
+
+# ---- gradient fidelity ---------------------------------------------------------------------------------
+
+def median_errors(fid: ScaleFidelity) -> dict[float, float]:
+    """Per scale whose gradients did not overflow, the median relative error over the parameters (the
+    upper median for an even count)."""
+    return {sc: sorted(fid.error[sc].values())[len(fid.names) // 2] for sc in fid.scales if not fid.overflowed[sc]}
+
+
+def fidelity_table(fid: ScaleFidelity) -> MarkdownTable:
+    """Per loss scale: the median and the largest relative gradient error (percent, with the parameter)
+    and the largest share of entries lost (percent); a scale that overflowed says so."""
+    med = median_errors(fid)
+    rows = []
+    for sc in fid.scales:
+        if fid.overflowed[sc]:
+            rows.append((power_of_two(sc), "overflow: inf gradients", "-", "-"))
+            continue
+        name, worst = fid.worst(sc)
+        rows.append((power_of_two(sc), f"{100 * med[sc]:.3f}%", f"{100 * worst:.3f}% (`{name}`)",
+                     f"{100 * max(fid.lost[sc].values()):.3f}%"))
+    return markdown_table(["loss scale", "median error over parameters", "largest error (parameter)",
+                           "largest share of entries lost"], rows)
+
+
+def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object]:
+    """The worst gradient error without a scale (``fid_worst_1``) and at the scale with the smallest worst
+    error (``fid_best``, ``fid_worst_best``), the ratio of their median errors, the scales whose median
+    error is within ``within`` times the best one's (``fid_plateau``; ``fid_within`` in percent), the
+    scales that overflowed, and the run's steps and batches. Scale 1 must be measured without overflow."""
+    if not within >= 1:
+        raise ValueError(f"within is a factor of at least 1, got {within!r}")
+    med = median_errors(fid)
+    if 1.0 not in med:
+        raise ValueError("scale 1 is not a measured scale without overflow: nothing to compare against")
+    best = min(med, key=lambda sc: fid.worst(sc)[1])
+    name_1, worst_1 = fid.worst(1.0)
+    plateau = [sc for sc in med if med[sc] <= within * med[best]]
+    overflowed = [power_of_two(sc) for sc in fid.scales if fid.overflowed[sc]]
+    return {
+        "fid_steps": fid.steps,
+        "fid_worst_1": Prose(f"{100 * worst_1:.1f}% (`{name_1}`)"),
+        "fid_worst_best": Prose(f"{100 * fid.worst(best)[1]:.2f}%"),
+        "fid_best": Prose(power_of_two(best)),
+        "fid_median_ratio": med[1.0] / med[best],
+        "fid_within": 100 * (within - 1),
+        "fid_batches": fid.batches,
+        "fid_plateau": Prose(" and ".join(power_of_two(sc) for sc in plateau)),
+        "fid_overflow": Prose(", ".join(overflowed) or "none"),
+    }
+
+
+# ---- pitfalls ------------------------------------------------------------------------------------------
+
+def _correct_loop(demos: Sequence[PitfallDemo]) -> PitfallDemo:
+    for d in demos:
+        if d.name == CORRECT_LOOP:
+            return d
+    raise ValueError("the demos hold no correct loop (run_pitfall_demo(None)) to compare against")
+
+
+def pitfall_table(demos: Sequence[PitfallDemo]) -> MarkdownTable:
+    """One row per demo: whether the audit caught exactly its planted mistake (or what it found instead),
+    what GradScaler raised, optimizer and scheduler steps, and how far the weights moved against the
+    correct loop (``-`` for the autocast pitfalls, whose weights are not compared)."""
+    correct = _correct_loop(demos)
+    rows = []
+    for d in demos:
+        found = [f.pitfall for f in d.findings]
+        caught = "nothing" if not found else ("yes" if found == [d.name] else ", ".join(found))
+        moved = "-" if d.name in AUTOCAST_PITFALLS_DTYPE else f"{d.update_norm / correct.update_norm:.3g}"
+        rows.append((d.name, caught, (d.error or "-").split(":")[0], d.optimizer_steps, d.scheduler_steps, moved))
+    return markdown_table(["planted mistake", "caught", "GradScaler raised", "optimizer steps", "scheduler steps",
+                           "weights moved (vs correct)"], rows)
+
+
+def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
+    """How far the weights moved against the correct loop when clipping before unscaling (``clip_ratio``)
+    and when stepping the scheduler on a skipped step (``sched_ratio``), log2 of the scale the clipping
+    demo ended at, and the optimizer steps of the per-micro-batch demo and of the correct loop."""
+    correct = _correct_loop(demos)
+    by_name = {d.name: d for d in demos}
+    missing = [n for n in ("clip_before_unscale", "scheduler_on_skipped_step", "update_every_microbatch")
+               if n not in by_name]
+    if missing:
+        raise ValueError(f"the demos lack {', '.join(missing)}")
+    clip = by_name["clip_before_unscale"]
+    return {
+        "clip_ratio": clip.update_norm / correct.update_norm,
+        "clip_scale_log2": int(math.log2(clip.final_scale)),
+        "sched_ratio": by_name["scheduler_on_skipped_step"].update_norm / correct.update_norm,
+        "micro_steps": by_name["update_every_microbatch"].optimizer_steps,
+        "correct_steps": correct.optimizer_steps,
+    }
+
+
+def pitfall_fixes() -> Prose:
+    """A Markdown list: each pitfall the audit knows, what its finding means and the fix."""
+    return Prose("\n".join(f"- **{name}**: {text}" for name, text in PITFALLS.items()))
+
+
+# ---- errata and exercises ------------------------------------------------------------------------------
+
+def scaling_errata(defaults: ScalerDefaults, *, default_steps: int, default_scale: float, fast_steps: int,
+                   fast_scale: float, clip_ratio: float, refusal: str | None) -> list[tuple[str, str]]:
+    """The errata rows (claim, measured): the real GradScaler's scale after ``default_steps`` clean steps
+    at its defaults (fewer than ``growth_interval``) and after ``fast_steps`` clean steps with
+    ``growth_interval=1``; the clipping demo's ``clip_ratio`` (weights moved against the correct loop);
+    and torch's ``refusal`` of ``growth_factor=1.0`` (None if the installed torch accepts it)."""
+    if not 0 <= default_steps < defaults.growth_interval:
+        raise ValueError(f"default_steps must be fewer than the growth interval ({defaults.growth_interval}) "
+                         f"for the scale to be unchanged, got {default_steps!r}")
+    if not (default_scale > 0 and fast_scale > 0):
+        raise ValueError(f"scales are positive, got {default_scale!r} and {fast_scale!r}")
+    init = f"2^{math.log2(defaults.init_scale):.0f}"
+    static = (f"torch refuses it: \"{refusal}\"" if refusal is not None
+              else "The installed torch accepts it, and the scale then never grows")
+    return [
+        ("GradScaler doubles the scale after every step without overflow.",
+         f"It grows only after `growth_interval` (default {defaults.growth_interval}) clean steps in a row: "
+         f"after {default_steps} clean steps the real GradScaler's scale is still {default_scale:g}."),
+        ("The loss scale is capped at 2^16.",
+         f"There is no cap: with `growth_interval=1`, {fast_steps} clean steps take the real GradScaler from "
+         f"{init} to 2^{math.log2(fast_scale):.0f}. {init} is only the default initial scale."),
+        ("Clipping before unscaling does nothing, or produces NaN.",
+         f"It clips the still-scaled gradients, so the update shrinks by about the scale: the weights moved "
+         f"{clip_ratio:.2g} times as far as in the correct loop (pitfalls table above)."),
+        ("For static loss scaling, use `GradScaler(growth_factor=1.0)`.",
+         f"{static}. Multiply the loss by a constant and divide the gradients by it before the step, or give "
+         f"GradScaler a `growth_interval` longer than the run (it still backs off after an overflow)."),
+    ]
+
+
+def exercise_facts(*, overflow_step: int = 2, answer_step: int = 4005) -> dict[str, object]:
+    """The growth exercise replayed at GradScaler's defaults with one overflow at ``overflow_step``: the
+    scale right after the back-off, after one growth interval of clean steps, and at ``answer_step``; and
+    how much one Adam step changes under a scale of 1024 (``ex_adam_diff``, a fraction of the update)."""
+    back = overflow_step + 1 + DEFAULT_GROWTH_INTERVAL
+    if overflow_step < 0 or back > answer_step:
+        raise ValueError(f"answer_step ({answer_step}) must come at least one growth interval after the "
+                         f"overflow at step {overflow_step} (>= 0)")
+    growth = replay_scale_schedule([0.0 if i == overflow_step else math.inf for i in range(answer_step + 1)])
+    return {
+        "ex_growth_after_backoff": growth.scales[overflow_step + 1],
+        "ex_growth_back": growth.scales[back],
+        "ex_growth_answer": growth.scales[answer_step],
+        "ex_adam_diff": adam_update_change(1024.0),
+    }

@@ -1,0 +1,151 @@
+"""Lesson 4's facts, phrases, tables and errata, each computed from a result built by hand with known numbers."""
+
+import pytest
+import torch
+
+from course_lib.amp import AutocastTrace, OpEvent
+from course_lib.glue import Prose
+from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.studies import amp as A
+from course_lib.tables import MarkdownTable
+from course_lib.train import RECIPES, History
+
+LISTS = {"lower precision": frozenset({"mm", "addmm"}), "fp32": frozenset({"layer_norm", "exp"}),
+         "fp32 (via dtype argument)": frozenset({"softmax", "sum"}), "promote": frozenset({"cat"})}
+
+
+def test_setup_facts_are_inline_code():
+    facts = A.setup_facts("cpu", torch.bfloat16)
+    assert facts == {"amp_dtype": "`torch.bfloat16`", "device_type": "`cpu`"}
+    assert all(isinstance(v, Prose) for v in facts.values())
+    with pytest.raises(TypeError, match="amp_dtype must be a torch.dtype"):
+        A.setup_facts("cpu", "bfloat16")
+
+
+def test_trace_facts_count_distinct_ops_and_cast_calls():
+    events = (OpEvent("_to_copy", ("float32",), ("bfloat16",), "forward"),
+              OpEvent("_to_copy", ("float32",), ("bfloat16",), "forward"),
+              OpEvent("mm", ("bfloat16", "bfloat16"), ("bfloat16",), "forward"),
+              OpEvent("add", ("float32", "bfloat16"), ("float32",), "forward"),
+              OpEvent("mm", ("bfloat16", "bfloat16"), ("bfloat16",), "backward"))
+    assert A.trace_facts(AutocastTrace("cpu", "bfloat16", events)) == {"n_ops": 3, "n_backward_ops": 1, "n_casts": 2}
+
+
+def test_policy_lists_markdown_lists_each_policy_sorted():
+    assert A.policy_lists_markdown({"fp32": frozenset({"exp", "cos"}), "promote": frozenset({"cat"})}) == (
+        "- **fp32** (2 ops): `cos`, `exp`\n- **promote** (1 ops): `cat`")
+
+
+def _provenance():
+    return Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
+                      compute_capability="9.0")
+
+
+def test_sensitive_ops_table_adds_the_recorded_column_only_with_a_record():
+    live = {"matmul output": "bfloat16", "exp": "bfloat16"}
+    table = A.sensitive_ops_table(live, "cpu", LISTS, [])
+    assert isinstance(table, MarkdownTable)
+    assert table.splitlines() == ["| op | output dtype here (cpu) | torch's CUDA list |", "|---|---|---|",
+                                  "| matmul output | bfloat16 | lower precision |", "| exp | bfloat16 | fp32 |"]
+    ops = {"matmul output": "float16", "exp": "float32"}
+    record = RecordedResult(Record("autocast_trace", {}, {}, _provenance()), A.AutocastOps("float16", (), (), ops))
+    assert A.sensitive_ops_table(live, "cpu", LISTS, [record]).splitlines() == [
+        "| op | output dtype here (cpu) | torch's CUDA list | recorded on NVIDIA H100 80GB HBM3 (sm 9.0) |",
+        "|---|---|---|---|",
+        "| matmul output | bfloat16 | lower precision | float16 |", "| exp | bfloat16 | fp32 | float32 |"]
+    with pytest.raises(TypeError, match="expected a recorded AutocastOps, got dict"):
+        A.sensitive_ops_table(live, "cpu", LISTS, [RecordedResult(Record("x", {}, {}, _provenance()), {})])
+
+
+def test_exceptions_table_shows_code_and_dtype():
+    assert A.exceptions_table({"a @ b": "bfloat16", "acc.add_(a @ b)": "float32"}).splitlines() == [
+        "| code, run under autocast | result dtype |", "|---|---|", "| `a @ b` | bfloat16 |",
+        "| `acc.add_(a @ b)` | float32 |"]
+
+
+def test_loss_demo_facts_read_the_three_losses():
+    lse = {"logits dtype": "float16", "max logit": 31.0, "naive loss (FP16)": float("inf"),
+           "loss in autocast(enabled=False)": 23.5, "FP64 reference": 23.25}
+    assert A.loss_demo_facts(lse) == {"lse_naive": float("inf"), "lse_safe": 23.5, "lse_ref": 23.25}
+    with pytest.raises(ValueError, match="lacks FP64 reference"):
+        A.loss_demo_facts({"naive loss (FP16)": 1.0, "loss in autocast(enabled=False)": 1.0})
+
+
+def test_checkpoint_facts_say_identical_or_different():
+    same = A.checkpoint_facts({"identical gradients": True, "output dtype": "bfloat16"})
+    assert same == {"ckpt_identical": "identical, bit for bit"} and isinstance(same["ckpt_identical"], Prose)
+    assert A.checkpoint_facts({"identical gradients": False}) == {"ckpt_identical": "**different**"}
+    with pytest.raises(ValueError, match="identical gradients"):
+        A.checkpoint_facts({})
+
+
+def test_recipes_table_lists_every_recipe_and_why_the_cpu_cannot_run_tf32():
+    lines = A.recipes_table("cpu").splitlines()
+    assert lines[:3] == ["| recipe | what it does | runs here |", "|---|---|---|", "| `fp32` | FP32 everywhere | yes |"]
+    assert len(lines) == 2 + len(RECIPES)
+    assert lines[3] == f"| `tf32` | {RECIPES['tf32'].description} | {RECIPES['tf32'].unsupported_reason('cpu')} |"
+    assert RECIPES["tf32"].unsupported_reason("cpu") not in (None, "yes")
+
+
+def _histories():
+    return {"fp32": History("fp32", losses=[3.5, 3.0], skipped=[False, False], tokens_per_second=[100.0, 300.0, 200.0]),
+            "fp16_autocast_scaler": History("fp16_autocast_scaler", losses=[3.5, 3.25], skipped=[True, False],
+                                            tokens_per_second=[1000.0, 50.0, 100.0])}
+
+
+def test_recipe_results_table_labels_cpu_timings():
+    assert A.recipe_results_table(_histories(), "cpu").splitlines() == [
+        "| recipe | final loss | skipped steps | median tokens/s, CPU (not a GPU speed) |", "|---|---|---|---|",
+        "| `fp32` | 3.000 | 0 | 200 |", "| `fp16_autocast_scaler` | 3.250 | 1 | 100 |"]
+    assert A.recipe_results_table(_histories(), "cuda").splitlines()[0] == (
+        "| recipe | final loss | skipped steps | median tokens/s, GPU |")
+
+
+def test_recipe_facts_compare_median_throughputs():
+    assert A.recipe_facts(_histories()) == {"fp32_over_fp16": 2.0}
+    with pytest.raises(ValueError, match="lack fp16_autocast_scaler"):
+        A.recipe_facts({"fp32": _histories()["fp32"]})
+
+
+def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
+    rows = A.amp_errata(mean_dtype=torch.bfloat16, softmax_dtype=torch.bfloat16, exp_dtype=torch.bfloat16,
+                        weight_dtype=torch.float32, warnings_seen=["`torch.cuda.amp.autocast(args...)` is deprecated."],
+                        lists=LISTS)
+    assert [c for c, _ in rows] == ["`mean` stays in FP32 under autocast.", "Softmax runs in FP16/BF16 under autocast.",
+                                    "Autocast converts the model's weights to FP16.",
+                                    "Use `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`."]
+    assert rows[0][1] == ("`mean` is on none of CUDA autocast's lists (torch's header gives it no policy), so it runs "
+                          "in its input's dtype: the mean of a matmul's output under BF16 autocast here is "
+                          "`torch.bfloat16`. On CUDA, autocast runs `sum` and `softmax` in FP32 (fp32 (via dtype "
+                          "argument)) and `layer_norm` too (fp32).")
+    assert rows[1][1] == ("On CUDA it is on the FP32 list (fp32 (via dtype argument)); on the CPU it is not: here "
+                          "`softmax` of a BF16 matmul output returns `torch.bfloat16` and `exp` returns "
+                          "`torch.bfloat16` (CUDA: fp32).")
+    assert rows[2][1] == ("The weights stay `torch.float32`; autocast casts a copy of each weight for each op that "
+                          "runs in lower precision, during the forward pass only.")
+    assert rows[3][1] == ("Both are deprecated: torch says \"`torch.cuda.amp.autocast(args...)` is deprecated.\". "
+                          "`torch.amp` takes the device type as an argument, so one code path serves CUDA, the CPU "
+                          "and other devices.")
+    quiet = A.amp_errata(mean_dtype=torch.float32, softmax_dtype=torch.float32, exp_dtype=torch.float32,
+                         weight_dtype=torch.float32, warnings_seen=[], lists=LISTS)
+    assert quiet[3][1].startswith("The installed torch does not warn about them. `torch.amp` takes")
+    assert "here is `torch.float32`" in quiet[0][1]
+
+
+def test_amp_errata_refuse_dtypes_given_as_text():
+    kwargs = dict(mean_dtype=torch.float32, softmax_dtype=torch.float32, exp_dtype=torch.float32,
+                  weight_dtype=torch.float32, warnings_seen=[], lists=LISTS)
+    with pytest.raises(TypeError, match="softmax_dtype must be a torch.dtype"):
+        A.amp_errata(**{**kwargs, "softmax_dtype": "float32"})
+    with pytest.raises(TypeError, match="sequence of messages"):
+        A.amp_errata(**{**kwargs, "warnings_seen": "deprecated"})
+
+
+def test_exercise_facts_name_exps_dtypes_and_the_master_copys_bytes():
+    facts = A.exercise_facts(torch.bfloat16, LISTS)
+    # bf16_master keeps an FP32 master copy (4 bytes) and its FP32 gradient (4) beyond bf16_pure, and AdamW's
+    # two moments in FP32 (8) instead of BF16 (4): 12 bytes per parameter more
+    assert facts == {"ex_exp_cpu": "`torch.bfloat16`", "ex_master_extra": 12, "ex_exp_cuda": "fp32"}
+    assert isinstance(facts["ex_exp_cpu"], Prose) and isinstance(facts["ex_exp_cuda"], Prose)
+    with pytest.raises(TypeError, match="exp_dtype"):
+        A.exercise_facts("bfloat16", LISTS)

@@ -1,0 +1,324 @@
+"""Lesson 3's facts, phrases, tables and errata, each computed from a result built by hand with known numbers."""
+
+import dataclasses
+import math
+
+import pytest
+
+from course_lib.glue import Prose
+from course_lib.gradients import ScaleSweep
+from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.scaling import PITFALLS, Finding, PitfallDemo, ScalerDefaults, replay_scale_schedule
+from course_lib.studies import loss_scaling_prose as P
+from course_lib.studies.loss_scaling import FlightRecording, ScaleFidelity, ScalingRun, adam_update_change
+from course_lib.tables import MarkdownTable
+
+DEFAULTS = ScalerDefaults(65536.0, 2.0, 0.5, 2000)
+
+
+# ---- the sweep -------------------------------------------------------------------------------------------
+
+def _sweep():
+    # dyadic fractions, so every percentage below is exact
+    return ScaleSweep("FP16", (0.5, 1.0, 2.0, 4.0, 8.0), survive=(0.25, 0.75, 0.998046875, 1.0, 0.5),
+                      overflow=(0.0, 0.0, 0.0, 0.0, 0.5), flushed=(0.75, 0.25, 0.001953125, 0.0, 0.0),
+                      subnormal=(0.25, 0.5, 0.125, 0.0, 0.0))
+
+
+def test_sweep_facts_read_scale_1_the_initial_scale_and_both_plateaus():
+    facts = P.sweep_facts(_sweep(), 2.0)
+    assert facts == {"survive_at_1": 75.0, "survive_best": 100.0, "init_scale_log2": 1,
+                     "survive_init": 99.8046875, "normal_at_1": 25.0, "normal_init": 87.3046875,
+                     "plateau_lo": 1, "plateau_hi": 2, "normal_lo": 2, "normal_hi": 2, "normal_best": 100.0}
+    assert all(type(facts[k]) is int for k in ("init_scale_log2", "plateau_lo", "plateau_hi", "normal_lo", "normal_hi"))
+
+
+def test_sweep_facts_need_scale_1_and_the_initial_scale_among_the_swept_ones():
+    with pytest.raises(ValueError, match="init_scale 65536 is not among the swept scales"):
+        P.sweep_facts(_sweep(), 65536.0)
+    no_one = dataclasses.replace(_sweep(), scales=(0.5, 2.0, 4.0, 8.0, 16.0))
+    with pytest.raises(ValueError, match="scale 1 is not among"):
+        P.sweep_facts(no_one, 2.0)
+
+
+def test_power_of_two_names_the_exponent():
+    assert P.power_of_two(2.0**-3) == "2^-3"
+    assert P.power_of_two(2.0**24) == "2^24"
+    assert P.power_of_two(3.0) == "2^1.58496"
+    with pytest.raises(ValueError, match="positive"):
+        P.power_of_two(0.0)
+
+
+# ---- the scaler -------------------------------------------------------------------------------------------
+
+def test_agreement_facts_take_the_smallest_count():
+    facts = P.agreement_facts({"steps": 10, "scale": 10, "growth_tracker": 9, "skip": 10, "gradients": 10})
+    assert facts == {"agree_steps": 10, "agree_all": 9}
+    with pytest.raises(ValueError, match="'steps'"):
+        P.agreement_facts({"scale": 3})
+
+
+def test_growth_facts_replay_the_interval():
+    assert P.growth_facts(ScalerDefaults(65536.0, 2.0, 0.5, 7)) == {"growth_interval": 7, "steps_to_double": 7}
+
+
+# ---- the flight recorder ------------------------------------------------------------------------------------
+
+def _recording(losses, scales, skipped, growth_interval=10):
+    n = len(losses)
+    return FlightRecording(tuple(losses), tuple(scales), tuple(skipped), (0,) * n, (1.0,) * n, 65536.0, 2.0, 0.5,
+                           growth_interval, "cpu")
+
+
+def test_flight_facts_count_steps_and_skips_and_read_the_last_scale():
+    rec = _recording([3.0, 2.9, 2.8, 2.7], [65536.0, 65536.0, 32768.0, 131072.0], [False, False, True, False])
+    facts = P.flight_facts(rec)
+    assert facts == {"rec_steps": 4, "rec_skipped": 1, "rec_interval": 10, "rec_final_log2": 17}
+    assert type(facts["rec_skipped"]) is int
+    with pytest.raises(ValueError, match="no step"):
+        P.flight_facts(_recording([], [], []))
+    with pytest.raises(ValueError, match="no log2"):
+        P.flight_facts(_recording([1.0], [0.0], [True]))
+
+
+def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
+    assert P.nan_collapse_note(_recording([3.0, 2.0], [4.0, 4.0], [False, False])) == ""
+    collapsed = _recording([3.0, 2.0, math.nan, math.nan, math.nan], [4.0, 2.0, 1.0, 2.0**-148, 2.0**-149],
+                           [False, True, True, True, True])
+    note = P.nan_collapse_note(collapsed)
+    assert isinstance(note, Prose)
+    assert note == (
+        "The recorded full-size run did not end well. It skipped 1 step(s) before step 2; from step 2 on, its loss "
+        "was NaN (the forward pass itself produced non-finite values in FP16), all 3 of the 3 remaining steps were "
+        "skipped, and the scale halved at each of them down to 1.4e-45, the smallest positive float32 number, "
+        "before reaching zero at step 5; the recorder stops there. Loss scaling protects the backward pass from "
+        "underflow and overflow; it cannot repair a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
+        "same failure over seeds).")
+    partly = _recording([3.0, math.inf, 2.0], [4.0, 4.0, 2.0], [False, True, False])
+    assert ("from step 1 on, its loss was NaN (the forward pass itself produced non-finite values in FP16), 1 of "
+            "the 2 remaining steps were skipped, and the scale halved at each of them down to 2 before reaching "
+            "zero at step 3;") in P.nan_collapse_note(partly)
+
+
+def _provenance():
+    return Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abcdef", "3.12",
+                      compute_capability="9.0", cuda_version="13.0")
+
+
+def _flight_record(rec):
+    values = {"recording": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(rec).items()}}
+    return RecordedResult(Record("scaler_flight_recording", {}, values, _provenance()), rec)
+
+
+def test_recorded_flight_is_shown_beside_a_run_off_the_gpu_only():
+    rec = _recording([3.0, 2.0], [4.0, 8.0], [False, False])
+    records = [_flight_record(rec)]
+    assert P.recorded_flight_beside(records, "cpu") == rec
+    assert P.recorded_flight_beside(records, "cuda") is None
+    assert P.recorded_flight_beside([], "cpu") is None
+    bad = RecordedResult(Record("fp8_training", {}, {}, _provenance()), {"curves": {}})
+    with pytest.raises(TypeError, match="expected a recorded FlightRecording, got dict"):
+        P.recorded_flight_beside([bad], "cpu")
+
+
+def test_recorded_flight_text_adds_the_collapse_note_only_when_the_run_collapsed():
+    line = ("- **NVIDIA H100 80GB HBM3 (sm 9.0)**: torch 2.11, CUDA 13.0, 2026-01-01T00:00:00+00:00, commit "
+            "`abcdef`, command `cmd`")
+    finite = _recording([3.0, 2.0], [4.0, 8.0], [False, False])
+    assert P.recorded_flight_text([_flight_record(finite)], finite) == line
+    assert P.recorded_flight_text([_flight_record(finite)], None) == line
+    collapsed = _recording([3.0, math.nan], [4.0, 2.0], [False, True])
+    text = P.recorded_flight_text([_flight_record(collapsed)], collapsed)
+    assert text == line + "\n\n" + P.nan_collapse_note(collapsed)
+    assert P.recorded_flight_text([], None) == ("*Not recorded on a GPU yet: `python -m course_lib.record "
+                                                "scaler_flight_recording --out results/` records it.*")
+
+
+def test_replay_facts_say_whether_the_replay_reproduced_the_recording():
+    rec = _recording([1.0, 1.0, 1.0], [4.0, 4.0, 8.0], [False, False, False], growth_interval=2)
+    same = replay_scale_schedule([math.inf] * 3, init_scale=4.0, growth_interval=2)
+    assert P.replay_facts(same, rec) == {"replay_matches": True}
+    other = replay_scale_schedule([math.inf] * 3, init_scale=4.0, growth_interval=3)
+    assert P.replay_facts(other, rec) == {"replay_matches": False}
+
+
+# ---- static against dynamic ------------------------------------------------------------------------------------
+
+def _runs(*, big_never_trains=True):
+    big_skipped = (True, True, True) if big_never_trains else (True, False, False)
+    return [ScalingRun("static 2^0", (3.0, 2.5, 2.0), (1.0,) * 3, (False,) * 3),
+            ScalingRun("static 2^24", (5.0, 5.0, 5.0), (2.0**24,) * 3, big_skipped),
+            ScalingRun("dynamic (GradScaler)", (3.5, 2.5, 2.25), (65536.0,) * 3, (False,) * 3)]
+
+
+def test_static_facts_measure_the_runs_that_trained_and_name_those_that_never_did():
+    facts = P.static_facts(_runs())
+    assert facts == {"static_big_skipped": 3, "static_steps": 3, "static_spread": 0.25, "static_max_step_gap": 0.5,
+                     "static_never": "static 2^24 skipped every step and never trained."}
+    assert isinstance(facts["static_never"], Prose)
+    trained = P.static_facts(_runs(big_never_trains=False))
+    assert trained["static_never"] == "" and trained["static_big_skipped"] == 1
+    assert trained["static_spread"] == 3.0 and trained["static_max_step_gap"] == 3.0
+
+
+def test_static_facts_refuse_runs_that_never_trained_or_hold_no_static_run():
+    never = [ScalingRun("static 2^24", (5.0,), (2.0**24,), (True,))]
+    with pytest.raises(ValueError, match="no run trained"):
+        P.static_facts(never)
+    with pytest.raises(ValueError, match="no static run"):
+        P.static_facts([_runs()[2]])
+
+
+def test_static_runs_table():
+    table = P.static_runs_table(_runs())
+    assert isinstance(table, MarkdownTable)
+    assert table.splitlines() == ["| run | skipped steps | final loss |", "|---|---|---|",
+                                  "| static 2^0 | 0 of 3 | 2.000 |", "| static 2^24 | 3 of 3 | 5.000 |",
+                                  "| dynamic (GradScaler) | 0 of 3 | 2.250 |"]
+
+
+# ---- gradient fidelity -------------------------------------------------------------------------------------------
+
+def _fidelity(overflow_at_1=False, top_overflows=True):
+    scales = (1.0, 256.0, 65536.0, 2.0**24)
+    nan = {"a": math.nan, "b": math.nan, "c": math.nan}
+    error = {1.0: nan if overflow_at_1 else {"a": 0.01, "b": 0.04, "c": 0.02},
+             256.0: {"a": 0.001, "b": 0.002, "c": 0.0015}, 65536.0: {"a": 0.0011, "b": 0.0025, "c": 0.0012},
+             2.0**24: nan if top_overflows else {"a": 0.003, "b": 0.003, "c": 0.003}}
+    lost = {1.0: {"a": 0.0, "b": 0.5, "c": 0.25}, 256.0: {"a": 0.0, "b": 0.125, "c": 0.0},
+            65536.0: {"a": 0.0, "b": 0.0, "c": 0.0}, 2.0**24: {"a": 0.0, "b": 0.0, "c": 0.0}}
+    return ScaleFidelity(scales, ("a", "b", "c"), 30, 2, error, lost,
+                         {1.0: overflow_at_1, 256.0: False, 65536.0: False, 2.0**24: top_overflows})
+
+
+def test_fidelity_facts_pick_the_best_scale_by_its_worst_error_and_the_plateau_by_medians():
+    facts = P.fidelity_facts(_fidelity())
+    assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2^8",
+                     "fid_median_ratio": 0.02 / 0.0015, "fid_within": 25.0, "fid_batches": 2,
+                     "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24"}
+    assert all(isinstance(facts[k], Prose) for k in ("fid_worst_1", "fid_worst_best", "fid_best", "fid_plateau"))
+    assert P.fidelity_facts(_fidelity(), within=1.0)["fid_plateau"] == "2^8 and 2^16"   # 2^16's median is lower
+    no_overflow = P.fidelity_facts(_fidelity(top_overflows=False))
+    assert no_overflow["fid_overflow"] == "none" and no_overflow["fid_plateau"] == "2^8 and 2^16"
+
+
+def test_fidelity_facts_need_scale_1_without_overflow_and_a_factor_of_at_least_1():
+    with pytest.raises(ValueError, match="scale 1"):
+        P.fidelity_facts(_fidelity(overflow_at_1=True))
+    with pytest.raises(ValueError, match="at least 1"):
+        P.fidelity_facts(_fidelity(), within=0.5)
+
+
+def test_fidelity_table_shows_medians_worst_parameters_losses_and_overflow():
+    assert P.median_errors(_fidelity()) == {1.0: 0.02, 256.0: 0.0015, 65536.0: 0.0012}
+    assert P.fidelity_table(_fidelity()).splitlines() == [
+        "| loss scale | median error over parameters | largest error (parameter) | largest share of entries lost |",
+        "|---|---|---|---|",
+        "| 2^0 | 2.000% | 4.000% (`b`) | 50.000% |",
+        "| 2^8 | 0.150% | 0.200% (`b`) | 12.500% |",
+        "| 2^16 | 0.120% | 0.250% (`b`) | 0.000% |",
+        "| 2^24 | overflow: inf gradients | - | - |",
+    ]
+
+
+# ---- pitfalls ----------------------------------------------------------------------------------------------------
+
+def _demos():
+    def found(name):
+        return (Finding(name, 0, "m"),)
+    return [
+        PitfallDemo("clip_before_unscale", found("clip_before_unscale"), None, 3, 3, 0.25, 2.0**20),
+        PitfallDemo("update_every_microbatch", found("update_every_microbatch"), None, 6, 3, 0.5, 2.0**15),
+        PitfallDemo("scheduler_on_skipped_step", found("scheduler_on_skipped_step") + found("clip_before_unscale"),
+                    None, 3, 4, 0.75, 2.0**15),
+        PitfallDemo("unscale_twice", (), "RuntimeError: unscale_() has already been called", 0, 0, 0.0, 2.0**16),
+        PitfallDemo("scaler_with_bf16", found("scaler_with_bf16"), None, 4, 4, 7.0, 65536.0),
+        PitfallDemo("correct loop", (), None, 3, 3, 2.0, 2.0**15),
+    ]
+
+
+def test_pitfall_table_says_what_was_caught_raised_and_how_far_the_weights_moved():
+    assert P.pitfall_table(_demos()).splitlines() == [
+        "| planted mistake | caught | GradScaler raised | optimizer steps | scheduler steps | weights moved (vs correct) |",
+        "|---|---|---|---|---|---|",
+        "| clip_before_unscale | yes | - | 3 | 3 | 0.125 |",
+        "| update_every_microbatch | yes | - | 6 | 3 | 0.25 |",
+        "| scheduler_on_skipped_step | scheduler_on_skipped_step, clip_before_unscale | - | 3 | 4 | 0.375 |",
+        "| unscale_twice | nothing | RuntimeError | 0 | 0 | 0 |",
+        "| scaler_with_bf16 | yes | - | 4 | 4 | - |",
+        "| correct loop | nothing | - | 3 | 3 | 1 |",
+    ]
+
+
+def test_pitfall_facts_compare_each_demo_with_the_correct_loop():
+    facts = P.pitfall_facts(_demos())
+    assert facts == {"clip_ratio": 0.125, "clip_scale_log2": 20, "sched_ratio": 0.375, "micro_steps": 6,
+                     "correct_steps": 3}
+    with pytest.raises(ValueError, match="no correct loop"):
+        P.pitfall_facts(_demos()[:-1])
+    with pytest.raises(ValueError, match="no correct loop"):
+        P.pitfall_table(_demos()[:-1])
+    with pytest.raises(ValueError, match="lack update_every_microbatch"):
+        P.pitfall_facts([d for d in _demos() if d.name != "update_every_microbatch"])
+
+
+def test_pitfall_fixes_list_every_pitfall_with_its_text():
+    lines = P.pitfall_fixes().splitlines()
+    assert len(lines) == len(PITFALLS)
+    name, text = next(iter(PITFALLS.items()))
+    assert lines[0] == f"- **{name}**: {text}"
+
+
+# ---- errata and exercises -------------------------------------------------------------------------------------------
+
+def test_scaling_errata_state_each_measurement():
+    rows = P.scaling_errata(DEFAULTS, default_steps=10, default_scale=65536.0, fast_steps=20, fast_scale=2.0**36,
+                            clip_ratio=8.473883580725116e-07, refusal="The growth factor must be > 1.0.")
+    assert [c for c, _ in rows] == [
+        "GradScaler doubles the scale after every step without overflow.", "The loss scale is capped at 2^16.",
+        "Clipping before unscaling does nothing, or produces NaN.",
+        "For static loss scaling, use `GradScaler(growth_factor=1.0)`."]
+    assert rows[0][1] == ("It grows only after `growth_interval` (default 2000) clean steps in a row: after 10 clean "
+                          "steps the real GradScaler's scale is still 65536.")
+    assert rows[1][1] == ("There is no cap: with `growth_interval=1`, 20 clean steps take the real GradScaler from "
+                          "2^16 to 2^36. 2^16 is only the default initial scale.")
+    assert rows[2][1] == ("It clips the still-scaled gradients, so the update shrinks by about the scale: the weights "
+                          "moved 8.5e-07 times as far as in the correct loop (pitfalls table above).")
+    assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0.\". Multiply the loss by a constant and "
+                          "divide the gradients by it before the step, or give GradScaler a `growth_interval` longer "
+                          "than the run (it still backs off after an overflow).")
+    accepted = P.scaling_errata(DEFAULTS, default_steps=10, default_scale=65536.0, fast_steps=20, fast_scale=2.0**36,
+                                clip_ratio=0.5, refusal=None)
+    assert accepted[3][1].startswith("The installed torch accepts it, and the scale then never grows. Multiply")
+
+
+def test_scaling_errata_refuse_a_check_that_reached_the_growth_interval():
+    with pytest.raises(ValueError, match="fewer than the growth interval"):
+        P.scaling_errata(DEFAULTS, default_steps=2000, default_scale=65536.0, fast_steps=20, fast_scale=2.0**36,
+                         clip_ratio=0.5, refusal=None)
+    with pytest.raises(ValueError, match="positive"):
+        P.scaling_errata(DEFAULTS, default_steps=10, default_scale=0.0, fast_steps=20, fast_scale=2.0**36,
+                         clip_ratio=0.5, refusal=None)
+
+
+def test_exercise_facts_replay_one_overflow_and_measure_adam():
+    facts = P.exercise_facts(overflow_step=2, answer_step=4005)
+    assert facts == {"ex_growth_after_backoff": 32768.0, "ex_growth_back": 65536.0, "ex_growth_answer": 131072.0,
+                     "ex_adam_diff": adam_update_change(1024.0)}
+    assert P.exercise_facts(overflow_step=0, answer_step=2001)["ex_growth_back"] == 65536.0
+    with pytest.raises(ValueError, match="growth interval after the overflow"):
+        P.exercise_facts(overflow_step=2, answer_step=2002)
+
+
+def test_adam_update_change_is_epsilons_share_only():
+    assert adam_update_change(1.0) == 0.0
+    # one Adam step moves each weight by lr * g / (|g| + eps) (bias-corrected moments of one step); the
+    # smallest |g| of the evenly spaced gradients is half their spacing
+    eps, g = 1e-8, 1e-3 / 999
+    expected = (1024 * g / (1024 * g + eps) - g / (g + eps)) / (1e-3 / (1e-3 + eps))
+    assert adam_update_change(1024.0) == pytest.approx(expected, rel=0.05)
+    for bad in (0.0, math.inf, True, "2"):
+        with pytest.raises(ValueError, match="scale"):
+            adam_update_change(bad)
+    with pytest.raises(ValueError, match="size"):
+        adam_update_change(2.0, size=1)
