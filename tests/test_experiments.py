@@ -121,3 +121,26 @@ def test_a_record_of_another_experiment_or_shape_is_refused(tmp_path, monkeypatc
         E.get_experiment("convergence_parity").load(old)
     with pytest.raises(ValueError, match="has no reader for schema version 1"):
         E.get_experiment("fp8_training").load(dataclasses.replace(old, experiment="fp8_training"))
+
+
+def test_fp8_scaling_lab_record_reads_back_typed():
+    (rec,) = E.recorded_results("fp8_scaling_lab")
+    raw, lab = rec.record.values, rec.result.lab
+    assert rec.result.block == 128 and lab.tensors == ("activation", "weight", "gradient")
+    assert (lab.errors["gradient"]["per tensor, E4M3"].relative_error
+            == raw["errors"]["gradient"]["per tensor, E4M3"]["relative_error"])
+    assert rec.result.sweep.relative_error == {k: tuple(v) for k, v in raw["outlier_sweep"]["relative_error"].items()}
+
+
+def test_fp8_scaling_lab_study_is_the_lessons_two_calls():
+    from course_lib.studies import fp8 as S
+
+    g = torch.Generator().manual_seed(0)
+    tensors = S.LinearTensors("blocks.0.fc", 3, torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g),
+                              torch.randn(64, 64, generator=g) * 1e-4, (1.0,))
+    study = S.scaling_lab_study(tensors, 32)
+    named = {"activation": tensors.activation, "weight": tensors.weight, "gradient": tensors.grad_output}
+    assert study.lab == S.scaling_lab(named, S.lab_recipes(32))
+    assert study.sweep == S.outlier_sweep(tensors.activation, S.sweep_recipes(32))
+    assert set(S.lab_recipes(32)) - set(S.sweep_recipes(32)) == {"no scaling (E4M3)", "per tensor, E5M2"}
+    assert (S.lab_block(SMALL), S.lab_block(FULL)) == (32, 128)

@@ -29,13 +29,13 @@ from .studies.distributed import DataParallelStudy, ReductionStudy, data_paralle
 from .studies.formats import TrainingMagnitudes, measure_training_magnitudes
 from .studies.fp8 import (
     Fp8LinearSpeed,
+    Fp8ScalingLab,
     Fp8Training,
     capture_linear_tensors,
     fp8_linear_speed,
     fp8_training,
-    lab_recipes,
-    outlier_sweep,
-    scaling_lab,
+    lab_block,
+    scaling_lab_study,
     with_outlier_channel,
 )
 from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
@@ -356,19 +356,20 @@ def _fp8_training(profile: SizeProfile, device: torch.device, *, steps: int) -> 
     return fp8_training(profile, device, steps=steps)
 
 
+def _scaling_lab_legacy(parameters: dict, values: dict) -> dict[str, Any]:
+    errors = values["errors"]
+    lab = {"tensors": list(errors), "recipes": list(next(iter(errors.values()))), "errors": errors}
+    return {"layer": parameters["layer"], "steps": parameters["steps"], "block": parameters["block"], "lab": lab,
+            "sweep": values["outlier_sweep"]}
+
+
 @register("fp8_scaling_lab",
           "Quantisation error, saturation and flush-to-zero of each FP8 scaling recipe on the course model's "
           "activation, weight and output gradient, and the outlier-channel sweep (lesson 7).",
-          result_type=dict[str, Any], legacy=_legacy_whole)
-def _fp8_scaling_lab(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    block = profile.pick(small=32, full=128)
-    tensors = capture_linear_tensors(profile, device)
-    lab = scaling_lab({"activation": tensors.activation, "weight": tensors.weight,
-                       "gradient": tensors.grad_output}, lab_recipes(block))
-    recipes = {k: v for k, v in lab_recipes(block).items() if "E5M2" not in k and "no scaling" not in k}
-    sweep = outlier_sweep(tensors.activation, recipes)
-    return {"errors": {t: {r: dataclasses.asdict(e) for r, e in d.items()} for t, d in lab.errors.items()},
-            "outlier_sweep": dataclasses.asdict(sweep)}
+          result_type=Fp8ScalingLab, legacy=_scaling_lab_legacy,
+          parameters=lambda profile, device: {"block": lab_block(profile)})
+def _fp8_scaling_lab(profile: SizeProfile, device: torch.device, *, block: int) -> Fp8ScalingLab:
+    return scaling_lab_study(capture_linear_tensors(profile, device), block)
 
 
 # ---- lesson 8: microscaling -------------------------------------------------------------------------

@@ -278,6 +278,38 @@ def outlier_sweep(activation: torch.Tensor, recipes: dict[str, ScalingRecipe], *
                         {k: tuple(v) for k, v in flushed.items()})
 
 
+def lab_block(profile) -> int:
+    """The tile side of the blockwise recipes: DeepSeek-V3's 128 at full size; 32 on the small model, whose
+    width (64) 128 does not divide."""
+    return profile.pick(small=32, full=128)
+
+
+def sweep_recipes(block: int) -> dict[str, ScalingRecipe]:
+    """The outlier sweep's recipes: :func:`lab_recipes` without the E5M2 and unscaled controls."""
+    return {k: v for k, v in lab_recipes(block).items() if "E5M2" not in k and "no scaling" not in k}
+
+
+@dataclass(frozen=True)
+class Fp8ScalingLab:
+    """The registered ``fp8_scaling_lab``: every recipe's error on one linear layer's tensors after
+    ``steps`` FP32 steps (``lab``) and the outlier-channel sweep over its activation (``sweep``), with
+    ``block``-sized tiles."""
+
+    layer: str
+    steps: int
+    block: int
+    lab: ScalingLab
+    sweep: OutlierSweep
+
+
+def scaling_lab_study(tensors: LinearTensors, block: int) -> Fp8ScalingLab:
+    """:func:`scaling_lab` with :func:`lab_recipes` on the activation, weight and output gradient, and
+    :func:`outlier_sweep` with :func:`sweep_recipes` on the activation."""
+    named = {"activation": tensors.activation, "weight": tensors.weight, "gradient": tensors.grad_output}
+    return Fp8ScalingLab(tensors.layer, tensors.steps, block, scaling_lab(named, lab_recipes(block)),
+                         outlier_sweep(tensors.activation, sweep_recipes(block)))
+
+
 @dataclass(frozen=True)
 class Fp8LinearSpeed:
     """Median seconds of one linear layer's forward + backward (``[n, n] @ [n, n]``) per implementation
