@@ -12,7 +12,7 @@ import torch
 
 from course_lib import experiments as E
 from course_lib.device import SizeProfile
-from course_lib.jsonable import to_jsonable
+from course_lib.jsonable import from_jsonable, to_jsonable
 from course_lib.results import Record, capture_provenance, load_record, load_records, save_record
 from course_lib.studies.bf16 import Parity, parity_from_dict
 from course_lib.studies.formats import training_magnitudes_from_dict
@@ -144,3 +144,24 @@ def test_fp8_scaling_lab_study_is_the_lessons_two_calls():
     assert study.sweep == S.outlier_sweep(tensors.activation, S.sweep_recipes(32))
     assert set(S.lab_recipes(32)) - set(S.sweep_recipes(32)) == {"no scaling (E4M3)", "per tensor, E5M2"}
     assert (S.lab_block(SMALL), S.lab_block(FULL)) == (32, 128)
+
+
+def test_mx_block_study_is_the_lessons_calls_on_one_set_of_tensors(monkeypatch):
+    from course_lib.studies import microscaling as S
+
+    g = torch.Generator().manual_seed(1)
+    act = torch.randn(32, 64, generator=g)
+    tensors = {"activation": act, "activation + outlier": S.with_outlier_channel(act)}
+    monkeypatch.setattr(S, "mx_lesson_tensors", lambda profile, device: tensors)
+    monkeypatch.setattr(S, "gradient_fidelity", lambda profile, device: "fidelity")
+    study = S.mx_block_study(SMALL, "cpu")
+    assert study.block_sizes == S.block_size_study(tensors, skip_columns=S.OUTLIER_SKIP)
+    assert _nan_equal(study.scale_choices["activation + outlier"], {
+        name: S.block_error(tensors["activation + outlier"], s, label=name, skip_columns=(0,))
+        for name, s in S.nvfp4_scale_choices().items()})
+    assert list(study.scale_modes) == ["e2m1", "e4m3"] and study.gradient_fidelity == "fidelity"
+    fid = S.GradientFidelity(("nvfp4",), 3, 2, (1, 2), {"nvfp4": (0.1, 0.2)}, {"nvfp4": (0.15, 0.12)})
+    study = dataclasses.replace(study, gradient_fidelity=fid)
+    back = from_jsonable(S.MxBlockStudy, json.loads(json.dumps(to_jsonable(study), allow_nan=False)))
+    assert json.dumps(to_jsonable(back)) == json.dumps(to_jsonable(study))   # nan-safe equality
+    assert isinstance(back.scale_modes["e2m1"], S.ModeComparison) and back.gradient_fidelity == fid

@@ -9,7 +9,6 @@ figure or table function draws the live run and the recorded one. Records are ne
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from .device import SizeProfile
 from .formats import TF32Check, tf32_matmul_check
 from .gradients import UNDERFLOW_FORMATS, summarize_underflow, underflow_table
 from .jsonable import from_jsonable, to_jsonable
-from .mx import BLOCK_RECIPES, block_error
+from .mx import BLOCK_RECIPES
 from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
@@ -36,16 +35,9 @@ from .studies.fp8 import (
     fp8_training,
     lab_block,
     scaling_lab_study,
-    with_outlier_channel,
 )
 from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
-from .studies.microscaling import (
-    block_scaled_training,
-    block_size_study,
-    compare_scale_modes,
-    gradient_fidelity,
-    nvfp4_scale_choices,
-)
+from .studies.microscaling import MxBlockStudy, block_scaled_training, mx_block_study
 from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
 from .studies.performance import (
     ThroughputStudy,
@@ -374,32 +366,13 @@ def _fp8_scaling_lab(profile: SizeProfile, device: torch.device, *, block: int) 
 
 # ---- lesson 8: microscaling -------------------------------------------------------------------------
 
-def mx_lesson_tensors(profile: SizeProfile, device: torch.device) -> dict[str, torch.Tensor]:
-    """The tensors lesson 8 quantises: the course model's ``blocks.0.out`` input activation, weight and
-    output gradient after FP32 training, and the activation with its channel 0 made 100x larger (an outlier
-    channel; measure the other channels with ``skip_columns={"activation + outlier": (0,)}``)."""
-    t = capture_linear_tensors(profile, device, layer="blocks.0.out")
-    return {"activation": t.activation, "weight": t.weight, "gradient": t.grad_output,
-            "activation + outlier": with_outlier_channel(t.activation)}
-
-
 @register("mx_block_study",
           "MX quantisation error against block size (E4M3 and E2M1 elements), the FP4 block-scale choices "
           "(E8M0, E4M3, with and without NVFP4's tensor scale), FLOOR against RCEIL scale selection, and each "
           "NVFP4 recipe piece's effect on the course model's gradient (lesson 8).",
-          result_type=dict[str, Any], legacy=_legacy_whole)
-def _mx_block_study(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    tensors = mx_lesson_tensors(profile, device)
-    skip: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
-    study = block_size_study(tensors, skip_columns=skip)
-    choices = {t: {name: dataclasses.asdict(block_error(x, s, label=name, skip_columns=skip.get(t, ())))
-                   for name, s in nvfp4_scale_choices().items()} for t, x in tensors.items()}
-    modes = {el: dataclasses.asdict(compare_scale_modes(tensors["activation"], element=el))
-             for el in ("e4m3", "e2m1")}
-    fidelity = gradient_fidelity(profile, device)
-    return {"block_sizes": {el: {t: {b: dataclasses.asdict(e) for b, e in d.items()} for t, d in v.items()}
-                            for el, v in study.errors.items()},
-            "scale_choices": choices, "scale_modes": modes, "gradient_fidelity": dataclasses.asdict(fidelity)}
+          result_type=MxBlockStudy)
+def _mx_block_study(profile: SizeProfile, device: torch.device) -> MxBlockStudy:
+    return mx_block_study(profile, device)
 
 
 @register("mx_training",

@@ -119,10 +119,8 @@ def _convert(tp: Any, data: Any, path: str) -> Any:
             return data
         raise _fail(path, "bool", data)
     if tp is int:
-        if isinstance(data, int) and not isinstance(data, bool):
+        if isinstance(data, int) and not isinstance(data, bool):   # 3.0 is not an int: JSON kept the type
             return data
-        if isinstance(data, float) and data.is_integer():
-            return int(data)
         raise _fail(path, "int", data)
     if tp is str:
         if isinstance(data, str):

@@ -27,7 +27,7 @@ from ..mx.blocks import (
 from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES
-from .fp8 import Fp8Training, seeded_curves, train_converted
+from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
 from .fp8_prose import BASELINE, loss_differences
 
 
@@ -87,7 +87,7 @@ class ModeComparison:
     blocks_differ: float
     errors: dict[str, QuantizationError]
     top_saturated: dict[str, float]
-    examples: tuple[dict[str, float], ...]
+    examples: tuple[dict[str, int | float], ...]   # exponents are ints, magnitudes floats
 
 
 def compare_scale_modes(x: torch.Tensor, *, element: str = "e2m1", block: int = 32,
@@ -165,6 +165,51 @@ class GradientFidelity:
     ks: tuple[int, ...]
     single: dict[str, tuple[float, ...]]
     averaged: dict[str, tuple[float, ...]]
+
+
+# the outlier channel of "activation + outlier" is left out of its measures: the other channels are the question
+OUTLIER_SKIP: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
+
+
+def mx_lesson_tensors(profile, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The tensors lesson 8 quantises: the course model's ``blocks.0.out`` input activation, weight and
+    output gradient after FP32 training, and the activation with its channel 0 made 100x larger (an outlier
+    channel; :data:`OUTLIER_SKIP` measures the other channels)."""
+    t = capture_linear_tensors(profile, device, layer="blocks.0.out")
+    return {"activation": t.activation, "weight": t.weight, "gradient": t.grad_output,
+            "activation + outlier": with_outlier_channel(t.activation)}
+
+
+def scale_choice_errors(tensors: Mapping[str, torch.Tensor], skip_columns: Mapping[str, tuple[int, ...]] = OUTLIER_SKIP
+                        ) -> dict[str, dict[str, QuantizationError]]:
+    """``[tensor][choice]``: :func:`~course_lib.mx.block_error` of every :func:`nvfp4_scale_choices` entry."""
+    return {t: {name: block_error(x, s, label=name, skip_columns=skip_columns.get(t, ()))
+                for name, s in nvfp4_scale_choices().items()} for t, x in tensors.items()}
+
+
+def scale_mode_comparisons(x: torch.Tensor, elements: Sequence[str] = ("e2m1", "e4m3")) -> dict[str, ModeComparison]:
+    """:func:`compare_scale_modes` of ``x`` for each element format."""
+    return {el: compare_scale_modes(x, element=el) for el in elements}
+
+
+@dataclass(frozen=True)
+class MxBlockStudy:
+    """The registered ``mx_block_study`` on :func:`mx_lesson_tensors` of ``layer``: error against block size,
+    the FP4 block-scale choices, FLOOR against RCEIL, and each NVFP4 piece's effect on the gradient."""
+
+    layer: str
+    block_sizes: BlockSizeStudy
+    scale_choices: dict[str, dict[str, QuantizationError]]
+    scale_modes: dict[str, ModeComparison]
+    gradient_fidelity: GradientFidelity
+
+
+def mx_block_study(profile, device: torch.device | str = "cpu") -> MxBlockStudy:
+    """Lesson 8's block studies, each as the lesson runs it, on one set of captured tensors."""
+    tensors = mx_lesson_tensors(profile, device)
+    return MxBlockStudy("blocks.0.out", block_size_study(tensors, skip_columns=OUTLIER_SKIP),
+                        scale_choice_errors(tensors), scale_mode_comparisons(tensors["activation"]),
+                        gradient_fidelity(profile, device))
 
 
 def _flat_grad(model: nn.Module) -> torch.Tensor:
