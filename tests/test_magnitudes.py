@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from course_lib.magnitudes import LOG2_LO, TENSOR_KINDS, log2_histogram
-from course_lib.studies.formats import measure_training_magnitudes, training_magnitudes_from_dict
+from course_lib.jsonable import from_jsonable
+from course_lib.studies.formats import TrainingMagnitudes, measure_training_magnitudes
 from course_lib.results import to_jsonable
 
 
@@ -46,7 +47,7 @@ def test_training_magnitudes_small(small_profile):
     assert w.total == n_params
     # Adam's second moment is a mean of squared gradients: far smaller than the gradients themselves
     assert result.histograms["Adam second moment"].quantile(0.5) < result.histograms["weight gradients"].quantile(0.5)
-    back = training_magnitudes_from_dict(to_jsonable(result))
+    back = from_jsonable(TrainingMagnitudes, to_jsonable(result))
     assert back.histograms == result.histograms and back.config == result.config
 
 
@@ -55,5 +56,5 @@ def test_training_magnitudes_bad_input(small_profile):
         measure_training_magnitudes("small")
     with pytest.raises(ValueError, match="steps"):
         measure_training_magnitudes(small_profile, steps=-1)
-    with pytest.raises(ValueError, match="not a TrainingMagnitudes record"):
-        training_magnitudes_from_dict({"histograms": {}})
+    with pytest.raises(ValueError, match="TrainingMagnitudes needs field 'steps'"):
+        from_jsonable(TrainingMagnitudes, {"histograms": {}})

@@ -21,17 +21,20 @@ def records(tmp_path_factory):
 
 
 def test_underflow_rows_roundtrip(records):
-    from course_lib.gradients import summary_markdown
-    from course_lib.studies.underflow import summary_rows_from_record
+    from course_lib.device import SizeProfile
+    from course_lib.studies.underflow import train_and_capture, underflow_statistics
 
     rec = records["underflow_statistics"]
     assert rec.parameters["max_steps"] == 6   # a capped run says so
-    rows = summary_rows_from_record(get_experiment("underflow_statistics").load(rec))
+    stats = get_experiment("underflow_statistics").load(rec)
+    rows = stats.summary_rows()
     assert [s.format for _, s in rows] == ["FP16", "BF16", "FP8 E4M3", "FP8 E5M2"] * 2
     assert [step for step, _ in rows] == [0] * 4 + [5] * 4
-    assert "| FP16 |" in summary_markdown(rows)
-    with pytest.raises(ValueError, match="not an underflow_statistics record"):
-        summary_rows_from_record({"captures": {"step_0": {}}})
+    # the same seed run again in this process gives the summaries the record holds, bit for bit
+    live = underflow_statistics(train_and_capture(SizeProfile("small", max_steps=6), "cpu"))
+    assert live.summary_rows() == rows and live.summary_rows("weight") == stats.summary_rows("weight")
+    with pytest.raises(ValueError, match="kind must be"):
+        stats.summary_rows("bias")
 
 
 def test_flight_recording_roundtrip(records):

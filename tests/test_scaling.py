@@ -242,12 +242,13 @@ def test_teaching_scaler_refuses_a_second_unscale_and_round_trips_its_state():
 
 def test_replay_and_flight_recording_bad_input():
     from course_lib.scaling import replay_scale_schedule
-    from course_lib.studies.loss_scaling import flight_recording_from_dict
+    from course_lib.jsonable import from_jsonable
+    from course_lib.studies.loss_scaling import FlightRecording
 
     with pytest.raises(ValueError, match="NaN not"):
         replay_scale_schedule([1.0, math.nan])
-    with pytest.raises(ValueError, match="expected a dict"):
-        flight_recording_from_dict("x")
+    with pytest.raises(ValueError, match="expected an object for FlightRecording"):
+        from_jsonable(FlightRecording, "x")
 
 
 @pytest.mark.parametrize("bad", [0.0, -4.0, math.inf])

@@ -18,7 +18,6 @@ import torch
 from .bench import matmul_sweep, measure_copy_bandwidth, measure_matmul, torch_timer_matmul_seconds
 from .device import SizeProfile
 from .formats import TF32Check, tf32_matmul_check
-from .gradients import UNDERFLOW_FORMATS, summarize_underflow, underflow_table
 from .jsonable import from_jsonable, to_jsonable
 from .mx import BLOCK_RECIPES
 from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
@@ -46,7 +45,7 @@ from .studies.performance import (
     profile_training_step,
     training_throughput,
 )
-from .studies.underflow import train_and_capture
+from .studies.underflow import UnderflowStatistics, train_and_capture, underflow_statistics
 from .train import runnable_recipes
 
 
@@ -184,17 +183,11 @@ def _tf32_matmul_rounding(profile: SizeProfile, device: torch.device, *, n: int)
 @register("underflow_statistics",
           "Per-format underflow/overflow fractions of the course model's activation and weight gradients, "
           "first and last step of FP32 training, per layer and overall (lesson 2).",
-          result_type=dict[str, Any], legacy=_legacy_whole)
-def _underflow_statistics(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    run = train_and_capture(profile, device)
-    values = {}
-    for step, cap in run.captures.items():
-        values[f"step_{step}"] = {
-            "overall": {kind: {f: summarize_underflow(cap.all_values(kind), f) for f in UNDERFLOW_FORMATS}
-                        for kind in ("activation", "weight")},
-            "per_layer_activation": [{"layer": name, "summary": s} for name, s in underflow_table(cap)],
-        }
-    return {"losses": run.losses, "captures": values}
+          result_type=UnderflowStatistics,
+          legacy=lambda parameters, values: {"losses": values["losses"], "steps": {
+              key.split("_", 1)[1]: data for key, data in values["captures"].items()}})
+def _underflow_statistics(profile: SizeProfile, device: torch.device) -> UnderflowStatistics:
+    return underflow_statistics(train_and_capture(profile, device))
 
 
 @register("scaler_flight_recording",

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from .formats import FloatFormat, get_format, round_to_format
+from .tables import MarkdownTable, markdown_table
 
 UNDERFLOW_FORMATS = ("FP16", "BF16", "FP8 E4M3", "FP8 E5M2")
 
@@ -218,9 +219,8 @@ def summary_rows(captures: dict[int, GradientCapture], formats=UNDERFLOW_FORMATS
             for f in formats]
 
 
-def summary_markdown(rows: list[tuple[int, UnderflowSummary]]) -> str:
+def summary_markdown(rows: list[tuple[int, UnderflowSummary]]) -> MarkdownTable:
     """A Markdown table of :func:`summary_rows` (live or recorded)."""
-    head = ("| step | format | already zero | flushed to zero | subnormal | overflow |\n"
-            "|---|---|---|---|---|---|\n")
-    return head + "\n".join(f"| {step} | {s.format} | {s.zero:.2%} | {s.flushed:.2%} | {s.subnormal:.2%} | "
-                            f"{s.overflow:.2%} |" for step, s in rows) + "\n"
+    return markdown_table(("step", "format", "already zero", "flushed to zero", "subnormal", "overflow"),
+                          [(step, s.format, f"{s.zero:.2%}", f"{s.flushed:.2%}", f"{s.subnormal:.2%}",
+                            f"{s.overflow:.2%}") for step, s in rows])

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..tables import MarkdownTable, markdown_table
 from .codecs import FloatFormat, encode, get_format, list_formats, round_to_format
 
 
@@ -70,31 +71,25 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def properties_markdown(formats=None) -> str:
+def properties_markdown(formats=None) -> MarkdownTable:
     """A Markdown table of every derived property, one row per format (values from the registry)."""
     fmts = list_formats() if formats is None else [get_format(f) for f in formats]
-    head = ("| format | bits (S/E/M) | bias | max finite | min normal | min subnormal | epsilon "
-            "| decimal digits | binades | finite values | inf | NaN |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-    rows = []
-    for f in fmts:
-        rows.append(
-            f"| {f.name} | {f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits}) | {f.bias} "
-            f"| {_num(f.max_finite)} | {_num(f.min_normal)} | {_num(f.min_subnormal)} | {_num(f.epsilon)} "
-            f"| {f.decimal_digits:.2f} | {f.binades:.1f} | {f.n_finite_codes:,} "
-            f"| {'yes' if f.has_inf else 'no'} | {'yes' if f.has_nan else 'no'} |"
-        )
-    return head + "\n".join(rows) + "\n"
+    header = ("format", "bits (S/E/M)", "bias", "max finite", "min normal", "min subnormal", "epsilon",
+              "decimal digits", "binades", "finite values", "inf", "NaN")
+    return markdown_table(header, [
+        (f.name, f"{f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits})", f.bias, _num(f.max_finite),
+         _num(f.min_normal), _num(f.min_subnormal), _num(f.epsilon), f"{f.decimal_digits:.2f}",
+         f"{f.binades:.1f}", f"{f.n_finite_codes:,}", "yes" if f.has_inf else "no", "yes" if f.has_nan else "no")
+        for f in fmts])
 
 
-def explain_values_markdown(values, formats=None) -> str:
+def explain_values_markdown(values, formats=None) -> MarkdownTable:
     """A Markdown table of :func:`explain_value` for several numbers (the static explorer)."""
-    head = ("| number | format | bits (sign exponent mantissa) | stored value | relative error |\n"
-            "|---|---|---|---|---|\n")
     rows = []
     for v in values:
         for r in explain_value(v, formats):
             rel = "-" if math.isnan(r.rel_error) else f"{r.rel_error:.2e}"
             stored = "NaN" if math.isnan(r.stored) else _num(r.stored)
-            rows.append(f"| {_num(v)} | {r.format} | `{r.bits}` | {stored} | {rel} |")
-    return head + "\n".join(rows) + "\n"
+            rows.append((_num(v), r.format, f"`{r.bits}`", stored, rel))
+    return markdown_table(("number", "format", "bits (sign exponent mantissa)", "stored value", "relative error"),
+                          rows)

@@ -277,16 +277,6 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                          {sc: {n: lost[sc][n] for n in names} for sc in scales}, overflowed)
 
 
-def flight_recording_from_dict(data: dict) -> FlightRecording:
-    """Rebuild a :class:`FlightRecording` from a recorded ``scaler_flight_recording``'s ``values["recording"]``."""
-    if not isinstance(data, dict):
-        raise ValueError(f"not a scaler flight recording: expected a dict, got {type(data).__name__}")
-    try:
-        return FlightRecording(**{k: tuple(v) if isinstance(v, list) else v  # type: ignore[arg-type]
-                                  for k, v in data.items()})
-    except TypeError as exc:
-        raise ValueError(f"not a scaler flight recording: {exc}") from None
-
 
 def adam_update_change(scale: float = 1024.0, *, size: int = 1000, seed: int = 0, lr: float = 1e-3) -> float:
     """How much one Adam step's update changes when every gradient is multiplied by ``scale``.

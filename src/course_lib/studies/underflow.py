@@ -1,18 +1,31 @@
 """Lesson 2's studies: gradients captured over FP32 training, naive FP16 against FP32, and a BF16-trained model
-run in FP16."""
+run in FP16; and the facts, phrases, tables and errata the lesson's prose glues from them."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..data import BatchSampler, load_corpus
 from ..device import SizeProfile
-from ..formats import get_format
-from ..gradients import GradientCapture, UnderflowSummary, capture_gradients
+from ..formats import get_format, round_to_format
+from ..glue import Prose
+from ..gradients import (
+    UNDERFLOW_FORMATS,
+    GradientCapture,
+    UnderflowSummary,
+    capture_gradients,
+    summarize_underflow,
+    summary_markdown,
+    underflow_table,
+)
 from ..models import build_gpt, course_setup, gpt_config_for
-
+from ..overflow import MatmulOverflow, SoftmaxOverflow
+from ..results import RecordedResult, describe_records
+from ..tables import MarkdownTable, markdown_table
 
 @dataclass(frozen=True)
 class CapturedTraining:
@@ -144,17 +157,47 @@ def compare_naive_fp16(profile, device: torch.device | str = "cpu", *, steps: in
                                freeze(moments), freeze(sizes))
 
 
-def summary_rows_from_record(values: dict, kind: str = "activation") -> list[tuple[int, UnderflowSummary]]:
-    """The same rows from a recorded ``underflow_statistics`` experiment's ``values``."""
-    try:
-        rows = []
-        for key, data in sorted(values["captures"].items(), key=lambda kv: int(kv[0].split("_")[1])):
-            step = int(key.split("_")[1])
-            for summary in data["overall"][kind].values():
-                rows.append((step, UnderflowSummary(**summary)))
-        return rows
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"not an underflow_statistics record: {exc}") from None
+@dataclass(frozen=True)
+class LayerUnderflow:
+    """One layer's :class:`~course_lib.gradients.UnderflowSummary` in one format."""
+
+    layer: str
+    summary: UnderflowSummary
+
+
+@dataclass(frozen=True)
+class StepUnderflow:
+    """At one captured step: ``overall[kind][format]`` over all gradients of a kind (``"activation"``,
+    ``"weight"``), and per layer for the activation gradients."""
+
+    overall: dict[str, dict[str, UnderflowSummary]]
+    per_layer_activation: tuple[LayerUnderflow, ...]
+
+
+@dataclass(frozen=True)
+class UnderflowStatistics:
+    """The registered ``underflow_statistics``: the losses of the FP32 run and, per captured step, what each
+    format would do to its gradients (a record keeps these, not the gradients)."""
+
+    losses: tuple[float, ...]
+    steps: dict[int, StepUnderflow]
+
+    def summary_rows(self, kind: str = "activation") -> list[tuple[int, UnderflowSummary]]:
+        """``(step, summary)`` per step and format, as :func:`~course_lib.gradients.summary_rows` gives for a
+        live capture, for :func:`~course_lib.gradients.summary_markdown`."""
+        if kind not in ("activation", "weight"):
+            raise ValueError(f"kind must be 'activation' or 'weight', got {kind!r}")
+        return [(step, s) for step, data in sorted(self.steps.items()) for s in data.overall[kind].values()]
+
+
+def underflow_statistics(run: CapturedTraining) -> UnderflowStatistics:
+    """Every format's :func:`~course_lib.gradients.summarize_underflow` of a run's captured gradients."""
+    steps = {}
+    for step, cap in sorted(run.captures.items()):
+        overall = {kind: {f: summarize_underflow(cap.all_values(kind), f) for f in UNDERFLOW_FORMATS}
+                   for kind in ("activation", "weight")}
+        steps[step] = StepUnderflow(overall, tuple(LayerUnderflow(name, s) for name, s in underflow_table(cap)))
+    return UnderflowStatistics(tuple(run.losses), steps)
 
 
 @dataclass(frozen=True)
@@ -193,3 +236,232 @@ def bf16_model_in_fp16(channel_gain: float = 2.0**21, device: torch.device | str
         hook.remove()
     return ActivationOverflow(largest_bf16, float(loss_bf16.float()), float(loss_fp16.float()),
                               int((~torch.isfinite(logits16)).sum()), get_format("FP16").max_finite)
+
+
+# ---- facts and phrases for the lesson's prose -----------------------------------------------------------
+
+def capture_facts(run: CapturedTraining) -> dict[str, object]:
+    """Percent of all activation gradients that FP16 flushes to zero at the first and last captured steps
+    (``flush_first``, ``flush_last``); at the last step, the percent FP16 flushes, makes subnormal and keeps
+    normal (``late_flushed``, ``late_subnormal``, ``late_normal``) and the percent BF16, FP8 E4M3 and FP8
+    E5M2 flush (``late_*_flushed``); the steps trained (``n_steps``) and the last captured step."""
+    if not run.captures:
+        raise ValueError("the run captured no step")
+    first, last = min(run.captures), max(run.captures)
+    early = run.captures[first].all_values("activation")
+    late = run.captures[last].all_values("activation")
+    late_fp16 = summarize_underflow(late, "FP16")
+    return {
+        "flush_first": summarize_underflow(early, "FP16").flushed * 100,
+        "flush_last": late_fp16.flushed * 100,
+        "n_steps": len(run.losses),
+        "last_step": last,
+        "late_flushed": late_fp16.flushed * 100,
+        "late_subnormal": late_fp16.subnormal * 100,
+        "late_normal": late_fp16.normal * 100,
+        "late_e4m3_flushed": summarize_underflow(late, "FP8 E4M3").flushed * 100,
+        "late_bf16_flushed": summarize_underflow(late, "BF16").flushed * 100,
+        "late_e5m2_flushed": summarize_underflow(late, "FP8 E5M2").flushed * 100,
+    }
+
+
+def recorded_underflow_texts(records: Sequence[RecordedResult]) -> tuple[str, ...]:
+    """Markdown to show under the live table: the first recorded ``underflow_statistics`` run's table at full
+    size, when there is a record, then the records' provenance."""
+    texts = []
+    if records:
+        if not isinstance(records[0].result, UnderflowStatistics):
+            raise TypeError(f"expected recorded UnderflowStatistics, got {type(records[0].result).__name__}")
+        table = summary_markdown(records[0].result.summary_rows())
+        texts.append(f"The same experiment recorded at full size on **{records[0].label}**:\n\n{table}")
+    texts.append("Recorded GPU runs (`python -m course_lib.record underflow_statistics`):\n\n"
+                 + describe_records(records))
+    return tuple(texts)
+
+
+def layer_facts(capture: GradientCapture) -> dict[str, object]:
+    """For a capture of a stack of layers: percent of the first and the last layer's activation gradients
+    FP16 flushes to zero (``mlp_first_flushed``, ``mlp_last_flushed``) and the last layer's median
+    ``|gradient|`` over the first's (``mlp_ratio``)."""
+    acts = capture.of_kind("activation")
+    if not acts:
+        raise ValueError("the capture holds no activation gradient")
+    return {
+        "mlp_first_flushed": summarize_underflow(acts[0].values, "FP16").flushed * 100,
+        "mlp_last_flushed": summarize_underflow(acts[-1].values, "FP16").flushed * 100,
+        "mlp_ratio": float(acts[-1].values.abs().median() / acts[0].values.abs().median()),
+    }
+
+
+def value_span(values: Sequence[float], fmt: str, unit: str = "%", times: float = 100) -> Prose:
+    """``lo-hi`` of ``values`` times ``times``, each formatted with ``fmt``, then ``unit``; a single value
+    when both ends print the same (``"9.1%"``, ``"12.0-23.2%"``)."""
+    if not values:
+        raise ValueError("value_span needs at least one value")
+    lo, hi = (format(times * v, fmt) for v in (min(values), max(values)))
+    return Prose(f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}")
+
+
+def _check_window(naive: NaiveFP16Comparison, tail: int, early: int) -> None:
+    for name, value in (("tail", tail), ("early", early)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= naive.steps:
+            raise ValueError(f"{name} must be an int of steps in 1..{naive.steps}, got {value!r}")
+
+
+def naive_table(naive: NaiveFP16Comparison, *, tail: int, early: int) -> MarkdownTable:
+    """One row per seed: the final loss (mean of the last ``tail`` steps) in FP16 minus FP32; the means over
+    steps of the zero gradients, the updates rounded away (FP32 / FP16) and the underflowed second moments
+    (FP16), in percent; and the mean step over the learning rate during the first ``early`` steps."""
+    _check_window(naive, tail, early)
+    fp32, fp16 = naive.recipes
+    diffs = [b - a for a, b in zip(naive.final(fp32, tail), naive.final(fp16, tail))]
+    zero32, zero16 = (naive.mean_over_steps("zero_grad_fraction", k) for k in (fp32, fp16))
+    lost32, lost16 = (naive.mean_over_steps("unchanged_fraction", k) for k in (fp32, fp16))
+    v16 = naive.mean_over_steps("moment_underflow", fp16)
+    step32, step16 = (naive.mean_over_steps("update_size", k, first=early) for k in (fp32, fp16))
+    return markdown_table(
+        ["seed", "final loss, FP16 minus FP32", "zero gradients (FP32 / FP16)", "updates rounded away (FP32 / FP16)",
+         "Adam's second moment underflowed (FP16)", f"mean step / lr, first {early} steps (FP32 / FP16)"],
+        [(s, f"{d:+.3f}", f"{100 * z32:.1f}% / {100 * z16:.1f}%", f"{100 * u32:.3f}% / {100 * u16:.2f}%",
+          f"{100 * v:.0f}%", f"{a:.2f} / {b:.2f}")
+         for s, d, z32, z16, u32, u16, v, a, b in zip(naive.seeds, diffs, zero32, zero16, lost32, lost16, v16,
+                                                     step32, step16)])
+
+
+def naive_facts(naive: NaiveFP16Comparison, *, tail: int, early: int) -> dict[str, object]:
+    """What the naive FP16 comparison measured, under the names the prose glues: the steps, ``tail`` and
+    ``early`` windows and seeds; in how many seeds FP16 ended higher (``naive_worse``) and by how much
+    (``naive_diff_range``); the spans over seeds of the zero gradients, updates rounded away, underflowed
+    second moments and early step sizes (``*_range``); the steps of the first ``early`` at which FP16's loss
+    was below FP32's (``naive_lead``), the largest first-step gap (``naive_start_gap``) and the steps of
+    the whole run at which FP16 was below (``naive_below``); and the Adam ``eps`` both ran with."""
+    _check_window(naive, tail, early)
+    fp32, fp16 = naive.recipes
+    seeds = range(len(naive.seeds))
+    diffs = [b - a for a, b in zip(naive.final(fp32, tail), naive.final(fp16, tail))]
+    worse = sum(d > 0 for d in diffs)
+    lost32 = naive.mean_over_steps("unchanged_fraction", fp32)
+    lead = [sum(b < a for a, b in zip(naive.curves[fp32][i][:early], naive.curves[fp16][i][:early])) for i in seeds]
+    below = [sum(b < a for a, b in zip(naive.curves[fp32][i], naive.curves[fp16][i])) for i in seeds]
+    start_gap = max(abs(naive.curves[fp16][i][0] - naive.curves[fp32][i][0]) for i in seeds)
+    return {
+        "naive_steps": naive.steps,
+        "naive_tail": tail,
+        "naive_seeds": len(naive.seeds),
+        "naive_early": early,
+        "naive_eps": naive.adam_eps,
+        "naive_worse": Prose(f"in {'every one' if worse == len(diffs) else worse} of the {len(diffs)} seeds"),
+        "naive_diff_range": Prose(f"{min(diffs):+.3f} to {max(diffs):+.3f}"),
+        "zero32_range": value_span(naive.mean_over_steps("zero_grad_fraction", fp32), ".1f"),
+        "zero16_range": value_span(naive.mean_over_steps("zero_grad_fraction", fp16), ".1f"),
+        "lost16_range": value_span(naive.mean_over_steps("unchanged_fraction", fp16), ".2f"),
+        # below 1e-5 the three-decimal percentages would all print 0.000%
+        "lost32_range": Prose("under 0.001%") if max(lost32) < 1e-5 else value_span(lost32, ".3f"),
+        "v16_range": value_span(naive.mean_over_steps("moment_underflow", fp16), ".0f"),
+        "step32_range": value_span(naive.mean_over_steps("update_size", fp32, first=early), ".2f", "", 1),
+        "step16_range": value_span(naive.mean_over_steps("update_size", fp16, first=early), ".2f", "", 1),
+        "naive_lead": Prose(f"FP16's loss was below FP32's at {min(lead)} to {max(lead)} of the first {early} "
+                            "steps of each seed"),
+        "naive_start_gap": Prose(f"{start_gap:.3f}"),
+        "naive_below": Prose(f"and FP16's loss was below FP32's at {min(below)} to {max(below)} of the "
+                             f"{naive.steps} steps of a seed" if max(below) else
+                             "and FP16's loss was never below FP32's"),
+    }
+
+
+def installed_adam_defaults() -> tuple[float, float]:
+    """The installed torch's AdamW defaults ``(eps, beta2)``, read from an optimizer built with them."""
+    defaults = torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults
+    return defaults["eps"], defaults["betas"][1]
+
+
+def adam_underflow_facts(default_eps: float, beta2: float) -> dict[str, object]:
+    """Adam's default ``eps`` (``adam_default_eps``) and what FP16 stores for it (``eps_in_fp16``);
+    ``1 - beta2`` (``adam_one_minus_beta2``), and the ``|g|`` below which ``(1 - beta2) g**2``, the squared
+    gradient's share of the second moment, is below half FP16's smallest subnormal and rounds to zero
+    (``v_underflow_g``, and its log2)."""
+    if not default_eps > 0:
+        raise ValueError(f"default_eps must be positive, got {default_eps!r}")
+    if not 0 <= beta2 < 1:
+        raise ValueError(f"beta2 must lie in [0, 1), got {beta2!r}")
+    g_min = math.sqrt(get_format("FP16").min_subnormal / 2 / (1 - beta2))
+    return {
+        "adam_default_eps": default_eps,
+        "eps_in_fp16": float(round_to_format(torch.tensor([default_eps]), "FP16")[0]),
+        "adam_one_minus_beta2": round(1 - beta2, 12),
+        "v_underflow_g": g_min,
+        "v_underflow_log2": math.log2(g_min),
+    }
+
+
+def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
+    """FP16's largest value, the largest input whose ``exp`` FP16 holds, and the logits (Markdown)."""
+    return {"fp16_max": get_format("FP16").max_finite, "exp_limit": sm.largest_safe_exp_input,
+            "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits))}
+
+
+def matmul_table(mm: MatmulOverflow) -> MarkdownTable:
+    """The overflowing dot product's result in each precision it was computed in."""
+    return markdown_table(("computed in", "result"), [(k, f"{v:g}") for k, v in mm.results.items()])
+
+
+def matmul_facts(mm: MatmulOverflow) -> dict[str, object]:
+    """The dot product's length, its terms' value and its exact result."""
+    return {"mm_n": mm.n, "mm_value": mm.value, "mm_exact": mm.exact}
+
+
+def activation_overflow_facts(act: ActivationOverflow) -> dict[str, object]:
+    """The largest BF16 activation, the BF16 loss and the count of non-finite FP16 output logits."""
+    return {"act_bf16_max": act.largest_activation_bf16, "act_loss_bf16": act.loss_bf16,
+            "act_nonfinite": act.nonfinite_fp16_outputs}
+
+
+def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: float, overflow_from: float,
+                     stored_layer_norm_eps: float, random_max: float) -> list[tuple[str, str]]:
+    """The errata rows (claim, measured), from what FP16 stores for 1e-7, 1.2e-7, 65536 and 1e-5 (LayerNorm's
+    eps), the smallest value that overflows FP16 (``overflow_from``) and the largest ``|entry|`` of a
+    random 256 x 1024 by 1024 x 256 product (``random_max``)."""
+    fp16 = get_format("FP16")
+    if not (stored_1e7 > 0 and stored_1_2e7 > 0 and stored_layer_norm_eps > 0):
+        raise ValueError("FP16 stores 1e-7, 1.2e-7 and 1e-5 as positive numbers; got "
+                         f"{stored_1e7!r}, {stored_1_2e7!r} and {stored_layer_norm_eps!r}")
+    if not fp16.max_finite < overflow_from:
+        raise ValueError(f"overflow_from must exceed FP16's largest value, got {overflow_from!r}")
+    return [
+        ("1e-7 and 1.2e-7 become 0 in FP16.",
+         f"Both become the subnormal {stored_1e7:.4g} (FP16's subnormals are {fp16.min_subnormal:.3g} apart, so "
+         f"the two cannot be told apart: errors of {100 * abs(stored_1e7 - 1e-7) / 1e-7:.0f}% and "
+         f"{100 * abs(stored_1_2e7 - 1.2e-7) / 1.2e-7:.1f}%). FP16 flushes to zero only below half its smallest "
+         f"subnormal, {fp16.min_subnormal / 2:.3g}: they lose precision, not their existence."),
+        ("65536 fits in FP16 (it is close to the maximum).",
+         f"FP16's largest value is {fp16.max_finite:,.0f}; 65536 rounds to {stored_65536}, "
+         f"as does everything from {overflow_from:,.0f} (halfway to the next binade, a tie that rounds up) on."),
+        ("A 1024-wide matmul of unit values overflows FP16.",
+         f"A 1024-term sum of ones is 1,024. With random unit-variance inputs, sums grow like the square root of "
+         f"the width: the largest of 65,536 such dot products here is {random_max:.0f}, far below "
+         f"{fp16.max_finite:,.0f}. Overflow needs large values, as in the example above, not just width."),
+        ("LayerNorm's eps (1e-5) underflows in FP16.",
+         f"It is stored as {stored_layer_norm_eps:.5g}, a subnormal, not 0; and autocast runs `layer_norm` in "
+         "FP32 on CUDA ({doc}`04_amp`)."),
+    ]
+
+
+def exercise_facts(late: torch.Tensor) -> dict[str, object]:
+    """The exercises' answers from the late activation gradients ``late``: percent of the non-zero ones FP16
+    flushes as they are (``ex_flush_now``) and divided by 8 (``ex_flush_8x``, an 8 times larger batch); the
+    width ``K`` at which 4.5 standard deviations of a unit-variance ``K``-term sum reach FP16's maximum; and
+    FP16's smallest subnormal and half of it."""
+    if not isinstance(late, torch.Tensor) or not late.is_floating_point():
+        raise TypeError("late must be a floating-point tensor of gradients")
+    grads = late[late != 0].abs()
+    if grads.numel() == 0:
+        raise ValueError("late holds no non-zero gradient")
+    fp16 = get_format("FP16")
+    bigger_batch = grads / 8
+    return {
+        "ex_flush_now": 100 * float((grads < fp16.min_subnormal / 2).float().mean()),
+        "ex_flush_8x": 100 * float((bigger_batch < fp16.min_subnormal / 2).float().mean()),
+        "ex_sqrt_k": (fp16.max_finite / 4.5) ** 2,
+        "ex_fp16_tiny": fp16.min_subnormal,
+        "ex_fp16_half_tiny": fp16.min_subnormal / 2,
+    }

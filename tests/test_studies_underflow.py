@@ -1,0 +1,231 @@
+"""Lesson 2's facts, phrases, tables and errata, each computed from hand-built results with known numbers."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.glue import Prose
+from course_lib.gradients import GradientCapture, LayerGradient, UnderflowSummary
+from course_lib.overflow import MatmulOverflow, SoftmaxOverflow
+from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.studies import underflow as S
+from course_lib.tables import MarkdownTable
+
+
+def _layer(name: str, kind: str, index: int, values) -> LayerGradient:
+    t = torch.tensor(values, dtype=torch.float32)
+    return LayerGradient(name, kind, index, t, t.numel())
+
+
+# ---- captured gradients ----------------------------------------------------------------------------------
+
+def _run() -> S.CapturedTraining:
+    # weight gradients far below every format: they would change every fraction if they were counted
+    weights = _layer("fc", "weight", 0, [2.0**-30] * 4)
+    first = GradientCapture((_layer("fc", "activation", 0, [2.0**-26, 1.0, 1.0, 1.0]), weights), 3.0)
+    # FP16 flushes 2**-26 (below 2**-25), keeps 2**-20 subnormal; E4M3 flushes below 2**-10, E5M2 below 2**-17
+    last = GradientCapture((_layer("fc", "activation", 0, [2.0**-26, 2.0**-20]),
+                            _layer("head", "activation", 1, [2.0**-12, 1.0]), weights), 2.0)
+    return S.CapturedTraining(losses=(3.0, 2.75, 2.5, 2.25, 2.125, 2.0), captures={0: first, 5: last})
+
+
+def test_capture_facts_read_the_first_and_last_activation_gradients_in_each_format():
+    assert S.capture_facts(_run()) == {
+        "flush_first": 25.0, "flush_last": 25.0, "n_steps": 6, "last_step": 5,
+        "late_flushed": 25.0, "late_subnormal": 25.0, "late_normal": 50.0,
+        "late_e4m3_flushed": 75.0, "late_bf16_flushed": 0.0, "late_e5m2_flushed": 50.0,
+    }
+    with pytest.raises(ValueError, match="captured no step"):
+        S.capture_facts(S.CapturedTraining(losses=(1.0,), captures={}))
+
+
+def _provenance():
+    return Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abcdef", "3.12",
+                      compute_capability="9.0", cuda_version="13.0")
+
+
+PROVENANCE_LINE = ("- **NVIDIA H100 80GB HBM3 (sm 9.0)**: torch 2.11, CUDA 13.0, 2026-01-01T00:00:00+00:00, commit "
+                   "`abcdef`, command `cmd`")
+
+
+def test_recorded_underflow_texts_give_the_recorded_table_then_the_provenance():
+    summary = {"format": "FP16", "loss_scale": 1.0, "count": 4, "zero": 0.0, "flushed": 0.25, "subnormal": 0.5,
+               "overflow": 0.0}
+    stats = S.UnderflowStatistics((), {0: S.StepUnderflow({"activation": {"FP16": UnderflowSummary(**summary)}}, ())})
+    texts = S.recorded_underflow_texts([RecordedResult(Record("underflow_statistics", {}, {}, _provenance()), stats)])
+    assert texts == (
+        "The same experiment recorded at full size on **NVIDIA H100 80GB HBM3 (sm 9.0)**:\n\n"
+        "| step | format | already zero | flushed to zero | subnormal | overflow |\n|---|---|---|---|---|---|\n"
+        "| 0 | FP16 | 0.00% | 25.00% | 50.00% | 0.00% |\n",
+        "Recorded GPU runs (`python -m course_lib.record underflow_statistics`):\n\n" + PROVENANCE_LINE,
+    )
+
+
+def test_recorded_underflow_texts_without_a_record_say_so():
+    assert S.recorded_underflow_texts([]) == (
+        "Recorded GPU runs (`python -m course_lib.record underflow_statistics`):\n\n"
+        "*No recorded result for this experiment yet.*",)
+
+
+def test_layer_facts_compare_the_first_and_last_layer():
+    capture = GradientCapture((_layer("l0", "activation", 0, [2.0**-26, 1.0, 1.0, 1.0]),
+                               _layer("l0", "weight", 0, [8.0]),
+                               _layer("l1", "activation", 1, [2.0, 4.0, 4.0])), 1.0)
+    assert S.layer_facts(capture) == {"mlp_first_flushed": 25.0, "mlp_last_flushed": 0.0, "mlp_ratio": 4.0}
+    with pytest.raises(ValueError, match="no activation gradient"):
+        S.layer_facts(GradientCapture((_layer("l0", "weight", 0, [1.0]),), 1.0))
+
+
+# ---- naive FP16 ----------------------------------------------------------------------------------------------
+
+FP32, FP16 = "FP32", "FP16 (.half(), no scaling)"
+
+
+def _naive() -> S.NaiveFP16Comparison:
+    def per_seed(a, b):
+        return {FP32: a, FP16: b}
+
+    return S.NaiveFP16Comparison(
+        steps=4, seeds=(0, 1), adam_eps=1e-4,
+        curves=per_seed(((3.0, 2.5, 2.0, 1.5), (3.0, 2.0, 1.5, 1.0)),
+                        ((2.9, 2.6, 2.25, 1.75), (3.0, 2.5, 2.0, 1.5))),
+        zero_grad_fraction=per_seed(((0.125,) * 4, (0.125,) * 4), ((0.25,) * 4, (0.5,) * 4)),
+        unchanged_fraction=per_seed(((0.0,) * 4, (0.0,) * 4), ((0.03,) * 4, (0.0625,) * 4)),
+        moment_underflow=per_seed(((0.0,) * 4, (0.0,) * 4), ((0.5,) * 4, (0.25,) * 4)),
+        # the last two steps are outside the early window: counting them would move every mean
+        update_size=per_seed(((0.5, 0.5, 9.0, 9.0), (0.5, 0.5, 9.0, 9.0)), ((3.0, 3.0, 9.0, 9.0), (2.5, 2.5, 9.0, 9.0))),
+    )
+
+
+def test_naive_table_one_row_per_seed():
+    table = S.naive_table(_naive(), tail=2, early=2)
+    assert isinstance(table, MarkdownTable)
+    assert table == (
+        "| seed | final loss, FP16 minus FP32 | zero gradients (FP32 / FP16) | updates rounded away (FP32 / FP16) | "
+        "Adam's second moment underflowed (FP16) | mean step / lr, first 2 steps (FP32 / FP16) |\n"
+        "|---|---|---|---|---|---|\n"
+        "| 0 | +0.250 | 12.5% / 25.0% | 0.000% / 3.00% | 50% | 0.50 / 3.00 |\n"
+        "| 1 | +0.500 | 12.5% / 50.0% | 0.000% / 6.25% | 25% | 0.50 / 2.50 |\n")
+
+
+def test_naive_facts_summarise_the_seeds():
+    facts = S.naive_facts(_naive(), tail=2, early=2)
+    assert facts == {
+        "naive_steps": 4, "naive_tail": 2, "naive_seeds": 2, "naive_early": 2, "naive_eps": 1e-4,
+        "naive_worse": "in every one of the 2 seeds",
+        "naive_diff_range": "+0.250 to +0.500",
+        "zero32_range": "12.5%", "zero16_range": "25.0-50.0%",
+        "lost16_range": "3.00-6.25%", "lost32_range": "under 0.001%",
+        "v16_range": "25-50%", "step32_range": "0.50", "step16_range": "2.50-3.00",
+        "naive_lead": "FP16's loss was below FP32's at 0 to 1 of the first 2 steps of each seed",
+        "naive_start_gap": "0.100",
+        "naive_below": "and FP16's loss was below FP32's at 0 to 1 of the 4 steps of a seed",
+    }
+    assert all(isinstance(v, Prose) for k, v in facts.items() if k.endswith(("_range", "_worse", "_lead", "_gap",
+                                                                               "_below")))
+
+
+def test_naive_facts_other_branches():
+    naive = _naive()
+    # seed 1's FP16 run now ends below FP32 and is never above it; FP32 leaves 0.1% of updates unchanged
+    curves = {FP32: naive.curves[FP32], FP16: (naive.curves[FP16][0], (2.5, 1.5, 1.0, 0.5))}
+    unchanged = {FP32: ((0.001,) * 4, (0.0,) * 4), FP16: naive.unchanged_fraction[FP16]}
+    facts = S.naive_facts(dataclasses.replace(naive, curves=curves, unchanged_fraction=unchanged), tail=2, early=2)
+    assert facts["naive_worse"] == "in 1 of the 2 seeds"
+    assert facts["lost32_range"] == "0.000-0.100%"
+    assert facts["naive_below"] == "and FP16's loss was below FP32's at 1 to 4 of the 4 steps of a seed"
+    never = {FP32: naive.curves[FP32], FP16: tuple(tuple(v + 1 for v in c) for c in naive.curves[FP32])}
+    facts = S.naive_facts(dataclasses.replace(naive, curves=never), tail=2, early=2)
+    assert facts["naive_below"] == "and FP16's loss was never below FP32's"
+    assert facts["naive_worse"] == "in every one of the 2 seeds"
+
+
+def test_naive_windows_must_lie_within_the_run():
+    with pytest.raises(ValueError, match="tail must be an int of steps in 1..4, got 0"):
+        S.naive_facts(_naive(), tail=0, early=2)
+    with pytest.raises(ValueError, match="early must be an int of steps in 1..4, got 5"):
+        S.naive_table(_naive(), tail=2, early=5)
+
+
+def test_value_span_prints_one_value_when_both_ends_agree():
+    assert S.value_span([0.091, 0.0912], ".1f") == "9.1%"
+    assert S.value_span([0.232, 0.12], ".1f") == "12.0-23.2%"
+    assert S.value_span([0.36], ".2f", "", 1) == "0.36"
+    with pytest.raises(ValueError, match="at least one value"):
+        S.value_span([], ".1f")
+
+
+def test_adam_underflow_facts():
+    assert S.installed_adam_defaults() == (1e-8, 0.999)
+    facts = S.adam_underflow_facts(1e-8, 0.999)
+    g = facts["v_underflow_g"]
+    assert facts == {"adam_default_eps": 1e-8, "eps_in_fp16": 0.0, "adam_one_minus_beta2": 0.001,
+                     "v_underflow_g": g, "v_underflow_log2": math.log2(g)}
+    # (1 - beta2) g**2 is half FP16's smallest subnormal at that g
+    assert 0.001 * g**2 == pytest.approx(2.0**-25, rel=1e-12)
+    assert S.adam_underflow_facts(1e-4, 0.999)["eps_in_fp16"] == float(np.float16(1e-4))
+    with pytest.raises(ValueError, match="beta2 must lie in"):
+        S.adam_underflow_facts(1e-8, 1.0)
+    with pytest.raises(ValueError, match="default_eps must be positive"):
+        S.adam_underflow_facts(0.0, 0.999)
+
+
+# ---- overflow ------------------------------------------------------------------------------------------------
+
+def test_softmax_matmul_and_activation_facts():
+    sm = SoftmaxOverflow((1.0, 2.5), (2.7, 12.2), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), 0.2, 0.2, 11.09)
+    assert S.softmax_facts(sm) == {"fp16_max": 65504.0, "exp_limit": 11.09, "sm_logits": "1, 2.5"}
+    mm = MatmulOverflow(4, 2.0, 16.0, {"FP32": 16.0, "FP16": math.inf})
+    assert S.matmul_table(mm) == "| computed in | result |\n|---|---|\n| FP32 | 16 |\n| FP16 | inf |\n"
+    assert S.matmul_facts(mm) == {"mm_n": 4, "mm_value": 2.0, "mm_exact": 16.0}
+    act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0)
+    assert S.activation_overflow_facts(act) == {"act_bf16_max": 200704.0, "act_loss_bf16": 5.59375,
+                                                "act_nonfinite": 12}
+
+
+# ---- errata and exercises --------------------------------------------------------------------------------------
+
+def _errata(**changes):
+    measured = dict(stored_1e7=2.0**-23, stored_1_2e7=2.0**-23, stored_65536=math.inf, overflow_from=65520.0,
+                    stored_layer_norm_eps=float(np.float16(1e-5)), random_max=131.6)
+    return S.underflow_errata(**{**measured, **changes})
+
+
+def test_underflow_errata_quote_the_measurements():
+    assert _errata() == [
+        ("1e-7 and 1.2e-7 become 0 in FP16.",
+         "Both become the subnormal 1.192e-07 (FP16's subnormals are 5.96e-08 apart, so the two cannot be told "
+         "apart: errors of 19% and 0.7%). FP16 flushes to zero only below half its smallest subnormal, 2.98e-08: "
+         "they lose precision, not their existence."),
+        ("65536 fits in FP16 (it is close to the maximum).",
+         "FP16's largest value is 65,504; 65536 rounds to inf, as does everything from 65,520 (halfway to the next "
+         "binade, a tie that rounds up) on."),
+        ("A 1024-wide matmul of unit values overflows FP16.",
+         "A 1024-term sum of ones is 1,024. With random unit-variance inputs, sums grow like the square root of the "
+         "width: the largest of 65,536 such dot products here is 132, far below 65,504. Overflow needs large values, "
+         "as in the example above, not just width."),
+        ("LayerNorm's eps (1e-5) underflows in FP16.",
+         "It is stored as 1.0014e-05, a subnormal, not 0; and autocast runs `layer_norm` in FP32 on CUDA "
+         "({doc}`04_amp`)."),
+    ]
+
+
+def test_underflow_errata_refuse_impossible_measurements():
+    with pytest.raises(ValueError, match="positive numbers"):
+        _errata(stored_1e7=0.0)
+    with pytest.raises(ValueError, match="overflow_from must exceed FP16's largest value"):
+        _errata(overflow_from=65504.0)
+
+
+def test_exercise_facts_shift_the_late_gradients_three_binades():
+    late = torch.tensor([0.0, 2.0**-26, 2.0**-24, 2.0**-20, 1.0])
+    # of the 4 non-zero values 2**-26 flushes (below 2**-25); divided by 8, 2**-24 joins it
+    assert S.exercise_facts(late) == {"ex_flush_now": 25.0, "ex_flush_8x": 50.0, "ex_sqrt_k": (65504 / 4.5) ** 2,
+                                      "ex_fp16_tiny": 2.0**-24, "ex_fp16_half_tiny": 2.0**-25}
+    with pytest.raises(ValueError, match="no non-zero gradient"):
+        S.exercise_facts(torch.zeros(3))
+    with pytest.raises(TypeError, match="floating-point tensor"):
+        S.exercise_facts(torch.tensor([1, 2]))
