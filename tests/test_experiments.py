@@ -14,8 +14,7 @@ from course_lib import experiments as E
 from course_lib.device import SizeProfile
 from course_lib.jsonable import from_jsonable, to_jsonable
 from course_lib.results import Record, capture_provenance, load_record, load_records, save_record
-from course_lib.studies.bf16 import Parity, parity_from_dict
-from course_lib.studies.performance import study_from_values
+from course_lib.studies.bf16 import Parity
 
 SMALL, FULL = SizeProfile("small"), SizeProfile("full")
 
@@ -72,15 +71,23 @@ def _nan_equal(a, b):
     return json.dumps(to_jsonable(a), sort_keys=True) == json.dumps(to_jsonable(b), sort_keys=True)
 
 
-@pytest.mark.parametrize("name, legacy", [
-    ("convergence_parity", lambda r: parity_from_dict(r.parameters, r.values)),
-    ("model_magnitudes", lambda r: r.values["magnitudes"]),          # stored as to_jsonable(result) already
-    ("scaler_flight_recording", lambda r: r.values["recording"]),
-    ("training_throughput", lambda r: study_from_values(r.parameters, r.values)),
-])
-def test_legacy_readers_give_what_the_hand_written_converters_gave(name, legacy):
-    (rec, *_) = load_records(name)
-    assert _nan_equal(E.get_experiment(name).load(rec), legacy(rec))
+def test_legacy_records_read_back_with_every_recorded_number():
+    """Version-1 records, read by the legacy readers, hold exactly the numbers their JSON holds."""
+    for name, key in (("model_magnitudes", "magnitudes"), ("scaler_flight_recording", "recording")):
+        (rec,) = E.recorded_results(name)
+        assert _nan_equal(rec.result, rec.record.values[key])
+    (parity,) = E.recorded_results("convergence_parity")
+    raw = parity.record.values
+    assert parity.result.recipes == tuple(raw["final_losses"]) and list(parity.result.seeds) == [0, 1, 2]
+    assert _nan_equal(parity.result.final_losses, raw["final_losses"]) and _nan_equal(parity.result.curves,
+                                                                                        raw["curves"])
+    (tp,) = E.recorded_results("training_throughput")
+    raw = tp.record.values
+    assert _nan_equal(tp.result.runs, raw["runs"]) and tp.result.flops_per_token == raw["flops_per_token"]
+    assert tp.result.peaks == raw["peaks"] and tp.result.peak_source == tp.record.parameters["peak_source"]
+    # the table the record stored is what the type computes (which has since gained a tokens/s range column)
+    for stored, computed in zip(raw["table"], to_jsonable(tp.result.table()), strict=True):
+        assert {k: computed[k] for k in stored} == stored
 
 
 def test_fp8_speed_and_monitor_overhead_records_read_back():

@@ -39,9 +39,12 @@ from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
 from .studies.microscaling import MxBlockStudy, block_scaled_training, mx_block_study
 from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
 from .studies.performance import (
+    MEMORY_RECIPES,
     ThroughputStudy,
     account_training_memory,
     activation_sweep,
+    activation_sweep_recipe,
+    activation_sweep_sizes,
     profile_training_step,
     training_throughput,
 )
@@ -245,7 +248,9 @@ def matmul_sweep_sizes(profile: SizeProfile) -> tuple[int, ...]:
 @register("matmul_throughput",
           "Square matmul throughput per dtype (FP32 with TF32 off, TF32, BF16, FP16, FP8 via _scaled_mm) over "
           "aligned and misaligned sizes, copy bandwidth, and a cross-check against "
-          "torch.utils.benchmark.Timer (lesson 6).", result_type=dict[str, Any], legacy=_legacy_whole)
+          "torch.utils.benchmark.Timer (lesson 6).", result_type=dict[str, Any],
+          legacy=lambda parameters, values: {"sizes": parameters["sizes"], "cross_check_n": parameters["cross_check_n"],
+                                             **values})
 def _matmul_throughput(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
     sizes = matmul_sweep_sizes(profile)
     sweep = matmul_sweep(device, sizes, budget_s=profile.pick(small=0.05, full=0.2))
@@ -261,7 +266,8 @@ def _matmul_throughput(profile: SizeProfile, device: torch.device) -> dict[str, 
                             "torch_timer_s": torch_timer_matmul_seconds(dtype, check_n, device,
                                                                         min_run_time=budget)}
     bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
-    return {"points": points, "skipped": sweep.skipped, "cross_check": cross, "copy_bandwidth_gbs": bandwidth}
+    return {"sizes": list(sizes), "cross_check_n": check_n, "points": points, "skipped": sweep.skipped,
+            "cross_check": cross, "copy_bandwidth_gbs": bandwidth}
 
 
 def _throughput_parameters(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
@@ -291,13 +297,8 @@ def _training_throughput(profile: SizeProfile, device: torch.device, **parameter
           "the allocator's peak for the step; activation bytes against batch and context (lesson 6).",
           result_type=dict[str, Any], legacy=_legacy_whole)
 def _training_memory(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    recipes = runnable_recipes(device, ("fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure",
-                                        "bf16_master"))
-    breakdowns = [account_training_memory(r, profile, device) for r in recipes]
-    low = "bf16_autocast" if "bf16_autocast" in recipes else "fp16_autocast_scaler"   # a V100 or T4: FP16
-    sweep = activation_sweep(low, profile, device,
-                             batches=profile.pick(small=(1, 2, 4, 8), full=(8, 16, 32, 64)),
-                             contexts=profile.pick(small=(16, 32, 64), full=(64, 128, 256)))
+    breakdowns = [account_training_memory(r, profile, device) for r in runnable_recipes(device, MEMORY_RECIPES)]
+    sweep = activation_sweep(activation_sweep_recipe(device), profile, device, **activation_sweep_sizes(profile))
     return {"breakdowns": breakdowns, "activation_sweep": sweep}
 
 

@@ -170,12 +170,3 @@ def convergence_parity(profile, device: torch.device | str = "cpu", *,
         finals[name] = tuple(values)
     return Parity(tuple(recipes), tuple(seeds), finals, curves)
 
-
-def parity_from_dict(parameters: dict, values: dict) -> Parity:
-    """Rebuild a :class:`Parity` from a recorded ``convergence_parity`` experiment."""
-    try:
-        finals = {k: tuple(v) for k, v in values["final_losses"].items()}
-        return Parity(tuple(finals), tuple(parameters["seeds"]), finals,
-                      {k: tuple(v) for k, v in values["curves"].items()})
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a convergence_parity record: {exc}") from None

@@ -11,13 +11,11 @@ from typing import Any, Sequence
 import torch
 
 from ..bench.matmul import capability_probe
-from ..bench.roofline import model_flops_per_token
+from ..bench.roofline import RooflineRow, model_flops_per_token, roofline_rows
 from ..data import BatchSampler
-from ..hardware import (
-    find_gpu_peaks,
-)
+from ..hardware import GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, saved_tensor_bytes, tensor_bytes
-from ..models import count_parameters, course_setup
+from ..models import GPTConfig, count_parameters, course_setup
 from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, train
 
 
@@ -104,6 +102,36 @@ class ThroughputStudy:
         """Per recipe, seconds to reach ``target`` for each seed (None where a run never did)."""
         return {recipe: [r.seconds_to_loss(target, window) for r in self.runs_of(recipe, compiled)]
                 for recipe in self.recipes()}
+
+    def target_loss(self, window: int = 5) -> float:
+        """The highest final loss of any eager run (the sum of its last ``window`` losses over ``window``),
+        so that every eager run reaches it: the target of :meth:`time_to_target`."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive int, got {window!r}")
+        finals = [sum(r.losses[-window:]) / window for r in self.runs if not r.compiled]
+        if not finals:
+            raise ValueError("the study has no eager run to take a target from")
+        return max(finals)
+
+    def eager_curves(self) -> dict[str, list[tuple[tuple[float, ...], tuple[float, ...]]]]:
+        """Per recipe, each eager run's (per-step wall seconds, per-step losses): loss against time."""
+        curves: dict[str, list[tuple[tuple[float, ...], tuple[float, ...]]]] = {}
+        for r in self.runs:
+            if not r.compiled:
+                curves.setdefault(r.recipe, []).append((r.step_seconds, r.losses))
+        return curves
+
+
+def roofline_speedups(config: GPTConfig, gpu: GPUPeaks, over: str, *, batch: int = 64) -> dict[str, RooflineRow]:
+    """The roofline's prediction, per operation of one block of a model shaped like ``config``, of BF16
+    (2-byte elements at ``gpu``'s BF16 peak) against ``over`` (a dtype of :data:`MATMUL_DTYPES` with 4-byte
+    elements, e.g. ``"tf32"`` or ``"fp32"``) on ``gpu``'s memory bandwidth, at ``batch`` sequences."""
+    high, low = gpu.peak(over), gpu.peak("bf16")
+    if high is None or low is None:
+        raise ValueError(f"the datasheet entry of {gpu.name} lacks a {over} or BF16 peak")
+    rows = roofline_rows(config.d_model, config.n_heads, config.context, batch, peak_high=high, peak_low=low,
+                         bandwidth_gbs=gpu.bandwidth_gbs)
+    return {r.name: r for r in rows}
 
 
 def recipe_matmul_dtype(recipe: str) -> str:
@@ -246,16 +274,22 @@ def profile_training_step(recipe: str, profile, device: torch.device | str = "cp
     return ProfiledStep(recipe, str(device), tuple(rows[:top]), total, cast)
 
 
-def study_from_values(parameters: dict, values: dict, device: str = "recorded") -> ThroughputStudy:
-    """Rebuild a :class:`ThroughputStudy` from a recorded ``training_throughput`` experiment."""
-    try:
-        runs = tuple(RecipeRun(r["recipe"], int(r["seed"]), bool(r["compiled"]), tuple(r["losses"]),
-                               tuple(r["step_seconds"]), int(r["tokens_per_step"]), int(r["warmup_steps"]),
-                               r.get("peak_memory_bytes")) for r in values["runs"])
-        return ThroughputStudy(device, runs, float(values["flops_per_token"]), dict(values["peaks"]),
-                               str(parameters.get("peak_source", "")))
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a training_throughput record: {exc}") from None
+
+# the recipes lesson 6 counts the memory of (those a device runs: train.runnable_recipes)
+MEMORY_RECIPES = ("fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure", "bf16_master")
+
+
+def activation_sweep_recipe(device: torch.device | str) -> str:
+    """The low-precision recipe of the activation sweep: BF16 autocast, or FP16 where the device has no BF16
+    (a V100 or T4)."""
+    return "bf16_autocast" if get_recipe("bf16_autocast").unsupported_reason(device) is None \
+        else "fp16_autocast_scaler"
+
+
+def activation_sweep_sizes(profile) -> dict[str, Any]:
+    """The batches and contexts of the activation sweep for ``profile``."""
+    return {"batches": profile.pick(small=(1, 2, 4, 8), full=(8, 16, 32, 64)),
+            "contexts": profile.pick(small=(16, 32, 64), full=(64, 128, 256))}
 
 
 def account_training_memory(recipe: str, profile, device: torch.device | str = "cpu", *,
@@ -324,6 +358,16 @@ class ActivationSweep:
         t = np.array([p[0] for p in pts], float)
         (a, c), *_ = np.linalg.lstsq(np.stack([t, t ** 2], 1), np.array([p[1] for p in pts], float), rcond=None)
         return float(c * t[-1] ** 2 / (a * t[-1] + c * t[-1] ** 2)), int(t[-1])
+
+    def checkpoint_ratio(self) -> float:
+        """At the largest (batch, context), plain activation bytes over checkpointed ones: how many times
+        less checkpointing every block keeps."""
+        largest = max(self.points, key=lambda p: (p[0], p[1]))
+        plain = [p[3] for p in self.points if p[:2] == largest[:2] and not p[2]]
+        ckpt = [p[3] for p in self.points if p[:2] == largest[:2] and p[2]]
+        if not plain or not ckpt or not ckpt[0]:
+            raise ValueError(f"the sweep lacks a plain and a non-empty checkpointed point at {largest[:2]}")
+        return plain[0] / ckpt[0]
 
 
 def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *,

@@ -1,0 +1,269 @@
+"""Lesson 5's facts, phrases, tables and errata rows, computed from the studies' results (studies.bf16)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..bf16 import Advice
+from ..formats import get_format, spacing
+from ..glue import Prose
+from ..hardware import GPUPeaks
+from ..tables import MarkdownTable, markdown_table
+from .bf16 import EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison
+
+REFERENCE = "FP32"
+MASTER = "BF16 + FP32 master weights"
+NEAREST = UPDATE_LABELS["nearest"]
+
+
+# ---- precision against range -------------------------------------------------------------------------
+
+def format_facts() -> dict[str, object]:
+    """BF16 against FP16 from the format tables: how much coarser BF16's epsilon is (``eps_ratio``), how
+    many more mantissa bits FP16 keeps, BF16's mantissa bits, and the range 1/2^(m+2) to 1/2^(m+1) (as the
+    denominators ``half_ulp_lo``, ``half_ulp_hi``) of an update, relative to the weight, that rounds away."""
+    bf16, fp16 = get_format("BF16"), get_format("FP16")
+    return {"eps_ratio": bf16.epsilon / fp16.epsilon,
+            "extra_bits": fp16.mantissa_bits - bf16.mantissa_bits,
+            "half_ulp_lo": 2 ** (bf16.mantissa_bits + 2),
+            "half_ulp_hi": 2 ** (bf16.mantissa_bits + 1),
+            "bf16_mantissa": bf16.mantissa_bits}
+
+
+def exercise_facts() -> dict[str, object]:
+    """The numbers of the exercises' solutions: BF16's spacing at 1.0 (just above and below) and at 256, the
+    learning rates below which an update of a weight at 1.0 rounds away (up and down), FP16's largest
+    finite value."""
+    spacing_1 = float(spacing(1.0, "BF16"))
+    return {"ex_spacing_1": spacing_1,
+            "ex_spacing_below_1": spacing_1 / 2,
+            "ex_lr_needed": spacing_1 / 2,
+            "ex_lr_down": spacing_1 / 4,
+            "ex_spacing_256": float(spacing(256.0, "BF16")),
+            "ex_fp16_max": get_format("FP16").max_finite}
+
+
+# ---- convergence over seeds --------------------------------------------------------------------------
+
+def parity_table(parity: Parity) -> MarkdownTable:
+    """Per recipe: the mean final loss over seeds, its sample standard deviation and each seed's value."""
+    return markdown_table(
+        ("recipe", "final loss, mean over seeds", "spread (std. dev.)", "per seed"),
+        [(f"`{r}`", f"{parity.mean(r):.4f}", f"{parity.spread(r):.4f}",
+          ", ".join(f"{v:.4f}" for v in parity.final_losses[r])) for r in parity.recipes])
+
+
+def parity_facts(parity: Parity) -> dict[str, object]:
+    """``parity_<recipe>``: each recipe's mean final loss; the number of seeds; the largest gap between two
+    recipes' means (``parity_max_gap``), the largest standard deviation over seeds (``parity_max_spread``)
+    and the largest difference of any recipe from FP32 with the same seed (``parity_max_paired``)."""
+    if "fp32" not in parity.final_losses:
+        raise ValueError("parity_facts compares against FP32: the parity study must include the 'fp32' recipe")
+    means = [parity.mean(r) for r in parity.recipes]
+    return {**{f"parity_{r}": parity.mean(r) for r in parity.recipes},
+            "parity_seeds": len(parity.seeds),
+            "parity_max_gap": max(means) - min(means),
+            "parity_max_spread": max(parity.spread(r) for r in parity.recipes),
+            "parity_max_paired": max(abs(a - b) for r in parity.recipes
+                                     for a, b in zip(parity.final_losses[r], parity.final_losses["fp32"]))}
+
+
+def finite_final_losses(parity: Parity) -> dict[str, list[float]]:
+    """Per recipe, the final losses of the seeds that ended finite (a NaN or infinite loss is left out)."""
+    return {r: [v for v in parity.final_losses[r] if math.isfinite(v)] for r in parity.recipes}
+
+
+def recorded_parity_table(parity: Parity) -> MarkdownTable:
+    """A recorded parity run, per recipe: how many seeds ended finite, the mean and the range (max - min)
+    of those seeds' final losses ("-" where there are none, or only one for the range)."""
+    finite = finite_final_losses(parity)
+    rows = []
+    for r in parity.recipes:
+        f = finite[r]
+        rows.append((f"`{r}`", f"{len(f)} of {len(parity.final_losses[r])}",
+                     f"{sum(f) / len(f):.4f}" if f else "-", f"{max(f) - min(f):.4f}" if len(f) > 1 else "-"))
+    return markdown_table(("recipe", "seeds that ended finite", "final loss, mean of those", "range"), rows)
+
+
+def fp16_behind_note(parity: Parity) -> Prose:
+    """The paragraph saying that FP16 without a scaler ended finite but behind FP32, when every finite seed
+    of it ended above every finite FP32 seed; empty otherwise (or when either has no finite seed)."""
+    finite = finite_final_losses(parity)
+    f32, f16 = finite.get("fp32"), finite.get("fp16_autocast_no_scaler")
+    if not f32 or not f16 or not min(f16) > max(f32):
+        return Prose("")
+    return Prose(f"At full size, FP16 without a scaler ended finite but behind: every seed's final loss "
+                 f"({min(f16):.3f} to {max(f16):.3f}) is above every FP32 seed's ({min(f32):.3f} to "
+                 f"{max(f32):.3f}). Unlike the short run above, this gap is larger than the spread; "
+                 "{doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a "
+                 "scale. Finishing finite is not finishing well.")
+
+
+def nan_seeds_note(parity: Parity) -> Prose:
+    """The paragraph naming the recipes that ended with a NaN (or infinite) loss in some seeds, and why a
+    loss scale cannot repair that; empty when every seed of every recipe ended finite."""
+    finite = finite_final_losses(parity)
+    failed = {r: len(parity.final_losses[r]) - len(finite[r]) for r in parity.recipes
+              if len(finite[r]) < len(parity.final_losses[r])}
+    if not failed:
+        return Prose("")
+    return Prose("At full size, " + ", ".join(f"`{r}` ended with a NaN loss in {n} of {len(parity.seeds)} seeds"
+                                              for r, n in failed.items())
+                 + ". The loss itself became NaN, so the forward pass produced non-finite values in FP16; a "
+                 "loss scale acts on the backward pass only and cannot repair that ({doc}`03_loss_scaling` "
+                 "shows the recorded scale collapsing after it). BF16 has the range to avoid it.")
+
+
+def recorded_parity_note(parity: Parity, label: str) -> Prose:
+    """A recorded parity run on ``label`` (the hardware): its table, then the notes that apply to it."""
+    parts = [f"On **{label}**:\n\n" + recorded_parity_table(parity).rstrip("\n"),
+             fp16_behind_note(parity), nan_seeds_note(parity)]
+    return Prose("\n\n".join(p for p in parts if p))
+
+
+# ---- weight-update stagnation ------------------------------------------------------------------------
+
+def eval_gaps(updates: UpdateComparison) -> dict[str, list[float]]:
+    """Per update rule but FP32, each seed's held-out evaluation loss minus FP32's with the same seed."""
+    if REFERENCE not in updates.eval_losses:
+        raise ValueError(f"the update comparison has no {REFERENCE!r} run to compare against")
+    ref = updates.eval_losses[REFERENCE]
+    return {k: [b - a for a, b in zip(ref, updates.eval_losses[k])] for k in updates.recipes if k != REFERENCE}
+
+
+def update_gap_table(updates: UpdateComparison) -> MarkdownTable:
+    """Per update rule: each seed's evaluation loss minus FP32's, and the range of those differences."""
+    return markdown_table(("weights and update", "evaluation loss minus FP32's, per seed", "range"),
+                          [(k, ", ".join(f"{d:+.4f}" for d in v), f"{min(v):+.4f} to {max(v):+.4f}")
+                           for k, v in eval_gaps(updates).items()])
+
+
+def lost_update_shares(updates: UpdateComparison, tail: int = 10) -> list[float]:
+    """Per seed, the share of weights (0 to 1) whose non-zero update round-to-nearest lost, averaged over
+    the last ``tail`` steps."""
+    if isinstance(tail, bool) or not isinstance(tail, int) or tail < 1:
+        raise ValueError(f"tail must be a positive int, got {tail!r}")
+    return [sum(c[-tail:]) / tail for c in updates.lost_fraction[NEAREST]]
+
+
+def update_lead(gaps: dict[str, list[float]]) -> Prose:
+    """The opening sentence: round-to-nearest is the only rule apart from FP32 when every seed of it lies
+    above every other rule's seeds and no other rule has all its seeds on one side of FP32."""
+    others = [k for k in gaps if k != NEAREST]
+    separates = min(gaps[NEAREST]) > max(max(gaps[k]) for k in others)
+    apart = [k for k in others if min(gaps[k]) > 0 or max(gaps[k]) < 0]    # every seed on one side of FP32
+    return Prose("Only plain round-to-nearest separates from FP32." if separates and not apart else
+                 "Round-to-nearest separates from FP32 most clearly.")
+
+
+def separation_phrase(gaps: dict[str, list[float]]) -> Prose:
+    """Whether every seed of round-to-nearest lies above every seed of the other rules."""
+    others = [k for k in gaps if k != NEAREST]
+    separates = min(gaps[NEAREST]) > max(max(gaps[k]) for k in others)
+    return Prose("every seed of it lies above every seed of the other three" if separates else
+                 "its seeds overlap those of the others")
+
+
+def others_note(gaps: dict[str, list[float]]) -> Prose:
+    """Each repair's largest distance from FP32 over seeds, against round-to-nearest's smallest gap, and
+    whether the repairs' ranges over seeds all overlap."""
+    others = [k for k in gaps if k != NEAREST]
+    worst = {k: max(abs(d) for d in gaps[k]) for k in others}
+    overlap = all(min(gaps[a]) <= max(gaps[b]) for a in others for b in others)
+    return Prose("; ".join(f"{k.replace('BF16, ', '').replace('BF16 + ', '')} within {v:.4f}"
+                           for k, v in worst.items())
+                 + f" in every seed: small against round-to-nearest's gap of at least {min(gaps[NEAREST]):.3f}"
+                 + (", and their ranges over seeds overlap" if overlap else ""))
+
+
+def update_facts(updates: UpdateComparison, tail: int = 10) -> dict[str, object]:
+    """The stagnation section's numbers and phrases: the run's settings, the master-weight run's training
+    loss against FP32's over the last ``tail`` steps, the loss level and BF16's spacing there, the share of
+    lost updates, and round-to-nearest's and the repairs' evaluation gaps from FP32."""
+    for label in (REFERENCE, MASTER, NEAREST):
+        if label not in updates.curves:
+            raise ValueError(f"the update comparison has no {label!r} run")
+    gaps = eval_gaps(updates)
+    others = [k for k in gaps if k != NEAREST]
+    if not others:
+        raise ValueError("the update comparison needs at least one rule besides round-to-nearest")
+    train_gap = [b - a for a, b in zip(updates.final(REFERENCE, tail), updates.final(MASTER, tail))]
+    final_master = updates.final(MASTER, tail)
+    loss_level = sum(final_master) / len(final_master)
+    lost = lost_update_shares(updates, tail)
+    return {
+        "eval_batches": EVAL_BATCHES,
+        "upd_lr": updates.lr, "upd_steps": updates.steps, "upd_tail": tail, "upd_seeds": len(updates.seeds),
+        "train_gap_master": Prose(f"{min(train_gap):+.4f} to {max(train_gap):+.4f}"),
+        "loss_level": loss_level,
+        "bf16_spacing_at_loss": Prose(f"1/{1 / float(spacing(loss_level, 'BF16')):.0f}"),
+        "lost_nearest": Prose(f"{100 * min(lost):.1f}-{100 * max(lost):.1f}%"),
+        "gap_nearest": Prose(f"{min(gaps[NEAREST]):+.3f} to {max(gaps[NEAREST]):+.3f}"),
+        "gap_others": Prose(f"{min(min(gaps[k]) for k in others):+.4f} to "
+                            f"{max(max(gaps[k]) for k in others):+.4f}"),
+        "upd_lead": update_lead(gaps),
+        "upd_separates": separation_phrase(gaps),
+        "upd_others_note": others_note(gaps),
+    }
+
+
+# ---- a BF16 model fine-tuned in FP16 -----------------------------------------------------------------
+
+def finetune_table(ft: FP16FineTune) -> MarkdownTable:
+    """Per step of the fine-tuning: the loss, the loss scale and whether the step was skipped."""
+    return markdown_table(("step", "loss", "scale", "skipped"),
+                          [(i, f"{loss}", f"{scale:g}", f"{skipped}")
+                           for i, (loss, scale, skipped) in enumerate(zip(ft.losses, ft.scales, ft.skipped))])
+
+
+def finetune_facts(ft: FP16FineTune) -> dict[str, object]:
+    """Steps run, steps skipped, and the loss scale at the first and the last step."""
+    return {"ft_steps": len(ft.losses), "ft_skipped": sum(ft.skipped),
+            "ft_scale_first": ft.scales[0], "ft_scale_last": ft.scales[-1]}
+
+
+def finetune_comparison_table(fp16: FP16FineTune, bf16: FP16FineTune) -> MarkdownTable:
+    """The loss per step of the FP16 fine-tuning beside the BF16 one (same weights and batches)."""
+    if len(fp16.losses) != len(bf16.losses):
+        raise ValueError(f"the runs have {len(fp16.losses)} and {len(bf16.losses)} steps; compare equal runs")
+    return markdown_table(("step", "loss, FP16 + GradScaler", "loss, BF16 autocast"),
+                          [(i, f"{a}", f"{b:.3f}") for i, (a, b) in enumerate(zip(fp16.losses, bf16.losses))])
+
+
+def bf16_fix_facts(fixed: FP16FineTune) -> dict[str, object]:
+    """How many steps of the BF16 fine-tuning had a finite loss, and its first and last loss."""
+    return {"fix_finite": sum(1 for v in fixed.losses if math.isfinite(v)),
+            "fix_first": fixed.losses[0], "fix_last": fixed.losses[-1]}
+
+
+# ---- which format on which device, errata ------------------------------------------------------------
+
+def advice_table(advice: Sequence[Advice]) -> MarkdownTable:
+    """One row per device: the recipe to train with, why, and what else it offers ("-": nothing)."""
+    return markdown_table(("device", "train with", "why", "also available"),
+                          [(a.device, f"`{a.recipe}`", a.why, ", ".join(a.also) or "-") for a in advice])
+
+
+def bf16_errata_rows(rtx3090: GPUPeaks, advice_3090: Advice, ft: FP16FineTune, updates: UpdateComparison,
+                     tail: int = 10) -> list[tuple[str, str]]:
+    """Lesson 5's errata, (claim, what was measured) pairs: the RTX 3090's BF16 and FP16 rates from its
+    datasheet entry ``rtx3090`` and the course's advice for it, ``advice_3090``; the skipped steps of the FP16
+    fine-tuning ``ft``; the share of updates plain BF16 lost over the last ``tail`` steps of ``updates``."""
+    bf16_peak, fp16_peak = rtx3090.peak("bf16"), rtx3090.peak("fp16")
+    if bf16_peak is None or fp16_peak is None:
+        raise ValueError(f"the datasheet entry of {rtx3090.name} lacks its BF16 or FP16 peak")
+    lost = lost_update_shares(updates, tail)
+    return [
+        ("An RTX 3090 should train in FP16; BF16 is for the A100 and H100.",
+         f"The {rtx3090.name} has compute capability {rtx3090.compute_capability}, with BF16 tensor cores at the same "
+         f"dense rate as FP16 ({bf16_peak:g} against {fp16_peak:g} TFLOP/s with FP32 "
+         f"accumulation); the course's rule gives `{advice_3090.recipe}` for it."),
+        ("A BF16 model can be fine-tuned in FP16 with a GradScaler.",
+         f"Not when its activations exceed FP16's range: all {sum(ft.skipped)} of {len(ft.losses)} steps were "
+         f"skipped above, while BF16 autocast trained every step."),
+        ("Pure BF16 training (no FP32 copy of the weights) loses nothing.",
+         f"At this learning rate {100 * min(lost):.1f}-{100 * max(lost):.1f}% of the weights did "
+         f"not change at a step (average over the last {tail} steps) although their update was not zero; see the "
+         f"stagnation section."),
+    ]

@@ -1,0 +1,443 @@
+"""Lesson 6's facts, phrases, tables and errata rows, computed from the measurements and studies' results
+(studies.performance, course_lib.bench) and from the recorded GPU runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ..bench import (
+    DTYPE_LABELS,
+    CPUPeakEstimate,
+    MatmulPoint,
+    MatmulSweep,
+    OpCost,
+    RooflineRow,
+    matmul_flops,
+    model_flops_per_token,
+    sweep_from_values,
+)
+from ..glue import Prose
+from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
+from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_memory
+from ..models import GPTConfig
+from ..results import RecordedResult, describe_records
+from ..tables import MarkdownTable, markdown_table
+from .performance import ActivationSweep, ProfiledStep, ThroughputStudy
+
+
+def _ridge(gpu: GPUPeaks) -> float:
+    """FLOPs per byte at which ``gpu``'s BF16 peak meets its memory bandwidth."""
+    peak = gpu.peak("bf16")
+    if peak is None:
+        raise ValueError(f"the datasheet entry of {gpu.name} has no BF16 peak")
+    return peak * 1e3 / gpu.bandwidth_gbs
+
+
+# ---- timing a matrix product -------------------------------------------------------------------------
+
+def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[str, object]:
+    """The first of ``points`` (repeated measurements of one product): its size, median and quartiles (ms),
+    repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in %); and the
+    first median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase."""
+    if not points:
+        raise ValueError("timing_facts needs at least one measured point")
+    if not timer_seconds > 0:
+        raise ValueError(f"timer_seconds must be positive, got {timer_seconds!r}")
+    point = points[0]
+    t = point.timing
+    medians = [p.timing.median for p in points]
+    diff = 100 * (t.median / timer_seconds - 1)
+    return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
+            "t_repeats": t.repeats, "t_tflops": point.tflops,
+            "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians),
+            "t_runs_spread": 100 * (max(medians) / min(medians) - 1),
+            "t_vs_timer": Prose(f"{abs(diff):.1f}% {'higher' if diff >= 0 else 'lower'}")}
+
+
+def recorded_cross_check(record: RecordedResult) -> Prose:
+    """A recorded ``matmul_throughput`` run's check of the harness against ``torch.utils.benchmark.Timer``:
+    per dtype, both medians (ms) and how far apart they are."""
+    cross = record.result["cross_check"]
+    table = markdown_table(
+        ("dtype", "harness median (ms)", "torch Timer median (ms)", "harness against Timer"),
+        [(d, f"{1e3 * c['harness_s']:.4f}", f"{1e3 * c['torch_timer_s']:.4f}",
+          f"{100 * (c['harness_s'] / c['torch_timer_s'] - 1):+.1f}%") for d, c in cross.items()])
+    return Prose(f"Recorded on **{record.label}** at n = {record.result['cross_check_n']}:\n\n" + table)
+
+
+# ---- matrix-multiply throughput per dtype ------------------------------------------------------------
+
+def measured_tflops(sweep: MatmulSweep) -> dict[str, dict[int, float]]:
+    """``{dtype: {n: TFLOP/s}}`` of the dtypes the sweep ran, in :data:`MATMUL_DTYPES` order."""
+    return {d: sweep.tflops(d) for d in MATMUL_DTYPES if sweep.tflops(d)}
+
+
+def matmul_panels(sweep: MatmulSweep, live_title: str,
+                  record: RecordedResult | None = None) -> tuple[dict[str, dict], dict[str, dict[str, float]]]:
+    """The panels of the throughput figure (title to ``{dtype: {n: TFLOP/s}}``): the live sweep under
+    ``live_title`` and, given a recorded ``matmul_throughput`` run, the recorded one; with the datasheet
+    peaks (TFLOP/s per dtype) of the recorded GPU where the datasheet table knows it."""
+    panels: dict[str, dict] = {live_title: measured_tflops(sweep)}
+    peaks: dict[str, dict[str, float]] = {}
+    if record is not None:
+        title = f"recorded: {record.label}"
+        panels[title] = sweep_from_values(record.result["points"])
+        entry = find_gpu_peaks(record.provenance.device_name)
+        if entry:
+            peaks[title] = {d: p for d in MATMUL_DTYPES if (p := entry.peak(d))}
+    return panels, peaks
+
+
+def cpu_estimate_sentence(estimate: CPUPeakEstimate | None, best_fp32_tflops: float | None) -> Prose:
+    """The CPU's FP32 peak estimated from cores, clock and FMA units, and the share of it the best FP32
+    product reached; empty without an estimate (a GPU, or a CPU whose clock cannot be read)."""
+    if estimate is None:
+        return Prose("")
+    if best_fp32_tflops is None:
+        raise ValueError("an FP32 throughput is needed to compare with the CPU's estimated peak")
+    return Prose(f"A CPU has no datasheet figure here; cores x clock x FLOPs per cycle ({estimate.cores} x "
+                 f"{estimate.clock_ghz:.2f} GHz x {estimate.flops_per_cycle}, assuming {estimate.fma_units} FMA "
+                 f"units of {estimate.vector_lanes} FP32 lanes) estimates its FP32 peak at {estimate.tflops:.2f} "
+                 f"TFLOP/s, and the best FP32 product here reached {100 * best_fp32_tflops / estimate.tflops:.0f}% "
+                 "of that estimate.")
+
+
+def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEstimate | None) -> dict[str, object]:
+    """The sweep at its largest multiple of 8 (``live_big``) and its largest size that is not one
+    (``live_odd``): FP32's TFLOP/s at both, BF16's and FP16's throughput over FP32's at ``live_big``; the
+    CPU estimate's sentence; the dtypes not run, and why."""
+    live = measured_tflops(sweep)
+    missing = [d for d in ("fp32", "bf16", "fp16") if d not in live]
+    if missing:
+        raise ValueError(f"the sweep did not run {', '.join(missing)}; its facts compare BF16 and FP16 with FP32")
+    aligned, misaligned = [n for n in sizes if n % 8 == 0], [n for n in sizes if n % 8]
+    if not aligned or not misaligned:
+        raise ValueError(f"sizes need a multiple of 8 and a size that is not one, got {tuple(sizes)}")
+    big, odd = max(aligned), max(misaligned)
+    skipped = "; ".join(f"{DTYPE_LABELS[d]} ({why})" for d, why in sweep.skipped.items()) or "none"
+    return {"live_big": big, "live_odd": odd,
+            "live_fp32_big": live["fp32"][big], "live_fp32_odd": live["fp32"][odd],
+            "live_bf16_ratio": live["bf16"][big] / live["fp32"][big],
+            "live_fp16_ratio": live["fp16"][big] / live["fp32"][big],
+            "cpu_estimate": cpu_estimate_sentence(estimate, sweep.best("fp32")),
+            "skipped": Prose(skipped)}
+
+
+def recorded_matmul_note(record: RecordedResult) -> Prose:
+    """What a recorded ``matmul_throughput`` sweep shows: BF16 at its largest size (against the datasheet
+    peak where known, and against FP32), FP8 there, the cost of one element less than the largest aligned
+    size with a misaligned neighbour, and the smallest size; then the record's provenance."""
+    g = sweep_from_values(record.result["points"])
+    entry = find_gpu_peaks(record.provenance.device_name)
+    bf16, fp32 = g["bf16"], g["fp32"]
+    top, small = max(bf16), min(bf16)
+    aligned = max(n for n in bf16 if n % 8 == 0 and n - 1 in bf16)
+    first = f"On the recorded **{record.label}**, BF16 reaches {bf16[top]:.0f} TFLOP/s at n = {top}"
+    bf16_peak = entry.peak("bf16") if entry else None
+    if entry and bf16_peak:
+        first += f", {100 * bf16[top] / bf16_peak:.0f}% of the datasheet's dense {bf16_peak:g}"
+    first += f", {bf16[top] / fp32[top]:.1f} times FP32 with TF32 off ({fp32[top]:.1f} TFLOP/s)"
+    lines = [first]
+    if "fp8" in g and top in g["fp8"]:
+        fp8 = g["fp8"][top]
+        fp8_peak = entry.peak("fp8") if entry else None
+        lines.append(f"FP8 reaches {fp8:.0f} TFLOP/s, {fp8 / bf16[top]:.2f} times BF16"
+                     + (f" and {100 * fp8 / fp8_peak:.0f}% of its dense peak" if fp8_peak else ""))
+    lines.append(f"One element less, n = {aligned - 1}, costs BF16 a factor of "
+                 f"{bf16[aligned] / bf16[aligned - 1]:.1f} ({bf16[aligned - 1]:.0f} against "
+                 f"{bf16[aligned]:.0f} TFLOP/s): tensor cores want dimensions in multiples of 8 (16 bytes)")
+    lines.append(f"At n = {small}, BF16 gives {bf16[small]:.1f} TFLOP/s against FP32's "
+                 f"{fp32[small]:.1f}: a small product is launch-bound, and a faster dtype buys little")
+    return Prose(". ".join(lines) + ".\n\n" + describe_records([record]))
+
+
+# ---- the roofline --------------------------------------------------------------------------------------
+
+def roofline_ceilings(sweep: MatmulSweep, bandwidth_gbs: float,
+                      device_type: str) -> dict[str, tuple[float, float]]:
+    """The roofline figure's ceilings, label to (TFLOP/s, GB/s): the H100's and the A100's datasheet BF16
+    peaks and bandwidths, and this device's best measured product with its measured copy bandwidth."""
+    live = measured_tflops(sweep)
+    if not live:
+        raise ValueError("the sweep measured no dtype")
+    h100, a100 = DATASHEET_PEAKS["H100 SXM5"], DATASHEET_PEAKS["A100 SXM4 80GB"]
+    best = max(v for d in live if (v := sweep.best(d)) is not None)
+    return {"H100 SXM5 BF16 (datasheet)": (h100.peak("bf16") or 0.0, h100.bandwidth_gbs),
+            "A100 BF16 (datasheet)": (a100.peak("bf16") or 0.0, a100.bandwidth_gbs),
+            f"this {device_type.upper()}, best measured": (best, bandwidth_gbs)}
+
+
+def roofline_facts(ops: Sequence[OpCost], bandwidth_gbs: float, gpu: GPUPeaks) -> dict[str, object]:
+    """This device's copy bandwidth (GB/s), ``gpu``'s BF16 ridge point (FLOPs per byte) and the operations
+    whose intensity lies below it (memory-bound there), in order."""
+    ridge = _ridge(gpu)
+    return {"bandwidth": bandwidth_gbs, "h100_ridge": ridge,
+            "memory_bound": Prose(", ".join(o.name for o in ops if o.intensity < ridge))}
+
+
+def speedup_table(vs_tf32: Mapping[str, RooflineRow], vs_fp32: Mapping[str, RooflineRow]) -> MarkdownTable:
+    """Per operation, the roofline's BF16 speed-up over TF32 and over FP32 and where each is bound."""
+    if set(vs_tf32) != set(vs_fp32):
+        raise ValueError("the two predictions must cover the same operations")
+    return markdown_table(
+        ("operation", "bound in BF16", "BF16 over TF32", "over FP32 (TF32 off)", "bound in FP32"),
+        [(name, r.bound_low, f"{r.speedup:.2f}x", f"{vs_fp32[name].speedup:.2f}x", vs_fp32[name].bound_high)
+         for name, r in vs_tf32.items()])
+
+
+def speedup_facts(vs_tf32: Mapping[str, RooflineRow], vs_fp32: Mapping[str, RooflineRow]) -> dict[str, object]:
+    """The largest predicted speed-up of an operation memory-bound in both dtypes (the optimizer step left
+    out: its state stays FP32), and the largest of any operation over TF32 and over FP32."""
+    both_memory = [r.speedup for r in vs_tf32.values() if r.bound_low == r.bound_high == "memory"
+                   and r.name != "AdamW step"]
+    if not both_memory:
+        raise ValueError("no operation is memory-bound in both dtypes")
+    return {"mem_speedup": max(both_memory),
+            "compute_speedup_fp32": max(r.speedup for r in vs_fp32.values()),
+            "compute_speedup_tf32": max(r.speedup for r in vs_tf32.values())}
+
+
+# ---- training throughput, time to a target -------------------------------------------------------------
+
+def _eager_rows(study: ThroughputStudy) -> dict[str, dict]:
+    rows = {row["recipe"]: row for row in study.table() if not row["compiled"]}
+    missing = [r for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler") if r not in rows]
+    if missing:
+        raise ValueError(f"the study has no eager run of {', '.join(missing)}")
+    return rows
+
+
+def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, object]:
+    """BF16's and FP16's token rate over FP32's (eager runs, median over seeds), FP32's MFU (%) and the peak
+    it is measured against, the number of seeds of the eager runs, and the caveat that fits where the study
+    ran (``on_gpu``) and whether it compiled."""
+    rows = _eager_rows(study)
+    fp32 = rows["fp32"]
+    if fp32["mfu"] is None:
+        raise ValueError("the study has no peak to measure FP32's MFU against")
+    compiled = any(r.compiled for r in study.runs)
+    if not on_gpu:
+        caveat = ("These are this machine's ratios only: a CPU has no tensor cores, and its ratios do not transfer "
+                  "to a GPU. The live runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
+                  "include it.")
+    elif compiled:
+        caveat = "The live runs include `torch.compile` (one seed per recipe, blue in the figure)."
+    else:
+        caveat = ("The live runs skip `torch.compile`; `python -m course_lib.record training_throughput` measures "
+                  "compiled runs too.")
+    return {"tp_seeds": len({r.seed for r in study.runs if not r.compiled}),
+            "live_bf16_speed": rows["bf16_autocast"]["tokens_per_s"] / fp32["tokens_per_s"],
+            "live_fp16_speed": rows["fp16_autocast_scaler"]["tokens_per_s"] / fp32["tokens_per_s"],
+            "live_fp32_mfu": 100 * fp32["mfu"],
+            "mfu_source": Prose(study.peak_source),
+            "throughput_caveat": Prose(caveat)}
+
+
+def recorded_throughput_note(record: RecordedResult) -> Prose:
+    """A recorded ``training_throughput`` run: BF16's speed-up and MFU in a sentence, a table of every
+    recipe, eager and compiled, and the record's provenance."""
+    study = record.result
+    if not isinstance(study, ThroughputStudy):
+        raise TypeError(f"expected a recorded ThroughputStudy, got {type(study).__name__}")
+    rows = {(r["recipe"], r["compiled"]): r for r in study.table()}
+    base, bf16 = rows.get(("fp32", False)), rows.get(("bf16_autocast", False))
+    if base is None or bf16 is None or bf16["mfu"] is None:
+        raise ValueError("the recorded study needs eager fp32 and bf16_autocast runs, with a BF16 peak")
+    table = markdown_table(
+        ("recipe", "compiled", "step (ms)", "tokens/s", "speed-up over FP32 eager", "MFU", "of peak (TFLOP/s)"),
+        [(recipe, "yes" if compiled else "no", f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+          f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
+          f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-",
+          f"{peak:g}" if (peak := study.peaks.get(recipe)) else "-")
+         for (recipe, compiled), r in rows.items()])
+    text = (f"Recorded on **{record.label}** at full size ({study.peak_source}; compiled runs: one "
+            f"seed). BF16 autocast runs {bf16['tokens_per_s'] / base['tokens_per_s']:.2f} times as many tokens "
+            f"per second as FP32, yet it uses only {100 * bf16['mfu']:.1f}% of the BF16 peak (each recipe's MFU "
+            f"is against the peak of its own dtype, last column): a model of this size keeps an H100 busy with "
+            f"launches and memory-bound operations, not with matrix products.")
+    return Prose(text + "\n\n" + table.rstrip("\n") + "\n\n" + describe_records([record]))
+
+
+def _time_ranges(times: Mapping[str, Sequence[float | None]]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for name, v in times.items():
+        reached = [s for s in v if s is not None]
+        if not reached or len(reached) < len(v):
+            raise ValueError(f"not every run of {name} reached the target")
+        out[name] = (min(reached), max(reached))
+    return out
+
+
+def time_to_target_facts(target: float, times: Mapping[str, Sequence[float | None]]) -> dict[str, object]:
+    """The target loss and, per recipe, the range over seeds of the seconds to reach it (every run must)."""
+    ranges = _time_ranges(times)
+    return {"target": target,
+            "ttt": Prose(", ".join(f"{name} {lo:.2f} to {hi:.2f} s" for name, (lo, hi) in ranges.items()))}
+
+
+def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:
+    """A recorded study's eager runs: per recipe whose every seed reached the study's target, the range of
+    seconds to reach it, and why compiled runs are left out."""
+    target = study.target_loss()
+    times = study.time_to_target(target)
+    parts = [f"{name}: {min(v):.1f} to {max(v):.1f} s" for name, v in _reached_ranges(times)]
+    return Prose(f"On the recorded GPU, to reach {target:.3f} (eager runs, range over three seeds): "
+                 + "; ".join(parts) + ". Compiled runs are left out here: their first steps include "
+                 "compilation, which a compile cache warmed by the previous recipe shortens, so their "
+                 "times to target are not comparable with each other.")
+
+
+def _reached_ranges(times: Mapping[str, Sequence[float | None]]) -> list[tuple[str, list[float]]]:
+    """The recipes whose every run reached the target, with their seconds."""
+    return [(name, [s for s in v if s is not None]) for name, v in times.items() if v and None not in v]
+
+
+# ---- where a step's time goes ------------------------------------------------------------------------
+
+def top_ops_table(steps: Mapping[str, ProfiledStep]) -> MarkdownTable:
+    """Per recipe, its profiled step's top operators: self time (ms) and calls."""
+    return markdown_table(("recipe", "operator", "self time (ms)", "calls"),
+                          [(r, f"`{name}`", f"{us / 1e3:.2f}", calls)
+                           for r, s in steps.items() for name, us, calls in s.top_ops])
+
+
+def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:
+    """The share (%) of operator time spent in casts, in FP32 and under BF16 autocast."""
+    for recipe in ("fp32", "bf16_autocast"):
+        if recipe not in steps:
+            raise ValueError(f"cast_facts needs a profiled {recipe} step")
+    return {"cast_fp32": 100 * steps["fp32"].cast_fraction, "cast_bf16": 100 * steps["bf16_autocast"].cast_fraction}
+
+
+def recorded_profile_note(record: RecordedResult) -> Prose:
+    """A recorded ``profiled_step`` run: each recipe's share of operator time in casts, its top three
+    operators, and the record's provenance."""
+    steps = record.result["steps"]
+    parts = [f"{s['recipe']} {100 * s['cast_us'] / s['total_us']:.1f}%" for s in steps]
+    tops = [f"{s['recipe']}: " + ", ".join(f"`{op[0]}`" for op in s["top_ops"][:3]) for s in steps]
+    return Prose(f"On the recorded **{record.label}** (CUDA time), casts take " + ", ".join(parts)
+                 + " of the operator time. Top three operators: " + "; ".join(tops) + ".\n\n"
+                 + describe_records([record]))
+
+
+# ---- memory --------------------------------------------------------------------------------------------
+
+def _by_recipe(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, MemoryBreakdown]:
+    by = {b.recipe: b for b in breakdowns}
+    missing = [r for r in ("fp32", "bf16_autocast", "bf16_pure", "bf16_master") if r not in by]
+    if missing:
+        raise ValueError(f"no memory breakdown of {', '.join(missing)}")
+    return by
+
+
+def memory_facts(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, object]:
+    """BF16 autocast's activations over FP32's, its weight copies (KiB), and the persistent bytes per
+    parameter of FP32, BF16 autocast, pure BF16 and BF16 with FP32 master weights."""
+    by = _by_recipe(breakdowns)
+    autocast = by["bf16_autocast"]
+    return {"act_ratio": autocast.components["activations"] / by["fp32"].components["activations"],
+            "copies_kib": autocast.components["autocast_weight_copies"] / 1024,
+            "bpp_fp32": by["fp32"].per_parameter(), "bpp_autocast": autocast.per_parameter(),
+            "bpp_pure": by["bf16_pure"].per_parameter(), "bpp_master": by["bf16_master"].per_parameter()}
+
+
+def recorded_memory_note(record: RecordedResult) -> Prose:
+    """A recorded ``training_memory`` run: per recipe the counted bytes against the allocator's peak (MiB),
+    what the count leaves out, and the record's provenance."""
+    rows = []
+    for b in record.result["breakdowns"]:
+        counted = sum(b["components"].values())
+        peak = b["measured_peak_bytes"]
+        rows.append((b["recipe"], f"{counted / 2**20:,.0f}", f"{peak / 2**20:,.0f}", f"{peak / counted:.2f}"))
+    table = markdown_table(("recipe", "counted (MiB)", "allocator peak (MiB)", "peak over counted"), rows)
+    return Prose(f"Recorded on **{record.label}** at full size: the counted bytes against "
+                 "`torch.cuda.max_memory_allocated` for the step. The peak is higher by what the count "
+                 "leaves out: temporaries such as the logits' gradient, the allocator's rounding and "
+                 "workspaces of the matrix libraries.\n\n" + table.rstrip("\n") + "\n\n" + describe_records([record]))
+
+
+def persistent_memory_table(recipes: Sequence[str], parameter_counts: Sequence[float]) -> MarkdownTable:
+    """Per recipe, the persistent bytes per parameter with AdamW and the GB they come to for each of
+    ``parameter_counts`` (activations excluded)."""
+    return markdown_table(
+        ("recipe", "bytes per parameter", *(f"{n / 1e9:g}B params (GB)" for n in parameter_counts)),
+        [(r, sum(bytes_per_parameter(r).values()),
+          *(f"{estimate_training_memory(n, r)['total'] / 1e9:,.0f}" for n in parameter_counts)) for r in recipes])
+
+
+def persistent_memory_facts() -> dict[str, object]:
+    """The persistent state of a 7B-parameter model under BF16 autocast with AdamW, in GB."""
+    return {"gb_7b": estimate_training_memory(7e9, "bf16_autocast")["total"] / 1e9}
+
+
+def activation_facts(sweep: ActivationSweep) -> dict[str, object]:
+    """How many times less checkpointing keeps at the largest shape, and the share (%) of the bytes at the
+    largest context that the quadratic (attention scores) term of the fit accounts for, with that context."""
+    share, t_max = sweep.quadratic_share()
+    return {"ckpt_ratio": sweep.checkpoint_ratio(), "quad_share": 100 * share, "quad_t": t_max}
+
+
+# ---- errata and exercises ------------------------------------------------------------------------------
+
+def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakdown], study: ThroughputStudy,
+                            *, batch: int = 64) -> list[tuple[str, str]]:
+    """Lesson 6's errata, (claim, what was measured) pairs: the A100's dense FP16 and TF32 peaks; the FLOPs
+    of the MLP up-projection of a model shaped like ``config`` at ``batch`` sequences, 2MNK against 2mn²;
+    bytes per parameter from ``breakdowns`` and the memory model; the measured FP16 autocast speed."""
+    a100 = DATASHEET_PEAKS["A100 SXM4 80GB"]
+    by = _by_recipe(breakdowns)
+    rows = _eager_rows(study)
+    autocast = by["bf16_autocast"]
+    m, d = batch * config.context, config.d_model
+    bpp_amp = sum(bytes_per_parameter("bf16_autocast").values())
+    speed = rows["fp16_autocast_scaler"]["tokens_per_s"] / rows["fp32"]["tokens_per_s"]
+    return [
+        ("The A100 does 624 TFLOP/s in FP16.",
+         f"624 is the figure with 2:4 structured sparsity; the dense FP16 peak is {a100.peak('fp16'):g} TFLOP/s "
+         f"(and {a100.peak('tf32'):g} for TF32)."),
+        ("A matmul costs 2mn² FLOPs.",
+         f"[M, K] @ [K, N] costs 2MNK; for the course model's MLP up-projection at batch {batch} "
+         f"({m} x {d} @ {d} x {4 * d}) that is {matmul_flops(m, 4 * d, d):,}, not {2 * m * (4 * d) ** 2:,}."),
+        ("Mixed precision training with Adam needs 12 bytes per parameter.",
+         f"12 is only the FP32 optimizer state: master weights and Adam's two moments (ZeRO's K = 12 "
+         f"{{cite:p}}`rajbhandari2020zero`). The weights and gradients come on top: 2 + 2 in ZeRO's FP16 scheme, "
+         f"16 in all; under torch.amp there is no separate master copy, but the weights and gradients are FP32, "
+         f"measured here {autocast.per_parameter():g} in all; BF16 weights with FP32 masters in the "
+         f"course's loop: {by['bf16_master'].per_parameter():g}."),
+        ("Mixed precision halves training memory.",
+         f"Under torch.amp the persistent state is unchanged ({bpp_amp} bytes per parameter); only activations "
+         f"shrink, here to {autocast.components['activations'] / by['fp32'].components['activations']:.2f} "
+         f"of FP32's."),
+        ("With AMP a 7B model keeps an FP16 copy of its weights and FP16 gradients.",
+         f"torch.amp keeps FP32 weights and FP32 gradients; its 16-bit weight copies are made in the forward pass "
+         f"and freed after backward ({autocast.components['autocast_weight_copies'] / 1024:.0f} KiB "
+         f"during a step of the small model). For 7B parameters the persistent state is "
+         f"{estimate_training_memory(7e9, 'bf16_autocast')['total'] / 1e9:.0f} GB."),
+        ("Lower precision is always faster.",
+         f"On this machine FP16 autocast trains at {speed:.2f} times FP32's speed; small products are "
+         f"launch-bound even on a GPU (see the sweep above)."),
+    ]
+
+
+def exercise_facts(ops: Sequence[OpCost]) -> dict[str, object]:
+    """The numbers of the exercises' solutions: a 7B model's FLOPs per token (GFLOP), its rate and MFU at
+    3,000 tokens/s against the H100's dense and sparse BF16 peak; the FLOPs 4095 saves against 4096 (%);
+    the vocabulary 50,257 padded to a multiple of 64; the A100's ridge point; the softmax's and the MLP
+    up-projection's intensities among ``ops`` (FLOPs per byte)."""
+    by_name = {o.name: o for o in ops}
+    for name in ("softmax", "MLP up"):
+        if name not in by_name:
+            raise ValueError(f"ops lack the {name!r} operation")
+    h100, a100 = DATASHEET_PEAKS["H100 SXM5"], DATASHEET_PEAKS["A100 SXM4 80GB"]
+    h100_bf16, a100_bf16 = h100.peak("bf16"), a100.peak("bf16")
+    if h100_bf16 is None or a100_bf16 is None:
+        raise ValueError("the H100's or the A100's datasheet entry lacks its BF16 peak")
+    flops = model_flops_per_token(6_500_000_000, 32, 4096, 4096)
+    return {"ex_flops": flops / 1e9, "ex_rate": 3000 * flops / 1e12,
+            "ex_mfu": 100 * 3000 * flops / (h100_bf16 * 1e12),
+            "ex_mfu_sparse": 100 * 3000 * flops / (2 * h100_bf16 * 1e12),
+            "h100_bf16": h100_bf16,
+            "ex_fewer_flops": 100 * (1 - (4095 / 4096) ** 3),
+            "ex_vocab": -(-50257 // 64) * 64,
+            "a100_ridge": _ridge(a100), "a100_bf16": a100_bf16, "a100_bw": a100.bandwidth_gbs,
+            "ex_softmax_ai": by_name["softmax"].intensity, "ex_mlp_ai": by_name["MLP up"].intensity}

@@ -1,0 +1,194 @@
+"""Lesson 5's facts, phrases, tables and errata rows (studies.bf16_prose), each computed from a result built by
+hand with known numbers."""
+
+import math
+
+import pytest
+
+from course_lib.bf16 import Advice, precision_advice
+from course_lib.glue import Prose
+from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
+from course_lib.studies import bf16_prose as P
+from course_lib.studies.bf16 import FP16FineTune, Parity, UpdateComparison
+from course_lib.tables import MarkdownTable
+
+NAN = float("nan")
+NEAREST, MASTER = "BF16, round to nearest (no master)", "BF16 + FP32 master weights"
+STOCHASTIC, KAHAN = "BF16, stochastic rounding", "BF16, Kahan-compensated"
+
+
+def test_format_facts_read_the_format_tables():
+    facts = P.format_facts()
+    # BF16 keeps 7 mantissa bits, FP16 10: epsilons 2^-7 and 2^-10
+    assert facts == {"eps_ratio": 8.0, "extra_bits": 3, "half_ulp_lo": 512, "half_ulp_hi": 256, "bf16_mantissa": 7}
+    assert isinstance(facts["eps_ratio"], float) and all(
+        isinstance(facts[k], int) for k in ("extra_bits", "half_ulp_lo", "half_ulp_hi", "bf16_mantissa"))
+
+
+def test_exercise_facts_are_bf16_spacings_and_fp16s_maximum():
+    assert P.exercise_facts() == {"ex_spacing_1": 2.0 ** -7, "ex_spacing_below_1": 2.0 ** -8,
+                                  "ex_lr_needed": 2.0 ** -8, "ex_lr_down": 2.0 ** -9, "ex_spacing_256": 2.0,
+                                  "ex_fp16_max": 65504.0}
+
+
+def _parity():
+    return Parity(("fp32", "bf16_autocast"), (0, 1), {"fp32": (1.0, 3.0), "bf16_autocast": (1.5, 2.7)}, {})
+
+
+def test_parity_table_shows_mean_spread_and_every_seed():
+    table = P.parity_table(_parity())
+    assert isinstance(table, MarkdownTable)
+    assert table.splitlines() == [
+        "| recipe | final loss, mean over seeds | spread (std. dev.) | per seed |", "|---|---|---|---|",
+        "| `fp32` | 2.0000 | 1.4142 | 1.0000, 3.0000 |",          # std. dev. sqrt(2)
+        "| `bf16_autocast` | 2.1000 | 0.8485 | 1.5000, 2.7000 |"]  # sqrt(0.72)
+
+
+def test_parity_facts_compare_means_spreads_and_seeds():
+    facts = P.parity_facts(_parity())
+    assert set(facts) == {"parity_fp32", "parity_bf16_autocast", "parity_seeds", "parity_max_gap",
+                          "parity_max_spread", "parity_max_paired"}
+    assert facts["parity_fp32"] == 2.0 and facts["parity_bf16_autocast"] == pytest.approx(2.1)
+    assert facts["parity_seeds"] == 2
+    assert facts["parity_max_gap"] == pytest.approx(0.1)
+    assert facts["parity_max_spread"] == pytest.approx(math.sqrt(2))
+    assert facts["parity_max_paired"] == pytest.approx(0.5)       # seed 0: 1.5 against 1.0
+    with pytest.raises(ValueError, match="'fp32' recipe"):
+        P.parity_facts(Parity(("bf16_autocast",), (0,), {"bf16_autocast": (1.0,)}, {}))
+
+
+def _recorded_parity(no_scaler=(3.1, 3.2, 3.3), scaler=(NAN, 2.9, NAN)):
+    return Parity(("fp32", "fp16_autocast_scaler", "fp16_autocast_no_scaler"), (0, 1, 2),
+                  {"fp32": (2.5, 2.6, 2.7), "fp16_autocast_scaler": scaler, "fp16_autocast_no_scaler": no_scaler}, {})
+
+
+def test_recorded_parity_note_has_table_and_both_notes():
+    note = P.recorded_parity_note(_recorded_parity(), "H100 (sm 9.0)")
+    assert isinstance(note, Prose)
+    assert note == (
+        "On **H100 (sm 9.0)**:\n\n"
+        "| recipe | seeds that ended finite | final loss, mean of those | range |\n|---|---|---|---|\n"
+        "| `fp32` | 3 of 3 | 2.6000 | 0.2000 |\n| `fp16_autocast_scaler` | 1 of 3 | 2.9000 | - |\n"
+        "| `fp16_autocast_no_scaler` | 3 of 3 | 3.2000 | 0.2000 |\n\n"
+        "At full size, FP16 without a scaler ended finite but behind: every seed's final loss (3.100 to 3.300) is "
+        "above every FP32 seed's (2.500 to 2.700). Unlike the short run above, this gap is larger than the "
+        "spread; {doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a scale. "
+        "Finishing finite is not finishing well.\n\n"
+        "At full size, `fp16_autocast_scaler` ended with a NaN loss in 2 of 3 seeds. The loss itself became NaN, "
+        "so the forward pass produced non-finite values in FP16; a loss scale acts on the backward pass only and "
+        "cannot repair that ({doc}`03_loss_scaling` shows the recorded scale collapsing after it). BF16 has the "
+        "range to avoid it.")
+
+
+def test_recorded_parity_notes_are_left_out_when_they_do_not_apply():
+    overlapping = _recorded_parity(no_scaler=(2.6, 2.8, 3.0), scaler=(2.5, 2.6, 2.7))
+    assert P.fp16_behind_note(overlapping) == "" and P.nan_seeds_note(overlapping) == ""
+    assert P.recorded_parity_note(overlapping, "X").endswith("| `fp16_autocast_no_scaler` | 3 of 3 | 2.8000 | 0.4000 |")
+    all_nan = _recorded_parity(no_scaler=(NAN, NAN, math.inf), scaler=(2.5, 2.6, 2.7))
+    assert P.fp16_behind_note(all_nan) == ""
+    assert P.recorded_parity_table(all_nan).splitlines()[-1] == "| `fp16_autocast_no_scaler` | 0 of 3 | - | - |"
+    assert P.nan_seeds_note(all_nan).startswith("At full size, `fp16_autocast_no_scaler` ended with a NaN loss in 3 "
+                                                "of 3 seeds.")
+
+
+def _updates(evals=None):
+    curves = {"FP32": ((4.0, 3.0, 2.0), (4.0, 3.5, 2.5)), MASTER: ((4.0, 3.0, 2.5), (4.0, 3.5, 2.0)),
+              NEAREST: ((4.0, 3.5, 3.0), (4.0, 3.5, 3.0)), STOCHASTIC: ((4.0, 3.0, 2.0), (4.0, 3.0, 2.0)),
+              KAHAN: ((4.0, 3.0, 2.0), (4.0, 3.0, 2.0))}
+    lost = {NEAREST: ((0.1, 0.4, 0.6), (0.2, 0.3, 0.5)), STOCHASTIC: ((0.0,) * 3,) * 2, KAHAN: ((0.0,) * 3,) * 2}
+    evals = evals or {"FP32": (3.0, 3.0), MASTER: (3.001, 2.999), NEAREST: (3.05, 3.06),
+                      STOCHASTIC: (3.002, 3.0), KAHAN: (2.999, 3.001)}
+    return UpdateComparison(3e-4, (0, 1), 3, curves, lost, evals)
+
+
+def test_update_gap_table_lists_each_rule_against_fp32():
+    assert P.update_gap_table(_updates()).splitlines() == [
+        "| weights and update | evaluation loss minus FP32's, per seed | range |", "|---|---|---|",
+        f"| {MASTER} | +0.0010, -0.0010 | -0.0010 to +0.0010 |",
+        f"| {NEAREST} | +0.0500, +0.0600 | +0.0500 to +0.0600 |",
+        f"| {STOCHASTIC} | +0.0020, +0.0000 | +0.0000 to +0.0020 |",
+        f"| {KAHAN} | -0.0010, +0.0010 | -0.0010 to +0.0010 |"]
+
+
+def test_update_facts_from_a_hand_built_comparison():
+    facts = P.update_facts(_updates(), tail=2)
+    assert facts == {
+        "eval_batches": 4, "upd_lr": 3e-4, "upd_steps": 3, "upd_tail": 2, "upd_seeds": 2,
+        # last two steps: FP32 (2.5, 3.0), master (2.75, 2.75)
+        "train_gap_master": "-0.2500 to +0.2500", "loss_level": 2.75,
+        "bf16_spacing_at_loss": "1/64",                 # BF16 spacing in [2, 4): 2^(1-7)
+        "lost_nearest": "40.0-50.0%",                   # (0.4 + 0.6) / 2 and (0.3 + 0.5) / 2
+        "gap_nearest": "+0.050 to +0.060", "gap_others": "-0.0010 to +0.0020",
+        "upd_lead": "Only plain round-to-nearest separates from FP32.",
+        "upd_separates": "every seed of it lies above every seed of the other three",
+        "upd_others_note": "FP32 master weights within 0.0010; stochastic rounding within 0.0020; "
+                           "Kahan-compensated within 0.0010 in every seed: small against round-to-nearest's "
+                           "gap of at least 0.050, and their ranges over seeds overlap"}
+    assert all(isinstance(facts[k], Prose) for k in ("train_gap_master", "lost_nearest", "upd_lead", "gap_others"))
+    with pytest.raises(ValueError, match="tail must be a positive int"):
+        P.update_facts(_updates(), tail=0)
+
+
+def test_update_phrases_take_their_other_branches():
+    apart = {NEAREST: [0.05, 0.06], MASTER: [-0.001, 0.001], KAHAN: [0.001, 0.002]}   # Kahan above FP32 in both
+    assert P.update_lead(apart) == "Round-to-nearest separates from FP32 most clearly."
+    overlapping = {NEAREST: [0.001, 0.06], MASTER: [-0.001, 0.002]}
+    assert P.separation_phrase(overlapping) == "its seeds overlap those of the others"
+    assert P.update_lead(overlapping) == "Round-to-nearest separates from FP32 most clearly."
+    disjoint = {NEAREST: [0.05, 0.06], MASTER: [-0.003, -0.002], KAHAN: [0.001, 0.002]}
+    assert P.others_note(disjoint) == ("FP32 master weights within 0.0030; Kahan-compensated within 0.0020 in every "
+                                       "seed: small against round-to-nearest's gap of at least 0.050")
+
+
+def test_update_facts_refuse_a_comparison_without_fp32():
+    updates = _updates()
+    no_fp32 = UpdateComparison(updates.lr, updates.seeds, updates.steps,
+                               {k: v for k, v in updates.curves.items() if k != "FP32"}, updates.lost_fraction,
+                               {k: v for k, v in updates.eval_losses.items() if k != "FP32"})
+    with pytest.raises(ValueError, match="no 'FP32' run"):
+        P.update_facts(no_fp32)
+
+
+FT = FP16FineTune((NAN, NAN), (65536.0, 32768.0), (True, True))
+FIXED = FP16FineTune((5.6, 5.55), (1.0, 1.0), (False, False))
+
+
+def test_finetune_tables_and_facts():
+    assert P.finetune_table(FT).splitlines() == ["| step | loss | scale | skipped |", "|---|---|---|---|",
+                                                 "| 0 | nan | 65536 | True |", "| 1 | nan | 32768 | True |"]
+    assert P.finetune_comparison_table(FT, FIXED).splitlines() == [
+        "| step | loss, FP16 + GradScaler | loss, BF16 autocast |", "|---|---|---|",
+        "| 0 | nan | 5.600 |", "| 1 | nan | 5.550 |"]
+    assert P.finetune_facts(FT) == {"ft_steps": 2, "ft_skipped": 2, "ft_scale_first": 65536.0,
+                                    "ft_scale_last": 32768.0}
+    assert P.bf16_fix_facts(FIXED) == {"fix_finite": 2, "fix_first": 5.6, "fix_last": 5.55}
+    assert P.bf16_fix_facts(FP16FineTune((1.0, math.inf, NAN), (1.0,) * 3, (False,) * 3))["fix_finite"] == 1
+    with pytest.raises(ValueError, match="2 and 1 steps"):
+        P.finetune_comparison_table(FT, FP16FineTune((1.0,), (1.0,), (False,)))
+
+
+def test_advice_table_shows_a_dash_when_nothing_else_is_available():
+    rows = [Advice("T4 (sm 7.5)", "fp16_autocast_scaler", "FP16 only"),
+            Advice("H100", "bf16_autocast", "BF16 tensor cores", ("tf32 for FP32 matmuls", "FP8"))]
+    assert P.advice_table(rows).splitlines() == [
+        "| device | train with | why | also available |", "|---|---|---|---|",
+        "| T4 (sm 7.5) | `fp16_autocast_scaler` | FP16 only | - |",
+        "| H100 | `bf16_autocast` | BF16 tensor cores | tf32 for FP32 matmuls, FP8 |"]
+
+
+def test_errata_rows_cite_the_datasheet_the_finetuning_and_the_lost_updates():
+    rtx = DATASHEET_PEAKS["RTX 3090"]
+    rows = P.bf16_errata_rows(rtx, precision_advice((8, 6), name="RTX 3090"), FT, _updates(), tail=2)
+    assert [claim for claim, _ in rows] == ["An RTX 3090 should train in FP16; BF16 is for the A100 and H100.",
+                                            "A BF16 model can be fine-tuned in FP16 with a GradScaler.",
+                                            "Pure BF16 training (no FP32 copy of the weights) loses nothing."]
+    assert rows[0][1] == ("The RTX 3090 has compute capability 8.6, with BF16 tensor cores at the same dense rate "
+                          "as FP16 (71 against 71 TFLOP/s with FP32 accumulation); the course's rule gives "
+                          "`bf16_autocast` for it.")
+    assert rows[1][1] == ("Not when its activations exceed FP16's range: all 2 of 2 steps were skipped above, "
+                          "while BF16 autocast trained every step.")
+    assert rows[2][1] == ("At this learning rate 40.0-50.0% of the weights did not change at a step (average over "
+                          "the last 2 steps) although their update was not zero; see the stagnation section.")
+    no_bf16 = GPUPeaks("Old", "7.0", {"fp32": 1.0, "tf32": None, "bf16": None, "fp16": 2.0, "fp8": None}, 100.0, "x")
+    with pytest.raises(ValueError, match="Old lacks its BF16 or FP16 peak"):
+        P.bf16_errata_rows(no_bf16, precision_advice((7, 0)), FT, _updates())

@@ -1,0 +1,392 @@
+"""Lesson 6's facts, phrases, tables and errata rows (studies.performance_prose) and the helpers added to
+studies.performance, each computed from measurements and results built by hand with known numbers."""
+
+import dataclasses
+
+import pytest
+
+from course_lib.bench import (
+    CPUPeakEstimate,
+    MatmulPoint,
+    MatmulSweep,
+    OpCost,
+    RooflineRow,
+    Timing,
+    roofline_rows,
+)
+from course_lib.device import SizeProfile
+from course_lib.glue import Prose
+from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
+from course_lib.memory import MemoryBreakdown
+from course_lib.models import gpt_config_for
+from course_lib.results import Provenance, Record, RecordedResult, describe_records
+from course_lib.studies import performance_prose as P
+from course_lib.studies.performance import (
+    ActivationSweep,
+    ProfiledStep,
+    RecipeRun,
+    ThroughputStudy,
+    roofline_speedups,
+)
+from course_lib.tables import MarkdownTable
+
+H100_LABEL = "NVIDIA H100 80GB HBM3 (sm 9.0)"
+
+
+def _record(experiment, values, parameters=None, device_name="NVIDIA H100 80GB HBM3", cc="9.0"):
+    provenance = Provenance(device_name, "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
+                            compute_capability=cc)
+    rec = Record(experiment, parameters or {}, values, provenance, schema_version=1)
+    # lesson 6's composite experiments read back as their values; a study is passed as the typed result
+    return RecordedResult(rec, values)
+
+
+def _point(dtype, n, seconds):
+    return MatmulPoint(dtype, n, n, n, Timing((seconds,), 0))
+
+
+def _tflops(n, seconds):
+    return 2 * n ** 3 / seconds / 1e12
+
+
+# ---- timing ------------------------------------------------------------------------------------------
+
+def test_timing_facts_from_three_measurements():
+    first = MatmulPoint("fp32", 4, 4, 4, Timing((0.001, 0.002, 0.003), 1))
+    facts = P.timing_facts([first, _point("fp32", 4, 0.004)], timer_seconds=0.0025)
+    assert facts == pytest.approx({
+        "t_n": 4, "t_median_ms": 2.0, "t_q25_ms": 1.5, "t_q75_ms": 2.5, "t_repeats": 3,
+        "t_tflops": 128 / 0.002 / 1e12, "t_min_ms": 2.0, "t_max_ms": 4.0, "t_runs_spread": 100.0,
+        "t_vs_timer": "20.0% lower"})
+    assert isinstance(facts["t_vs_timer"], Prose) and isinstance(facts["t_repeats"], int)
+    assert P.timing_facts([first], timer_seconds=0.001)["t_vs_timer"] == "100.0% higher"
+    with pytest.raises(ValueError, match="at least one measured point"):
+        P.timing_facts([], 0.001)
+    with pytest.raises(ValueError, match="timer_seconds must be positive"):
+        P.timing_facts([first], 0.0)
+
+
+def test_recorded_cross_check_compares_the_harness_with_torch_timer():
+    record = _record("matmul_throughput", {"cross_check": {"fp32": {"harness_s": 0.002, "torch_timer_s": 0.001},
+                                                           "bf16": {"harness_s": 0.0002, "torch_timer_s": 0.0002}},
+                                           "cross_check_n": 4096})
+    assert P.recorded_cross_check(record).splitlines() == [
+        f"Recorded on **{H100_LABEL}** at n = 4096:", "",
+        "| dtype | harness median (ms) | torch Timer median (ms) | harness against Timer |", "|---|---|---|---|",
+        "| fp32 | 2.0000 | 1.0000 | +100.0% |", "| bf16 | 0.2000 | 0.2000 | +0.0% |"]
+
+
+# ---- matmul sweep ------------------------------------------------------------------------------------
+
+SECONDS = {("fp32", 511): 0.004, ("fp32", 512): 0.002, ("bf16", 511): 0.003, ("bf16", 512): 0.0005,
+           ("fp16", 511): 0.004, ("fp16", 512): 0.004}
+
+
+def _sweep(skipped=None):
+    return MatmulSweep("cpu", tuple(_point(d, n, s) for (d, n), s in SECONDS.items()),
+                       {"tf32": "no tensor cores"} if skipped is None else skipped)
+
+
+def test_measured_tflops_and_panels_with_and_without_a_record():
+    live = P.measured_tflops(_sweep())
+    assert list(live) == ["fp32", "bf16", "fp16"]
+    assert live["bf16"] == {511: _tflops(511, 0.003), 512: _tflops(512, 0.0005)}
+    panels, peaks = P.matmul_panels(_sweep(), "live")
+    assert panels == {"live": live} and peaks == {}
+    record = _record("matmul_throughput", {"points": [{"dtype": "bf16", "n": 8192, "tflops": 700.0}]})
+    panels, peaks = P.matmul_panels(_sweep(), "live", record)
+    assert panels[f"recorded: {H100_LABEL}"] == {"bf16": {8192: 700.0}}
+    # the H100 SXM5 entry: no plain TF32-less gap, every dtype has a peak
+    assert peaks == {f"recorded: {H100_LABEL}": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
+                                                 "fp8": 1979.0}}
+
+
+def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
+    estimate = CPUPeakEstimate(cores=2, clock_ghz=2.6, vector_lanes=16, fma_units=2)   # 0.3328 TFLOP/s
+    facts = P.matmul_facts(_sweep(), (511, 512), estimate)
+    best = _tflops(512, 0.002)
+    assert facts == {"live_big": 512, "live_odd": 511, "live_fp32_big": best, "live_fp32_odd": _tflops(511, 0.004),
+                     "live_bf16_ratio": pytest.approx(4.0), "live_fp16_ratio": pytest.approx(0.5),
+                     "cpu_estimate": ("A CPU has no datasheet figure here; cores x clock x FLOPs per cycle (2 x 2.60 "
+                                      "GHz x 64, assuming 2 FMA units of 16 FP32 lanes) estimates its FP32 peak at "
+                                      f"0.33 TFLOP/s, and the best FP32 product here reached "
+                                      f"{100 * best / 0.3328:.0f}% of that estimate."),
+                     "skipped": "TF32 (no tensor cores)"}
+    plain = P.matmul_facts(_sweep(skipped={}), (511, 512), None)
+    assert plain["cpu_estimate"] == "" and plain["skipped"] == "none"
+    with pytest.raises(ValueError, match="a multiple of 8 and a size that is not one"):
+        P.matmul_facts(_sweep(), (512,), None)
+    no_fp16 = MatmulSweep("cpu", tuple(p for p in _sweep().points if p.dtype != "fp16"), {})
+    with pytest.raises(ValueError, match="did not run fp16"):
+        P.matmul_facts(no_fp16, (511, 512), None)
+
+
+def _matmul_record(device_name="NVIDIA H100 80GB HBM3", fp8=True):
+    values = {"bf16": {256: 1.0, 8191: 151.0, 8192: 716.0}, "fp32": {256: 0.7, 8191: 40.0, 8192: 50.9}}
+    if fp8:
+        values["fp8"] = {256: 0.5, 8192: 1300.0}
+    points = [{"dtype": d, "n": n, "tflops": t} for d, by_n in values.items() for n, t in by_n.items()]
+    return _record("matmul_throughput", {"points": points}, device_name=device_name)
+
+
+def test_recorded_matmul_note_with_the_datasheet_and_fp8():
+    record = _matmul_record()
+    # 716 / 989.5 = 72%, 716 / 50.9 = 14.1, 1300 / 716 = 1.82, 1300 / 1979 = 66%, 716 / 151 = 4.7
+    assert P.recorded_matmul_note(record) == (
+        f"On the recorded **{H100_LABEL}**, BF16 reaches 716 TFLOP/s at n = 8192, 72% of the datasheet's dense "
+        "989.5, 14.1 times FP32 with TF32 off (50.9 TFLOP/s). FP8 reaches 1300 TFLOP/s, 1.82 times BF16 and 66% of "
+        "its dense peak. One element less, n = 8191, costs BF16 a factor of 4.7 (151 against 716 TFLOP/s): tensor "
+        "cores want dimensions in multiples of 8 (16 bytes). At n = 256, BF16 gives 1.0 TFLOP/s against FP32's "
+        "0.7: a small product is launch-bound, and a faster dtype buys little.\n\n" + describe_records([record]))
+
+
+def test_recorded_matmul_note_without_a_datasheet_entry_or_fp8():
+    note = P.recorded_matmul_note(_matmul_record("Some GPU", fp8=False))
+    assert note.startswith("On the recorded **Some GPU (sm 9.0)**, BF16 reaches 716 TFLOP/s at n = 8192, 14.1 times "
+                           "FP32 with TF32 off (50.9 TFLOP/s). One element less, n = 8191,")
+    assert "FP8" not in note and "datasheet" not in note
+
+
+# ---- roofline ----------------------------------------------------------------------------------------
+
+def test_roofline_ceilings_and_facts():
+    ceilings = P.roofline_ceilings(_sweep(), 30.0, "cpu")
+    assert ceilings == {"H100 SXM5 BF16 (datasheet)": (989.5, 3350.0), "A100 BF16 (datasheet)": (312.0, 2039.0),
+                        "this CPU, best measured": (_tflops(512, 0.0005), 30.0)}
+    ops = [OpCost("norm", 100.0, 1.0), OpCost("matmul", 1000.0, 1.0), OpCost("softmax", 5.0, 4.0)]
+    facts = P.roofline_facts(ops, 30.0, DATASHEET_PEAKS["H100 SXM5"])
+    assert facts == {"bandwidth": 30.0, "h100_ridge": pytest.approx(989.5e3 / 3350), "memory_bound": "norm, softmax"}
+    no_bf16 = GPUPeaks("Old", "7.0", {"fp32": 1.0, "tf32": None, "bf16": None, "fp16": 2.0, "fp8": None}, 100.0, "x")
+    with pytest.raises(ValueError, match="Old has no BF16 peak"):
+        P.roofline_facts(ops, 30.0, no_bf16)
+
+
+def test_roofline_speedups_wrap_roofline_rows_for_one_gpu():
+    config, h100 = gpt_config_for(SizeProfile("full")), DATASHEET_PEAKS["H100 SXM5"]
+    rows = roofline_speedups(config, h100, "tf32")
+    expected = roofline_rows(384, 6, 256, 64, peak_high=494.5, peak_low=989.5, bandwidth_gbs=3350.0)
+    assert list(rows.values()) == list(expected) and list(rows) == [r.name for r in expected]
+    with pytest.raises(ValueError, match="V100 SXM2 lacks a tf32 or BF16 peak"):
+        roofline_speedups(config, DATASHEET_PEAKS["V100 SXM2"], "tf32")
+
+
+def _row(name, bound_high, bound_low, high, low):
+    return RooflineRow(name, 1.0, 1.0, bound_high, bound_low, high, low)
+
+
+VS_TF32 = {"norm": _row("norm", "memory", "memory", 2.0, 1.0), "mlp": _row("mlp", "compute", "compute", 3.0, 1.5),
+           "AdamW step": _row("AdamW step", "memory", "memory", 1.0, 1.0)}
+VS_FP32 = {"norm": _row("norm", "memory", "memory", 2.0, 1.0), "mlp": _row("mlp", "compute", "compute", 14.0, 1.0),
+           "AdamW step": _row("AdamW step", "memory", "memory", 1.0, 1.0)}
+
+
+def test_speedup_table_and_facts():
+    assert P.speedup_table(VS_TF32, VS_FP32).splitlines() == [
+        "| operation | bound in BF16 | BF16 over TF32 | over FP32 (TF32 off) | bound in FP32 |", "|---|---|---|---|---|",
+        "| norm | memory | 2.00x | 2.00x | memory |", "| mlp | compute | 2.00x | 14.00x | compute |",
+        "| AdamW step | memory | 1.00x | 1.00x | memory |"]
+    assert P.speedup_facts(VS_TF32, VS_FP32) == {"mem_speedup": 2.0, "compute_speedup_fp32": 14.0,
+                                                 "compute_speedup_tf32": 2.0}
+    with pytest.raises(ValueError, match="same operations"):
+        P.speedup_table(VS_TF32, {"norm": VS_FP32["norm"]})
+    with pytest.raises(ValueError, match="memory-bound in both"):
+        P.speedup_facts({"mlp": VS_TF32["mlp"]}, {"mlp": VS_FP32["mlp"]})
+
+
+# ---- training throughput and time to target ------------------------------------------------------------
+
+def _run(recipe, step_seconds, losses=(3.0, 2.0, 1.0), compiled=False, seed=0):
+    # warm-up 1: the median step is taken over the later steps; 100 tokens per step
+    return RecipeRun(recipe, seed, compiled, tuple(losses), (1.0, step_seconds, step_seconds), 100, 1)
+
+
+def _study(peaks=None, compiled=True):
+    runs = [_run("fp32", 0.5), _run("bf16_autocast", 0.25), _run("fp16_autocast_scaler", 0.4)]
+    if compiled:
+        runs.append(_run("fp32", 0.4, compiled=True))
+    return ThroughputStudy("cpu", tuple(runs), 1e9, {"fp32": 1.0} if peaks is None else peaks, "a peak")
+
+
+def test_throughput_facts_on_a_cpu_and_on_a_gpu():
+    facts = P.throughput_facts(_study(), on_gpu=False)
+    # 200, 400 and 250 tokens/s; FP32's MFU 200 * 1e9 / 1e12
+    assert facts == {"tp_seeds": 1,          # every run is seed 0; the compiled run is not counted
+                     "live_bf16_speed": 2.0, "live_fp16_speed": 1.25, "live_fp32_mfu": pytest.approx(20.0),
+                     "mfu_source": "a peak",
+                     "throughput_caveat": "These are this machine's ratios only: a CPU has no tensor cores, and its "
+                                          "ratios do not transfer to a GPU. The live runs skip `torch.compile` to keep "
+                                          "the page quick; the recorded GPU runs include it."}
+    assert P.throughput_facts(_study(), on_gpu=True)["throughput_caveat"] == (
+        "The live runs include `torch.compile` (one seed per recipe, blue in the figure).")
+    two_seeds = dataclasses.replace(_study(), runs=_study().runs + (_run("fp32", 0.5, seed=1),))
+    assert P.throughput_facts(two_seeds, on_gpu=False)["tp_seeds"] == 2
+    eager_only = _study(compiled=False)
+    assert P.throughput_facts(eager_only, on_gpu=True)["throughput_caveat"] == (
+        "The live runs skip `torch.compile`; `python -m course_lib.record training_throughput` measures compiled "
+        "runs too.")
+    with pytest.raises(ValueError, match="no peak to measure FP32's MFU against"):
+        P.throughput_facts(_study(peaks={}), on_gpu=False)
+    with pytest.raises(ValueError, match="no eager run of fp16_autocast_scaler"):
+        P.throughput_facts(ThroughputStudy("cpu", (_run("fp32", 0.5), _run("bf16_autocast", 0.25)), 1e9,
+                                           {"fp32": 1.0}, ""), on_gpu=False)
+
+
+def test_recorded_throughput_note_tabulates_eager_and_compiled_runs():
+    study = _study(peaks={"fp32": 0.5, "bf16_autocast": 2.0})
+    study = dataclasses.replace(study, peak_source="datasheet dense peaks of H100 SXM5")
+    record = _record("training_throughput", study)
+    note = P.recorded_throughput_note(record)
+    assert note == (
+        f"Recorded on **{H100_LABEL}** at full size (datasheet dense peaks of H100 SXM5; compiled runs: one seed). "
+        "BF16 autocast runs 2.00 times as many tokens per second as FP32, yet it uses only 20.0% of the BF16 peak "
+        "(each recipe's MFU is against the peak of its own dtype, last column): a model of this size keeps an H100 "
+        "busy with launches and memory-bound operations, not with matrix products.\n\n"
+        "| recipe | compiled | step (ms) | tokens/s | speed-up over FP32 eager | MFU | of peak (TFLOP/s) |\n"
+        "|---|---|---|---|---|---|---|\n"
+        "| fp32 | no | 500.0 | 200 | 1.00x | 40.0% | 0.5 |\n"
+        "| fp32 | yes | 400.0 | 250 | 1.25x | 50.0% | 0.5 |\n"
+        "| bf16_autocast | no | 250.0 | 400 | 2.00x | 20.0% | 2 |\n"
+        "| fp16_autocast_scaler | no | 400.0 | 250 | 1.25x | - | - |\n\n" + describe_records([record]))
+    with pytest.raises(ValueError, match="with a BF16 peak"):
+        P.recorded_throughput_note(_record("training_throughput", _study(peaks={"fp32": 0.5})))
+
+
+def _time_study():
+    ones, halves = (1.0,) * 5, (0.5,) * 5
+    runs = (RecipeRun("fp32", 0, False, (5.0, 4.0, 3.0, 2.0, 1.0), ones, 100, 1),
+            RecipeRun("bf16_autocast", 0, False, (5.0, 5.0, 4.0, 4.0, 3.0), halves, 100, 1),
+            RecipeRun("fp32", 0, True, (9.0,) * 5, ones, 100, 1))
+    return ThroughputStudy("recorded", runs, 1e9, {}, "")
+
+
+def test_target_loss_and_eager_curves_leave_compiled_runs_out():
+    study = _time_study()
+    assert study.target_loss() == pytest.approx(4.2)          # bf16's last five: 21 / 5; fp32's: 3
+    assert study.target_loss(window=2) == 3.5
+    assert study.eager_curves() == {"fp32": [((1.0,) * 5, (5.0, 4.0, 3.0, 2.0, 1.0))],
+                                    "bf16_autocast": [((0.5,) * 5, (5.0, 5.0, 4.0, 4.0, 3.0))]}
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        study.target_loss(window=0)
+    with pytest.raises(ValueError, match="no eager run"):
+        ThroughputStudy("x", (study.runs[2],), 1e9, {}, "").target_loss()
+
+
+def test_time_to_target_facts_and_the_recorded_note():
+    facts = P.time_to_target_facts(4.2, {"fp32": [1.234, 2.0], "bf16_autocast": [0.5]})
+    assert facts == {"target": 4.2, "ttt": "fp32 1.23 to 2.00 s, bf16_autocast 0.50 to 0.50 s"}
+    with pytest.raises(ValueError, match="not every run of fp32 reached the target"):
+        P.time_to_target_facts(4.2, {"fp32": [1.0, None]})
+    # the target, 4.2, is first reached at the fifth step by both: 5 s and 2.5 s
+    assert P.recorded_time_to_target_note(_time_study()) == (
+        "On the recorded GPU, to reach 4.200 (eager runs, range over three seeds): fp32: 5.0 to 5.0 s; "
+        "bf16_autocast: 2.5 to 2.5 s. Compiled runs are left out here: their first steps include compilation, "
+        "which a compile cache warmed by the previous recipe shortens, so their times to target are not "
+        "comparable with each other.")
+
+
+# ---- profiler ----------------------------------------------------------------------------------------
+
+STEPS = {"fp32": ProfiledStep("fp32", "cpu", (("aten::mm", 1780.0, 19), ("aten::copy_", 430.0, 154)), 2000.0, 100.0),
+         "bf16_autocast": ProfiledStep("bf16_autocast", "cpu", (("aten::mm", 1250.0, 19),), 2000.0, 500.0)}
+
+
+def test_top_ops_table_and_cast_facts():
+    table = P.top_ops_table(STEPS)
+    assert isinstance(table, MarkdownTable)
+    assert table.splitlines() == ["| recipe | operator | self time (ms) | calls |", "|---|---|---|---|",
+                                  "| fp32 | `aten::mm` | 1.78 | 19 |", "| fp32 | `aten::copy_` | 0.43 | 154 |",
+                                  "| bf16_autocast | `aten::mm` | 1.25 | 19 |"]
+    assert P.cast_facts(STEPS) == {"cast_fp32": 5.0, "cast_bf16": 25.0}
+    with pytest.raises(ValueError, match="profiled bf16_autocast step"):
+        P.cast_facts({"fp32": STEPS["fp32"]})
+
+
+def test_recorded_profile_note_names_cast_shares_and_top_three():
+    ops = [["aten::mm", 9.0, 1], ["aten::copy_", 8.0, 1], ["aten::bmm", 7.0, 1], ["aten::add", 6.0, 1]]
+    record = _record("profiled_step", {"steps": [{"recipe": "fp32", "cast_us": 52.0, "total_us": 1000.0, "top_ops": ops},
+                                                 {"recipe": "bf16_autocast", "cast_us": 253.0, "total_us": 1000.0,
+                                                  "top_ops": ops[1:]}]})
+    assert P.recorded_profile_note(record) == (
+        f"On the recorded **{H100_LABEL}** (CUDA time), casts take fp32 5.2%, bf16_autocast 25.3% of the operator "
+        "time. Top three operators: fp32: `aten::mm`, `aten::copy_`, `aten::bmm`; bf16_autocast: `aten::copy_`, "
+        "`aten::bmm`, `aten::add`.\n\n" + describe_records([record]))
+
+
+# ---- memory ------------------------------------------------------------------------------------------
+
+def _breakdown(recipe, weights, grads, state, masters, copies, activations):
+    components = {"weights": weights, "gradients": grads, "optimizer_state": state, "master_weights": masters,
+                  "autocast_weight_copies": copies, "activations": activations}
+    return MemoryBreakdown(recipe, "cpu", 10, 1, 1, components)
+
+
+BREAKDOWNS = [_breakdown("fp32", 40, 40, 80, 0, 0, 1000), _breakdown("bf16_autocast", 40, 40, 80, 0, 2048, 600),
+              _breakdown("bf16_pure", 20, 20, 40, 0, 0, 600), _breakdown("bf16_master", 20, 20, 80, 80, 0, 600)]
+
+
+def test_memory_facts_per_parameter_and_transient():
+    assert P.memory_facts(BREAKDOWNS) == {"act_ratio": 0.6, "copies_kib": 2.0, "bpp_fp32": 16.0,
+                                          "bpp_autocast": 16.0, "bpp_pure": 8.0, "bpp_master": 20.0}
+    with pytest.raises(ValueError, match="no memory breakdown of bf16_master"):
+        P.memory_facts(BREAKDOWNS[:3])
+
+
+def test_recorded_memory_note_counts_against_the_allocator_peak():
+    record = _record("training_memory", {"breakdowns": [
+        {"recipe": "fp32", "components": {"weights": 2 ** 30, "activations": 2 ** 30}, "measured_peak_bytes": 3 * 2 ** 30}]})
+    note = P.recorded_memory_note(record)
+    assert note.startswith(f"Recorded on **{H100_LABEL}** at full size: the counted bytes against "
+                           "`torch.cuda.max_memory_allocated` for the step.")
+    assert note.endswith("\n\n| recipe | counted (MiB) | allocator peak (MiB) | peak over counted |\n|---|---|---|---|\n"
+                         "| fp32 | 2,048 | 3,072 | 1.50 |\n\n" + describe_records([record]))
+
+
+def test_persistent_memory_table_and_facts():
+    assert P.persistent_memory_table(("fp32", "bf16_pure"), (1e9, 7e9)).splitlines() == [
+        "| recipe | bytes per parameter | 1B params (GB) | 7B params (GB) |", "|---|---|---|---|",
+        "| fp32 | 16 | 16 | 112 |", "| bf16_pure | 8 | 8 | 56 |"]
+    assert P.persistent_memory_facts() == {"gb_7b": 112.0}
+
+
+def test_activation_facts_fit_the_quadratic_term_and_the_checkpoint_ratio():
+    # bytes = 10 T + T^2 at batch 8; checkpointing keeps a quarter at the largest shape
+    points = ((1, 64, False, 600), (1, 64, True, 150),
+              *((8, t, False, 10 * t + t * t) for t in (16, 32, 64)), (8, 16, True, 100), (8, 64, True, 1184))
+    facts = P.activation_facts(ActivationSweep("bf16_autocast", points))
+    assert facts == {"ckpt_ratio": 4.0, "quad_share": pytest.approx(100 * 4096 / 4736), "quad_t": 64}
+    with pytest.raises(ValueError, match=r"checkpointed point at \(8, 64\)"):
+        ActivationSweep("x", ((8, 64, False, 10), (8, 32, True, 5))).checkpoint_ratio()
+
+
+# ---- errata and exercises ------------------------------------------------------------------------------
+
+def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
+    rows = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64)
+    assert [c for c, _ in rows] == [
+        "The A100 does 624 TFLOP/s in FP16.", "A matmul costs 2mn² FLOPs.",
+        "Mixed precision training with Adam needs 12 bytes per parameter.", "Mixed precision halves training memory.",
+        "With AMP a 7B model keeps an FP16 copy of its weights and FP16 gradients.", "Lower precision is always faster."]
+    measured = [m for _, m in rows]
+    assert measured[0] == ("624 is the figure with 2:4 structured sparsity; the dense FP16 peak is 312 TFLOP/s (and "
+                           "156 for TF32).")
+    # 64 x 256 tokens by 384, times 384 x 1536: 2 * 16384 * 1536 * 384
+    assert measured[1] == ("[M, K] @ [K, N] costs 2MNK; for the course model's MLP up-projection at batch 64 (16384 x "
+                           "384 @ 384 x 1536) that is 19,327,352,832, not 77,309,411,328.")
+    assert measured[2].endswith("measured here 16 in all; BF16 weights with FP32 masters in the course's loop: 20.")
+    assert measured[3] == ("Under torch.amp the persistent state is unchanged (16 bytes per parameter); only "
+                           "activations shrink, here to 0.60 of FP32's.")
+    assert "(2 KiB during a step of the small model). For 7B parameters the persistent state is 112 GB." in measured[4]
+    assert measured[5] == ("On this machine FP16 autocast trains at 1.25 times FP32's speed; small products are "
+                           "launch-bound even on a GPU (see the sweep above).")
+
+
+def test_exercise_facts():
+    ops = [OpCost("softmax", 5.0, 4.0), OpCost("MLP up", 300.0, 1.0)]
+    flops = 6 * 6.5e9 + 12 * 32 * 4096 * 4096
+    assert P.exercise_facts(ops) == pytest.approx({
+        "ex_flops": flops / 1e9, "ex_rate": 3000 * flops / 1e12, "ex_mfu": 100 * 3000 * flops / 989.5e12,
+        "ex_mfu_sparse": 100 * 3000 * flops / (2 * 989.5e12), "h100_bf16": 989.5,
+        "ex_fewer_flops": 100 * (1 - (4095 / 4096) ** 3), "ex_vocab": 50304, "a100_ridge": 312e3 / 2039,
+        "a100_bf16": 312.0, "a100_bw": 2039.0, "ex_softmax_ai": 1.25, "ex_mlp_ai": 300.0})
+    with pytest.raises(ValueError, match="'MLP up'"):
+        P.exercise_facts(ops[:1])
