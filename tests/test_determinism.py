@@ -14,7 +14,8 @@ from course_lib.results import to_jsonable
 TIMING_KEYS = {"seconds", "median_s", "q25_s", "q75_s", "repeats", "tflops", "step_seconds", "harness_s",
                "torch_timer_s", "copy_bandwidth_gbs", "tokens_per_s", "tokens_per_second", "mfu", "self_seconds",
                "self_cpu_time_total", "cpu_time_total", "cuda_time_total", "time_share", "share", "top",
-               "cast_share", "table", "peak_memory_bytes", "time_to_target_s"}
+               "cast_share", "table", "peak_memory_bytes", "time_to_target_s",
+               "plain_s", "locator_s", "anomaly_s"}   # a NaN hunt's step times (monitor_faults)
 SKIP = {"matmul_throughput", "fp8_linear_speed", "profiled_step", "monitor_overhead"}  # nothing but timings
 
 

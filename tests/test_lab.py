@@ -194,7 +194,7 @@ def test_a_kernel_executes_the_lessons_first_cells(lab):
             assert any("**Ran on:**" in d.get("text/markdown", "") for d in banner), outputs[0]
             # the properties table (fourth cell), a Markdown table
             table = [m["content"]["data"].get("text/markdown", "") for m in outputs[3]
-                     if m["header"]["msg_type"] == "display_data"]
+                     if m["header"]["msg_type"] in ("display_data", "execute_result")]   # shown or returned
             assert any(t.startswith("|") and "FP16" in t for t in table), outputs[3]
             # the kernel side of a widget: the front end receives a widget view to render
             widget = _execute(ws, client, "import ipywidgets\nipywidgets.IntSlider(value=3)")

@@ -9,6 +9,7 @@ from ..hardware import (
     DATASHEET_PEAKS,
     MATMUL_DTYPES,
 )
+from ..tables import markdown_table
 from .matmul import matmul_flops
 
 
@@ -88,12 +89,10 @@ def datasheet_markdown() -> str:
     def cell(v):
         return "-" if v is None else f"{v:,.1f}"
 
-    head = ("| GPU | sm | FP32 | TF32 | BF16 | FP16 | FP8 | GB/s | source |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
-    table = head + "\n".join(
-        f"| {p.name} | {p.compute_capability} | " + " | ".join(cell(p.tflops[d]) for d in MATMUL_DTYPES)
-        + f" | {p.bandwidth_gbs:,.0f} | {{cite:p}}`{p.source}` |"
-        for p in DATASHEET_PEAKS.values())
+    table = markdown_table(
+        ("GPU", "sm", "FP32", "TF32", "BF16", "FP16", "FP8", "GB/s", "source"),
+        [(p.name, p.compute_capability, *(cell(p.tflops[d]) for d in MATMUL_DTYPES), f"{p.bandwidth_gbs:,.0f}",
+          f"{{cite:p}}`{p.source}`") for p in DATASHEET_PEAKS.values()]).rstrip("\n")
     notes = "\n".join(f"- {p.name}: {p.note}." for p in DATASHEET_PEAKS.values() if p.note)
     return table + "\n\nTFLOP/s, dense; GB/s: memory bandwidth. Notes:\n\n" + notes
 
