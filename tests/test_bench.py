@@ -269,11 +269,13 @@ def test_lesson6_experiments_run_on_the_cpu_at_small_size():
     from course_lib.experiments import run_experiment
 
     out = run_experiment("matmul_throughput", SizeProfile("small"), "cpu")
-    assert {p["dtype"] for p in out["points"]} >= {"fp32", "bf16", "fp16"}
-    assert "tf32" in out["skipped"] and out["copy_bandwidth_gbs"] > 0
-    assert set(out["cross_check"]) == {"fp32", "bf16"}
+    assert set(out.tflops()) >= {"fp32", "bf16", "fp16"} and out.sizes == (64, 127, 128, 255, 256, 511, 512)
+    assert all(set(by_n) == set(out.sizes) for d, by_n in out.tflops().items() if d != "fp8")
+    assert "tf32" in out.skipped and out.copy_bandwidth_gbs > 0
+    assert set(out.cross_check) == {"fp32", "bf16"} and out.cross_check_n == 512
     mem = run_experiment("training_memory", SizeProfile("small"), "cpu")
-    assert [b.recipe for b in mem["breakdowns"]] == ["fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure",
-                                                     "bf16_master"]
+    assert [b.recipe for b in mem.breakdowns] == ["fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure",
+                                                  "bf16_master"]
+    assert mem.activation_sweep.recipe == "bf16_autocast"
     prof = run_experiment("profiled_step", SizeProfile("small"), "cpu")
-    assert [s.recipe for s in prof["steps"]] == ["fp32", "bf16_autocast", "fp16_autocast_scaler"]
+    assert [s.recipe for s in prof.steps] == ["fp32", "bf16_autocast", "fp16_autocast_scaler"]

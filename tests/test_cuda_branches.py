@@ -37,6 +37,8 @@ Where each call site is reached (``file:function``, the call -> the test):
   experiments.py:_tf32_matmul_rounding size -> test_gpu_only_experiment_runs_on_a_gpu_at_the_profiles_size
 * experiments.py:_training_throughput, the recipes and compilation on a GPU ->
   test_training_throughput_experiment_runs_what_the_gpu_supports
+* studies/performance.py:training_memory, profiled_steps and activation_sweep_recipe on a GPU without BF16 ->
+  test_lesson6_experiments_run_only_what_a_v100_supports
 * selfcheck.py:_experiment_check/_recipe_check on a GPU -> test_selfcheck_on_a_gpu; on a CPU ->
   test_selfcheck_skips_gpu_only_experiments_on_a_cpu
 * record.py:main on a GPU (no refusal, ``--all`` includes GPU-only experiments), results.py:capture_provenance
@@ -437,8 +439,8 @@ def test_bf16_autocast_is_flagged_only_below_compute_capability_8(fake_gpu, gpu,
     assert ("bf16_without_native_support" in [f.pitfall for f in audit.findings]) == flagged
 
 
-@pytest.mark.parametrize("name, study, module", [("training_memory", "account_training_memory", "experiments"),
-                                                 ("profiled_step", "profile_training_step", "experiments")])
+@pytest.mark.parametrize("name, study, module", [("training_memory", "account_training_memory", "studies.performance"),
+                                                 ("profiled_step", "profile_training_step", "studies.performance")])
 def test_lesson6_experiments_run_only_what_a_v100_supports(fake_gpu, monkeypatch, name, study, module):
     import importlib
 

@@ -18,6 +18,7 @@ from course_lib.results import Provenance, Record, RecordedResult
 from course_lib.studies import fp8 as fp8_studies
 from course_lib.studies import fp8_prose
 from course_lib.studies.fp8 import Fp8LinearSpeed, Fp8Training, LinearTensors, OutlierSweep, ScalingLab, SpikeRun
+from course_lib.studies.performance import MatmulPointSummary, MatmulThroughput
 from course_lib.tables import MarkdownTable
 
 COURSE = "FP8 course layer (_scaled_mm, tensorwise, eager)"
@@ -305,17 +306,17 @@ def test_roofline_speedups_are_the_roofline_per_variant():
         fp8_studies.roofline_speedups(gpu(fp8=None), [256])
 
 
-def record(experiment: str, values: dict) -> RecordedResult:
-    rec = Record(experiment, {}, values, Provenance("NVIDIA H100", "cuda", "2.11", "2026-01-01", "cmd", "abc",
-                                                    "3.12", compute_capability="9.0"))
-    return RecordedResult(rec, values)
+def record(experiment: str, result) -> RecordedResult:
+    rec = Record(experiment, {}, {}, Provenance("NVIDIA H100", "cuda", "2.11", "2026-01-01", "cmd", "abc",
+                                                "3.12", compute_capability="9.0"))
+    return RecordedResult(rec, result)
 
 
 def test_recorded_product_ratios():
-    points = [{"dtype": "bf16", "n": 256, "tflops": 100.0}, {"dtype": "fp8", "n": 256, "tflops": 125.0},
-              {"dtype": "bf16", "n": 512, "tflops": 400.0}, {"dtype": "fp8", "n": 1024, "tflops": 900.0},
-              {"dtype": "fp32", "n": 256, "tflops": 50.0}]
-    assert fp8_studies.recorded_product_ratios([record("matmul_throughput", {"points": points})]) == {
+    points = tuple(MatmulPointSummary(d, n, t, 1.0, 1.0, 1.0, 3) for d, n, t in (
+        ("bf16", 256, 100.0), ("fp8", 256, 125.0), ("bf16", 512, 400.0), ("fp8", 1024, 900.0), ("fp32", 256, 50.0)))
+    matmul = MatmulThroughput((256, 512, 1024), 512, points, {}, {}, 100.0)
+    assert fp8_studies.recorded_product_ratios([record("matmul_throughput", matmul)]) == {
         "recorded NVIDIA H100 (sm 9.0): _scaled_mm / BF16, one product, no casts": {256: 1.25}}
     assert fp8_studies.recorded_product_ratios([]) == {}
     with pytest.raises(ValueError, match="no matmul throughput"):

@@ -23,9 +23,14 @@ from course_lib.results import Provenance, Record, RecordedResult, describe_reco
 from course_lib.studies import performance_prose as P
 from course_lib.studies.performance import (
     ActivationSweep,
+    MatmulPointSummary,
+    MatmulThroughput,
     ProfiledStep,
+    ProfiledSteps,
     RecipeRun,
     ThroughputStudy,
+    TimerCrossCheck,
+    TrainingMemory,
     roofline_speedups,
 )
 from course_lib.tables import MarkdownTable
@@ -66,10 +71,15 @@ def test_timing_facts_from_three_measurements():
         P.timing_facts([first], 0.0)
 
 
+def _matmul(points=(), cross=None, cross_check_n=4096) -> MatmulThroughput:
+    """A recorded matmul_throughput: ``points`` as (dtype, n, TFLOP/s); timings irrelevant here."""
+    return MatmulThroughput((256,), cross_check_n, tuple(MatmulPointSummary(d, n, t, 1.0, 1.0, 1.0, 3)
+                                                         for d, n, t in points), {}, cross or {}, 100.0)
+
+
 def test_recorded_cross_check_compares_the_harness_with_torch_timer():
-    record = _record("matmul_throughput", {"cross_check": {"fp32": {"harness_s": 0.002, "torch_timer_s": 0.001},
-                                                           "bf16": {"harness_s": 0.0002, "torch_timer_s": 0.0002}},
-                                           "cross_check_n": 4096})
+    record = _record("matmul_throughput", _matmul(cross={"fp32": TimerCrossCheck(0.002, 0.001),
+                                                          "bf16": TimerCrossCheck(0.0002, 0.0002)}))
     assert P.recorded_cross_check(record).splitlines() == [
         f"Recorded on **{H100_LABEL}** at n = 4096:", "",
         "| dtype | harness median (ms) | torch Timer median (ms) | harness against Timer |", "|---|---|---|---|",
@@ -93,7 +103,7 @@ def test_measured_tflops_and_panels_with_and_without_a_record():
     assert live["bf16"] == {511: _tflops(511, 0.003), 512: _tflops(512, 0.0005)}
     panels, peaks = P.matmul_panels(_sweep(), "live")
     assert panels == {"live": live} and peaks == {}
-    record = _record("matmul_throughput", {"points": [{"dtype": "bf16", "n": 8192, "tflops": 700.0}]})
+    record = _record("matmul_throughput", _matmul([("bf16", 8192, 700.0)]))
     panels, peaks = P.matmul_panels(_sweep(), "live", record)
     assert panels[f"recorded: {H100_LABEL}"] == {"bf16": {8192: 700.0}}
     # the H100 SXM5 entry: no plain TF32-less gap, every dtype has a peak
@@ -125,8 +135,8 @@ def _matmul_record(device_name="NVIDIA H100 80GB HBM3", fp8=True):
     values = {"bf16": {256: 1.0, 8191: 151.0, 8192: 716.0}, "fp32": {256: 0.7, 8191: 40.0, 8192: 50.9}}
     if fp8:
         values["fp8"] = {256: 0.5, 8192: 1300.0}
-    points = [{"dtype": d, "n": n, "tflops": t} for d, by_n in values.items() for n, t in by_n.items()]
-    return _record("matmul_throughput", {"points": points}, device_name=device_name)
+    points = [(d, n, t) for d, by_n in values.items() for n, t in by_n.items()]
+    return _record("matmul_throughput", _matmul(points), device_name=device_name)
 
 
 def test_recorded_matmul_note_with_the_datasheet_and_fp8():
@@ -302,10 +312,9 @@ def test_top_ops_table_and_cast_facts():
 
 
 def test_recorded_profile_note_names_cast_shares_and_top_three():
-    ops = [["aten::mm", 9.0, 1], ["aten::copy_", 8.0, 1], ["aten::bmm", 7.0, 1], ["aten::add", 6.0, 1]]
-    record = _record("profiled_step", {"steps": [{"recipe": "fp32", "cast_us": 52.0, "total_us": 1000.0, "top_ops": ops},
-                                                 {"recipe": "bf16_autocast", "cast_us": 253.0, "total_us": 1000.0,
-                                                  "top_ops": ops[1:]}]})
+    ops = (("aten::mm", 9.0, 1), ("aten::copy_", 8.0, 1), ("aten::bmm", 7.0, 1), ("aten::add", 6.0, 1))
+    record = _record("profiled_step", ProfiledSteps((ProfiledStep("fp32", "cuda", ops, 1000.0, 52.0),
+                                                     ProfiledStep("bf16_autocast", "cuda", ops[1:], 1000.0, 253.0))))
     assert P.recorded_profile_note(record) == (
         f"On the recorded **{H100_LABEL}** (CUDA time), casts take fp32 5.2%, bf16_autocast 25.3% of the operator "
         "time. Top three operators: fp32: `aten::mm`, `aten::copy_`, `aten::bmm`; bf16_autocast: `aten::copy_`, "
@@ -332,13 +341,20 @@ def test_memory_facts_per_parameter_and_transient():
 
 
 def test_recorded_memory_note_counts_against_the_allocator_peak():
-    record = _record("training_memory", {"breakdowns": [
-        {"recipe": "fp32", "components": {"weights": 2 ** 30, "activations": 2 ** 30}, "measured_peak_bytes": 3 * 2 ** 30}]})
+    fp32 = MemoryBreakdown("fp32", "cuda", 10, 1, 1, {"weights": 2 ** 30, "activations": 2 ** 30}, 3 * 2 ** 30)
+    record = _record("training_memory", TrainingMemory((fp32,), ActivationSweep("bf16_autocast", ())))
     note = P.recorded_memory_note(record)
     assert note.startswith(f"Recorded on **{H100_LABEL}** at full size: the counted bytes against "
                            "`torch.cuda.max_memory_allocated` for the step.")
     assert note.endswith("\n\n| recipe | counted (MiB) | allocator peak (MiB) | peak over counted |\n|---|---|---|---|\n"
                          "| fp32 | 2,048 | 3,072 | 1.50 |\n\n" + describe_records([record]))
+    no_peak = dataclasses.replace(fp32, measured_peak_bytes=None)
+    with pytest.raises(ValueError, match="no allocator peak"):
+        P.recorded_memory_note(_record("training_memory", TrainingMemory((no_peak,), ActivationSweep("x", ()))))
+    with pytest.raises(TypeError, match="expected a recorded MatmulThroughput, got dict"):
+        P.recorded_cross_check(_record("matmul_throughput", {"cross_check": {}}))
+    with pytest.raises(TypeError, match="expected a recorded TrainingMemory, got dict"):
+        P.recorded_memory_note(_record("training_memory", {"breakdowns": []}))
 
 
 def test_persistent_memory_table_and_facts():

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from .bench import matmul_sweep, measure_copy_bandwidth, measure_matmul, torch_timer_matmul_seconds
 from .device import SizeProfile
 from .formats import TF32Check, tf32_matmul_check
 from .jsonable import from_jsonable, to_jsonable
@@ -39,13 +38,13 @@ from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
 from .studies.microscaling import MxBlockStudy, block_scaled_training, mx_block_study
 from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
 from .studies.performance import (
-    MEMORY_RECIPES,
+    MatmulThroughput,
+    ProfiledSteps,
     ThroughputStudy,
-    account_training_memory,
-    activation_sweep,
-    activation_sweep_recipe,
-    activation_sweep_sizes,
-    profile_training_step,
+    TrainingMemory,
+    matmul_throughput,
+    profiled_steps,
+    training_memory,
     training_throughput,
 )
 from .studies.underflow import UnderflowStatistics, train_and_capture, underflow_statistics
@@ -239,35 +238,14 @@ def _bf16_update_stagnation(profile: SizeProfile, device: torch.device, **parame
 
 # ---- lesson 6: performance and memory -----------------------------------------------------------------
 
-def matmul_sweep_sizes(profile: SizeProfile) -> tuple[int, ...]:
-    """Square sizes of the matmul sweep: powers of two with misaligned neighbours (one less)."""
-    return profile.pick(small=(64, 127, 128, 255, 256, 511, 512),
-                        full=(256, 512, 1024, 2048, 4095, 4096, 8191, 8192))
-
-
 @register("matmul_throughput",
           "Square matmul throughput per dtype (FP32 with TF32 off, TF32, BF16, FP16, FP8 via _scaled_mm) over "
           "aligned and misaligned sizes, copy bandwidth, and a cross-check against "
-          "torch.utils.benchmark.Timer (lesson 6).", result_type=dict[str, Any],
+          "torch.utils.benchmark.Timer (lesson 6).", result_type=MatmulThroughput,
           legacy=lambda parameters, values: {"sizes": parameters["sizes"], "cross_check_n": parameters["cross_check_n"],
                                              **values})
-def _matmul_throughput(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    sizes = matmul_sweep_sizes(profile)
-    sweep = matmul_sweep(device, sizes, budget_s=profile.pick(small=0.05, full=0.2))
-    points = [{"dtype": p.dtype, "n": p.n, "tflops": p.tflops, "median_s": p.timing.median,
-               "q25_s": p.timing.q25, "q75_s": p.timing.q75, "repeats": p.timing.repeats} for p in sweep.points]
-    check_n = profile.pick(small=512, full=4096)
-    cross = {}
-    budget = profile.pick(small=0.1, full=0.5)
-    for dtype in ("fp32", "bf16"):
-        if dtype not in sweep.skipped:
-            cross[dtype] = {"harness_s": measure_matmul(dtype, check_n, check_n, check_n, device,
-                                                        budget_s=budget).timing.median,
-                            "torch_timer_s": torch_timer_matmul_seconds(dtype, check_n, device,
-                                                                        min_run_time=budget)}
-    bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
-    return {"sizes": list(sizes), "cross_check_n": check_n, "points": points, "skipped": sweep.skipped,
-            "cross_check": cross, "copy_bandwidth_gbs": bandwidth}
+def _matmul_throughput(profile: SizeProfile, device: torch.device) -> MatmulThroughput:
+    return matmul_throughput(profile, device)
 
 
 def _throughput_parameters(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
@@ -295,20 +273,17 @@ def _training_throughput(profile: SizeProfile, device: torch.device, **parameter
           "Memory of one training step of the course model per recipe, counted by component (weights, "
           "gradients, optimizer state, masters, autocast weight copies, saved activations) and, on a GPU, "
           "the allocator's peak for the step; activation bytes against batch and context (lesson 6).",
-          result_type=dict[str, Any], legacy=_legacy_whole)
-def _training_memory(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    breakdowns = [account_training_memory(r, profile, device) for r in runnable_recipes(device, MEMORY_RECIPES)]
-    sweep = activation_sweep(activation_sweep_recipe(device), profile, device, **activation_sweep_sizes(profile))
-    return {"breakdowns": breakdowns, "activation_sweep": sweep}
+          result_type=TrainingMemory, legacy=_legacy_whole)
+def _training_memory(profile: SizeProfile, device: torch.device) -> TrainingMemory:
+    return training_memory(profile, device)
 
 
 @register("profiled_step",
           "torch.profiler's top operators (self time) of one training step of the course model in FP32, "
           "BF16 autocast and FP16 autocast, and the share of time spent in casts (lesson 6).",
-          result_type=dict[str, Any], legacy=_legacy_whole)
-def _profiled_step(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
-    recipes = runnable_recipes(device, ("fp32", "bf16_autocast", "fp16_autocast_scaler"))
-    return {"steps": [profile_training_step(r, profile, device, top=12) for r in recipes]}
+          result_type=ProfiledSteps, legacy=_legacy_whole, parameters=lambda profile, device: {"top": 12})
+def _profiled_step(profile: SizeProfile, device: torch.device, *, top: int) -> ProfiledSteps:
+    return profiled_steps(profile, device, top=top)
 
 
 # ---- lesson 7: FP8 ----------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from .matmul import (
     matmul_sweep,
     measure_copy_bandwidth,
     measure_matmul,
-    sweep_from_values,
     torch_timer_matmul_seconds,
 )
 from .roofline import (
@@ -62,7 +61,6 @@ __all__ = [
     "capability_probe",
     "CPUPeakEstimate",
     "cpu_peak_estimate",
-    "sweep_from_values",
     "attainable_tflops",
     "OpCost",
     "transformer_op_costs",

@@ -272,14 +272,3 @@ def cpu_peak_estimate(cpuinfo: str | None = None, cores: int | None = None) -> C
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be a positive int, got {cores!r}")
     return CPUPeakEstimate(cores, mhz / 1e3, lanes, 2)
-
-
-def sweep_from_values(points: Sequence[dict]) -> dict[str, dict[int, float]]:
-    """``{dtype: {n: TFLOP/s}}`` from a recorded ``matmul_throughput``'s ``values["points"]``."""
-    try:
-        out: dict[str, dict[int, float]] = {}
-        for p in points:
-            out.setdefault(p["dtype"], {})[int(p["n"])] = float(p["tflops"])
-        return out
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"not a matmul_throughput record's points: {exc}") from None

@@ -455,8 +455,7 @@ def recorded_product_ratios(records: Sequence[RecordedResult]) -> dict[str, dict
     rec = records[0]
     if rec.record.experiment != "matmul_throughput":
         raise ValueError(f"a {rec.record.experiment!r} record holds no matmul throughput")
-    points = rec.result["points"]
-    bf16 = {p["n"]: p["tflops"] for p in points if p["dtype"] == "bf16"}
-    fp8 = {p["n"]: p["tflops"] for p in points if p["dtype"] == "fp8"}
+    by_dtype = rec.result.tflops()     # a recorded studies.performance.MatmulThroughput
+    bf16, fp8 = by_dtype.get("bf16", {}), by_dtype.get("fp8", {})
     return {f"recorded {rec.label}: _scaled_mm / BF16, one product, no casts": {
         n: fp8[n] / bf16[n] for n in fp8 if n in bf16}}

@@ -10,13 +10,19 @@ from typing import Any, Sequence
 
 import torch
 
-from ..bench.matmul import capability_probe
+from ..bench.matmul import (
+    capability_probe,
+    matmul_sweep,
+    measure_copy_bandwidth,
+    measure_matmul,
+    torch_timer_matmul_seconds,
+)
 from ..bench.roofline import RooflineRow, model_flops_per_token, roofline_rows
 from ..data import BatchSampler
 from ..hardware import GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, saved_tensor_bytes, tensor_bytes
 from ..models import GPTConfig, count_parameters, course_setup
-from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, train
+from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, runnable_recipes, train
 
 
 @dataclass(frozen=True)
@@ -404,3 +410,108 @@ def activation_sweep(recipe: str, profile, device: torch.device | str = "cpu", *
             model.zero_grad(set_to_none=True)
             points.append((b, t, checkpointed, activations))
     return ActivationSweep(r.name, tuple(points))
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """The registered ``training_memory``: one counted step per recipe the device runs
+    (:data:`MEMORY_RECIPES`), and the activation bytes against batch and context."""
+
+    breakdowns: tuple[MemoryBreakdown, ...]
+    activation_sweep: ActivationSweep
+
+
+def training_memory(profile, device: torch.device | str = "cpu") -> TrainingMemory:
+    """:func:`account_training_memory` of every runnable memory recipe, and :func:`activation_sweep` of
+    :func:`activation_sweep_recipe` at :func:`activation_sweep_sizes`."""
+    breakdowns = tuple(account_training_memory(r, profile, device) for r in runnable_recipes(device, MEMORY_RECIPES))
+    sweep = activation_sweep(activation_sweep_recipe(device), profile, device, **activation_sweep_sizes(profile))
+    return TrainingMemory(breakdowns, sweep)
+
+
+# the recipes whose training step the registered profiled_step profiles (those a device runs)
+PROFILED_RECIPES = ("fp32", "bf16_autocast", "fp16_autocast_scaler")
+
+
+@dataclass(frozen=True)
+class ProfiledSteps:
+    """The registered ``profiled_step``: :func:`profile_training_step` per runnable recipe."""
+
+    steps: tuple[ProfiledStep, ...]
+
+
+def profiled_steps(profile, device: torch.device | str = "cpu", *, recipes: Sequence[str] = PROFILED_RECIPES,
+                   top: int = 12) -> ProfiledSteps:
+    """One profiled training step per recipe of ``recipes`` that ``device`` runs, ``top`` operators each."""
+    return ProfiledSteps(tuple(profile_training_step(r, profile, device, top=top)
+                               for r in runnable_recipes(device, recipes)))
+
+
+@dataclass(frozen=True)
+class MatmulPointSummary:
+    """One square product of a sweep as a record keeps it: dtype, size n, TFLOP/s (from the median) and
+    the median, quartiles (seconds) and number of timed repeats."""
+
+    dtype: str
+    n: int
+    tflops: float
+    median_s: float
+    q25_s: float
+    q75_s: float
+    repeats: int
+
+
+@dataclass(frozen=True)
+class TimerCrossCheck:
+    """One product's median by the course's harness and by ``torch.utils.benchmark.Timer`` (seconds)."""
+
+    harness_s: float
+    torch_timer_s: float
+
+
+@dataclass(frozen=True)
+class MatmulThroughput:
+    """The registered ``matmul_throughput``: the sweep over ``sizes`` per dtype (``skipped``: why a dtype did
+    not run), the harness against torch's Timer at ``cross_check_n``, and the copy bandwidth (GB/s)."""
+
+    sizes: tuple[int, ...]
+    cross_check_n: int
+    points: tuple[MatmulPointSummary, ...]
+    skipped: dict[str, str]
+    cross_check: dict[str, TimerCrossCheck]
+    copy_bandwidth_gbs: float
+
+    def tflops(self) -> dict[str, dict[int, float]]:
+        """``{dtype: {n: TFLOP/s}}``, as :func:`measured_tflops`-style panels of the throughput figure."""
+        out: dict[str, dict[int, float]] = {}
+        for p in self.points:
+            out.setdefault(p.dtype, {})[p.n] = p.tflops
+        return out
+
+
+def matmul_sweep_sizes(profile) -> tuple[int, ...]:
+    """Square sizes of the matmul sweep: powers of two with misaligned neighbours (one less)."""
+    return profile.pick(small=(64, 127, 128, 255, 256, 511, 512),
+                        full=(256, 512, 1024, 2048, 4095, 4096, 8191, 8192))
+
+
+def matmul_sweep_budget(profile) -> float:
+    """Seconds of timing per point of the matmul sweep."""
+    return profile.pick(small=0.04, full=0.2)
+
+
+def matmul_throughput(profile, device: torch.device | str = "cpu") -> MatmulThroughput:
+    """The sweep (:func:`~course_lib.bench.matmul_sweep` at :func:`matmul_sweep_sizes`), the harness against
+    ``torch.utils.benchmark.Timer`` for FP32 and BF16, and the copy bandwidth."""
+    device = torch.device(device)
+    sizes = matmul_sweep_sizes(profile)
+    sweep = matmul_sweep(device, sizes, budget_s=matmul_sweep_budget(profile))
+    points = tuple(MatmulPointSummary(p.dtype, p.n, p.tflops, p.timing.median, p.timing.q25, p.timing.q75,
+                                      p.timing.repeats) for p in sweep.points)
+    check_n, budget = profile.pick(small=512, full=4096), profile.pick(small=0.1, full=0.5)
+    cross = {dtype: TimerCrossCheck(measure_matmul(dtype, check_n, check_n, check_n, device,
+                                                   budget_s=budget).timing.median,
+                                    torch_timer_matmul_seconds(dtype, check_n, device, min_run_time=budget))
+             for dtype in ("fp32", "bf16") if dtype not in sweep.skipped}
+    bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
+    return MatmulThroughput(sizes, check_n, points, dict(sweep.skipped), cross, bandwidth)

@@ -14,7 +14,6 @@ from ..bench import (
     RooflineRow,
     matmul_flops,
     model_flops_per_token,
-    sweep_from_values,
 )
 from ..glue import Prose
 from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
@@ -22,7 +21,14 @@ from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_mem
 from ..models import GPTConfig
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
-from .performance import ActivationSweep, ProfiledStep, ThroughputStudy
+from .performance import (
+    ActivationSweep,
+    MatmulThroughput,
+    ProfiledStep,
+    ProfiledSteps,
+    ThroughputStudy,
+    TrainingMemory,
+)
 
 
 def _ridge(gpu: GPUPeaks) -> float:
@@ -54,15 +60,21 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
             "t_vs_timer": Prose(f"{abs(diff):.1f}% {'higher' if diff >= 0 else 'lower'}")}
 
 
+def _recorded_matmul(record: RecordedResult) -> MatmulThroughput:
+    if not isinstance(record.result, MatmulThroughput):
+        raise TypeError(f"expected a recorded MatmulThroughput, got {type(record.result).__name__}")
+    return record.result
+
+
 def recorded_cross_check(record: RecordedResult) -> Prose:
     """A recorded ``matmul_throughput`` run's check of the harness against ``torch.utils.benchmark.Timer``:
     per dtype, both medians (ms) and how far apart they are."""
-    cross = record.result["cross_check"]
+    result = _recorded_matmul(record)
     table = markdown_table(
         ("dtype", "harness median (ms)", "torch Timer median (ms)", "harness against Timer"),
-        [(d, f"{1e3 * c['harness_s']:.4f}", f"{1e3 * c['torch_timer_s']:.4f}",
-          f"{100 * (c['harness_s'] / c['torch_timer_s'] - 1):+.1f}%") for d, c in cross.items()])
-    return Prose(f"Recorded on **{record.label}** at n = {record.result['cross_check_n']}:\n\n" + table)
+        [(d, f"{1e3 * c.harness_s:.4f}", f"{1e3 * c.torch_timer_s:.4f}",
+          f"{100 * (c.harness_s / c.torch_timer_s - 1):+.1f}%") for d, c in result.cross_check.items()])
+    return Prose(f"Recorded on **{record.label}** at n = {result.cross_check_n}:\n\n" + table)
 
 
 # ---- matrix-multiply throughput per dtype ------------------------------------------------------------
@@ -81,7 +93,7 @@ def matmul_panels(sweep: MatmulSweep, live_title: str,
     peaks: dict[str, dict[str, float]] = {}
     if record is not None:
         title = f"recorded: {record.label}"
-        panels[title] = sweep_from_values(record.result["points"])
+        panels[title] = _recorded_matmul(record).tflops()
         entry = find_gpu_peaks(record.provenance.device_name)
         if entry:
             peaks[title] = {d: p for d in MATMUL_DTYPES if (p := entry.peak(d))}
@@ -127,7 +139,7 @@ def recorded_matmul_note(record: RecordedResult) -> Prose:
     """What a recorded ``matmul_throughput`` sweep shows: BF16 at its largest size (against the datasheet
     peak where known, and against FP32), FP8 there, the cost of one element less than the largest aligned
     size with a misaligned neighbour, and the smallest size; then the record's provenance."""
-    g = sweep_from_values(record.result["points"])
+    g = _recorded_matmul(record).tflops()
     entry = find_gpu_peaks(record.provenance.device_name)
     bf16, fp32 = g["bf16"], g["fp32"]
     top, small = max(bf16), min(bf16)
@@ -312,9 +324,11 @@ def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:
 def recorded_profile_note(record: RecordedResult) -> Prose:
     """A recorded ``profiled_step`` run: each recipe's share of operator time in casts, its top three
     operators, and the record's provenance."""
-    steps = record.result["steps"]
-    parts = [f"{s['recipe']} {100 * s['cast_us'] / s['total_us']:.1f}%" for s in steps]
-    tops = [f"{s['recipe']}: " + ", ".join(f"`{op[0]}`" for op in s["top_ops"][:3]) for s in steps]
+    if not isinstance(record.result, ProfiledSteps):
+        raise TypeError(f"expected recorded ProfiledSteps, got {type(record.result).__name__}")
+    steps = record.result.steps
+    parts = [f"{s.recipe} {100 * s.cast_fraction:.1f}%" for s in steps]
+    tops = [f"{s.recipe}: " + ", ".join(f"`{op[0]}`" for op in s.top_ops[:3]) for s in steps]
     return Prose(f"On the recorded **{record.label}** (CUDA time), casts take " + ", ".join(parts)
                  + " of the operator time. Top three operators: " + "; ".join(tops) + ".\n\n"
                  + describe_records([record]))
@@ -344,11 +358,14 @@ def memory_facts(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, object]:
 def recorded_memory_note(record: RecordedResult) -> Prose:
     """A recorded ``training_memory`` run: per recipe the counted bytes against the allocator's peak (MiB),
     what the count leaves out, and the record's provenance."""
+    if not isinstance(record.result, TrainingMemory):
+        raise TypeError(f"expected a recorded TrainingMemory, got {type(record.result).__name__}")
     rows = []
-    for b in record.result["breakdowns"]:
-        counted = sum(b["components"].values())
-        peak = b["measured_peak_bytes"]
-        rows.append((b["recipe"], f"{counted / 2**20:,.0f}", f"{peak / 2**20:,.0f}", f"{peak / counted:.2f}"))
+    for b in record.result.breakdowns:
+        if b.measured_peak_bytes is None:
+            raise ValueError(f"the recorded {b.recipe} step has no allocator peak (not a GPU record)")
+        counted, peak = b.total, b.measured_peak_bytes
+        rows.append((b.recipe, f"{counted / 2**20:,.0f}", f"{peak / 2**20:,.0f}", f"{peak / counted:.2f}"))
     table = markdown_table(("recipe", "counted (MiB)", "allocator peak (MiB)", "peak over counted"), rows)
     return Prose(f"Recorded on **{record.label}** at full size: the counted bytes against "
                  "`torch.cuda.max_memory_allocated` for the step. The peak is higher by what the count "
