@@ -253,7 +253,10 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
     other = M.errata_rows(M.NanHunt("fc", "nan", None, None, 1, 1, 1), _demo(), COST, [],
                           inf_raises=True, nan_raises=False)
     assert other[0][1].endswith("reported as nothing, the backward function at the loss; the locator named nothing.")
-    assert "gradient is inf raised under it here, one whose gradient is NaN passed;" in other[2][1]
+    assert other[2][1].startswith("In this torch it raised on inf but not on NaN: a backward pass whose gradient "
+                                  "is inf raised under it here, one whose gradient is NaN passed;")
+    both = M.errata_rows(FWD, _demo(), COST, [], inf_raises=True, nan_raises=True)
+    assert both[2][1].startswith("In this torch it raised on inf as well as NaN:")
     assert other[3][1] == "Every step, it cost 25% here; every 10 steps, 5%."
     with pytest.raises(ValueError, match="forward"):
         M.errata_rows(BWD, _demo(), COST, [], inf_raises=False, nan_raises=True)

@@ -288,7 +288,7 @@ def test_time_to_target_facts_and_the_recorded_note():
         P.time_to_target_facts(4.2, {"fp32": [1.0, None]})
     # the target, 4.2, is first reached at the fifth step by both: 5 s and 2.5 s
     assert P.recorded_time_to_target_note(_time_study()) == (
-        "On the recorded GPU, to reach 4.200 (eager runs, range over three seeds): fp32: 5.0 to 5.0 s; "
+        "On the recorded GPU, to reach 4.200 (eager runs, range over 1 seed): fp32: 5.0 to 5.0 s; "
         "bf16_autocast: 2.5 to 2.5 s. Compiled runs are left out here: their first steps include compilation, "
         "which a compile cache warmed by the previous recipe shortens, so their times to target are not "
         "comparable with each other.")

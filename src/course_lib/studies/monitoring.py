@@ -527,6 +527,13 @@ def checkup_facts(report: Checkup) -> dict[str, object]:
     return {"checkup_findings": Prose(", ".join(_code(f.pitfall) for f in report.findings) or "nothing")}
 
 
+# the errata's verdict on anomaly mode, from whether it raised on an inf and on a NaN gradient
+_ANOMALY_LEAD = {(False, True): "It checks backward outputs for NaN only",
+                 (True, True): "In this torch it raised on inf as well as NaN",
+                 (True, False): "In this torch it raised on inf but not on NaN",
+                 (False, False): "In this torch it raised on neither"}
+
+
 def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, records: Sequence[RecordedResult], *,
                 inf_raises: bool, nan_raises: bool) -> list[tuple[str, str]]:
     """Lesson 9's errata, (claim, what this page measured): the forward NaN hunt, the FP16 run without
@@ -552,7 +559,7 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
          f"{len(after)} steps and drive the scale to {demo.without.scales[-1]:g}; the run never recovered on "
          "its own."),
         ("`detect_anomaly` catches overflows.",
-         f"It checks backward outputs for NaN only: a backward pass whose gradient is inf "
+         f"{_ANOMALY_LEAD[(inf_raises, nan_raises)]}: a backward pass whose gradient is inf "
          f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
          f"{'raised' if nan_raises else 'passed'}; FP16 overflows to inf."),
         ("Gradient monitoring is too slow to leave on.",

@@ -293,7 +293,8 @@ def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:
     target = study.target_loss()
     times = study.time_to_target(target)
     parts = [f"{name}: {min(v):.1f} to {max(v):.1f} s" for name, v in _reached_ranges(times)]
-    return Prose(f"On the recorded GPU, to reach {target:.3f} (eager runs, range over three seeds): "
+    seeds = len({r.seed for r in study.runs if not r.compiled})
+    return Prose(f"On the recorded GPU, to reach {target:.3f} (eager runs, range over {seeds} seed{'s' if seeds != 1 else ''}): "
                  + "; ".join(parts) + ". Compiled runs are left out here: their first steps include "
                  "compilation, which a compile cache warmed by the previous recipe shortens, so their "
                  "times to target are not comparable with each other.")
