@@ -116,14 +116,14 @@ def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
                                     "Use `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`."]
     assert rows[0][1] == ("`mean` is on none of CUDA autocast's lists (torch's header gives it no policy), so it runs "
                           "in its input's dtype: the mean of a matmul's output under BF16 autocast here is "
-                          "`torch.bfloat16`. On CUDA, autocast runs `sum` and `softmax` in FP32 (fp32 (via dtype "
-                          "argument)) and `layer_norm` too (fp32).")
-    assert rows[1][1] == ("On CUDA it is on the FP32 list (fp32 (via dtype argument)); on the CPU it is not: here "
+                          "`torch.bfloat16`. On CUDA, autocast runs `sum` and `softmax` in FP32 (its list: fp32, via "
+                          "dtype argument) and `layer_norm` too (fp32).")
+    assert rows[1][1] == ("On CUDA it is on the FP32 list (fp32, via dtype argument); on the CPU it is not: here "
                           "`softmax` of a BF16 matmul output returns `torch.bfloat16` and `exp` returns "
                           "`torch.bfloat16` (CUDA: fp32).")
     assert rows[2][1] == ("The weights stay `torch.float32`; autocast casts a copy of each weight for each op that "
                           "runs in lower precision, during the forward pass only.")
-    assert rows[3][1] == ("Both are deprecated: torch says \"`torch.cuda.amp.autocast(args...)` is deprecated.\". "
+    assert rows[3][1] == ("Both are deprecated: torch says \"`torch.cuda.amp.autocast(args...)` is deprecated\". "
                           "`torch.amp` takes the device type as an argument, so one code path serves CUDA, the CPU "
                           "and other devices.")
     quiet = A.amp_errata(mean_dtype=torch.float32, softmax_dtype=torch.float32, exp_dtype=torch.float32,

@@ -219,11 +219,11 @@ def test_listed():
 
 @pytest.mark.parametrize("above, below, mixed, sentence", [
     (["rowwise", "delayed"], [], ["tensorwise"],
-     "rowwise and delayed ended above BF16 in every seed; tensorwise changed sign from seed to seed."),
-    ([], ["blockwise"], [], "blockwise ended below it in every seed; no scaled recipe changed sign."),
-    (["a"], ["b"], [], "a ended above BF16 in every seed; b ended below it in every seed; "
+     "`rowwise` and `delayed` ended above BF16 in every seed; `tensorwise` changed sign from seed to seed."),
+    ([], ["blockwise"], [], "`blockwise` ended below it in every seed; no scaled recipe changed sign."),
+    (["a"], ["b"], [], "`a` ended above BF16 in every seed; `b` ended below it in every seed; "
                        "no scaled recipe changed sign."),
-    ([], [], ["a", "b"], "a and b changed sign from seed to seed."),
+    ([], [], ["a", "b"], "`a` and `b` changed sign from seed to seed."),
 ])
 def test_seed_consistency(above, below, mixed, sentence):
     assert fp8_prose.seed_consistency(above, below, mixed) == sentence
@@ -240,8 +240,8 @@ def test_fp8_training_facts():
     facts = fp8_prose.fp8_training_facts(fp8_result(), recorded=False)
     assert facts == {
         "train_steps": 12, "train_bf16": 2.5, "train_unscaled_gap": 1.25 / 3, "train_scaled_lo": -0.25,
-        "train_scaled_hi": 0.5, "train_consistent": "rowwise ended above BF16 in every seed; tensorwise changed "
-                                                    "sign from seed to seed.",
+        "train_scaled_hi": 0.5, "train_consistent": "`rowwise` ended above BF16 in every seed; `tensorwise` "
+                                                    "changed sign from seed to seed.",
         "train_unscaled_peak": 7.5, "train_bf16_peak": 3.5,
         "train_recorded_note": fp8_prose.recorded_training_note(False)}
     assert isinstance(facts["train_consistent"], Prose)

@@ -284,7 +284,7 @@ def test_scaling_errata_state_each_measurement():
                           "2^16 to 2^36. 2^16 is only the default initial scale.")
     assert rows[2][1] == ("It clips the still-scaled gradients, so the update shrinks by about the scale: the weights "
                           "moved 8.5e-07 times as far as in the correct loop (pitfalls table above).")
-    assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0.\". Multiply the loss by a constant and "
+    assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0\". Multiply the loss by a constant and "
                           "divide the gradients by it before the step, or give GradScaler a `growth_interval` longer "
                           "than the run (it still backs off after an overflow).")
     accepted = P.scaling_errata(DEFAULTS, default_steps=10, default_scale=65536.0, fast_steps=20, fast_scale=2.0**36,

@@ -157,7 +157,7 @@ def block_training() -> Fp8Training:
 
 
 def test_same_side_sentence():
-    assert ms.same_side_sentence(["mxfp4", "nvfp4"]) == "mxfp4, nvfp4 ended on the same side of BF16 in every seed."
+    assert ms.same_side_sentence(["mxfp4", "nvfp4"]) == "`mxfp4` and `nvfp4` ended on the same side of BF16 in every seed."
     assert ms.same_side_sentence([]) == "No recipe ended on the same side of BF16 in every seed."
 
 
@@ -180,7 +180,7 @@ def test_nvfp4_against_mxfp4_needs_a_seed():
 def test_block_scaled_training_facts():
     assert ms.block_scaled_training_facts(block_training()) == {
         "train_steps": 8, "train_seed_spread": 0.5, "train_lo": -0.25, "train_hi": 0.25,
-        "train_consistent": "mxfp4, nvfp4 ended on the same side of BF16 in every seed.",
+        "train_consistent": "`mxfp4` and `nvfp4` ended on the same side of BF16 in every seed.",
         "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
                                 "(same seeds): at this size the recipe did not pay for itself in the loss."}
     alone = Fp8Training(("bf16_autocast",), (0,), 8, 16, {"bf16_autocast": flat(3.0)})

@@ -70,11 +70,13 @@ def test_underflow_trend_facts_refuse_a_trend_without_a_qkv_output_gradient():
 @pytest.mark.parametrize("alerts, sentence", [
     ([], "It raised no other alert."),
     ([_alert(0, "underflow", "blocks.1.attn.qkv.bias"), _alert(0, "underflow", "blocks.0.attn.qkv.bias")],
-     "Its 2 other alerts were underflow on `blocks.0.attn.qkv.bias`, underflow on `blocks.1.attn.qkv.bias` at "
-     "step 0, the key bias of the first section again."),
+     "Its 2 other alerts were underflow alerts on `blocks.0.attn.qkv.bias` and `blocks.1.attn.qkv.bias` at "
+     "step 0, the key biases of the first section again."),
     ([_alert(10, "underflow", "head.weight"), _alert(9, "underflow", "blocks.0.attn.qkv.bias")],
-     "Its 2 other alerts were underflow on `blocks.0.attn.qkv.bias`, underflow on `head.weight` at steps 9, 10."),
-    ([_alert(4, "scale_collapse", None)], "Its other alert was scale_collapse on `None` at step 4."),
+     "Its 2 other alerts were underflow alerts on `blocks.0.attn.qkv.bias` and `head.weight` at steps 9 and 10."),
+    ([_alert(4, "scale_collapse", None)], "Its other alert was a scale_collapse alert on the run at step 4."),
+    ([_alert(4, "scale_collapse", None), _alert(5, "underflow", "head.weight")],
+     "Its 2 other alerts were scale_collapse on the run and underflow on `head.weight` at steps 4 and 5."),
 ])
 def test_other_alerts_sentence(alerts, sentence):
     assert M.other_alerts_sentence(alerts) == sentence
@@ -88,8 +90,8 @@ def test_dead_layer_facts_take_the_first_zero_gradient_alert_and_the_losses_arou
     assert facts == {
         "dead_layer": "`blocks.1.fc`", "dead_at": 2, "dead_alert_step": 3,
         "dead_alert_layers": "`blocks.1.fc.bias`, `blocks.1.ln2.weight`", "dead_loss_at": 4.5, "dead_loss_end": 3.0,
-        "dead_other_alerts": "Its other alert was underflow on `blocks.0.attn.qkv.bias` at step 0, the key bias of "
-                             "the first section again.",
+        "dead_other_alerts": "Its other alert was an underflow alert on `blocks.0.attn.qkv.bias` at step 0, the key "
+                             "bias of the first section again.",
     }
 
 

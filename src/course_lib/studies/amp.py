@@ -152,14 +152,16 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
             raise TypeError(f"{name} must be a torch.dtype, got {type(value).__name__}")
     if isinstance(warnings_seen, str):
         raise TypeError("warnings_seen is a sequence of messages, not one string")
-    policy = {op: cuda_policy(op, None if lists is None else dict(lists)) for op in ("sum", "layer_norm", "softmax", "exp")}
-    deprecated = (f"Both are deprecated: torch says \"{warnings_seen[0]}\"." if warnings_seen
+    # a policy label such as "fp32 (via dtype argument)" goes inside parentheses: no nested ones
+    policy = {op: cuda_policy(op, None if lists is None else dict(lists)).replace(" (", ", ").replace(")", "")
+              for op in ("sum", "layer_norm", "softmax", "exp")}
+    deprecated = (f"Both are deprecated: torch says \"{warnings_seen[0].rstrip('.')}\"." if warnings_seen
                   else "The installed torch does not warn about them.")
     return [
         ("`mean` stays in FP32 under autocast.",
          f"`mean` is on none of CUDA autocast's lists (torch's header gives it no policy), so it runs in its "
          f"input's dtype: the mean of a matmul's output under BF16 autocast here is `{mean_dtype}`. On CUDA, autocast "
-         f"runs `sum` and `softmax` in FP32 ({policy['sum']}) and `layer_norm` too ({policy['layer_norm']})."),
+         f"runs `sum` and `softmax` in FP32 (its list: {policy['sum']}) and `layer_norm` too ({policy['layer_norm']})."),
         ("Softmax runs in FP16/BF16 under autocast.",
          f"On CUDA it is on the FP32 list ({policy['softmax']}); on the CPU it is not: here `softmax` of a "
          f"BF16 matmul output returns `{softmax_dtype}` and `exp` returns `{exp_dtype}` (CUDA: {policy['exp']})."),

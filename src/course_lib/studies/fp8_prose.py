@@ -152,10 +152,13 @@ def listed(names: Sequence[str]) -> str:
 
 
 def seed_consistency(above: Sequence[str], below: Sequence[str], mixed: Sequence[str]) -> Prose:
-    """Which recipes ended above the baseline in every seed, below it in every seed, or changed sign."""
-    return Prose((f"{listed(above)} ended above BF16 in every seed; " if above else "")
-                 + (f"{listed(below)} ended below it in every seed; " if below else "")
-                 + (f"{listed(mixed)} changed sign from seed to seed." if mixed else
+    """Which recipes ended above the baseline in every seed, below it in every seed, or changed sign (names
+    in code font: the sentence may start with one)."""
+    def code(names: Sequence[str]) -> str:
+        return listed([f"`{n}`" for n in names])
+    return Prose((f"{code(above)} ended above BF16 in every seed; " if above else "")
+                 + (f"{code(below)} ended below it in every seed; " if below else "")
+                 + (f"{code(mixed)} changed sign from seed to seed." if mixed else
                     "no scaled recipe changed sign."))
 
 

@@ -288,7 +288,7 @@ def scaling_errata(defaults: ScalerDefaults, *, default_steps: int, default_scal
     if not (default_scale > 0 and fast_scale > 0):
         raise ValueError(f"scales are positive, got {default_scale!r} and {fast_scale!r}")
     init = f"2^{math.log2(defaults.init_scale):.0f}"
-    static = (f"torch refuses it: \"{refusal}\"" if refusal is not None
+    static = (f"torch refuses it: \"{refusal.rstrip('.')}\"" if refusal is not None
               else "The installed torch accepts it, and the scale then never grows")
     return [
         ("GradScaler doubles the scale after every step without overflow.",

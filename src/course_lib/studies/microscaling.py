@@ -28,7 +28,7 @@ from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
-from .fp8_prose import BASELINE, loss_differences
+from .fp8_prose import BASELINE, listed, loss_differences
 
 
 @dataclass(frozen=True)
@@ -411,8 +411,8 @@ def same_bytes(ours: BlockTensor, scale: torch.Tensor, data: torch.Tensor) -> bo
 
 def same_side_sentence(consistent: Sequence[str]) -> Prose:
     """Which recipes ended on the same side of BF16 in every seed."""
-    return Prose(", ".join(consistent) + " ended on the same side of BF16 in every seed." if consistent
-                 else "No recipe ended on the same side of BF16 in every seed.")
+    return Prose(listed([f"`{r}`" for r in consistent]) + " ended on the same side of BF16 in every seed."
+                 if consistent else "No recipe ended on the same side of BF16 in every seed.")
 
 
 def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:

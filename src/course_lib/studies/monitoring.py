@@ -329,12 +329,25 @@ def other_alerts_sentence(alerts: Sequence[Alert]) -> Prose:
     first section's key-bias alerts when every one is on a ``qkv.bias``."""
     if not alerts:
         return Prose("It raised no other alert.")
-    what = ", ".join(sorted(f"{a.kind} on {_code(a.layer)}" for a in alerts))
+    where = [a.layer if a.layer is not None else "the run" for a in alerts]
+    kinds = {a.kind for a in alerts}
+    if len(kinds) == 1:    # one kind: "underflow alerts on `a` and `b`"
+        names = sorted(_code(w) if w != "the run" else w for w in where)
+        what = f"{kinds.pop()} alert{'s' if len(alerts) > 1 else ''} on " + _and(names)
+    else:
+        what = _and(sorted(f"{a.kind} on {_code(w) if w != 'the run' else w}" for a, w in zip(alerts, where)))
     steps = sorted({a.step for a in alerts})
-    when = ("at step " if len(steps) == 1 else "at steps ") + ", ".join(str(s) for s in steps)
-    known = ", the key bias of the first section again" if all("qkv.bias" in (a.layer or "") for a in alerts) else ""
-    subject = "Its other alert was" if len(alerts) == 1 else f"Its {len(alerts)} other alerts were"
-    return Prose(f"{subject} {what} {when}{known}.")
+    when = ("at step " if len(steps) == 1 else "at steps ") + _and([str(s) for s in steps])
+    if all("qkv.bias" in (a.layer or "") for a in alerts):
+        when += ", the key bias" + ("es" if len(alerts) > 1 else "") + " of the first section again"
+    if len(alerts) == 1:
+        return Prose(f"Its other alert was {'an' if what[0] in 'aeiou' else 'a'} {what} {when}.")
+    return Prose(f"Its {len(alerts)} other alerts were {what} {when}.")
+
+
+def _and(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def dead_layer_facts(dead: DeadLayerRun) -> dict[str, object]:
