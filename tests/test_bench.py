@@ -165,6 +165,8 @@ def test_capability_probe_is_measured_and_cached():
     assert a is b and a.relative("fp32") == 1.0 and "tf32" in a.unsupported
     assert a.relative("tf32") is None and a.faster_than_fp32("tf32") is None
     assert "measured here at n=32" in a.summary()
+    slow = B.CapabilityProbe("cpu", 64, {"fp32": 1.0, "bf16": 2.345, "fp8": 0.0032}, {"tf32": "no TF32"})
+    assert slow.summary() == "matmul speed against FP32, measured here at n=64: BF16 x2.35, FP8 x0.003"
 
 
 def test_copy_bandwidth_positive_and_bad_size():

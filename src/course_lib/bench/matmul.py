@@ -194,7 +194,9 @@ class CapabilityProbe:
         for d in ("tf32", "bf16", "fp16", "fp8"):
             r = self.relative(d)
             if r is not None:
-                parts.append(f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.2f}")
+                # an emulated dtype (FP8 on a CPU) runs at a thousandth of FP32: one significant digit, not "x0.00"
+                parts.append(f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.2f}" if r >= 0.01 else
+                             f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.1g}")
         return (f"matmul speed against FP32, measured here at n={self.n}: " + ", ".join(parts)) if parts \
             else "no low-precision matmul measured"
 
