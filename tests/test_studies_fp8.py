@@ -137,6 +137,27 @@ def test_spike_facts_refuses_a_spike_without_neighbours_or_a_max_history():
         fp8_prose.spike_facts(spike_run(keys=("current", "delayed, most recent")))
 
 
+def test_margin_facts_compare_the_spike_and_the_quiet_steps():
+    import dataclasses
+    plain = spike_run()
+    key = "delayed, max of 2"
+    # with a margin: nothing saturates at the spike; quiet steps (0 and 1) err 0.05 and 0.1 against 0.02 and 0.0625
+    margin = dataclasses.replace(plain, saturated={**plain.saturated, key: (0.0,) * 6},
+                                 relative_error={**plain.relative_error, key: (0.05, 0.1, 0.1, 0.1, 0.1, 0.1)},
+                                 flushed={**plain.flushed, key: (0.01, 0.03, 0.0, 0.0, 0.0, 0.0)})
+    facts = fp8_prose.margin_facts(plain, margin, 6)
+    verdict = facts.pop("ex_m_verdict")
+    assert facts == pytest.approx({"ex_m_margin": 6, "ex_m_sat0": 50.0, "ex_m_sat": 0.0,
+                                   "ex_m_err0": 4.125, "ex_m_err": 7.5, "ex_m_flush0": 0.0, "ex_m_flush": 2.0})
+    assert verdict.startswith("E4M3's range absorbs it")          # 7.5 <= 2 * 4.125
+    worse = dataclasses.replace(margin, relative_error={**margin.relative_error, key: (0.2,) * 6})
+    assert "more than doubles" in fp8_prose.margin_facts(plain, worse, 6)["ex_m_verdict"]
+    with pytest.raises(ValueError, match="same tensors"):
+        fp8_prose.margin_facts(plain, dataclasses.replace(margin, factor=10.0), 6)
+    with pytest.raises(ValueError, match="quiet steps before it"):
+        fp8_prose.margin_facts(spike_run(spike_at=0), spike_run(spike_at=0), 6)
+
+
 # ---- casts, backends, torchao ----------------------------------------------------------------------------
 
 def test_cast_cost_table_and_facts():
@@ -147,7 +168,19 @@ def test_cast_cost_table_and_facts():
     assert table == ("|  | ms | x torch cast |\n|---|---|---|\n| torch cast | 2.00 | 1.00 |\n"
                      "| scale known (scale, saturate, cast) | 3.00 | 1.50 |\n"
                      "| current scaling (amax, then cast) | 4.50 | 2.25 |\n")
-    assert fp8_prose.cast_cost_facts(times) == {"cost_current": 0.0045 / 0.003}
+    known, current = fp8_studies.KNOWN_SCALE_CAST, fp8_studies.CURRENT_SCALING_CAST
+    # the second timing moved the known-scale cast by 10%, current scaling by 2%: noise 10%
+    facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02})
+    phrase = facts.pop("cost_phrase")
+    assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 10.0})
+    assert phrase.startswith("takes 1.50 times as long") and "price of the extra pass" in phrase
+    within = fp8_prose.cast_cost_facts({**times, current: 0.00305}, {**times, known: 0.0031})["cost_phrase"]
+    assert "does not show" in within and "price" not in within
+    # faster with the extra pass, beyond the 3% noise: not the pass
+    faster = fp8_prose.cast_cost_facts({**times, current: 0.0027}, {**times, known: 0.0031, current: 0.0027})
+    assert "cannot cause" in faster["cost_phrase"]
+    with pytest.raises(ValueError, match="again lacks"):
+        fp8_prose.cast_cost_facts(times, {})
 
 
 def test_time_scaled_casts_times_the_three_casts():
@@ -283,8 +316,9 @@ MEASURED = {"recorded GPU: _scaled_mm / BF16, one product, no casts": {1024: 0.9
 def test_speedup_facts_with_and_without_a_record():
     facts = fp8_prose.speedup_facts(ESTIMATES, MEASURED, gpu())
     assert facts == {"pred_1k": 0.75, "pred_16k": 2.0, "pred_breakeven": 2048, "rec_mm_8k": "1.82",
-                     "rec_mm_small": "0.91 and 1.32", "h100_fp8": 250.0, "h100_bf16_peak": 100.0,
-                     "peak_ratio": 2.5}
+                     "rec_mm_small": "0.91 and 1.32", "rec_mm_small_verdict": fp8_prose.small_product_verdict(
+                         [0.91, 1.32]),
+                     "h100_fp8": 250.0, "h100_bf16_peak": 100.0, "peak_ratio": 2.5}
     none = fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2] + [estimate(16384, 0.9)]}, {}, gpu())
     assert (none["pred_breakeven"], none["rec_mm_8k"], none["rec_mm_small"]) == (None, "not recorded",
                                                                                  "(not recorded)")
@@ -292,6 +326,14 @@ def test_speedup_facts_with_and_without_a_record():
         fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2]}, {}, gpu())
     with pytest.raises(ValueError, match="no BF16 or no FP8"):
         fp8_prose.speedup_facts(ESTIMATES, {}, gpu(fp8=None))
+
+
+def test_small_product_verdict_counts_the_faster_sizes():
+    assert fp8_prose.small_product_verdict([0.91, 1.2, 1.32]).startswith("faster than BF16 at 2 of those 3 sizes")
+    assert "every one" in fp8_prose.small_product_verdict([1.1, 1.2]) and "does not make" in \
+        fp8_prose.small_product_verdict([1.1, 1.2])
+    assert "even the bare product loses" in fp8_prose.small_product_verdict([0.5, 1.0])   # a tie is not faster
+    assert fp8_prose.small_product_verdict([]) == "with no recorded product to compare"
 
 
 def test_roofline_speedups_are_the_roofline_per_variant():

@@ -59,16 +59,41 @@ def _tflops(n, seconds):
 def test_timing_facts_from_three_measurements():
     first = MatmulPoint("fp32", 4, 4, 4, Timing((0.001, 0.002, 0.003), 1))
     facts = P.timing_facts([first, _point("fp32", 4, 0.004)], timer_seconds=0.0025)
+    phrases = {k: facts.pop(k) for k in ("t_vs_timer", "t_spread_vs_quartiles")}
     assert facts == pytest.approx({
         "t_n": 4, "t_median_ms": 2.0, "t_q25_ms": 1.5, "t_q75_ms": 2.5, "t_repeats": 3,
-        "t_tflops": 128 / 0.002 / 1e12, "t_min_ms": 2.0, "t_max_ms": 4.0, "t_runs_spread": 100.0,
-        "t_vs_timer": "20.0% lower"})
-    assert isinstance(facts["t_vs_timer"], Prose) and isinstance(facts["t_repeats"], int)
-    assert P.timing_facts([first], timer_seconds=0.001)["t_vs_timer"] == "100.0% higher"
+        "t_tflops": 128 / 0.002 / 1e12, "t_min_ms": 2.0, "t_max_ms": 4.0, "t_runs_spread": 100.0})
+    assert isinstance(facts["t_repeats"], int) and all(isinstance(p, Prose) for p in phrases.values())
+    # 20% below Timer is inside the medians' 100% spread; the 4 ms repeat lies beyond the quartiles' 2.5 ms
+    assert phrases["t_vs_timer"].startswith("20.0% lower") and "agree" in phrases["t_vs_timer"]
+    assert phrases["t_spread_vs_quartiles"].startswith("wider than the quartiles")
+    alone = P.timing_facts([first], timer_seconds=0.001)
+    assert alone["t_vs_timer"].startswith("100.0% higher") and "warmer cache" in alone["t_vs_timer"]
+    assert alone["t_spread_vs_quartiles"].startswith("inside the quartiles")
     with pytest.raises(ValueError, match="at least one measured point"):
         P.timing_facts([], 0.001)
     with pytest.raises(ValueError, match="timer_seconds must be positive"):
         P.timing_facts([first], 0.0)
+
+
+def test_timer_comparison_explains_only_the_sign_its_reason_predicts():
+    within = P.timer_comparison(-3.0, 5.0)
+    assert within.startswith("3.0% lower") and "agree" in within and "cache" not in within
+    slower = P.timer_comparison(8.0, 5.0)
+    assert slower.startswith("8.0% higher") and "warmer cache than the harness" in slower
+    faster = P.timer_comparison(-8.0, 5.0)
+    assert faster.startswith("8.0% lower") and "does not explain this gap" in faster
+    assert P.timer_comparison(5.0, 5.0).endswith("within this machine's noise")
+    with pytest.raises(ValueError, match="spread_pct"):
+        P.timer_comparison(1.0, float("nan"))
+
+
+def test_spread_against_quartiles_compares_both_ends():
+    assert P.spread_against_quartiles(1.0, 2.0, 1.0, 2.0).startswith("inside")
+    assert P.spread_against_quartiles(0.9, 2.0, 1.0, 2.0).startswith("wider")
+    assert P.spread_against_quartiles(1.0, 2.1, 1.0, 2.0).startswith("wider")
+    with pytest.raises(ValueError, match="low_median <= high_median"):
+        P.spread_against_quartiles(2.0, 1.0, 1.0, 2.0)
 
 
 def _matmul(points=(), cross=None, cross_check_n=4096) -> MatmulThroughput:
@@ -122,6 +147,9 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
                                       f"0.33 TFLOP/s, and the best FP32 product here reached "
                                       f"{100 * best / 0.3328:.0f}% of that estimate."),
                      "skipped": "TF32 (no tensor cores)"}
+    above = P.cpu_estimate_sentence(CPUPeakEstimate(cores=1, clock_ghz=0.001, vector_lanes=4, fma_units=1), best)
+    assert "More than 100% means the estimate is too low" in above
+    assert "too low" not in facts["cpu_estimate"]
     plain = P.matmul_facts(_sweep(skipped={}), (511, 512), None)
     assert plain["cpu_estimate"] == "" and plain["skipped"] == "none"
     with pytest.raises(ValueError, match="a multiple of 8 and a size that is not one"):
@@ -283,7 +311,10 @@ def test_target_loss_and_eager_curves_leave_compiled_runs_out():
 
 def test_time_to_target_facts_and_the_recorded_note():
     facts = P.time_to_target_facts(4.2, {"fp32": [1.234, 2.0], "bf16_autocast": [0.5]})
+    caveat = facts.pop("ttt_caveat")
     assert facts == {"target": 4.2, "ttt": "fp32 1.23 to 2.00 s, bf16_autocast 0.50 to 0.50 s"}
+    assert caveat.startswith(" These are CPU times")
+    assert P.time_to_target_facts(4.2, {"fp32": [1.0]}, on_gpu=True)["ttt_caveat"] == ""
     with pytest.raises(ValueError, match="not every run of fp32 reached the target"):
         P.time_to_target_facts(4.2, {"fp32": [1.0, None]})
     # the target, 4.2, is first reached at the fifth step by both: 5 s and 2.5 s
@@ -306,9 +337,28 @@ def test_top_ops_table_and_cast_facts():
     assert table.splitlines() == ["| recipe | operator | self time (ms) | calls |", "|---|---|---|---|",
                                   "| fp32 | `aten::mm` | 1.78 | 19 |", "| fp32 | `aten::copy_` | 0.43 | 154 |",
                                   "| bf16_autocast | `aten::mm` | 1.25 | 19 |"]
-    assert P.cast_facts(STEPS) == {"cast_fp32": 5.0, "cast_bf16": 25.0}
+    facts = P.cast_facts(STEPS)
+    assert facts == {"cast_fp32": 5.0, "cast_bf16": 25.0, "cast_fp32_ms": 0.1, "cast_bf16_ms": 0.5,
+                     "cast_verdict": P.cast_verdict(STEPS["fp32"], STEPS["bf16_autocast"])}
+    assert facts["cast_verdict"].startswith("the price autocast pays")
     with pytest.raises(ValueError, match="profiled bf16_autocast step"):
         P.cast_facts({"fp32": STEPS["fp32"]})
+
+
+def test_cast_verdict_follows_time_and_share():
+    def step(total, cast):
+        return ProfiledStep("r", "cpu", (), total, cast)
+    # more cast time and a larger share: the price shows
+    assert P.cast_verdict(step(2000, 100), step(2000, 500)).startswith("the price autocast pays")
+    # more cast time, but a slower step around it: the share did not grow
+    assert "share did not" in P.cast_verdict(step(2000, 100), step(20000, 500))
+    # no more cast time than FP32's own copies (the reverse a loaded CPU can show): not the price
+    reverse = P.cast_verdict(step(2000, 150), step(2000, 100))
+    assert "does not show here" in reverse and "price autocast pays" not in reverse
+    # within the margin counts as no more
+    assert "does not show here" in P.cast_verdict(step(2000, 100), step(2000, 105))
+    with pytest.raises(ValueError, match="margin"):
+        P.cast_verdict(step(1, 1), step(1, 1), margin=0.5)
 
 
 def test_recorded_profile_note_names_cast_shares_and_top_three():
@@ -392,8 +442,52 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     assert measured[3] == ("Under torch.amp the persistent state is unchanged (16 bytes per parameter); only "
                            "activations shrink, here to 0.60 of FP32's.")
     assert "(2 KiB during a step of the small model). For 7B parameters the persistent state is 112 GB." in measured[4]
-    assert measured[5] == ("On this machine FP16 autocast trains at 1.25 times FP32's speed; small products are "
-                           "launch-bound even on a GPU (see the sweep above).")
+    assert measured[5] == "On this machine FP16 autocast trains at 1.25 times FP32's speed."
+    cpu = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64,
+                                    device_label="this CPU", sweeps={"live": {"fp32": {8: 2.0}, "fp16": {8: 1.0}}},
+                                    studies={"the recorded GPU": _study()})
+    assert cpu[5][1] == ("On this CPU FP16 autocast trains at 1.25 times FP32's speed (a CPU: no tensor cores, so "
+                         "this is not a GPU's figure). In the live sweep, FP16 ran at 0.50 times the throughput of "
+                         "FP32 (TF32 off) at n = 8: fewer bits, slower product. On the recorded GPU, a whole BF16 autocast training step "
+                         "(eager) ran at 2.00 times FP32's token rate.")
+
+
+def test_slowest_lower_precision_orders_dtypes_by_bits():
+    # FP8 below FP16 at 512 (0.5) is worse than BF16 below TF32 at 256 (0.9); BF16 against FP16 never counts
+    sweep = {"fp32": {256: 1.0, 512: 5.0}, "tf32": {256: 2.0, 512: 8.0}, "bf16": {256: 1.8, 512: 9.0},
+             "fp16": {256: 3.0, 512: 12.0}, "fp8": {256: 4.0, 512: 6.0}}
+    assert P.slowest_lower_precision(sweep) == ("fp8", "fp16", 512, 0.5)
+    assert P.slowest_lower_precision({"fp32": {8: 1.0}, "bf16": {8: 2.0}, "fp16": {8: 1.0}}) is None
+    # sizes one dtype lacks are not compared
+    assert P.slowest_lower_precision({"fp32": {8: 1.0}, "fp8": {16: 0.1}}) is None
+    with pytest.raises(ValueError, match="unknown matmul dtypes"):
+        P.slowest_lower_precision({"int8": {8: 1.0}})
+
+
+def test_lower_precision_erratum_says_when_a_sweep_never_slows():
+    text = P.lower_precision_erratum(0.8, "this GPU", {"recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
+    assert text == ("On this GPU FP16 autocast trains at 0.80 times FP32's speed. In the recorded X sweep, fewer bits "
+                    "were never slower.")
+    with_tf32 = dataclasses.replace(_study(), runs=_study().runs + (_run("tf32", 0.25),))
+    assert P.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).endswith(
+        "On G, a whole BF16 autocast training step (eager) ran at 1.00 times TF32's token rate.")
+    with pytest.raises(ValueError, match="live_fp16_speed"):
+        P.lower_precision_erratum(0.0, "x", {}, {})
+
+
+def test_speed_evidence_labels_live_and_recorded_runs():
+    live = MatmulSweep("cpu", (_point("fp32", 8, 1e-6), _point("bf16", 8, 2e-6), _point("fp16", 8, 2e-6)), {})
+    assert P.speed_evidence(live, "cpu", {}) == {
+        "device_label": "this CPU", "sweeps": {"live": {"fp32": {8: _tflops(8, 1e-6)}, "bf16": {8: _tflops(8, 2e-6)},
+                                                        "fp16": {8: _tflops(8, 2e-6)}}}, "studies": {}}
+    recorded = {"matmul_throughput": _record("matmul_throughput", _matmul([("fp32", 256, 2.0), ("fp8", 256, 1.0)])),
+                "training_throughput": _record("training_throughput", _study())}
+    evidence = P.speed_evidence(live, "cuda", recorded)
+    assert evidence["device_label"] == "this GPU"
+    assert evidence["sweeps"][f"recorded {H100_LABEL}"] == {"fp32": {256: 2.0}, "fp8": {256: 1.0}}
+    assert list(evidence["studies"]) == [f"the recorded {H100_LABEL}"]
+    with pytest.raises(TypeError, match="expected a recorded ThroughputStudy"):
+        P.speed_evidence(live, "cpu", {"training_throughput": _record("training_throughput", {"runs": []})})
 
 
 def test_exercise_facts():

@@ -102,6 +102,36 @@ def spike_facts(spike: SpikeRun) -> dict[str, object]:
             "spike_before": 100 * spike.relative_error[key][at - 1]}
 
 
+def margin_facts(plain: SpikeRun, with_margin: SpikeRun, margin: int) -> dict[str, object]:
+    """The same spike cast by delayed scaling (history reduced by "max") without a margin (``plain``) and
+    with ``margin`` (``with_margin``): percent saturated at the spike, and the quiet steps' (those before
+    the spike) mean relative error and flushed share, in percent, each way; and a phrase on whether the
+    margin's cost to the quiet steps stays small (their error at most doubles) or not."""
+    keys = []
+    for run in (plain, with_margin):
+        delayed = [k for k in run.relative_error if k.startswith("delayed, max of ")]
+        if len(delayed) != 1:
+            raise ValueError(f"expected one 'delayed, max of N' recipe, got {delayed}")
+        keys.append(delayed[0])
+    if (plain.spike_at, plain.factor, plain.amax) != (with_margin.spike_at, with_margin.factor, with_margin.amax):
+        raise ValueError("the two runs must cast the same tensors (same spike step, factor and amaxes)")
+    at = plain.spike_at
+    if at < 1:
+        raise ValueError(f"the spike (step {at}) needs quiet steps before it")
+
+    def quiet(values):
+        return 100 * sum(values[:at]) / at
+
+    err0, err = quiet(plain.relative_error[keys[0]]), quiet(with_margin.relative_error[keys[1]])
+    verdict = ("E4M3's range absorbs it: the quiet steps' error at most doubles" if err <= 2 * err0 else
+               "here it does not come free: the quiet steps' error more than doubles")
+    return {"ex_m_margin": margin,
+            "ex_m_sat0": 100 * plain.saturated[keys[0]][at], "ex_m_sat": 100 * with_margin.saturated[keys[1]][at],
+            "ex_m_err0": err0, "ex_m_err": err,
+            "ex_m_flush0": quiet(plain.flushed[keys[0]]), "ex_m_flush": quiet(with_margin.flushed[keys[1]]),
+            "ex_m_verdict": Prose(verdict)}
+
+
 def cast_cost_table(times: Mapping[str, float]) -> MarkdownTable:
     """Milliseconds per cast of :func:`~course_lib.studies.fp8.time_scaled_casts`, and each as a multiple
     of torch's own cast."""
@@ -110,9 +140,29 @@ def cast_cost_table(times: Mapping[str, float]) -> MarkdownTable:
                                                         for k, v in times.items()])
 
 
-def cast_cost_facts(times: Mapping[str, float]) -> dict[str, object]:
-    """``cost_current``: current scaling's time over the cast with a known scale."""
-    return {"cost_current": times[CURRENT_SCALING_CAST] / times[KNOWN_SCALE_CAST]}
+def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float]) -> dict[str, object]:
+    """``cost_current``: current scaling's time over the cast with a known scale in ``times``; ``cost_noise``:
+    how far (%) the same casts' medians in a second timing, ``again``, moved at most; and ``cost_phrase``,
+    the sentence's verb phrase, which counts a difference within that noise as none."""
+    for name, t in (("times", times), ("again", again)):
+        missing = [k for k in (KNOWN_SCALE_CAST, CURRENT_SCALING_CAST) if k not in t]
+        if missing:
+            raise ValueError(f"{name} lacks the timing of {missing}")
+    ratio = times[CURRENT_SCALING_CAST] / times[KNOWN_SCALE_CAST]
+    noise = 100 * max(abs(times[k] / again[k] - 1) for k in (KNOWN_SCALE_CAST, CURRENT_SCALING_CAST))
+    if 100 * (ratio - 1) > noise:
+        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, more than the {noise:.0f}% two "
+                  "timings of the same cast differed by: that is the price of the extra pass (an upper bound on it: "
+                  "delayed scaling still records each amax, in the same pass on a GPU)")
+    elif 100 * (1 - ratio) > noise:
+        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale: less, which an extra pass "
+                  f"cannot cause, by more than the {noise:.0f}% two timings of the same cast differed by. The two "
+                  "medians come from separate timed loops, so the machine's state between them, not the amax "
+                  "pass, decided this difference")
+    else:
+        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, within the {noise:.0f}% two "
+                  "timings of the same cast differed by: on this device the extra pass does not show")
+    return {"cost_current": ratio, "cost_noise": noise, "cost_phrase": Prose(phrase)}
 
 
 def backend_facts(recipe: str, same: bool) -> dict[str, object]:
@@ -245,7 +295,23 @@ def speedup_facts(estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
             "pred_breakeven": next((e.m for e in tw if e.speedup >= 1), None),
             "rec_mm_8k": Prose(f"{rec[8192]:.2f}" if 8192 in rec else "not recorded"),
             "rec_mm_small": _ratio_range([v for n, v in rec.items() if n <= 2048], missing="(not recorded)"),
+            "rec_mm_small_verdict": small_product_verdict([v for n, v in rec.items() if n <= 2048]),
             "h100_fp8": fp8, "h100_bf16_peak": bf16, "peak_ratio": fp8 / bf16}
+
+
+def small_product_verdict(ratios: Sequence[float]) -> Prose:
+    """What recorded FP8-over-BF16 product ratios at small sizes show about the bare product: at how many
+    sizes FP8 was faster, and whether the product alone can explain slow small FP8 layers."""
+    if not ratios:
+        return Prose("with no recorded product to compare")
+    faster = sum(r > 1 for r in ratios)
+    if faster == len(ratios):
+        return Prose("faster than BF16 at every one of those sizes: the bare product does not make small FP8 "
+                     "layers slow")
+    if faster == 0:
+        return Prose("slower than BF16 at every one of those sizes: there even the bare product loses")
+    return Prose(f"faster than BF16 at {faster} of those {len(ratios)} sizes: the bare product alone does not "
+                 "make small FP8 layers slow")
 
 
 def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
+
 from ..bench import (
     DTYPE_LABELS,
     CPUPeakEstimate,
@@ -43,8 +45,10 @@ def _ridge(gpu: GPUPeaks) -> float:
 
 def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[str, object]:
     """The first of ``points`` (repeated measurements of one product): its size, median and quartiles (ms),
-    repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in %); and the
-    first median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase."""
+    repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in %), and a
+    phrase that says whether that range is wider than the first measurement's quartiles; and the first
+    median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
+    against the medians' own spread."""
     if not points:
         raise ValueError("timing_facts needs at least one measured point")
     if not timer_seconds > 0:
@@ -52,12 +56,45 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     point = points[0]
     t = point.timing
     medians = [p.timing.median for p in points]
-    diff = 100 * (t.median / timer_seconds - 1)
+    spread = 100 * (max(medians) / min(medians) - 1)
     return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
             "t_repeats": t.repeats, "t_tflops": point.tflops,
-            "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians),
-            "t_runs_spread": 100 * (max(medians) / min(medians) - 1),
-            "t_vs_timer": Prose(f"{abs(diff):.1f}% {'higher' if diff >= 0 else 'lower'}")}
+            "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
+            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread),
+            "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
+
+
+def timer_comparison(diff_pct: float, spread_pct: float) -> Prose:
+    """The harness's median against ``torch.utils.benchmark.Timer``'s, ``diff_pct`` percent apart (positive:
+    the harness is slower), judged against ``spread_pct``, how far apart the harness's own repeated medians
+    were. Timer times one buffer, which can sit in a warmer cache: that explains a slower harness only."""
+    if not spread_pct >= 0:
+        raise ValueError(f"spread_pct must be a non-negative percentage, got {spread_pct!r}")
+    side = "higher" if diff_pct >= 0 else "lower"
+    gap = f"{abs(diff_pct):.1f}% {side} than the median of PyTorch's own `torch.utils.benchmark.Timer` on the same shape"
+    if abs(diff_pct) <= spread_pct:
+        return Prose(f"{gap}: no more than its own repeated medians differ ({spread_pct:.1f}%, below), so the two "
+                     "tools agree within this machine's noise")
+    if diff_pct > 0:
+        return Prose(f"{gap}, beyond its own repeated medians' {spread_pct:.1f}%: Timer reuses one buffer, which "
+                     "can stay in a warmer cache than the harness's rotated buffers")
+    return Prose(f"{gap}, beyond its own repeated medians' {spread_pct:.1f}%. A warmer cache would make Timer "
+                 "faster, not slower, so it does not explain this gap: Timer averages blocks of calls that "
+                 "include Python's call overhead, and on a shared machine the load can change between the two "
+                 "measurements")
+
+
+def spread_against_quartiles(low_median: float, high_median: float, q25: float, q75: float) -> Prose:
+    """Whether repeated measurements' medians (``low_median`` to ``high_median``) stray beyond one
+    measurement's quartiles, ``q25`` to ``q75`` (all in seconds), as the end of a sentence."""
+    if not (0 < low_median <= high_median and 0 < q25 <= q75):
+        raise ValueError(f"need 0 < low_median <= high_median and 0 < q25 <= q75, got {low_median!r}, "
+                         f"{high_median!r}, {q25!r}, {q75!r}")
+    if low_median < q25 or high_median > q75:
+        return Prose("wider than the quartiles of one measurement: a single measurement's quartiles understate "
+                     "how much a repeat can move")
+    return Prose("inside the quartiles of one measurement: on this run, one measurement's quartiles covered "
+                 "the repeats")
 
 
 def _recorded_matmul(record: RecordedResult) -> MatmulThroughput:
@@ -111,7 +148,9 @@ def cpu_estimate_sentence(estimate: CPUPeakEstimate | None, best_fp32_tflops: fl
                  f"{estimate.clock_ghz:.2f} GHz x {estimate.flops_per_cycle}, assuming {estimate.fma_units} FMA "
                  f"units of {estimate.vector_lanes} FP32 lanes) estimates its FP32 peak at {estimate.tflops:.2f} "
                  f"TFLOP/s, and the best FP32 product here reached {100 * best_fp32_tflops / estimate.tflops:.0f}% "
-                 "of that estimate.")
+                 "of that estimate." + (" More than 100% means the estimate is too low, not that the product beat "
+                                        "the hardware: it takes the clock /proc/cpuinfo reports, and a CPU can run "
+                                        "faster than that." if best_fp32_tflops > estimate.tflops else ""))
 
 
 def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEstimate | None) -> dict[str, object]:
@@ -280,11 +319,18 @@ def _time_ranges(times: Mapping[str, Sequence[float | None]]) -> dict[str, tuple
     return out
 
 
-def time_to_target_facts(target: float, times: Mapping[str, Sequence[float | None]]) -> dict[str, object]:
-    """The target loss and, per recipe, the range over seeds of the seconds to reach it (every run must)."""
+def time_to_target_facts(target: float, times: Mapping[str, Sequence[float | None]], *,
+                         on_gpu: bool = False) -> dict[str, object]:
+    """The target loss and, per recipe, the range over seeds of the seconds to reach it (every run must);
+    off a GPU (``on_gpu`` false), the caveat that these times come from CPU kernels."""
     ranges = _time_ranges(times)
+    caveat = "" if on_gpu else (
+        " These are CPU times: the 16-bit recipes run on the CPU's kernels, which emulate or narrowly support "
+        "16-bit arithmetic, not on a GPU's tensor cores, so their times say nothing about a GPU's (the "
+        "matrix-product sweep above measured this CPU's 16-bit products against FP32's).")
     return {"target": target,
-            "ttt": Prose(", ".join(f"{name} {lo:.2f} to {hi:.2f} s" for name, (lo, hi) in ranges.items()))}
+            "ttt": Prose(", ".join(f"{name} {lo:.2f} to {hi:.2f} s" for name, (lo, hi) in ranges.items())),
+            "ttt_caveat": Prose(caveat)}
 
 
 def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:
@@ -315,11 +361,33 @@ def top_ops_table(steps: Mapping[str, ProfiledStep]) -> MarkdownTable:
 
 
 def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:
-    """The share (%) of operator time spent in casts, in FP32 and under BF16 autocast."""
+    """The share (%) and self time (ms) of operator time spent in casts, in FP32 and under BF16 autocast, and
+    a phrase that says what the difference shows (:func:`cast_verdict`)."""
     for recipe in ("fp32", "bf16_autocast"):
         if recipe not in steps:
             raise ValueError(f"cast_facts needs a profiled {recipe} step")
-    return {"cast_fp32": 100 * steps["fp32"].cast_fraction, "cast_bf16": 100 * steps["bf16_autocast"].cast_fraction}
+    fp32, bf16 = steps["fp32"], steps["bf16_autocast"]
+    return {"cast_fp32": 100 * fp32.cast_fraction, "cast_bf16": 100 * bf16.cast_fraction,
+            "cast_fp32_ms": fp32.cast_us / 1e3, "cast_bf16_ms": bf16.cast_us / 1e3,
+            "cast_verdict": cast_verdict(fp32, bf16)}
+
+
+def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1) -> Prose:
+    """What the casts of a BF16 autocast step against an FP32 step's show: the price autocast pays where its
+    casts take both more time and a larger share (by ``margin``), and otherwise that this step does not show
+    it, with the reason the numbers give."""
+    if not margin >= 1:
+        raise ValueError(f"margin must be at least 1, got {margin!r}")
+    more_time = bf16.cast_us > margin * fp32.cast_us
+    more_share = bf16.cast_fraction > margin * fp32.cast_fraction
+    if more_time and more_share:
+        return Prose("the price autocast pays for converting weights and activations on the fly")
+    if more_time:
+        return Prose("autocast's conversions add time, but the step's other operators grew more, so their "
+                     "share did not: on this machine the low-precision operators, not the casts, are the cost")
+    return Prose("on this step autocast's conversions cost no more than FP32's own copies, so the price of "
+                 "casting does not show here: on a CPU it is small next to the matrix products. Where it "
+                 "does show, it shows as a larger share of a faster step")
 
 
 def recorded_profile_note(record: RecordedResult) -> Prose:
@@ -398,10 +466,14 @@ def activation_facts(sweep: ActivationSweep) -> dict[str, object]:
 # ---- errata and exercises ------------------------------------------------------------------------------
 
 def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakdown], study: ThroughputStudy,
-                            *, batch: int = 64) -> list[tuple[str, str]]:
+                            *, batch: int = 64, device_label: str = "this machine",
+                            sweeps: Mapping[str, Mapping[str, Mapping[int, float]]] | None = None,
+                            studies: Mapping[str, ThroughputStudy] | None = None) -> list[tuple[str, str]]:
     """Lesson 6's errata, (claim, what was measured) pairs: the A100's dense FP16 and TF32 peaks; the FLOPs
     of the MLP up-projection of a model shaped like ``config`` at ``batch`` sequences, 2MNK against 2mn²;
-    bytes per parameter from ``breakdowns`` and the memory model; the measured FP16 autocast speed."""
+    bytes per parameter from ``breakdowns`` and the memory model; whether lower precision was always faster,
+    from ``study`` (live, on ``device_label``) and the labelled ``sweeps`` (``{dtype: {n: TFLOP/s}}``) and
+    ``studies`` (:func:`lower_precision_erratum`)."""
     a100 = DATASHEET_PEAKS["A100 SXM4 80GB"]
     by = _by_recipe(breakdowns)
     rows = _eager_rows(study)
@@ -432,9 +504,78 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
          f"during a step of the small model). For 7B parameters the persistent state is "
          f"{estimate_training_memory(7e9, 'bf16_autocast')['total'] / 1e9:.0f} GB."),
         ("Lower precision is always faster.",
-         f"On this machine FP16 autocast trains at {speed:.2f} times FP32's speed; small products are "
-         f"launch-bound even on a GPU (see the sweep above)."),
+         lower_precision_erratum(speed, device_label, sweeps or {}, studies or {})),
     ]
+
+
+def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
+                   recorded: Mapping[str, RecordedResult]) -> dict[str, object]:
+    """The keyword arguments :func:`performance_errata_rows` takes for its speed erratum: the device's label,
+    the live sweep and a recorded ``matmul_throughput`` one, and a recorded ``training_throughput`` study,
+    from the lesson's ``recorded`` records by experiment name."""
+    device = torch.device(device)
+    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": measured_tflops(sweep)}
+    studies: dict[str, ThroughputStudy] = {}
+    if "matmul_throughput" in recorded:
+        sweeps[f"recorded {recorded['matmul_throughput'].label}"] = _recorded_matmul(recorded["matmul_throughput"]).tflops()
+    if "training_throughput" in recorded:
+        result = recorded["training_throughput"].result
+        if not isinstance(result, ThroughputStudy):
+            raise TypeError(f"expected a recorded ThroughputStudy, got {type(result).__name__}")
+        studies[f"the recorded {recorded['training_throughput'].label}"] = result
+    return {"device_label": f"this {'GPU' if device.type == 'cuda' else 'CPU'}", "sweeps": sweeps, "studies": studies}
+
+
+# bits of each matmul dtype's format (TF32's 19 of its 32 stored bits), to order them by precision
+_FORMAT_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8}
+
+
+def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]]) -> tuple[str, str, int, float] | None:
+    """In a sweep ``{dtype: {n: TFLOP/s}}``, the size where a dtype of fewer bits ran furthest below one of
+    more bits: ``(lower, higher, n, lower's throughput over higher's)``, or None where fewer bits were never
+    slower."""
+    unknown = sorted(set(tflops) - set(_FORMAT_BITS))
+    if unknown:
+        raise ValueError(f"unknown matmul dtypes {unknown}; known: {sorted(_FORMAT_BITS)}")
+    worst = None
+    for low, low_pts in tflops.items():
+        for high, high_pts in tflops.items():
+            if _FORMAT_BITS[low] >= _FORMAT_BITS[high]:
+                continue
+            for n in sorted(set(low_pts) & set(high_pts)):
+                ratio = low_pts[n] / high_pts[n]
+                if ratio < 1 and (worst is None or ratio < worst[3]):
+                    worst = (low, high, n, ratio)
+    return worst
+
+
+def lower_precision_erratum(live_fp16_speed: float, device_label: str,
+                            sweeps: Mapping[str, Mapping[str, Mapping[int, float]]],
+                            studies: Mapping[str, ThroughputStudy]) -> str:
+    """The evidence against "lower precision is always faster": FP16 autocast's measured speed over FP32's
+    on ``device_label``; per labelled sweep, the product where fewer bits ran furthest below more
+    (:func:`slowest_lower_precision`); per labelled study, BF16 autocast's eager token rate over TF32's (or
+    FP32's, where TF32 did not run). Says so where a sweep shows no such product."""
+    if not live_fp16_speed > 0:
+        raise ValueError(f"live_fp16_speed must be positive, got {live_fp16_speed!r}")
+    parts = [f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
+             + (" (a CPU: no tensor cores, so this is not a GPU's figure)" if "CPU" in device_label else "") + "."]
+    for label, tflops in sweeps.items():
+        worst = slowest_lower_precision(tflops)
+        if worst is None:
+            parts.append(f"In the {label} sweep, fewer bits were never slower.")
+        else:
+            low, high, n, ratio = worst
+            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {ratio:.2f} times the throughput "
+                         f"of {DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
+    for label, other in studies.items():
+        rows = {row["recipe"]: row for row in other.table() if not row["compiled"]}
+        base = "tf32" if "tf32" in rows else "fp32"
+        if "bf16_autocast" in rows and base in rows:
+            ratio = rows["bf16_autocast"]["tokens_per_s"] / rows[base]["tokens_per_s"]
+            parts.append(f"On {label}, a whole BF16 autocast training step (eager) ran at {ratio:.2f} times "
+                         f"{base.upper()}'s token rate.")
+    return " ".join(parts)
 
 
 def exercise_facts(ops: Sequence[OpCost]) -> dict[str, object]:
