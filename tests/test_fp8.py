@@ -223,10 +223,42 @@ needs_rowwise = pytest.mark.skipif(ROWWISE_WHY_NOT is not None, reason=str(ROWWI
 
 
 def torch_reference_scaled_mm():
-    """torch's own CPU _scaled_mm (dequantise in FP32, then an FP32 product), which the simulation matches bit
-    for bit. On a CPU with FP8 support in oneDNN (AMX machines), torch hands per-tensor products to oneDNN,
-    whose kernel sums in its own order: that path is checked against the FP32 error bound below."""
+    """torch's own CPU _scaled_mm (dequantise in FP32 into row-major operands, then an FP32 matmul), which the
+    simulation matches bit for bit. On an x86 CPU with AMX-INT8 torch hands FP8 products (both operands of
+    one format) to oneDNN, whose kernel sums in its own order: that path is checked against the FP32 error
+    bound below."""
     return torch.backends.mkldnn.flags(enabled=False)
+
+
+# shapes [M, K, N] where the BLAS order depends on the operands' layout (one or two rows) or that are not
+# multiples of 16, then random ones
+ODD_SHAPES = [(1, 64, 3), (2, 54, 70), (2, 54, 35), (5, 40, 24), (13, 17, 9), (1, 1, 1), (1, 33, 1), (3, 1, 5),
+              (64, 1, 1), (1, 200, 70)]
+
+
+def _random_shapes(count: int, seed: int = 3):
+    gen = torch.Generator().manual_seed(seed)
+    return ODD_SHAPES + [tuple(int(v) for v in torch.randint(1, 90, (3,), generator=gen)) for _ in range(count)]
+
+
+def _operands(kind: str, m: int, k: int, n: int, gen: torch.Generator):
+    """``a`` [M, K] and ``b`` [K, N], quantised as the linear layer's products quantise them: ``b`` (and, for
+    the "_transposed_a" kinds, ``a``) as the transpose of a row-major tensor, scaled along K."""
+    a = torch.randn(m, k, generator=gen) * 3
+    b = torch.randn(n, k, generator=gen) / 7
+    if kind.startswith("rowwise"):
+        pow2 = kind == "rowwise"
+        qa, qb = (fp8.RowwiseScaling(power_of_two=pow2).quantize(a),
+                  fp8.RowwiseScaling(power_of_two=pow2).quantize(b).t())
+    elif kind == "mixed_e5m2_e4m3":
+        qa, qb = fp8.CurrentScaling("e5m2").quantize(a), fp8.CurrentScaling("e4m3").quantize(b).t()
+    else:
+        recipe = fp8.CurrentScaling(power_of_two=kind == "tensorwise_pow2")
+        qa, qb = recipe.quantize(a), recipe.quantize(b).t()
+    if kind.endswith("_transposed_a"):
+        qa = (fp8.RowwiseScaling(axis=0) if kind.startswith("rowwise") else fp8.CurrentScaling()).quantize(
+            a.t().contiguous()).t()
+    return qa, qb
 
 
 @pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.CurrentScaling(power_of_two=True),
@@ -245,19 +277,35 @@ def test_simulated_matmul_equals_scaled_mm_bit_for_bit(recipe):
     assert torch.equal(sim, real)
 
 
+@pytest.mark.parametrize("kind", ["tensorwise", "tensorwise_pow2", "mixed_e5m2_e4m3", "tensorwise_transposed_a",
+                                  pytest.param("rowwise", marks=needs_rowwise),
+                                  pytest.param("rowwise_exact", marks=needs_rowwise),
+                                  pytest.param("rowwise_transposed_a", marks=needs_rowwise)])
+def test_simulated_matmul_equals_scaled_mm_bit_for_bit_on_any_shape(kind):
+    """Bit for bit on every shape, one-row and one-column operands included (the BLAS sums a few-row product
+    in an order that depends on the operands' layout, so the simulation must lay them out as torch does)."""
+    gen = torch.Generator().manual_seed(2)
+    for m, k, n in _random_shapes(40):
+        qa, qb = _operands(kind, m, k, n, gen)
+        sim = fp8.fp8_matmul(qa, qb, backend="simulated")
+        with torch_reference_scaled_mm():
+            real = fp8.fp8_matmul(qa, qb, backend="scaled_mm")
+        assert torch.equal(sim, real), f"{kind} {m} x {k} @ {k} x {n}: {int((sim != real).sum())} differ"
+
+
 def test_scaled_mm_with_onednn_is_within_fp32_summation_error():
-    """Whatever kernel this CPU's _scaled_mm uses, it sums the same products: the difference from the
-    simulation stays within FP32 summation error, K * 2^-24 * sum_k |a_ik b_kj| (and is zero on CPUs where
-    torch keeps its reference kernel)."""
+    """Whatever kernel this CPU's _scaled_mm uses, it sums the same products, so it differs from the simulation
+    by FP32 rounding only. The simulation rounds K + 2 times per output (two dequantised operands, K - 1 sums,
+    the product); oneDNN sums the exact code products (K - 1 roundings) and applies both inverse scales after
+    (2 more): together at most (2K + 3) * 2^-24 * sum_k |a_ik b_kj| (first order). Zero on CPUs where torch
+    keeps its reference kernel."""
     gen = torch.Generator().manual_seed(1)
-    a = torch.randn(48, 64, generator=gen) * 3
-    b = torch.randn(32, 64, generator=gen) / 7
-    recipe = fp8.CurrentScaling()
-    qa, qb = recipe.quantize(a), recipe.quantize(b).t()
-    sim = fp8.fp8_matmul(qa, qb, backend="simulated")
-    real = fp8.fp8_matmul(qa, qb, backend="scaled_mm")
-    bound = 64 * 2.0**-24 * (qa.values().abs() @ qb.values().abs())
-    assert torch.all((sim - real).abs() <= bound)
+    for m, k, n in [(48, 64, 32), *ODD_SHAPES]:
+        qa, qb = _operands("tensorwise", m, k, n, gen)
+        sim = fp8.fp8_matmul(qa, qb, backend="simulated")
+        real = fp8.fp8_matmul(qa, qb, backend="scaled_mm")
+        bound = (2 * k + 3) * 2.0**-24 * (qa.values().abs() @ qb.values().abs())
+        assert torch.all((sim - real).abs() <= bound), f"{m} x {k} @ {k} x {n}"
 
 
 def test_scaled_mm_refuses_block_scales():
@@ -305,6 +353,28 @@ def test_fp8_linear_backends_agree_bit_for_bit(recipe):
         assert torch.equal(ys, yr)
         assert torch.equal(xs.grad, xr.grad)
         assert torch.equal(sim.weight.grad, real.weight.grad)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", *[pytest.param(r, marks=needs_rowwise) for r in ROWWISE_RECIPES]])
+@pytest.mark.parametrize("tokens, in_features, out_features", [(1, 64, 48), (8, 64, 1), (8, 1, 48), (1, 1, 1)])
+def test_fp8_linear_scaled_mm_takes_one_token_or_one_feature(recipe, tokens, in_features, out_features):
+    """A one-row or one-column operand makes a row/column scale a single one: _scaled_mm still gets it as a
+    [M, 1] / [1, N] tensor with unit stride (an expanded scalar has stride 0 and was refused), in the
+    forward product and both gradients, bit for bit with the simulation."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(in_features, out_features)
+    sim = fp8.Fp8Linear.from_linear(lin, recipe=recipe, backend="simulated")
+    real = fp8.Fp8Linear.from_linear(lin, recipe=recipe, backend="scaled_mm")
+    x = torch.randn(tokens, in_features)
+    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ys = sim(xs)
+    ys.pow(2).sum().backward()
+    with torch_reference_scaled_mm():
+        yr = real(xr)
+        yr.pow(2).sum().backward()
+    assert torch.equal(ys, yr)
+    assert torch.equal(xs.grad, xr.grad)
+    assert torch.equal(sim.weight.grad, real.weight.grad)
 
 
 @pytest.mark.parametrize("recipe", fp8.FP8_LINEAR_RECIPES)

@@ -31,20 +31,35 @@ def _scaled_mm_inverse(q: Fp8Tensor, side: str) -> torch.Tensor:
                      f"{q.block[1]} blocks: use backend='simulated'")
 
 
+def _materialised(scalar: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """``scalar`` repeated into a fresh ``shape`` tensor with row-major strides. ``_scaled_mm`` checks
+    ``stride(1) == 1``; an expanded scalar has strides 0, and ``.contiguous()`` does not copy a ``[1, 1]``
+    expansion (one row of ``a``, one column of ``b``): a size-1 dimension's stride does not count."""
+    return scalar.expand(shape).clone(memory_format=torch.contiguous_format)
+
+
 def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``a @ b`` of two scaled FP8 tensors (``[M, K] @ [K, N]``), with the scales applied.
 
-    ``backend="simulated"``: dequantise both (codes times inverse scales, in FP32) and multiply in FP32; runs
-    anywhere, any block shape. ``backend="scaled_mm"``: ``torch._scaled_mm`` on the codes, per-tensor or
-    row/column scales only. On the CPU the two agree bit for bit with torch's reference kernel (which
-    dequantises the same way); where torch hands per-tensor FP8 products to oneDNN (CPUs with AMX), that
-    kernel sums in its own order and agrees within FP32 summation error; on a GPU the FP8 tensor cores accumulate differently (see :func:`accumulation_error`), and per-row
-    scales may take only a BF16 ``out_dtype`` (torchao asks for BF16 and casts back)."""
+    ``backend="simulated"``: dequantise both (codes times inverse scales, in FP32) into row-major ``[M, K]``
+    and ``[K, N]`` operands and multiply them with ``torch.matmul``; runs anywhere, any block shape.
+    ``backend="scaled_mm"``: ``torch._scaled_mm`` on the codes, per-tensor or row/column scales only.
+
+    On the CPU the two agree bit for bit, on every shape, with torch's reference kernel
+    (``_scaled_mm_out_cpu_emulated``): it dequantises the same way, makes both operands row-major and calls
+    the same FP32 ``matmul``. The layout matters: the BLAS sums in an order that depends on it for some
+    shapes (one or two rows, say). Where torch hands an FP8 product to oneDNN instead (x86 CPUs with
+    AMX-INT8 and oneDNN enabled; seen for per-tensor scales with both operands in one FP8 format), that
+    kernel sums the code products in its own order and applies the scales after, so it agrees only within
+    FP32 rounding error (``torch.backends.mkldnn.flags(enabled=False)`` restores the reference). On a GPU
+    the FP8 tensor cores accumulate differently (see :func:`accumulation_error`), and per-row scales may take
+    only a BF16 ``out_dtype`` (torchao asks for BF16 and casts back)."""
     if a.data.shape[1] != b.data.shape[0]:
         raise ValueError(f"inner dimensions differ: {tuple(a.data.shape)} @ {tuple(b.data.shape)}")
     if backend == "simulated":
-        return (a.values() @ b.values()).to(out_dtype)
+        # row-major operands, as torch's CPU reference kernel makes them: the summation order follows
+        return torch.matmul(a.values().contiguous(), b.values().contiguous()).to(out_dtype)
     if backend == "scaled_mm":
         if not hasattr(torch, "_scaled_mm"):  # pragma: no cover - torch 2.11+ has it
             raise ValueError("this torch has no torch._scaled_mm: use backend='simulated'")
@@ -58,8 +73,8 @@ def fp8_matmul(a: Fp8Tensor, b: Fp8Tensor, *, backend: str = "simulated",
                                  f"backend='simulated'")
         if sa.dim() != sb.dim():
             # one operand per tensor, the other per row/column: _scaled_mm takes the row-wise form only
-            sa = sa.expand(a.data.shape[0], 1).contiguous() if sa.dim() == 0 else sa
-            sb = sb.expand(1, b.data.shape[1]).contiguous() if sb.dim() == 0 else sb
+            sa = _materialised(sa, (a.data.shape[0], 1)) if sa.dim() == 0 else sa
+            sb = _materialised(sb, (1, b.data.shape[1])) if sb.dim() == 0 else sb
         return torch._scaled_mm(a.data.contiguous(), b_col, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
     raise ValueError(f"backend must be 'simulated' or 'scaled_mm', got {backend!r}")
 
