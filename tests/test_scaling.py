@@ -1,6 +1,7 @@
 """The teaching loss scaler against torch.amp.GradScaler, side by side, bit for bit."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -63,15 +64,15 @@ def test_teaching_scaler_matches_grad_scaler_bit_for_bit(kwargs):
             scale_fn(loss).backward()
         assert torch.equal(params_real[0].grad.view(torch.int32), params_mine[0].grad.view(torch.int32))
         real.unscale_(opt_real)
-        found_inf = mine.unscale_([params_mine[0].grad])
+        found_inf = mine.unscale_(opt_mine)
         g_real, g_mine = params_real[0].grad, params_mine[0].grad
         same = (g_real == g_mine) | (torch.isnan(g_real) & torch.isnan(g_mine))
         assert bool(same.all()), f"unscaled gradients differ at step {step}"
         calls = opt_real.calls
         real.step(opt_real)
-        assert mine.step(opt_mine, found_inf) == (opt_real.calls > calls), f"skip decision differs at {step}"
+        assert mine.step(opt_mine) == (opt_real.calls > calls) != found_inf, f"skip decision differs at {step}"
         real.update()
-        mine.update(found_inf)
+        mine.update()
         state = real.state_dict()
         assert mine.scale == state["scale"], f"scale differs at step {step}"
         assert mine.growth_tracker == state["_growth_tracker"], f"growth tracker differs at step {step}"
@@ -88,7 +89,7 @@ def test_both_refuse_fp16_gradients():
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
         real.unscale_(torch.optim.SGD([p], lr=0.1))
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
-        TeachingLossScaler().unscale_([p.grad])
+        TeachingLossScaler().unscale_(torch.optim.SGD([p], lr=0.1))
 
 
 def test_scale_grows_only_after_growth_interval_clean_steps():
@@ -127,12 +128,12 @@ def test_bad_arguments_are_clear_errors():
         TeachingLossScaler(backoff_factor=1.5)
     with pytest.raises(ValueError, match="growth_factor must be > 1"):
         TeachingLossScaler(growth_factor=1.0)
-    with pytest.raises(TypeError, match="init_scale must be a finite number"):
+    with pytest.raises(ValueError, match="init_scale must be finite"):
         TeachingLossScaler(init_scale=math.inf)
     with pytest.raises(TypeError, match="loss must be a torch.Tensor"):
         TeachingLossScaler().scale_loss(1.0)
-    with pytest.raises(TypeError, match="list of tensors"):
-        TeachingLossScaler().unscale_(torch.zeros(3))
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer, got list"):
+        TeachingLossScaler().unscale_([torch.zeros(3)])
     with pytest.raises(ValueError, match="non-negative numbers"):
         replay_scale_schedule([-1.0])
     with pytest.raises(TypeError, match="SizeProfile"):
@@ -216,21 +217,25 @@ def test_teaching_scaler_at_zero_scale_matches_grad_scaler_bit_for_bit():
     found_real = bool(real._per_optimizer_states[id(opt)]["found_inf_per_device"][torch.device("cpu")])
     mine = TeachingLossScaler(init_scale=1.0)
     mine.scale = 0.0
-    grad = (g * 0.0).clone()
-    found_mine = mine.unscale_([grad])
+    q = torch.nn.Parameter(torch.zeros(8))
+    q.grad = (g * 0.0).clone()
+    found_mine = mine.unscale_(torch.optim.SGD([q], lr=0.0))
     assert found_mine == found_real is False
-    assert bool(torch.isnan(grad).all()) and bool(torch.isnan(p.grad).all())
+    assert bool(torch.isnan(q.grad).all()) and bool(torch.isnan(p.grad).all())
 
 
 def test_teaching_scaler_refuses_a_second_unscale_and_round_trips_its_state():
     s = TeachingLossScaler(init_scale=2.0**10, growth_interval=3)
-    grads = [torch.ones(3)]
-    s.unscale_(grads)
-    with pytest.raises(RuntimeError, match="already been called since the last update"):
-        s.unscale_(grads)
-    s.update(False)
-    s.unscale_(grads)  # allowed again after update()
-    s.update(True)
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = torch.optim.SGD([p], lr=0.0)
+    s.unscale_(opt)
+    with pytest.raises(RuntimeError, match="already been called on this optimizer since the last update"):
+        s.unscale_(opt)
+    s.update()
+    p.grad = torch.full((3,), math.inf)
+    assert s.unscale_(opt)  # allowed again after update()
+    s.update()
     state = s.state_dict()
     assert set(state) == set(torch.amp.GradScaler("cpu").state_dict())
     other = TeachingLossScaler()
@@ -367,3 +372,213 @@ def test_grad_scaler_refusal_returns_torchs_message_or_none():
     assert grad_scaler_refusal("cpu", growth_factor=1.0) == "The growth factor must be > 1.0."
     assert grad_scaler_refusal("cpu", backoff_factor=1.5) == "The backoff factor must be < 1.0."
     assert grad_scaler_refusal("cpu", growth_factor=2.0) is None
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality of two float tensors (NaN payloads and signed zeros included)."""
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}
+    return a.dtype == b.dtype and torch.equal(a.detach().view(ints[a.dtype]), b.detach().view(ints[b.dtype]))
+
+
+def three_optimizers():
+    """Three parameter sets, each with its own kind of optimizer: float32 SGD with momentum, float64 Adam,
+    and a sparse embedding with plain SGD (GradScaler unscales the values of a sparse gradient)."""
+    torch.manual_seed(0)
+    w_a = torch.nn.Parameter(torch.randn(2, 37))
+    w_b = torch.nn.Parameter(torch.randn(3, 7, dtype=torch.float64))
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    opts = [torch.optim.SGD([w_a], lr=0.01, momentum=0.9), torch.optim.Adam([w_b], lr=0.01),
+            torch.optim.SGD(emb.parameters(), lr=0.1)]
+    return (w_a, w_b, emb), opts
+
+
+def test_one_scaler_three_optimizers_matches_grad_scaler_bit_for_bit():
+    """Several optimizers share one scaler, as in GradScaler: each is unscaled once per iteration
+    (explicitly or inside step), skipped on its own inf/NaN alone, and update() backs off when any of
+    them overflowed."""
+    models = {kind: three_optimizers() for kind in ("real", "mine")}
+    real = torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=3)
+    mine = TeachingLossScaler(init_scale=2.0**12, growth_interval=3)
+    ran: list[list[bool]] = [[], [], []]
+    for i, opt in enumerate(models["real"][1]):
+        opt.register_step_post_hook(lambda *_, i=i: ran[i].append(True))
+    gen = torch.Generator().manual_seed(1)
+    skipped_mine = [0, 0, 0]
+    scales = set()
+    for step in range(40):
+        c_a = torch.randn(2, 37, generator=gen) * torch.exp2(torch.randint(-30, 5, (2, 37), generator=gen).float())
+        c_b = torch.randn(3, 7, generator=gen, dtype=torch.float64)
+        c_c, idx = torch.randn(5, 4, generator=gen), torch.randint(0, 10, (5,), generator=gen)
+        if step % 7 == 3:
+            c_a[0, 5] = math.inf   # only the first optimizer's gradients overflow
+        if step % 11 == 5:
+            c_b[1, 2] = math.nan   # only the second's
+        if step % 13 == 8:
+            c_c[2, 1] = 1e36       # only the third's: finite, but times the scale beyond float32
+        if step == 21:
+            c_a[1, 1], c_b[0, 0] = math.inf, math.inf   # two at once
+        for kind, scale_fn in (("real", real.scale), ("mine", mine.scale_loss)):
+            (w_a, w_b, emb), opts = models[kind]
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
+            scale_fn((w_a * c_a).sum() + (w_b * c_b).sum().float() + (emb(idx) * c_c).sum()).backward()
+        opts_real, opts_mine = models["real"][1], models["mine"][1]
+        found = {}
+        for i in [0] + ([1] if step % 2 else []):   # the third is unscaled only inside step()
+            real.unscale_(opts_real[i])
+            found[i] = mine.unscale_(opts_mine[i])
+            for p_real, p_mine in zip(opts_real[i].param_groups[0]["params"], opts_mine[i].param_groups[0]["params"]):
+                g_real, g_mine = p_real.grad, p_mine.grad
+                if g_real.is_sparse:
+                    g_real, g_mine = g_real._values(), g_mine._values()
+                assert same_bits(g_real, g_mine), f"optimizer {i}'s unscaled gradients differ at step {step}"
+        for i in range(3):
+            before = len(ran[i])
+            real.step(opts_real[i])
+            stepped = mine.step(opts_mine[i])
+            assert stepped == (len(ran[i]) > before), f"optimizer {i}'s skip decision differs at step {step}"
+            assert found.get(i, not stepped) == (not stepped)
+            skipped_mine[i] += not stepped
+        real.update()
+        mine.update()
+        state = real.state_dict()
+        assert mine.scale == state["scale"], f"scale differs at step {step}"
+        assert mine.growth_tracker == state["_growth_tracker"], f"growth tracker differs at step {step}"
+        scales.add(mine.scale)
+        for p_real, p_mine in zip(*(list(m[0][:2]) + [m[0][2].weight] for m in models.values())):
+            assert same_bits(p_real, p_mine), f"parameters differ after step {step}"
+    # each optimizer skipped its own overflows (not the others'), and the scale both backed off and grew
+    assert skipped_mine == [40 - len(r) for r in ran] and len(set(skipped_mine)) == 3
+    assert min(scales) < 2.0**12 < max(scales)
+
+
+def test_unscale_and_step_refusals_match_grad_scaler():
+    """What GradScaler refuses per optimizer between two updates, the teaching scaler refuses too: a
+    second unscale_ (or an unscale_ after step) of the same optimizer, and a second step; another
+    optimizer may still be unscaled and stepped."""
+    for scaler in (torch.amp.GradScaler("cpu"), TeachingLossScaler()):
+        scale = scaler.scale if isinstance(scaler, torch.amp.GradScaler) else scaler.scale_loss
+        p, q = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+        opt_p, opt_q = torch.optim.SGD([p], lr=0.1), torch.optim.SGD([q], lr=0.1)
+        scale(p.sum() + q.sum()).backward()
+        scaler.unscale_(opt_p)
+        scaler.unscale_(opt_q)   # a second optimizer in the same iteration: allowed
+        with pytest.raises(RuntimeError, match=re.escape(
+                "unscale_() has already been called on this optimizer since the last update().")):
+            scaler.unscale_(opt_p)
+        scaler.step(opt_p)
+        with pytest.raises(RuntimeError, match=re.escape("unscale_() is being called after step()")):
+            scaler.unscale_(opt_p)
+        with pytest.raises(RuntimeError, match=re.escape("step() has already been called since the last update().")):
+            scaler.step(opt_p)
+        scaler.step(opt_q)
+        scaler.update()
+        assert torch.equal(p.detach(), torch.full((3,), 0.9)) and torch.equal(q.detach(), torch.full((2,), 0.9))
+        scale(p.sum()).backward()
+        scaler.unscale_(opt_p)   # allowed again after update()
+    # what GradScaler only asserts, the teaching scaler explains
+    mine, p = TeachingLossScaler(), torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(RuntimeError, match="no gradients checked since the last update"):
+        mine.update()
+    with pytest.raises(ValueError, match="none of the optimizer's parameters has a gradient"):
+        mine.step(torch.optim.SGD([p], lr=0.1))
+    p.grad = torch.ones(3)
+    mine.unscale_(torch.optim.SGD([p], lr=0.1))
+    with pytest.raises(ValueError, match="found_inf was given, but optimizers were unscaled"):
+        mine.update(True)
+    with pytest.raises(TypeError, match="found_inf must be a bool or None, got Tensor"):
+        mine.update(torch.tensor(True))
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer, got Parameter"):
+        mine.step(p)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(init_scale=1e-46), ValueError, r"init_scale=1e-46 rounds to 0.0 in float32"),
+    (dict(init_scale=1e-39), ValueError, r"init_scale=1e-39 is too small: its inverse overflows float32"),
+    (dict(init_scale=3.5e38), ValueError, r"init_scale=3.5e\+38 rounds to inf in float32"),
+    (dict(init_scale=0.0), ValueError, r"init_scale must be > 0, got 0.0"),
+    (dict(init_scale=-1.0), ValueError, r"init_scale must be > 0, got -1.0"),
+    (dict(init_scale=math.nan), ValueError, r"init_scale must be finite, got nan"),
+    (dict(init_scale="65536"), TypeError, r"init_scale must be a real number, got '65536' \(str\)"),
+    (dict(init_scale=True), TypeError, r"init_scale must be a real number, got True \(bool\)"),
+    (dict(growth_factor=0.5), ValueError, r"growth_factor must be > 1, got 0.5"),
+    (dict(growth_factor=math.inf), ValueError, r"growth_factor must be finite, got inf"),
+    (dict(growth_factor=None), TypeError, r"growth_factor must be a real number, got None"),
+    (dict(backoff_factor=0.0), ValueError, r"backoff_factor must lie in \(0, 1\), got 0.0"),
+    (dict(backoff_factor=-0.5), ValueError, r"backoff_factor must lie in \(0, 1\), got -0.5"),
+    (dict(backoff_factor=1.0), ValueError, r"backoff_factor must lie in \(0, 1\), got 1.0"),
+    (dict(growth_interval=0), ValueError, r"growth_interval must be a positive int \(steps\), got 0"),
+    (dict(growth_interval=2.5), TypeError, r"growth_interval must be an int \(steps\), got 2.5 \(float\)"),
+    (dict(growth_interval="3"), TypeError, r"growth_interval must be an int \(steps\), got '3' \(str\)"),
+])
+def test_constructor_and_side_by_side_check_refuse_bad_settings(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TeachingLossScaler(**kwargs)
+    from course_lib.scaling import compare_with_grad_scaler
+    with pytest.raises(error, match=message):   # before GradScaler asserts (or accepts the nonsense)
+        compare_with_grad_scaler(3, **kwargs)
+
+
+def test_grad_scaler_accepts_a_scale_without_a_finite_inverse():
+    """Why the constructor refuses 1e-46: GradScaler accepts it, stores 0.0 in float32, and its first
+    unscale_ turns every finite gradient into NaN without reporting an overflow."""
+    real, p = torch.amp.GradScaler("cpu", init_scale=1e-46), torch.nn.Parameter(torch.ones(3))
+    real.scale(p.sum()).backward()
+    real.unscale_(torch.optim.SGD([p], lr=0.1))
+    assert real.get_scale() == 0.0 and bool(torch.isnan(p.grad).all())
+    assert TeachingLossScaler(init_scale=2.0**-126).inverse_scale().item() == 2.0**126   # a normal scale is fine
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64])
+def test_non_floating_gradients_are_a_clear_type_error(dtype):
+    p = torch.zeros(3, dtype=dtype)
+    p.grad = torch.ones(3, dtype=dtype)
+    before = p.grad.clone()
+    real = torch.amp.GradScaler("cpu")
+    real.scale(torch.ones(()))
+    with pytest.raises(NotImplementedError, match="not implemented for"):   # torch's kernel has none
+        real.unscale_(torch.optim.SGD([p], lr=0.1))
+    other = torch.nn.Parameter(torch.ones(2))
+    other.grad = torch.full((2,), 4.0)
+    opt = torch.optim.SGD([{"params": [other]}, {"params": [p]}], lr=0.1)
+    with pytest.raises(TypeError, match=re.escape(f"parameter 0 in param group 1: its dtype is {dtype}")):
+        TeachingLossScaler(init_scale=2.0).unscale_(opt)
+    assert torch.equal(p.grad, before) and torch.equal(other.grad, torch.full((2,), 4.0))   # nothing unscaled
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(iterations=-1), ValueError, r"iterations must be >= 1, got -1"),
+    (dict(iterations=0), ValueError, r"iterations must be >= 1, got 0"),
+    (dict(iterations=2.0), TypeError, r"iterations must be an int, got 2.0 \(float\)"),
+    (dict(iterations=True), TypeError, r"iterations must be an int, got True \(bool\)"),
+    (dict(device="bogus"), ValueError, r"device 'bogus' is not a device torch knows"),
+    (dict(device="meta"), ValueError, r"device must be 'cpu' or 'cuda', got 'meta'"),
+    (dict(device=0), TypeError, r"device must be a str or torch.device, got int"),
+])
+def test_pitfall_demo_refuses_bad_arguments(kwargs, error, message):
+    from course_lib.scaling import run_pitfall_demo
+
+    with pytest.raises(error, match=message):
+        run_pitfall_demo(None, **kwargs)
+
+
+def test_pitfall_demo_refuses_bad_names_and_unavailable_cuda():
+    from course_lib.scaling import run_pitfall_demo
+
+    with pytest.raises(TypeError, match="name must be a pitfall name \\(str\\) or None, got list"):
+        run_pitfall_demo(["unscale_twice"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="asks for CUDA, which is not available"):
+            run_pitfall_demo(None, device="cuda")
+    assert run_pitfall_demo(None, iterations=1, device=torch.device("cpu")).optimizer_steps == 0  # skipped
+
+
+def test_side_by_side_check_refuses_unknown_arguments():
+    from course_lib.scaling import compare_with_grad_scaler
+
+    with pytest.raises(TypeError, match="unknown scaler argument\\(s\\) growth; known: init_scale"):
+        compare_with_grad_scaler(3, growth=2.0)
+    with pytest.raises(ValueError, match="n_steps must be >= 1, got 0"):
+        compare_with_grad_scaler(0)
+    with pytest.raises(TypeError, match="n_steps must be an int"):
+        compare_with_grad_scaler(3.0)

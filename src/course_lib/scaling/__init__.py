@@ -5,10 +5,14 @@
 growth tracker, the skip decisions and the unscaled gradients bit for bit):
 
 * ``scale(loss)`` multiplies the loss by the current scale (a float32 number);
-* ``unscale_(grads)`` multiplies every gradient by ``1/scale`` — the reciprocal computed in float64 and
-  rounded to float32, as GradScaler does — and reports whether any gradient held an inf or NaN;
-* ``step(optimizer, found_inf)`` calls the optimizer only when no inf/NaN was found (a skipped step);
-* ``update(found_inf)``: after an overflow the scale is multiplied by ``backoff_factor`` and the growth
+* ``unscale_(optimizer)`` multiplies the optimizer's gradients by ``1/scale`` — the reciprocal computed in
+  float64 and rounded to float32, as GradScaler does — and reports whether any held an inf or NaN. It may
+  be called once per optimizer between updates; several optimizers can share one scaler, as they share a
+  GradScaler;
+* ``step(optimizer)`` unscales the optimizer's gradients if that was not done yet, and calls the optimizer
+  only when its own gradients held no inf/NaN (otherwise the step is skipped);
+* ``update()``: after an overflow in any optimizer's gradients since the last update (a replay of
+  recorded steps passes ``found_inf`` instead) the scale is multiplied by ``backoff_factor`` and the growth
   tracker resets; after a clean step the tracker counts up, and only when it reaches ``growth_interval``
   (2000 by default) is the scale multiplied by ``growth_factor`` (and then only if the result is finite).
   The scale does **not** double after every clean step.

@@ -24,8 +24,9 @@ PITFALLS = {
                                  "(inf/NaN gradients). Step the scheduler only when the optimizer stepped: "
                                  "compare scaler.get_scale() before and after update(), or use an optimizer "
                                  "step hook.",
-    "unscale_twice": "scaler.unscale_(optimizer) was called twice before update(): the second call would "
-                     "divide the gradients by the scale again. GradScaler refuses it.",
+    "unscale_twice": "scaler.unscale_(optimizer) was called twice for the same optimizer before update(): "
+                     "the second call would divide its gradients by the scale again. GradScaler refuses it "
+                     "(each of several optimizers may be unscaled once).",
     "fp16_params": "The model's parameters are FP16 (model.half()), so their gradients are FP16 and "
                    "GradScaler refuses to unscale them. Keep parameters in FP32 and let autocast run the "
                    "FP16 compute.",
@@ -290,19 +291,28 @@ class PitfallDemo:
     final_scale: float = 0.0  # the scaler's scale at the end
 
 
-def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cpu") -> PitfallDemo:
-    """Run a small regression loop with GradScaler on ``device`` under :class:`ScalerAudit`, with the
-    mistake ``name`` planted (one of :data:`PITFALLS`), or the correct loop when ``name`` is None.
+def run_pitfall_demo(name: str | None, *, iterations: int = 4,
+                     device: str | torch.device = "cpu") -> PitfallDemo:
+    """Run a small regression loop under :class:`ScalerAudit`, with the mistake ``name`` planted (one of
+    :data:`PITFALLS`), or the correct loop when ``name`` is None, for ``iterations`` (>= 1) iterations.
 
     The loop: a linear model, MSE loss, SGD, a StepLR scheduler, gradient clipping, and accumulation over
     two micro-batches. The first iteration overflows on purpose (an enormous initial scale), so a skipped
-    step happens in every run.
+    step happens in every run. The model and data stay on the CPU; ``device`` (``"cpu"`` or ``"cuda"``,
+    the latter only where CUDA is available) is the device type GradScaler is created for.
     """
     import warnings
     from unittest import mock
 
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a pitfall name (str) or None, got {type(name).__name__}")
     if name is not None and name not in PITFALLS:
         raise ValueError(f"unknown pitfall {name!r}; known: {', '.join(PITFALLS)}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int):
+        raise TypeError(f"iterations must be an int, got {iterations!r} ({type(iterations).__name__})")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    scaler_device = _scaler_device_type(device)
     gen = torch.Generator().manual_seed(0)
     # the mistakes of autocast loops get an autocast loop, with layer widths a tensor core likes (except
     # the one about widths); the others keep the plain loop of lesson 3
@@ -333,11 +343,11 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
         elif autocast_demo:
             # FP16 gradients overflow at 65504, where FP32's overflow at 3.4e38: the autocast loops keep
             # GradScaler's defaults and a loss of about 1 (no planted first-step overflow)
-            scaler = torch.amp.GradScaler(device)
+            scaler = torch.amp.GradScaler(scaler_device)
         else:
             # the first step overflows (2**120 times a loss of about 1e4 exceeds float32's 3.4e38), then
             # the scale backs off to 2**20, where every later step is finite
-            scaler = torch.amp.GradScaler(device, init_scale=2.0**120, backoff_factor=2.0**-100,
+            scaler = torch.amp.GradScaler(scaler_device, init_scale=2.0**120, backoff_factor=2.0**-100,
                                           growth_interval=1000)
     accumulation = 2
     sched_steps, error = [0], None
@@ -418,6 +428,23 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4, device: str = "cp
 AUTOCAST_PITFALLS_DTYPE = {"fp16_autocast_without_scaler": torch.float16, "scaler_with_bf16": torch.bfloat16,
                    "eval_without_autocast": torch.float16, "mixed_autocast_dtypes": torch.float16,
                    "unaligned_matmul": torch.float16, "bf16_without_native_support": torch.bfloat16}
+
+
+def _scaler_device_type(device) -> str:
+    """The device type a demo's GradScaler is created for: ``"cpu"``, or ``"cuda"`` where CUDA is
+    available (elsewhere GradScaler would silently disable itself, a different demo)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    try:
+        device_type = torch.device(device).type
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} asks for CUDA, which is not available here (GradScaler "
+                         f"would silently disable itself); use 'cpu'")
+    return device_type
 
 
 def _demo_forward(name, model, x):

@@ -4,7 +4,9 @@ of a scale schedule, and GradScaler's defaults."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -21,19 +23,40 @@ DEFAULT_BACKOFF_FACTOR = 0.5
 DEFAULT_GROWTH_INTERVAL = 2000
 
 
+SCALER_ARGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
 def check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval) -> None:
+    """Refuse scaler settings that make no sense, naming the argument and its value.
+
+    Stricter than ``torch.amp.GradScaler``, which refuses only ``growth_factor <= 1`` and
+    ``backoff_factor >= 1`` (with an AssertionError) and silently accepts a zero, negative, infinite or NaN
+    scale, a scale whose float32 inverse overflows, a backoff factor <= 0 and a growth interval < 1."""
     for name, value in (("init_scale", init_scale), ("growth_factor", growth_factor),
                         ("backoff_factor", backoff_factor)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise TypeError(f"{name} must be a finite number, got {value!r}")
-    if init_scale <= 0:
-        raise ValueError(f"init_scale must be positive, got {init_scale}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    if not init_scale > 0:
+        raise ValueError(f"init_scale must be > 0, got {init_scale!r}")
+    scale32 = _to_float32(float(init_scale))
+    if not math.isfinite(scale32) or scale32 == 0.0:
+        raise ValueError(f"init_scale={init_scale!r} rounds to {scale32} in float32, where the scale is kept")
+    inverse = float(torch.tensor(scale32, dtype=torch.float64).reciprocal().to(torch.float32))
+    if not math.isfinite(inverse):
+        raise ValueError(f"init_scale={init_scale!r} is too small: its inverse overflows float32 (the "
+                         f"scale must be at least about 2.9e-39), so unscaling would turn gradients into "
+                         f"inf and NaN")
     if growth_factor <= 1.0:
-        raise ValueError(f"growth_factor must be > 1, got {growth_factor}")
+        raise ValueError(f"growth_factor must be > 1, got {growth_factor!r}")
     if not 0.0 < backoff_factor < 1.0:
-        raise ValueError(f"backoff_factor must lie in (0, 1), got {backoff_factor}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-        raise ValueError(f"growth_interval must be a positive int, got {growth_interval!r}")
+        raise ValueError(f"backoff_factor must lie in (0, 1), got {backoff_factor!r}")
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral):
+        raise TypeError(f"growth_interval must be an int (steps), got {growth_interval!r} "
+                        f"({type(growth_interval).__name__})")
+    if growth_interval < 1:
+        raise ValueError(f"growth_interval must be a positive int (steps), got {growth_interval!r}")
 
 
 def _to_float32(x: float) -> float:
@@ -41,11 +64,51 @@ def _to_float32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float64).to(torch.float32))
 
 
+@dataclass
+class _OptimizerRecord:
+    """What one optimizer did since the last ``update()``: unscaled (and maybe stepped); ``found_inf`` is
+    None when none of its parameters had a gradient to check."""
+
+    stage: Literal["unscaled", "stepped"]
+    found_inf: bool | None
+
+
+def _gradients_to_unscale(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's gradients, as GradScaler finds them (the values of a sparse gradient)."""
+    grads = []
+    for group_index, group in enumerate(optimizer.param_groups):
+        for index, param in enumerate(group["params"]):
+            grad = param.grad
+            if grad is None:
+                continue
+            if grad.dtype == torch.float16:
+                # GradScaler refuses these with the same message: the parameters (and so the gradients) must
+                # stay FP32 under mixed precision; unscaling in FP16 would underflow again.
+                raise ValueError("Attempting to unscale FP16 gradients. Keep the model's parameters in FP32 "
+                                 "(autocast handles the FP16 compute); do not call model.half().")
+            if not grad.dtype.is_floating_point:
+                # GradScaler's unscale kernel is "not implemented" for these (NotImplementedError)
+                raise TypeError(f"cannot unscale the gradient of parameter {index} in param group "
+                                f"{group_index}: its dtype is {grad.dtype}, and loss scaling needs "
+                                f"floating-point gradients")
+            grads.append(grad._values() if grad.is_sparse else grad)
+    return grads
+
+
+def _check_optimizer(optimizer) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+
+
 class TeachingLossScaler:
     """A dynamic loss scaler with GradScaler's exact arithmetic, written for reading.
 
     The state is two numbers: ``scale`` (a float32 value, kept here as a Python float that is always
-    exactly representable in float32) and ``growth_tracker`` (clean steps since the last change).
+    exactly representable in float32) and ``growth_tracker`` (clean steps since the last change). Between
+    two ``update()`` calls it also remembers, per optimizer, as GradScaler does, whether that optimizer's
+    gradients were unscaled, whether they held an inf or NaN, and whether it stepped: several optimizers
+    share one scaler, each unscaled once and skipped on its own overflow, and ``update()`` backs off when
+    any of them overflowed.
     """
 
     def __init__(self, init_scale: float = DEFAULT_INIT_SCALE, growth_factor: float = DEFAULT_GROWTH_FACTOR,
@@ -55,9 +118,9 @@ class TeachingLossScaler:
         self.scale = _to_float32(float(init_scale))
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
-        self.growth_interval = growth_interval
+        self.growth_interval = int(growth_interval)
         self.growth_tracker = 0
-        self._unscaled = False  # unscale_ ran since the last update()
+        self._optimizers: dict[int, _OptimizerRecord] = {}  # by id(optimizer), as in GradScaler
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss * scale``; backpropagating it gives gradients ``scale`` times too large."""
@@ -73,37 +136,75 @@ class TeachingLossScaler:
         """
         return torch.tensor(self.scale, dtype=torch.float64).reciprocal().to(torch.float32)
 
-    def unscale_(self, grads: list[torch.Tensor]) -> bool:
-        """Divide the gradients by the scale in place; return True when any of them holds inf or NaN."""
-        if not isinstance(grads, (list, tuple)) or not all(isinstance(g, torch.Tensor) for g in grads):
-            raise TypeError("grads must be a list of tensors")
-        if self._unscaled:
-            # GradScaler refuses a second unscale_ before update(): it would divide by the scale again
-            raise RuntimeError("unscale_() has already been called since the last update(); a second call "
-                               "would divide the gradients by the scale again.")
-        if any(g.dtype == torch.float16 for g in grads):
-            # GradScaler refuses these with the same message: the parameters (and so the gradients) must
-            # stay FP32 under mixed precision; unscaling in FP16 would underflow again.
-            raise ValueError("Attempting to unscale FP16 gradients. Keep the model's parameters in FP32 "
-                             "(autocast handles the FP16 compute); do not call model.half().")
-        found_inf = False
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Divide ``optimizer``'s gradients by the scale in place; return True when any held inf or NaN.
+
+        Once per optimizer between updates, as in GradScaler: a second call would divide by the scale again.
+        """
+        _check_optimizer(optimizer)
+        record = self._optimizers.get(id(optimizer))
+        if record is not None and record.stage == "stepped":
+            raise RuntimeError("unscale_() is being called after step(); unscale an optimizer's gradients "
+                               "before its step, once per update().")
+        if record is not None:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last "
+                               "update(). A second call would divide its gradients by the scale again.")
+        grads = _gradients_to_unscale(optimizer)
+        inverse = self.inverse_scale()
+        found_inf = None if not grads else False
         for g in grads:
             if not bool(torch.isfinite(g).all()):
                 found_inf = True
-            g.mul_(self.inverse_scale().to(g.device))
-        self._unscaled = True
-        return found_inf
+            g.mul_(inverse.to(g.device))
+        self._optimizers[id(optimizer)] = _OptimizerRecord("unscaled", found_inf)
+        return bool(found_inf)
 
-    def step(self, optimizer: torch.optim.Optimizer, found_inf: bool) -> bool:
-        """Run ``optimizer.step()`` unless an inf/NaN was found; return whether it ran."""
-        if found_inf:
-            return False
-        optimizer.step()
-        return True
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Run ``optimizer.step()`` unless its gradients held an inf or NaN; return whether it ran.
 
-    def update(self, found_inf: bool) -> None:
-        """Back off after an overflow; grow after ``growth_interval`` consecutive clean steps."""
-        self._unscaled = False
+        Unscales the gradients first unless :meth:`unscale_` already did for this optimizer."""
+        _check_optimizer(optimizer)
+        record = self._optimizers.get(id(optimizer))
+        if record is not None and record.stage == "stepped":
+            raise RuntimeError("step() has already been called since the last update().")
+        if record is None:
+            self.unscale_(optimizer)
+            record = self._optimizers[id(optimizer)]
+        if record.found_inf is None:
+            raise ValueError("step(): none of the optimizer's parameters has a gradient to unscale and check "
+                             "(GradScaler: 'No inf checks were recorded for this optimizer'); run backward() "
+                             "on the scaled loss first")
+        ran = not record.found_inf
+        if ran:
+            optimizer.step()
+        record.stage = "stepped"
+        return ran
+
+    def _overflow_since_update(self, found_inf: bool | None) -> bool:
+        """Whether any optimizer's gradients held an inf or NaN since the last update (GradScaler sums the
+        found_inf flags of every optimizer it unscaled), or ``found_inf`` itself in a replay."""
+        if found_inf is not None:
+            if not isinstance(found_inf, bool):
+                raise TypeError(f"found_inf must be a bool or None, got {type(found_inf).__name__}")
+            if self._optimizers:
+                raise ValueError("found_inf was given, but optimizers were unscaled since the last update(): "
+                                 "update() combines their overflows itself; pass found_inf only when "
+                                 "replaying recorded steps")
+            return found_inf
+        checked = [r.found_inf for r in self._optimizers.values() if r.found_inf is not None]
+        if not checked:
+            raise RuntimeError("update() found no gradients checked since the last update() (GradScaler: "
+                               "'No inf checks were recorded prior to update'): call step(optimizer) for "
+                               "each optimizer first, or pass found_inf when replaying recorded steps")
+        return any(checked)
+
+    def update(self, found_inf: bool | None = None) -> None:
+        """Back off after an overflow; grow after ``growth_interval`` consecutive clean steps.
+
+        An overflow is an inf or NaN in the gradients of any optimizer unscaled since the last update; a
+        replay of recorded steps, which has no gradients, passes ``found_inf`` instead."""
+        found_inf = self._overflow_since_update(found_inf)
+        self._optimizers.clear()
         if found_inf:
             self.scale = _to_float32(self.scale * self.backoff_factor)
             self.growth_tracker = 0
@@ -136,7 +237,7 @@ class TeachingLossScaler:
         self.backoff_factor = float(state["backoff_factor"])
         self.growth_interval = int(state["growth_interval"])
         self.growth_tracker = int(state["_growth_tracker"])
-        self._unscaled = False
+        self._optimizers.clear()
 
 
 @dataclass(frozen=True)
@@ -220,11 +321,22 @@ def grad_scaler_defaults(device: str = "cpu") -> ScalerDefaults:
 def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwargs) -> dict[str, int]:
     """Run :class:`TeachingLossScaler` and ``torch.amp.GradScaler`` side by side on a random gradient
     stream with planted inf and NaN; count the steps on which scale, tracker, skip decision and unscaled
-    gradients agree bit for bit."""
+    gradients agree bit for bit. ``scaler_kwargs``: any of ``init_scale``, ``growth_factor``,
+    ``backoff_factor``, ``growth_interval``, checked as :class:`TeachingLossScaler` checks them."""
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int):
+        raise TypeError(f"n_steps must be an int, got {n_steps!r} ({type(n_steps).__name__})")
+    if n_steps < 1:
+        raise ValueError(f"n_steps must be >= 1, got {n_steps}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+    unknown = sorted(set(scaler_kwargs) - set(SCALER_ARGS))
+    if unknown:
+        raise TypeError(f"unknown scaler argument(s) {', '.join(unknown)}; known: {', '.join(SCALER_ARGS)}")
+    mine = TeachingLossScaler(**scaler_kwargs)  # first: its checks are clear where GradScaler's assert
+    real = torch.amp.GradScaler("cpu", **scaler_kwargs)
     gen = torch.Generator().manual_seed(seed)
-    real, mine = torch.amp.GradScaler("cpu", **scaler_kwargs), TeachingLossScaler(**scaler_kwargs)
     p_real, p_mine = torch.nn.Parameter(torch.zeros(64)), torch.nn.Parameter(torch.zeros(64))
-    opt_real = torch.optim.SGD([p_real], lr=0.0)
+    opt_real, opt_mine = torch.optim.SGD([p_real], lr=0.0), torch.optim.SGD([p_mine], lr=0.0)
     ran = []
     opt_real.register_step_post_hook(lambda *_: ran.append(True))
     agree = {"steps": 0, "scale": 0, "growth_tracker": 0, "skip": 0, "gradients": 0}
@@ -233,23 +345,24 @@ def compare_with_grad_scaler(n_steps: int = 200, *, seed: int = 0, **scaler_kwar
         if torch.rand((), generator=gen) < 0.05:
             c[3] = math.inf if step % 2 else math.nan
         opt_real.zero_grad(set_to_none=True)
-        p_mine.grad = None
+        opt_mine.zero_grad(set_to_none=True)
         real.scale((p_real * c).sum()).backward()
         mine.scale_loss((p_mine * c).sum()).backward()
         real.unscale_(opt_real)
+        found = mine.unscale_(opt_mine)
         g_real, g_mine = p_real.grad, p_mine.grad
         assert g_real is not None and g_mine is not None
-        found = mine.unscale_([g_mine])
         same_grads = bool(((g_real == g_mine) | (g_real.isnan() & g_mine.isnan())).all())
         n_ran = len(ran)
         real.step(opt_real)
+        mine_ran = mine.step(opt_mine)
         real.update()
-        mine.update(found)
+        mine.update()
         state = real.state_dict()
         agree["steps"] += 1
         agree["scale"] += int(state["scale"] == mine.scale)
         agree["growth_tracker"] += int(state["_growth_tracker"] == mine.growth_tracker)
-        agree["skip"] += int((len(ran) == n_ran) == found)
+        agree["skip"] += int((len(ran) > n_ran) == mine_ran == (not found))
         agree["gradients"] += int(same_grads)
     return agree
 
