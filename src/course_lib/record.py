@@ -20,6 +20,7 @@ import shlex
 import sys
 import time
 import traceback
+from datetime import datetime
 from pathlib import Path
 
 from .device import SizeProfile, describe_hardware, select_device
@@ -110,10 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
-
-
 def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTable:
     """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it."""
     records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
@@ -124,3 +121,40 @@ def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTa
         where = "; ".join(f"{r.label}, {r.provenance.date[:10]}" for r in mine) or "not yet"
         rows.append((f"`{name}`", "yes" if EXPERIMENTS[name].requires_cuda else "no", where))
     return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)
+
+
+def _iso(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def executed_notebooks_markdown(paths) -> str:
+    """The execution of notebooks that nbclient (nbmake, in ``make test``) ran and saved: per notebook, when it
+    started, its wall time from the first cell's start to the last cell's reply, its code cells, and whether
+    any cell raised. Empty where no notebook carries nbclient's timing metadata (``make book`` executes the
+    lessons itself, and its execution table covers them)."""
+    rows = []
+    for path in paths:
+        path = Path(path)
+        try:
+            nb = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read notebook {path}: {exc}") from exc
+        cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+        timed = [c["metadata"]["execution"] for c in cells
+                 if {"iopub.execute_input", "shell.execute_reply"} <= set(c.get("metadata", {}).get("execution", {}))]
+        if not timed:
+            continue
+        start = min(_iso(t["iopub.execute_input"]) for t in timed)
+        end = max(_iso(t["shell.execute_reply"]) for t in timed)
+        failed = any(o.get("output_type") == "error" for c in cells for o in c.get("outputs", []))
+        rows.append((path.stem, start.strftime("%Y-%m-%d %H:%M UTC"), f"{(end - start).total_seconds():.1f}",
+                     len(cells), "error" if failed else "ok"))
+    if not rows:
+        return ""
+    return ("The lessons were executed as notebooks before this book was assembled (nbmake, in `make test`), so "
+            "the table above lists only the pages the book executed itself. The lessons' own runs:\n\n"
+            + markdown_table(("lesson", "started", "wall time (s)", "code cells", "status"), rows))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -35,6 +35,9 @@ GIT_COMMIT_ENV_VAR = "COURSE_GIT_COMMIT"
 
 REQUIRED_PROVENANCE = ("device_name", "device_type", "torch_version", "date", "command", "git_commit",
                        "python_version")
+OPTIONAL_PROVENANCE = ("compute_capability", "cuda_version", "hostname")
+# the device types a record can come from: what course_lib.device.describe_hardware reports
+DEVICE_TYPES = ("cuda", "cpu")
 
 
 class RecordError(ValueError):
@@ -95,7 +98,9 @@ class RecordedResult:
         return self.record.provenance
 
 
-def _git_commit() -> str:
+def source_commit() -> str:
+    """The git commit of the course's source this code runs from (``+dirty`` with uncommitted changes to
+    tracked files), from ``COURSE_GIT_COMMIT`` when set, else "unknown" outside a git checkout."""
     env = os.environ.get(GIT_COMMIT_ENV_VAR)
     if env:
         return env.strip()
@@ -127,7 +132,7 @@ def capture_provenance(command: str, device: torch.device | str | None = None) -
         torch_version=torch.__version__,
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         command=command,
-        git_commit=_git_commit(),
+        git_commit=source_commit(),
         python_version=platform.python_version(),
         compute_capability=hw.compute_capability,
         cuda_version=hw.cuda_version if hw.device_type == "cuda" else None,
@@ -182,18 +187,42 @@ def _validate_record_dict(data: Any, *, source: str) -> None:
         if not isinstance(data[key], dict):
             raise RecordError(f"{source}: '{key}' must be an object")
     prov = data["provenance"]
-    missing = [k for k in REQUIRED_PROVENANCE if not isinstance(prov.get(k), str) or not prov.get(k).strip()]
+    missing = [k for k in REQUIRED_PROVENANCE if prov.get(k) is None]
     if missing:
         raise RecordError(f"{source}: provenance lacks {', '.join(missing)}; a record without its "
                           "provenance cannot be shown as a measurement")
-    if prov["device_type"] == "cuda":
+    for k in REQUIRED_PROVENANCE:
+        if not isinstance(prov[k], str) or not prov[k].strip():
+            raise RecordError(f"{source}: provenance {k} must be a non-empty string, got {prov[k]!r}")
+    for k in OPTIONAL_PROVENANCE:
+        if prov.get(k) is not None and (not isinstance(prov[k], str) or not prov[k].strip()):
+            raise RecordError(f"{source}: provenance {k} must be a non-empty string or null, got {prov[k]!r}")
+    device_type = prov["device_type"]
+    if device_type not in DEVICE_TYPES:
+        raise RecordError(f"{source}: provenance device_type {device_type!r} is not one the course records "
+                          f"({' or '.join(map(repr, DEVICE_TYPES))})")
+    if device_type == "cuda":
         lacking = [k for k in ("compute_capability", "cuda_version") if not prov.get(k)]
         if lacking:
             raise RecordError(f"{source}: a GPU record must give {', '.join(lacking)}")
+        if not re.fullmatch(r"\d+\.\d+", prov["compute_capability"]):
+            raise RecordError(f"{source}: provenance compute_capability {prov['compute_capability']!r} is not "
+                              "'major.minor' (such as '9.0')")
+    else:
+        given = [k for k in ("compute_capability", "cuda_version") if prov.get(k) is not None]
+        if given:
+            raise RecordError(f"{source}: a {device_type} record gives {', '.join(given)} "
+                              f"({', '.join(repr(prov[k]) for k in given)}), which only a GPU record has")
     try:
-        _dt.datetime.fromisoformat(prov["date"])
+        date = _dt.datetime.fromisoformat(prov["date"])
     except ValueError:
         raise RecordError(f"{source}: provenance date {prov['date']!r} is not ISO 8601") from None
+    if date.utcoffset() != _dt.timedelta(0):
+        raise RecordError(f"{source}: provenance date {prov['date']!r} is not in UTC (a date and time with the "
+                          "offset +00:00, as capture_provenance writes it)")
+    if data.get("log_file") is not None and (not isinstance(data["log_file"], str) or not data["log_file"]):
+        raise RecordError(f"{source}: 'log_file' must be a file name (a non-empty string) or null, got "
+                          f"{data['log_file']!r}")
 
 
 def _from_jsonable(obj: Any) -> Any:
@@ -260,6 +289,9 @@ def load_records(experiment: str | None = None, results_dir: str | Path | None =
     Filters by experiment name and device type (``"cuda"``/``"cpu"``) when given. A malformed record
     raises :class:`RecordError` rather than being skipped: a broken measurement must be noticed.
     """
+    if device_type is not None and device_type not in DEVICE_TYPES:
+        raise ValueError(f"device_type must be one of {', '.join(map(repr, DEVICE_TYPES))} (or None for all), "
+                         f"got {device_type!r}")
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     if not folder.is_dir():
         if results_dir is not None:  # asked for by name: a typo must not look like "no records yet"
