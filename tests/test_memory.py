@@ -1,9 +1,13 @@
+import math
+
+import numpy as np
 import pytest
 import torch
 
 from course_lib import memory as M
 from course_lib.studies import performance as performance_studies
 from course_lib.device import SizeProfile
+from course_lib.train import RECIPES, runnable_recipes
 
 
 def test_tensor_bytes():
@@ -72,3 +76,81 @@ def test_quadratic_share_recovers_a_known_fit():
     assert t == 64 and share == pytest.approx(4096 / 10496)
     with pytest.raises(ValueError, match="two contexts"):
         performance_studies.ActivationSweep("fp32", ((1, 16, False, 5),)).quadratic_share()
+
+
+@pytest.mark.parametrize("n_params", [math.inf, -math.inf, math.nan, -1, 0, -7e9])
+def test_estimate_refuses_a_parameter_count_that_is_not_positive_and_finite(n_params):
+    with pytest.raises(ValueError, match=f"n_params must be a positive finite number of parameters, got {n_params}"):
+        M.estimate_training_memory(n_params, "bf16_master")
+
+
+@pytest.mark.parametrize("n_params", ["7e9", None, True, torch.tensor(10.0)])
+def test_estimate_refuses_a_parameter_count_that_is_not_a_number(n_params):
+    with pytest.raises(TypeError, match=f"n_params must be a number of parameters, got {type(n_params).__name__}"):
+        M.estimate_training_memory(n_params, "fp32")
+
+
+def test_estimate_refuses_an_unknown_recipe_and_takes_numpy_counts():
+    with pytest.raises(ValueError, match="unknown recipe 'fp64'; known: fp32, "):
+        M.estimate_training_memory(1000, "fp64")
+    with pytest.raises(TypeError, match=r"recipe must be a recipe name \(str\), got list \['fp32'\]"):
+        M.estimate_training_memory(1000, ["fp32"])
+    assert M.estimate_training_memory(np.int64(1000), "bf16_master") == {
+        "weights": 2000.0, "gradients": 6000.0, "optimizer_state": 8000.0, "master_weights": 4000.0,
+        "total": 20000.0}
+
+
+def test_measured_persistent_components_are_bytes_per_parameter_times_the_parameter_count():
+    """Component by component, for every recipe this machine runs: the model's bytes per parameter files
+    each byte where the measured accounting finds it (bf16_master: the model's BF16 gradient and the
+    master's FP32 gradient are both gradients, 2 + 4; the FP32 master is 4)."""
+    small = SizeProfile("small")
+    recipes = runnable_recipes("cpu", RECIPES)
+    assert "bf16_master" in recipes and len(recipes) == 6  # every recipe but TF32
+    for recipe in recipes:
+        b = performance_studies.account_training_memory(recipe, small)
+        per = M.bytes_per_parameter(recipe)
+        assert {k: b.components[k] for k in per} == {k: v * b.n_params for k, v in per.items()}, recipe
+        assert b.persistent == M.estimate_training_memory(b.n_params, recipe)["total"]
+    assert M.bytes_per_parameter("bf16_master") == {"weights": 2, "gradients": 6, "optimizer_state": 8,
+                                                    "master_weights": 4}
+
+
+def _frozen_backbone_mlp():
+    """A trainable input layer, a frozen two-layer backbone, a trainable head (fine-tuning the ends of a
+    network: gradients flow through the frozen layers to the first one)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    for layer in (model[2], model[4]):
+        layer.requires_grad_(False)
+    return model
+
+
+def test_a_frozen_layers_autocast_weight_copy_is_a_weight_copy_not_an_activation():
+    model, x = _frozen_backbone_mlp(), torch.randn(8, 16)
+    # FP32: each linear's input (the batch, then three ReLU outputs, each saved once by the ReLU and the next
+    # linear) is an activation; the weights backward needs are the parameters themselves, not counted
+    acts, copies, _ = M.saved_tensor_bytes(model, lambda: model(x).sum())
+    assert (acts, copies) == (4 * 8 * (16 + 32 + 64 + 64), 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        acts, copies, _ = M.saved_tensor_bytes(model, lambda: model(x).float().sum())
+    # BF16: the same activations at 2 bytes; and the BF16 weight copies that backward needs to carry the
+    # gradient to the layer before: both frozen layers' (64x32, 64x64) and the head's (4x64). The first
+    # layer's copy is not saved (its input needs no gradient), nor any bias copy.
+    assert acts == 2 * 8 * (16 + 32 + 64 + 64)                 # 2,816 bytes
+    assert copies == 2 * (64 * 32 + 64 * 64 + 4 * 64)          # 12,800 bytes (the frozen 12,288 once counted
+                                                               # as activations)
+
+
+def test_a_freed_weight_copy_whose_memory_an_activation_reuses_is_not_a_weight_copy():
+    # a frozen first layer fed an input without gradient: its BF16 weight copy is made, used, not saved and
+    # freed, and the allocator may hand its 2,048 bytes to the next activation of that size
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 32, bias=False))
+    model[0].requires_grad_(False)
+    x = torch.randn(32, 32)
+    for _ in range(3):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            acts, copies, _ = M.saved_tensor_bytes(model, lambda: model(x).float().sum())
+        assert (acts, copies) == (32 * 32 * 2, 0)  # the ReLU's output, saved by the ReLU and the head

@@ -173,3 +173,65 @@ def test_records_status_lists_every_experiment_and_its_records(tmp_path):
     assert "| `model_magnitudes` | no | NVIDIA H200 (sm 9.0), " in table
     assert "| `autocast_trace` | yes | not yet |" in table
     assert "record model_magnitudes --out" in describe_records([], "model_magnitudes")
+
+
+def _write_with_provenance(tmp_path, **changes):
+    """A saved record whose provenance JSON is then edited: a field set to a value, or removed (``...``)."""
+    path = save_record(make_record(), tmp_path)
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is ...:
+            del data["provenance"][key]
+        else:
+            data["provenance"][key] = value
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("device_type", ["tpu", "CUDA", "mps", "xpu"])
+def test_loading_refuses_a_device_type_the_course_does_not_record(tmp_path, device_type):
+    path = _write_with_provenance(tmp_path, device_type=device_type, compute_capability=None, cuda_version=None)
+    with pytest.raises(RecordError, match=f"{path}: provenance device_type '{device_type}' is not one the course "
+                                          r"records \('cuda' or 'cpu'\)"):
+        load_record(path)
+    with pytest.raises(RecordError, match=f"device_type '{device_type}'"):
+        load_records(results_dir=tmp_path)
+    with pytest.raises(RecordError, match=f"device_type '{device_type}'"):
+        save_record(make_record(device_type=device_type, compute_capability=None, cuda_version=None), tmp_path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"torch_version": 2.11}, "provenance torch_version must be a non-empty string, got 2.11"),
+    ({"git_commit": ""}, "provenance git_commit must be a non-empty string, got ''"),
+    ({"python_version": None}, "provenance lacks python_version"),
+    ({"date": "2026-11-21T10:00:00"}, "provenance date '2026-11-21T10:00:00' is not in UTC"),
+    ({"date": "2026-11-21"}, "provenance date '2026-11-21' is not in UTC"),
+    ({"date": "2026-11-21T10:00:00-05:00"}, "provenance date '2026-11-21T10:00:00-05:00' is not in UTC"),
+    ({"date": "21/11/2026"}, "provenance date '21/11/2026' is not ISO 8601"),
+    ({"compute_capability": 9.0}, "provenance compute_capability must be a non-empty string or null, got 9.0"),
+    ({"compute_capability": "sm90"}, "provenance compute_capability 'sm90' is not 'major.minor'"),
+    ({"cuda_version": 13}, "provenance cuda_version must be a non-empty string or null, got 13"),
+    ({"hostname": ["vm"]}, r"provenance hostname must be a non-empty string or null, got \['vm'\]"),
+    ({"device_type": "cpu"}, r"a cpu record gives compute_capability, cuda_version \('9.0', '13.0'\), which only a "
+                             "GPU record has"),
+])
+def test_loading_refuses_provenance_of_the_wrong_type_or_form(tmp_path, changes, message):
+    path = _write_with_provenance(tmp_path, **changes)
+    with pytest.raises(RecordError, match=f"{path}: {message}"):
+        load_record(path)
+
+
+def test_loading_refuses_a_log_file_that_is_not_a_name(tmp_path):
+    path = save_record(make_record(), tmp_path)
+    data = json.loads(path.read_text())
+    data["log_file"] = 5
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError, match="'log_file' must be a file name .* got 5"):
+        load_record(path)
+
+
+def test_load_records_refuses_a_device_type_filter_the_course_does_not_record(tmp_path):
+    save_record(make_record(), tmp_path)
+    assert len(load_records(results_dir=tmp_path, device_type="cuda")) == 1
+    with pytest.raises(ValueError, match="device_type must be one of 'cuda', 'cpu' .* got 'gpu'"):
+        load_records(results_dir=tmp_path, device_type="gpu")  # it used to answer [], as if nothing were recorded

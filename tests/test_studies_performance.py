@@ -380,7 +380,7 @@ def _breakdown(recipe, weights, grads, state, masters, copies, activations):
 
 
 BREAKDOWNS = [_breakdown("fp32", 40, 40, 80, 0, 0, 1000), _breakdown("bf16_autocast", 40, 40, 80, 0, 2048, 600),
-              _breakdown("bf16_pure", 20, 20, 40, 0, 0, 600), _breakdown("bf16_master", 20, 20, 80, 80, 0, 600)]
+              _breakdown("bf16_pure", 20, 20, 40, 0, 0, 600), _breakdown("bf16_master", 20, 60, 80, 40, 0, 600)]
 
 
 def test_memory_facts_per_parameter_and_transient():

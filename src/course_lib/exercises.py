@@ -140,7 +140,10 @@ def check_bytes_per_parameter(recipe: str, answer) -> Feedback:
     if answer == truth - parts["gradients"]:
         slips.append("you left out the gradients, which live from backward until the optimizer step")
     if parts["master_weights"] and answer == truth - parts["master_weights"]:
-        slips.append("you left out the FP32 master weights (and their gradient)")
+        slips.append("you left out the FP32 master weights")
+    if parts["master_weights"] and answer == truth - 2 * parts["master_weights"]:
+        slips.append("you left out the FP32 master weights and their FP32 gradient (a gradient, beside the "
+                     "BF16 one)")
     if answer == truth - parts["optimizer_state"]:
         slips.append("you left out AdamW's two moments")
     if "autocast" in recipe:

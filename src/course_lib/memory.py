@@ -1,20 +1,25 @@
 """Where a training step's memory goes, counted exactly, and a bytes-per-parameter model built on it.
 
-:func:`account_training_memory` runs one real training step of the course model with a precision recipe
-and counts, byte for byte: weights, gradients, optimizer state, FP32 master weights, and the tensors the
-forward pass saves for backward (through ``torch.autograd.graph.saved_tensors_hooks``, each storage
-counted once), split into activations and autocast's low-precision copies of the weights. On a GPU it
-also reads ``torch.cuda.max_memory_allocated`` for the step. :func:`bytes_per_parameter` is the
-persistent part of that accounting per parameter, and :func:`estimate_training_memory` scales it to any
-model size.
+:func:`account_training_memory` (in ``studies.performance``) runs one real training step of the course
+model with a precision recipe and counts, byte for byte: weights, gradients, optimizer state, FP32
+master weights, and the tensors the forward pass saves for backward (through
+``torch.autograd.graph.saved_tensors_hooks``, each storage counted once), split into activations and
+autocast's low-precision copies of the weights (a saved cast of a parameter, frozen or not, is a weight
+copy, never an activation). On a GPU it also reads ``torch.cuda.max_memory_allocated`` for the step.
+:func:`bytes_per_parameter` is the persistent part of that accounting per parameter, component by
+component, and :func:`estimate_training_memory` scales it to any model size.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 COMPONENTS = ("weights", "gradients", "optimizer_state", "master_weights", "autocast_weight_copies",
               "activations")
@@ -58,46 +63,53 @@ class MemoryBreakdown:
         return self.persistent / self.n_params
 
 
-_VIEW_OR_CAST_NODES = frozenset({"ToCopyBackward0", "TBackward0", "ViewBackward0", "TransposeBackward0",
-                                  "PermuteBackward0", "ExpandBackward0", "UnsafeViewBackward0"})
+class _ParameterCasts(TorchDispatchMode):
+    """Records, below autograd and autocast, every dtype cast (``aten._to_copy``) whose input lives in a
+    parameter's storage or in an earlier such cast: the storages of the weight copies, each with a weak
+    reference to the copy, so that a copy freed and its memory reused by an activation is not mistaken
+    for it (the reference is dead by then). Frozen parameters included: autocast casts them too, but their
+    copies carry no autograd history to recognise them by."""
 
+    def __init__(self, parameter_storages: set[tuple[Any, int]]):
+        super().__init__()
+        self.parameter_storages = parameter_storages
+        self.copies: dict[tuple[Any, int], weakref.ref] = {}
 
-def _is_parameter_copy(t: torch.Tensor, param_ids: set[int]) -> bool:
-    """Whether ``t`` is a cast (or a view of a cast) of a parameter: its autograd history leads, through
-    casts and views only, to a parameter's gradient accumulator (how autocast's weight copies look)."""
-    fn = t.grad_fn
-    for _ in range(8):
-        if fn is None:
-            return False
-        if type(fn).__name__ == "AccumulateGrad":
-            return id(getattr(fn, "variable")) in param_ids
-        nexts = [n for n, _ in fn.next_functions if n is not None]
-        if type(fn).__name__ not in _VIEW_OR_CAST_NODES or len(nexts) != 1:
-            return False
-        fn = nexts[0]
-    return False
+    def is_copy(self, key: tuple[Any, int]) -> bool:
+        ref = self.copies.get(key)
+        return ref is not None and ref() is not None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) \
+                and isinstance(out, torch.Tensor) and out.untyped_storage().nbytes():
+            source = _storage_key(args[0])
+            if source in self.parameter_storages or self.is_copy(source):
+                self.copies[_storage_key(out)] = weakref.ref(out)
+        return out
 
 
 def saved_tensor_bytes(model: torch.nn.Module, run_forward) -> tuple[int, int, Any]:
     """Bytes of the distinct storages saved for backward while ``run_forward()`` runs, split into
     ``(activations, weight_copies, output of run_forward)``.
 
-    Parameters and buffers themselves are left out (weights are counted as weights). A saved tensor whose
-    autograd history is a cast of a parameter is a low-precision weight copy (autocast casts each weight
-    once per forward and saves the copy for backward). Each storage counts once, whatever the number of
-    views of it that were saved.
+    Parameters and buffers themselves are left out (weights are counted as weights). A saved tensor that
+    is a dtype cast of a parameter (trainable or frozen), of such a cast, or a view of one, is a weight
+    copy, not an activation: autocast casts each weight it feeds to a low-precision op and saves the copy
+    when backward needs it (a frozen layer's copy too, when gradients flow through the layer to the layers
+    before it). Each storage counts once, whatever the number of views of it that were saved.
     """
     excluded = {_storage_key(p) for p in model.parameters()} | {_storage_key(b) for b in model.buffers()}
-    param_ids = {id(p) for p in model.parameters()}
+    casts = _ParameterCasts({_storage_key(p) for p in model.parameters()})
     seen: dict[tuple[Any, int], tuple[int, bool]] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
         if key not in excluded and key not in seen:
-            seen[key] = (t.untyped_storage().nbytes(), _is_parameter_copy(t, param_ids))
+            seen[key] = (t.untyped_storage().nbytes(), casts.is_copy(key))
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with casts, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run_forward()
     activations = sum(n for n, w in seen.values() if not w)
     copies = sum(n for n, w in seen.values() if w)
@@ -107,7 +119,9 @@ def saved_tensor_bytes(model: torch.nn.Module, run_forward) -> tuple[int, int, A
 # ---- the bytes-per-parameter model -----------------------------------------------------------------------
 
 # Persistent bytes per parameter with AdamW, per recipe, as torch.amp and the course's loop keep them:
-# (weights, gradients, optimizer state, master weights and their gradients).
+# (weights, gradients, optimizer state, master weights). Every gradient tensor counts as a gradient:
+# bf16_master keeps the BF16 gradient backward wrote into the model (2) and the FP32 copy of it that the
+# loop hands the master (4), both alive from backward until the next step zeroes them; its masters are 4.
 _BYTES_PER_PARAM = {
     "fp32": (4, 4, 8, 0),
     "tf32": (4, 4, 8, 0),
@@ -115,13 +129,18 @@ _BYTES_PER_PARAM = {
     "fp16_autocast_scaler": (4, 4, 8, 0),
     "fp16_autocast_no_scaler": (4, 4, 8, 0),
     "bf16_pure": (2, 2, 4, 0),               # AdamW's moments follow the parameter dtype
-    "bf16_master": (2, 2, 8, 8),             # FP32 master copy plus its FP32 gradient
+    "bf16_master": (2, 2 + 4, 8, 4),         # BF16 and FP32 gradients; the FP32 master copy
 }
 
 
 def bytes_per_parameter(recipe: str) -> dict[str, int]:
-    """Persistent bytes per parameter of a recipe with AdamW: weights, gradients, optimizer state and
-    master weights (with the master's own gradient), as the course's loop and ``torch.amp`` keep them."""
+    """Persistent bytes per parameter of a recipe with AdamW, by the components of
+    :class:`MemoryBreakdown`: weights, gradients (all of them: ``bf16_master``'s BF16 gradient and its
+    master's FP32 one), optimizer state and FP32 master weights, as the course's loop and ``torch.amp``
+    keep them. Times the parameter count, these are the persistent components that
+    ``studies.performance.account_training_memory`` counts."""
+    if not isinstance(recipe, str):
+        raise TypeError(f"recipe must be a recipe name (str), got {type(recipe).__name__} {recipe!r}")
     if recipe not in _BYTES_PER_PARAM:
         raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(_BYTES_PER_PARAM)}")
     w, g, o, m = _BYTES_PER_PARAM[recipe]
@@ -129,13 +148,14 @@ def bytes_per_parameter(recipe: str) -> dict[str, int]:
 
 
 def estimate_training_memory(n_params: float, recipe: str) -> dict[str, float]:
-    """Persistent training memory in bytes for a model of ``n_params`` parameters (activations excluded:
-    they depend on batch, sequence length and checkpointing, and are measured separately)."""
-    if isinstance(n_params, bool) or not isinstance(n_params, (int, float)) or not n_params > 0:
-        raise ValueError(f"n_params must be a positive number, got {n_params!r}")
+    """Persistent training memory in bytes for a model of ``n_params`` parameters (a positive, finite
+    number; activations excluded: they depend on batch, sequence length and checkpointing, and are
+    measured separately), per component of :func:`bytes_per_parameter` and in ``"total"``."""
+    if isinstance(n_params, bool) or not isinstance(n_params, numbers.Real):
+        raise TypeError(f"n_params must be a number of parameters, got {type(n_params).__name__} {n_params!r}")
+    if not (math.isfinite(n_params) and n_params > 0):
+        raise ValueError(f"n_params must be a positive finite number of parameters, got {n_params!r}")
     per = bytes_per_parameter(recipe)
-    out = {k: float(v) * n_params for k, v in per.items()}
+    out = {k: float(v) * float(n_params) for k, v in per.items()}
     out["total"] = sum(out.values())
     return out
-
-

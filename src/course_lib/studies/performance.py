@@ -305,7 +305,10 @@ def account_training_memory(recipe: str, profile, device: torch.device | str = "
 
     Both steps run through :func:`course_lib.train.train`. The first creates the optimizer state; the
     second is counted: the tensors its forward pass saves for backward, its gradients, and the state that
-    exists after its optimizer step; on a GPU, the allocator's peak during that step.
+    exists after its optimizer step; on a GPU, the allocator's peak during that step. ``gradients`` holds
+    every gradient tensor the loop keeps (``bf16_master``: the model's BF16 gradient and the FP32 copy of it
+    that its master receives), ``master_weights`` the FP32 masters alone: the split of
+    :func:`course_lib.memory.bytes_per_parameter`, which times ``n_params`` gives the persistent components.
     """
     device = torch.device(device)
     r = get_recipe(recipe, device)
