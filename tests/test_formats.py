@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from fractions import Fraction
 
 import ml_dtypes
 import numpy as np
@@ -212,7 +213,7 @@ def test_e4m3_default_is_saturation_and_nan_rule_matches_ml_dtypes():
 def test_rounding_mx_elements_equals_ml_dtypes(name):
     f = F.get_format(name)
     x = _test_values(f)
-    x = x[~np.isnan(x)]  # no NaN in these formats: ml_dtypes turns NaN into -0, we keep NaN (documented)
+    x = x[~np.isnan(x)]  # no NaN in these formats: ml_dtypes turns NaN into -0, round_to_format raises
     _assert_same_values(F.round_to_format(x, f), x.astype(ml_type(name)).astype(np.float64))
     np.testing.assert_array_equal(F.encode(x, f), x.astype(ml_type(name)).view(np.uint8))
 
@@ -311,6 +312,121 @@ def test_spacing_equals_numpy_spacing(np_type, name):
     f = F.get_format(name)
     x = np.exp2(rng.uniform(math.log2(f.min_subnormal), math.log2(f.max_finite) - 1, 10_000)).astype(np_type)
     np.testing.assert_array_equal(F.spacing(x.astype(np.float64), f), np.spacing(x).astype(np.float64))
+
+
+# ---- the subnormal range, against exact rational rounding ---------------------------------------------
+
+SIGNED_FORMATS = ["FP32", "TF32", "BF16", "FP16", "FP8 E4M3", "FP8 E5M2", "FP6 E2M3", "FP6 E3M2", "FP4 E2M1"]
+
+
+def _exact_round(x: float, f, rounding: str) -> float:
+    """``x`` rounded onto ``f``'s grid in exact rational arithmetic (a signed format, no overflow)."""
+    a = Fraction(abs(x))
+    if a == 0:
+        return math.copysign(0.0, x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()  # floor(log2 a), or one more
+    if Fraction(2) ** e > a:
+        e -= 1
+    quantum = Fraction(2) ** (max(e, f.min_exponent) - f.mantissa_bits)
+    whole, rest = divmod(a, quantum)
+    up = {"nearest_even": rest > quantum / 2 or (rest == quantum / 2 and whole % 2 == 1),
+          "nearest_away": rest >= quantum / 2, "toward_zero": False}[rounding]
+    r = (whole + up) * quantum
+    assert r <= f.max_finite, "the reference is for values below the format's overflow"
+    return math.copysign(float(r), x)
+
+
+def _around_the_subnormals(f, dtype, n_random: int = 600, seed: int = 0) -> np.ndarray:
+    """Values of ``dtype`` (float32 or float64) around every edge of ``f``'s subnormal range: the first
+    grid points and midpoints above zero (the flush threshold is half the smallest subnormal), those on
+    both sides of the smallest normal and of the second binade, with their 1- and 2-ulp neighbours in
+    ``dtype`` (those ``dtype`` holds); and random values, log-uniform over the subnormals and first
+    normals and uniform near zero. Both signs."""
+    ms, m = f.min_subnormal, f.mantissa_bits
+    edges = [k for c in (0, 2**m, 2**(m + 1)) for k in range(max(c - 3, 0), c + 4)]
+    wanted = np.array([(k + h) * ms for k in edges for h in (0.0, 0.5)], dtype=np.float64)
+    points = wanted.astype(dtype)
+    points = points[points.astype(np.float64) == wanted]  # (FP32's midpoints are no float32)
+    near = [points]
+    for toward in (0, np.inf):
+        p = points
+        for _ in range(2):
+            p = np.nextafter(p, dtype(toward))
+            near.append(p)
+    rng = np.random.default_rng(seed)
+    log_uniform = np.exp2(rng.uniform(math.log2(ms) - 2, math.log2(f.min_normal) + 2, n_random))
+    uniform = rng.uniform(0, 3 * ms, n_random)
+    x = np.concatenate(near + [log_uniform.astype(dtype), uniform.astype(dtype)])
+    x = x[np.isfinite(x) & (x < f.max_finite)]
+    return np.concatenate([x, -x]).astype(dtype)
+
+
+@pytest.mark.parametrize("name", SIGNED_FORMATS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rounding_around_the_subnormals_equals_exact_rational_rounding(name, dtype):
+    """Every rounding rule, for float32 and float64 input, bit for bit (signed zeros included) against
+    rounding in fractions: random values over the subnormals and first normals, and every flush,
+    subnormal and normal edge with its neighbours."""
+    f = F.get_format(name)
+    x = _around_the_subnormals(f, dtype)
+    for rounding in ("nearest_even", "nearest_away", "toward_zero"):
+        mine = np.asarray(F.round_to_format(x, f, rounding=rounding), dtype=np.float64)
+        exact = np.array([_exact_round(float(v), f, rounding) for v in x])
+        bad = np.flatnonzero((mine != exact) | (np.signbit(mine) != np.signbit(exact)))
+        assert bad.size == 0, (f"{rounding}: {bad.size} of {x.size} differ, e.g. {x[bad[:3]].tolist()} -> "
+                               f"{mine[bad[:3]].tolist()}, exactly {exact[bad[:3]].tolist()}")
+
+
+@pytest.mark.parametrize("name, dtype", [(name, dtype) for name in SIGNED_FORMATS
+                                         for dtype in (torch.float32, torch.float64)
+                                         if (name, dtype) != ("FP32", torch.float32)], ids=str)  # 2**-150: no float32
+def test_half_the_smallest_subnormal_is_the_flush_threshold(name, dtype):
+    """Just below half the smallest subnormal rounds to zero under every rule; exactly half is a tie (to
+    zero under nearest-even, away to the smallest subnormal under nearest-away); just above rounds to the
+    smallest subnormal. Both signs, signed zeros kept."""
+    f = F.get_format(name)
+    half = torch.tensor(f.min_subnormal / 2, dtype=torch.float64).to(dtype)
+    assert float(half) == f.min_subnormal / 2
+    below, above = torch.nextafter(half, torch.zeros_like(half)), torch.nextafter(half, torch.ones_like(half))
+    tiny = f.min_subnormal
+    expected = {"nearest_even": (0.0, 0.0, tiny), "nearest_away": (0.0, tiny, tiny)}
+    for rounding, values in expected.items():
+        for sign in (1.0, -1.0):
+            got = F.round_to_format(sign * torch.stack([below, half, above]), f, rounding=rounding)
+            want = torch.tensor([sign * v for v in values], dtype=got.dtype)
+            assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want)), \
+                (rounding, sign, got.tolist())
+
+
+@pytest.mark.parametrize("name", ["BF16", "FP16", "FP8 E4M3", "FP8 E5M2", "FP6 E2M3", "FP6 E3M2", "FP4 E2M1"])
+def test_nearest_even_around_the_subnormals_equals_torch_and_ml_dtypes(name):
+    """The same float32 values through torch's own cast where torch has the dtype, else ml_dtypes'."""
+    f = F.get_format(name)
+    x = _around_the_subnormals(f, np.float32)
+    mine = np.asarray(F.round_to_format(x, f), dtype=np.float64)
+    dtype = f.torch_dtype_or_none()
+    theirs = (torch.from_numpy(x).to(dtype).double().numpy() if dtype is not None
+              else x.astype(ml_type(name)).astype(np.float64))
+    _assert_same_values(mine, theirs)
+
+
+def test_nan_into_a_format_without_nan_is_refused_and_inf_saturates():
+    """FP6 and FP4 have no inf and no NaN (OCP MX v1.0). Infinities saturate, as overflow does there and as
+    ml_dtypes' casts do; NaN has no code and raises (ml_dtypes would give -0, torchao's cast 1.5)."""
+    for name in ("FP6 E2M3", "FP6 E3M2", "FP4 E2M1"):
+        f = F.get_format(name)
+        x = np.array([np.inf, -np.inf, 1e30, -1e30], dtype=np.float32)
+        assert F.round_to_format(x, f).tolist() == [f.max_finite, -f.max_finite] * 2
+        np.testing.assert_array_equal(F.encode(x, f), x.astype(ml_type(name)).view(np.uint8))
+        for bad in (np.array([1.0, np.nan], np.float32), torch.tensor([np.nan], dtype=torch.float64),
+                    float("nan")):
+            for call in (F.round_to_format, F.encode):
+                with pytest.raises(ValueError, match=f"{name} has no NaN"):
+                    call(bad, f)
+        assert F.explain_value(float("nan"), [f])[0].bits == "-"
+    # formats with a NaN keep it
+    for name in ("FP16", "BF16", "FP8 E4M3", "FP8 E5M2", "E8M0"):
+        assert math.isnan(float(F.round_to_format(float("nan"), name)))
 
 
 def test_bit_string_and_explain_value():

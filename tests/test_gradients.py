@@ -125,6 +125,37 @@ def test_summarize_underflow_refuses_infinite_scale_and_non_finite_values():
         summarize_underflow(torch.tensor([1.0, math.nan, math.inf]), "FP16")
 
 
+def test_summarize_underflow_refuses_unsigned_formats_and_names_bad_input():
+    import numpy as np
+
+    from course_lib.formats import FloatFormat
+
+    values = torch.tensor([-1.0, 0.0, 1e-30, 1.0])
+    # E8M0 has no sign and no zero: -1 and 0 would have counted as "overflow" (NaN), 40% of the values
+    for fmt, match in (("E8M0", "'E8M0' is an unsigned format \\(no sign bit, no zero\\)"),
+                       (FloatFormat("U", 5, 2, signed=False), "'U' is an unsigned format \\(no sign bit\\)")):
+        with pytest.raises(ValueError, match=match):
+            summarize_underflow(values, fmt)
+        with pytest.raises(ValueError, match="unsigned"):
+            sweep_loss_scale(values, [1.0], fmt)
+    for scale in (0, -1.0, math.inf, -math.inf, math.nan):
+        with pytest.raises(ValueError, match=f"loss_scale must be a positive finite number, got {scale!r}"):
+            summarize_underflow(values, "FP16", loss_scale=scale)
+    for scale, kind in (("2", "str"), (True, "bool"), (torch.tensor(2.0), "Tensor"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"loss_scale must be a real number, got {kind}"):
+            summarize_underflow(values, "FP16", loss_scale=scale)
+    assert summarize_underflow(values, "FP16", np.float32(2.0)) == summarize_underflow(values, "FP16", 2.0)
+    for bad, match in (([1.0], "got list"), (np.ones(2), "got ndarray"),
+                       (torch.tensor([1, 2]), "got dtype torch.int64"),
+                       (torch.tensor([1j]), "got dtype torch.complex64")):
+        with pytest.raises(TypeError, match=f"values must be a floating-point torch tensor, {match}"):
+            summarize_underflow(bad, "FP16")
+    with pytest.raises(ValueError, match="values is empty"):
+        summarize_underflow(torch.tensor([]), "FP16")
+    with pytest.raises(ValueError, match="1 non-finite entries"):
+        summarize_underflow(torch.tensor([1.0, math.nan]), "FP6 E2M3")
+
+
 def test_sweep_splits_subnormal_survivors_and_reports_a_plateau():
     import pytest
     import torch

@@ -10,7 +10,7 @@ import torch.utils._pytree
 
 from course_lib import mx
 from course_lib.studies import microscaling as mx_studies
-from course_lib.formats import all_values, decode, round_to_format
+from course_lib.formats import all_values, decode, encode, round_to_format
 
 E4M3_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e4m3").tolist() if math.isfinite(v)}))
 E2M1_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e2m1").tolist()}))
@@ -187,6 +187,17 @@ def test_stochastic_rounding_leaves_grid_values_alone_and_saturates():
         mx.stochastic_round(grid, "e2m1", generator=None)
 
 
+def test_stochastic_rounding_refuses_nan_where_the_element_format_has_none():
+    g = torch.Generator().manual_seed(0)
+    for element in ("e2m1", "e2m3", "e3m2"):
+        f = mx.element_format(element)
+        with pytest.raises(ValueError, match=f"{f.name} has no NaN"):
+            mx.stochastic_round(torch.tensor([1.0, math.nan]), element, generator=g)
+        assert mx.stochastic_round(torch.tensor([math.inf, -math.inf]), element, generator=g).tolist() == [
+            f.max_finite, -f.max_finite]
+    assert math.isnan(float(mx.stochastic_round(torch.tensor([math.nan]), "e4m3", generator=g)))
+
+
 def test_hadamard_is_orthogonal_and_preserves_products():
     h = mx.hadamard_matrix(16)
     assert torch.equal(h @ h.t(), torch.eye(16))          # exact: entries are ±1/4
@@ -361,6 +372,83 @@ def test_mx_quantisation_equals_torchao_to_mx(element, mode):
         assert torch.equal(data.long(), q.element_codes())
     back = mx_tensor.to_dtype(data, scale, dtypes[element], 32, torch.float32)
     assert torch.equal(back, q.dequantize())
+
+
+def _below32(value: float) -> float:
+    """The float32 just below the float32 ``value``."""
+    v = torch.tensor(value, dtype=torch.float32)
+    return float(torch.nextafter(v, torch.zeros_like(v)))
+
+
+def _edge_blocks(element: str, seed: int = 0) -> torch.Tensor:
+    """One MX block of 32 per row: amax in FP32's top binade (the largest float32, 3.4e38, 1.9 * 2**127,
+    2**127, and the element's EVEN carry threshold (2 - 2**-(m+1)) * 2**127 with the float just below), in
+    the bottom (subnormal amax, the smallest normal and the float below it, amax whose scale clamps to
+    2**-127), zero blocks (signed zeros) and random blocks; the other 31 values of a block are random
+    signed fractions of its amax (zeros included)."""
+    m = mx.element_format(element).mantissa_bits
+    threshold = (2 - 2.0 ** -(m + 1)) * 2.0**127
+    top = [torch.finfo(torch.float32).max, 3.4e38, 1.9 * 2.0**127, 2.0**127, threshold,
+           _below32(threshold), 1.5 * 2.0**127]
+    tiny = torch.finfo(torch.float32).smallest_normal
+    bottom = [2.0**-149, 3 * 2.0**-149, 1e-40, 1.5 * 2.0**-127, _below32(tiny), tiny, 2.0**-121, 2.0**-118]
+    g = torch.Generator().manual_seed(seed)
+    amax = torch.tensor(top + bottom + [0.0] * 2 + [1.0] * 8, dtype=torch.float32)
+    amax[-8:] = torch.exp2(torch.empty(8).uniform_(-60, 60, generator=g))
+    signs = torch.where(torch.rand(amax.numel(), 31, generator=g) < 0.5, -1.0, 1.0)
+    rest = torch.rand(amax.numel(), 31, generator=g) * signs
+    rest[:, :4] = 0.0
+    x = torch.cat([amax[:, None], amax[:, None] * rest], dim=1)
+    x[len(top) + len(bottom), 1::2] = -0.0                       # a zero block of signed zeros
+    return x[:, torch.randperm(32, generator=g)].contiguous()
+
+
+def _torchao_codes(kernels, data: torch.Tensor, element: str) -> torch.Tensor:
+    if element == "e2m1":
+        return kernels.unpack_uint4(data.view(torch.uint8)).long()
+    return data.view(torch.uint8).long() if element in ("e4m3", "e5m2") else data.long()
+
+
+@pytest.mark.parametrize("element", list(mx.MX_ELEMENTS))
+@pytest.mark.parametrize("mode", mx.SCALE_MODES)
+def test_mx_edge_blocks_equal_torchao_to_mx(element, mode):
+    """Scales and element codes bit for bit against torchao's ``to_mx`` on blocks with amax in FP32's top
+    binade (where EVEN's rounded amax carries into 2**128), subnormal amax, zero and random blocks. In the
+    blocks whose scale clamps to 2**-127, torchao divides by 2**-126 (RCEIL: by 1) and this module by the
+    scale itself (the documented difference): both are checked against exact rounding there."""
+    mx_tensor, config, kernels = _torchao_mx()
+    dtypes = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "e2m1": torch.float4_e2m1fn_x2,
+              "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2"}
+    f = mx.element_format(element)
+    x = _edge_blocks(element)
+    scale, data = mx_tensor.to_mx(x, dtypes[element], 32, config.ScaleCalculationMode(mode))
+    q = mx.BlockScaling(element, 32, mode=mode).quantize(x)
+    assert torch.equal(scale.view(torch.uint8), q.scale_codes().view(torch.uint8))
+    assert torch.equal(mx.e8m0_exponents(x.abs().amax(dim=1), element, mode) + 127,
+                       scale.view(torch.uint8).flatten().long())
+    theirs, mine = _torchao_codes(kernels, data, element), q.element_codes()
+    smallest = (scale.view(torch.uint8) == 0).flatten()
+    assert 0 < int(smallest.sum()) < x.shape[0]
+    assert torch.equal(theirs[~smallest], mine[~smallest])
+    divisor = 1.0 if mode == "rceil" else 2.0**-126
+    assert torch.equal(theirs[smallest], encode(x[smallest].double() / divisor, f))
+    assert torch.equal(mine[smallest], encode(x[smallest].double() * 2.0**127, f))
+    back = mx_tensor.to_dtype(data, scale, dtypes[element], 32, torch.float32)
+    assert torch.equal(back[~smallest], q.dequantize()[~smallest])
+
+
+def test_even_scale_of_an_amax_in_the_top_binade_by_hand():
+    """EVEN rounds amax to the element's mantissa width, half up: from the carry threshold
+    (2 - 2**-(m+1)) * 2**127 up, amax rounds to 2**128 and the scale is 2**(128 - emax) (E4M3: 120, E2M1:
+    126); just below, 2**(127 - emax). Every element of such a block keeps its value within rounding."""
+    for element, emax in (("e4m3", 8), ("e5m2", 15), ("e2m3", 2), ("e3m2", 4), ("e2m1", 2)):
+        m = mx.element_format(element).mantissa_bits
+        threshold = (2 - 2.0 ** -(m + 1)) * 2.0**127
+        amax = torch.tensor([3.4e38, torch.finfo(torch.float32).max, threshold, _below32(threshold)])
+        assert mx.e8m0_exponents(amax, element, "even").tolist() == [128 - emax] * 3 + [127 - emax]
+    assert mx.e8m0_exponents(torch.tensor([1.9 * 2.0**127]), "e2m1", "even").tolist() == [126]
+    q = mx.BlockScaling("e2m1", 32, mode="even").quantize(_block(1.9 * 2.0**127, fill=2.0**126))
+    assert q.saturated == 0 and q.elements[0, :2].tolist() == [4.0, 1.0]   # scale 2**126: 3.8 rounds to 4
 
 
 @pytest.mark.parametrize("tensor_scale", [True, False])

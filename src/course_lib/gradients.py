@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -129,12 +130,20 @@ class UnderflowSummary:
 
 def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale: float = 1.0) -> UnderflowSummary:
     """Fractions of ``values`` (any float tensor) that are zero, flush, go subnormal or overflow in ``fmt``
-    after multiplying by ``loss_scale`` (computed exactly, in float64)."""
+    after multiplying by ``loss_scale`` (computed exactly, in float64). ``fmt`` must be signed: gradients
+    have both signs, and an unsigned scale format such as E8M0 holds neither negatives nor zero."""
     f = get_format(fmt)
-    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
-        raise TypeError("values must be a floating-point torch tensor")
-    if (isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float)) or not loss_scale > 0
-            or not math.isfinite(loss_scale)):
+    if not f.signed:
+        raise ValueError(f"fmt {f.name!r} is an unsigned format (no sign bit"
+                         f"{'' if f.subnormals else ', no zero'}): it cannot represent signed gradients; "
+                         "use a signed format such as 'FP16' or 'FP8 E4M3'")
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"values must be a floating-point torch tensor, got {type(values).__name__}")
+    if not values.is_floating_point():
+        raise TypeError(f"values must be a floating-point torch tensor, got dtype {values.dtype}")
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real):
+        raise TypeError(f"loss_scale must be a real number, got {type(loss_scale).__name__} {loss_scale!r}")
+    if not loss_scale > 0 or not math.isfinite(loss_scale):
         raise ValueError(f"loss_scale must be a positive finite number, got {loss_scale!r}")
     v = values.detach().flatten().to(torch.float64)
     bad = int((~torch.isfinite(v)).sum())
@@ -144,7 +153,7 @@ def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale
                          "and count the non-finite ones separately")
     n = v.numel()
     if n == 0:
-        raise ValueError("no finite values to summarise")
+        raise ValueError("values is empty: there is nothing to summarise")
     scaled = v * float(loss_scale)
     r = round_to_format(scaled, f, overflow="inf" if f.has_inf else ("nan" if f.has_nan else "saturate"))
     assert isinstance(r, torch.Tensor)

@@ -29,7 +29,10 @@ Rounding rules implemented (each checked against a real implementation in ``test
   which this module returns, is 2**-127;
 * overflow: ``"inf"`` (IEEE formats), ``"saturate"`` (clamp to ±max; the default for FP8 E4M3 and the MX
   element formats), or ``"nan"``. For E4M3, torch 2.13 saturates (inf too) while older torch and
-  ml_dtypes return NaN; pass ``overflow="nan"`` to get the latter.
+  ml_dtypes return NaN; pass ``overflow="nan"`` to get the latter;
+* the FP6 and FP4 formats have no inf and no NaN (OCP MX v1.0): infinities saturate to ±max, as
+  overflow does there (and as torchao's and ml_dtypes' casts do), and NaN raises ``ValueError``: it has
+  no code, and torchao (1.5) and ml_dtypes (-0) would each turn it silently into a number.
 """
 
 from __future__ import annotations
@@ -396,14 +399,23 @@ def _binade(a: torch.Tensor) -> torch.Tensor:
 def _round_magnitude(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
     """Round finite non-negative float64 magnitudes onto the format's grid (no overflow handling)."""
     quantum_exp = torch.clamp_(_binade(a), min=f.min_exponent).sub_(f.mantissa_bits)
-    scaled = a * pow2(-quantum_exp)  # exact: a power-of-two scaling
-    if rounding == "nearest_even":
-        scaled.round_()  # torch.round rounds half to even
-    elif rounding == "nearest_away":
-        scaled.add_(0.5).floor_()
-    else:
-        scaled.trunc_()
+    scaled = _round_integral(a * pow2(-quantum_exp), rounding)  # the scaling is exact: a power of two
     return scaled.mul_(pow2(quantum_exp))
+
+
+def _round_integral(scaled: torch.Tensor, rounding: Rounding) -> torch.Tensor:
+    """Round non-negative floats to integers by ``rounding``, exactly, in place (returns ``scaled``).
+
+    Half away from zero is ``trunc + (fraction >= 1/2)``, not ``floor(x + 1/2)``: that sum rounds, and
+    for the float just below one half (``1/2 - 2**-25`` in float32, ``1/2 - 2**-54`` in float64: just
+    below half the smallest subnormal, after scaling) it rounds up to 1, so ``floor`` would give 1, not
+    0. The fraction ``x - trunc(x)`` is exact in binary floating point."""
+    if rounding == "nearest_even":
+        return scaled.round_()  # torch.round rounds half to even
+    if rounding == "nearest_away":
+        whole = scaled.trunc()
+        return scaled.sub_(whole).ge_(0.5).add_(whole)
+    return scaled.trunc_()
 
 
 def round_to_format(
@@ -421,7 +433,8 @@ def round_to_format(
     ``rounding``: ``"nearest_even"``, ``"nearest_away"`` or ``"toward_zero"``; default: the format's.
 
     Returns the same container kind and device; the dtype is float64 for float64 input and float32
-    otherwise (every value of every registered format fits in float32 exactly).
+    otherwise (every value of every registered format fits in float32 exactly). NaN stays NaN; NaN in
+    ``x`` raises ``ValueError`` for a format without NaN (FP6, FP4), where infinities saturate.
     """
     f = get_format(fmt)
     overflow = f.overflow if overflow is None else overflow
@@ -437,6 +450,12 @@ def round_to_format(
     t, from_numpy = _to_tensor(x, what="x")
     if not t.is_floating_point():
         raise TypeError(f"round_to_format needs floating-point values, got dtype {t.dtype}")
+    if not f.has_nan:
+        # no code to hold it: torchao's FP4/FP6 casts silently give 1.5, ml_dtypes' give -0
+        n_nan = int(torch.isnan(t).sum())
+        if n_nan:
+            raise ValueError(f"{f.name} has no NaN: cannot round NaN into it ({n_nan} of {t.numel()} values "
+                             "are NaN); find where they come from, or mask them first")
     if t.dtype == torch.float32 and rounding == "nearest_even" and native_cast_agrees(f, overflow, rounding,
                                                                                       t.device):
         # torch's own cast rounds exactly like the codec here (measured once): 80-300x faster
@@ -495,14 +514,7 @@ def round_magnitude32(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> to
     binade = (a.view(torch.int32) >> 23) - 127          # floor(log2 a); zero and subnormals give -127
     quantum_exp = binade.clamp_(min=f.min_exponent, max=f.max_exponent + 1).sub_(f.mantissa_bits)
     up = ((127 - quantum_exp) << 23).view(torch.float32)   # exact 2**-quantum_exp (a normal float32)
-    scaled = a * up
-    if rounding == "nearest_even":
-        scaled.round_()
-    elif rounding == "nearest_away":
-        scaled.add_(0.5).floor_()
-    else:
-        scaled.trunc_()
-    return scaled.div_(up)
+    return _round_integral(a * up, rounding).div_(up)
 
 
 def _round_software(t: torch.Tensor, f: FloatFormat, overflow: Overflow, rounding: Rounding) -> torch.Tensor:
@@ -540,7 +552,7 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     """Bit patterns (int64) of ``x`` after :func:`round_to_format` (same keyword arguments).
 
     NaN is encoded as the format's all-ones NaN with the input's sign (payloads are not kept). A NaN
-    cannot be encoded in a format that has none (FP6, FP4): that raises ``ValueError``.
+    cannot be encoded in a format that has none (FP6, FP4): :func:`round_to_format` raises ``ValueError``.
     """
     f = get_format(fmt)
     t, from_numpy = _to_tensor(x, what="x")
@@ -549,8 +561,6 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     r = rounded.to(torch.float64)
     m, e = f.mantissa_bits, f.exponent_bits
     nan = torch.isnan(r)
-    if not f.has_nan and bool(nan.any()):
-        raise ValueError(f"{f.name} has no NaN: cannot encode NaN inputs")
     a = torch.where(nan | torch.isinf(r), 0.0, r.abs())
     binade = torch.clamp(_binade(a), min=f.min_exponent)
     # a == binade's power of two times 1.fraction (normal) or 0.fraction (subnormal, binade clamped)

@@ -48,12 +48,12 @@ def explain_value(value: float, formats: list[str | FloatFormat] | None = None) 
     value = float(value)
     rows = []
     for f in (list_formats() if formats is None else [get_format(x) for x in formats]):
+        if math.isnan(value) and not f.has_nan:
+            rows.append(ValueInFormat(f.name, value, math.nan, None, "-", math.nan, math.nan))
+            continue  # no code holds it (FP6, FP4): shown as "-", not as a number
         stored = float(round_to_format(np.array([value]), f)[0])
-        try:
-            code = int(encode(np.array([value]), f)[0])
-            bits = bit_string(code, f)
-        except ValueError:
-            code, bits = None, "-"
+        code = int(encode(np.array([value]), f)[0])
+        bits = bit_string(code, f)
         if math.isfinite(stored) and math.isfinite(value):
             abs_err = abs(stored - value)
             rel_err = abs_err / abs(value) if value != 0 else 0.0

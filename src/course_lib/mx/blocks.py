@@ -74,12 +74,19 @@ def _e8m0_exponents(a: torch.Tensor, f, mode: str) -> torch.Tensor:
     elif mode == "ceil":
         e = _ceil_log2(safe) - emax
     elif mode == "even":
-        # round amax to the element's mantissa width, half up, by adding half a unit to its FP32 bits
-        bits = safe.view(torch.int32)
-        rounded = ((bits + (1 << (23 - f.mantissa_bits - 1))) & 0x7F800000).view(torch.float32)
-        e = _floor_log2(torch.where(rounded > 0, rounded, safe)) - emax
+        # round amax to the element's mantissa width, half up, by adding half a unit to its FP32 bits, and
+        # read the binade off the exponent field. The carry out of FP32's top binade (amax at or above
+        # (2 - 2**-(m+1)) * 2**127) makes exponent field 255, binade 128: the rounded amax is 2**128, its
+        # floor(log2) 128, and the scale 2**(128 - emax), as torchao's EVEN gives (read as a float, the
+        # field is inf, whose frexp exponent is 0). A subnormal amax has field 0, binade -127 (at most
+        # its true one): the scale clamps to 2**-127 either way.
+        bits = safe.view(torch.int32).to(torch.int64)
+        e = ((bits + (1 << (23 - f.mantissa_bits - 1))) >> 23) - 127 - emax
     else:  # rceil: the FP32 quotient amax / max, rounded up to a power of two
-        e = _ceil_log2(safe / f.max_finite)
+        quotient = safe / f.max_finite
+        # below about max * 2**-150 the quotient underflows to 0, whose frexp exponent is 0: it takes the
+        # smallest scale, as log2(0) = -inf does in torchao and cvt.rp.satfinite.ue8m0 does on hardware
+        e = torch.where(quotient > 0, _ceil_log2(torch.where(quotient > 0, quotient, 1.0)), -E8M0_BIAS)
     e = torch.where(positive, e, torch.full_like(e, -E8M0_BIAS))
     return e.clamp(-E8M0_BIAS, E8M0_BIAS)
 
@@ -317,10 +324,13 @@ def block_error(x: torch.Tensor, scaling: BlockScaling, *, label: str | None = N
 def stochastic_round(x: torch.Tensor, element: str, *, generator: torch.Generator) -> torch.Tensor:
     """Round each value of ``x`` (FP32, already scaled into the element range) to one of its two neighbours
     in the element format, up with probability equal to its distance from the lower one over the gap: the
-    expected result is ``x`` itself (unbiased). Values beyond the format's max saturate to it."""
+    expected result is ``x`` itself (unbiased). Values beyond the format's max (infinities too) saturate to
+    it; NaN raises ``ValueError`` for an element format without NaN (FP6, FP4)."""
     if not isinstance(generator, torch.Generator):
         raise TypeError("stochastic_round needs a torch.Generator")
     f = element_format(element)
+    if not f.has_nan and bool(torch.isnan(x).any()):
+        raise ValueError(f"{f.name} has no NaN: cannot round NaN into it; find where it comes from first")
     a = x.float().abs().clamp(max=f.max_finite)
     lo = round_magnitude32(a, f, "toward_zero")          # the neighbour at or below, on the grid
     binade = (lo.view(torch.int32) >> 23) - 127
