@@ -11,6 +11,8 @@ import torch
 
 from course_lib import distributed as D
 from course_lib.distributed import launch
+from course_lib.distributed.reduce import reduce_check_plan, ring_chunks
+from course_lib.distributed.worker import ProgressMarks
 from course_lib.studies import distributed as distributed_studies
 from course_lib.device import SizeProfile
 
@@ -23,10 +25,73 @@ def study():
 
 # ---- the simulation of the all-reduce ----------------------------------------------------------------------
 
+AWKWARD_SIZES = (1, 2, 3, 5, 7, 9, 33, 1000, 4096, 4097)
+
+
+def _ceil_n_over_ranks_ring(values, dtype):
+    """The ring order with chunks of ceil(n / ranks) values, as simulate_all_reduce once had it (not gloo's)."""
+    v = values.to(dtype)
+    ranks, n = v.shape
+    chunk_of = torch.arange(n) // -(-n // ranks)
+    acc = v.gather(0, ((chunk_of - 1) % ranks)[None, :])[0]
+    for k in range(1, ranks):
+        acc = acc + v.gather(0, ((chunk_of - 1 - k) % ranks)[None, :])[0]
+    return acc
+
+
 def test_simulated_ring_matches_gloos_all_reduce_bit_for_bit():
-    for world in (2, 3):
-        result = D.launch_local([], world_size=world, reduce_check=True)
-        assert result.all_reduce_mismatches() == {"bfloat16": 0, "float16": 0}
+    # one launch of 3 ranks all-reduces on a group of 2 and on all 3, lengths that split unevenly into chunks
+    dtypes = ("bfloat16", "float16", "float32")
+    result = D.launch_local([], world_size=3, reduce_check=True, reduce_check_sizes=AWKWARD_SIZES,
+                            reduce_check_dtypes=dtypes)
+    cases = result.all_reduce_mismatches_by_case()
+    assert len(cases) == len(dtypes) * 2 * len(AWKWARD_SIZES)
+    assert {case: count for case, count in cases.items() if count} == {}
+    assert result.all_reduce_mismatches() == dict.fromkeys(dtypes, 0)
+    # the check can fail: chunks of ceil(n / ranks) values put some values in another chunk, summed in another
+    # order, and gloo's results show it (at 3 ranks; at 2 every order is one addition)
+    wrong = {}
+    for name in dtypes:
+        offset = 0
+        for ranks, n in reduce_check_plan(3, AWKWARD_SIZES):
+            real = result.all_reduced[name][offset:offset + n]
+            offset += n
+            inputs = D.reduce_check_inputs(ranks, n)
+            wrong[name, ranks, n] = int((_ceil_n_over_ranks_ring(inputs, D.DTYPES_BY_NAME[name]) != real).sum())
+    assert wrong["bfloat16", 3, 7] == wrong["float16", 3, 7] == wrong["float32", 3, 7] == 1
+    assert not any(count for (_, ranks, _), count in wrong.items() if ranks == 2)
+
+
+def test_ring_chunks_are_gloos_segments_not_ceil_n_over_ranks():
+    # gloo cuts n values into 2 segments per rank (more past 1 MiB a segment) of ceil(n / segments) values
+    assert ring_chunks(7, 3, 2) == ((0, 4), (4, 7), (7, 7))
+    assert ring_chunks(4096, 3, 2) == ((0, 1366), (1366, 2732), (2732, 4096))
+    assert ring_chunks(4097, 2, 4) == ((0, 2050), (2050, 4097))
+    # 7 MiB of FP32 on 3 ranks: 9 segments of 203,891 values; these boundaries were measured on gloo (torch
+    # 2.13) with the probe below, where ceil(n / 6) segments would put them at 611,672 and 1,223,344
+    assert ring_chunks(1_835_013, 3, 4) == ((0, 611_673), (611_673, 1_223_346), (1_223_346, 1_835_013))
+    assert ring_chunks(5, 1, 2) == ((0, 5),) and ring_chunks(0, 3, 2) == ((0, 0),) * 3
+    # the probe: 1 on rank c and half an ulp of 1 on the others sums to 1 + ulp exactly on chunk c (where the
+    # two halves are added first) and to 1 on the other chunks
+    for dtype, half_ulp in ((torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11), (torch.float32, 2.0 ** -24)):
+        for n in (2, 7, 9, 33):
+            for c, (start, stop) in enumerate(ring_chunks(n, 3, torch.tensor([], dtype=dtype).element_size())):
+                probe = torch.full((3, n), half_ulp)
+                probe[c] = 1.0
+                hit = D.simulate_all_reduce(probe, dtype) != 1
+                assert hit.nonzero().flatten().tolist() == list(range(start, stop)), (dtype, n, c)
+
+
+def test_ring_chunks_and_the_check_refuse_bad_input():
+    for args, match in (((-1, 3, 2), "n must"), ((7, 0, 2), "ranks must"), ((7, 3, 0), "element_size must"),
+                        ((True, 3, 2), "n must"), ((7.0, 3, 2), "n must")):
+        with pytest.raises(ValueError, match=match):
+            ring_chunks(*args)
+    for kwargs, match in (({"reduce_check_sizes": ()}, "at least one"), ({"reduce_check_sizes": (4, 0)}, "size"),
+                          ({"reduce_check_dtypes": ("int8",)}, "reduce_check_dtypes")):
+        with pytest.raises(ValueError, match=match):
+            D.launch_local([], reduce_check=True, **kwargs)
+    assert D.simulate_all_reduce(torch.ones(3, 0), torch.bfloat16).shape == (0,)
 
 
 def test_ring_order_is_what_makes_the_simulation_match(study):
@@ -151,6 +216,48 @@ def test_a_failing_rank_is_reported_and_the_others_do_not_hang():
     assert time.perf_counter() - start < 60
 
 
+def test_a_hanging_rank_is_named_not_the_rank_waiting_for_it():
+    # rank 1 stops before its first step; rank 0 waits for it in the step's all-reduce. The launch times out
+    # and names every rank still running, and rank 1 as the one that had not reached the collective
+    with pytest.raises(D.DistributedRunError) as caught:
+        D.launch_local(D.DistRun("stall", recipe="fp32", steps=3, hang_rank=1), timeout_s=25)
+    message = str(caught.value)
+    assert message.startswith("the launch ran past its timeout of 25 s with ranks 0, 1 of 2 still running\n")
+    assert "rank 1 had not reached 'run stall: step 0', where rank 0 was (in a collective waiting for it" in message
+    assert "rank 1's last mark was 'run stall: setting up'" in message
+    assert "rank 1's last output:" in message
+
+
+def _marks(out, where_by_rank):
+    for rank, wheres in where_by_rank.items():
+        progress = ProgressMarks(out, rank)
+        for where in wheres:
+            progress(where)
+        (out / f"rank{rank}.log").write_text("")
+
+
+def test_launch_diagnosis_reads_the_progress_marks(tmp_path):
+    setup, step0 = ["joining the process group", "run r: setting up"], ["run r: step 0"]
+    # a collective timed out on rank 0 while rank 1 never came: rank 0 exited, rank 1 is still running
+    _marks(tmp_path, {0: setup + step0, 1: setup})
+    (tmp_path / "rank0.log").write_text("[rank0]: RuntimeError: [gloo] Timed out waiting 2000ms for recv\n")
+    message = launch._diagnosis(tmp_path, 2, {0: 1}, [1], 180.0)
+    assert message.splitlines()[:3] == [
+        "rank 0 of 2 exited with status 1: RuntimeError: [gloo] Timed out waiting 2000ms for recv",
+        "rank 1 still running when the launch stopped them",
+        "rank 1 had not reached 'run r: step 0', where rank 0 was (in a collective waiting for it, most likely): "
+        "rank 1's last mark was 'run r: setting up'"]
+    # two ranks seen failing in one poll: the one further behind failed first, the other lost its peer
+    assert launch._diagnosis(tmp_path, 2, {0: 1, 1: 1}, [], 180.0).startswith("rank 1 of 2 exited with status 1\n")
+    # ranks at the same mark: the launcher says it cannot tell
+    _marks(tmp_path, {0: setup + step0, 1: setup + step0, 2: setup})
+    message = launch._diagnosis(tmp_path, 3, {}, [0, 1, 2], 5.0)
+    assert "rank 2 had not reached 'run r: step 0', where ranks 0, 1 were (in a collective waiting for it" in message
+    _marks(tmp_path, {0: setup, 1: setup})
+    message = launch._diagnosis(tmp_path, 2, {}, [0, 1], 5.0)
+    assert "every running rank was at the same point ('run r: setting up')" in message
+
+
 def test_launch_timeout_kills_every_rank():
     with pytest.raises(D.DistributedRunError, match="timeout"):
         D.launch_local(D.DistRun("slow", recipe="fp32", steps=50), timeout_s=0.5)
@@ -185,6 +292,11 @@ def test_entry_point_outside_torchrun_says_how_to_start_it(monkeypatch, capsys):
     ({"reduce_dtype": "bfloat16"}, "FSDP"),
     ({"wrapper": "fsdp", "param_dtype": "float8"}, "param_dtype"),
     ({"wrapper": "fsdp", "recipe": "bf16_pure"}, "FP32-weight recipe"),
+    ({"wrapper": "fsdp", "recipe": "fp16_autocast_scaler", "param_dtype": "bfloat16"},
+     "autocasts to float16 but FSDP's param_dtype is 'bfloat16'"),
+    ({"wrapper": "fsdp", "recipe": "bf16_autocast", "param_dtype": "float16"},
+     "autocasts to bfloat16 but FSDP's param_dtype is 'float16'"),
+    ({"hang_rank": -1}, "hang_rank"),
     ({"scaler": "dynamic"}, "scaler"),
     ({"plant_inf": (1,)}, "plant_inf"),
     ({"collective_timeout_s": 0}, "collective_timeout_s"),
@@ -192,6 +304,25 @@ def test_entry_point_outside_torchrun_says_how_to_start_it(monkeypatch, capsys):
 def test_dist_run_refuses_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         D.DistRun("x", **kwargs)
+
+
+def test_fsdp_takes_a_param_dtype_that_agrees_with_the_autocast():
+    for recipe, param_dtype in (("fp16_autocast_scaler", "float16"), ("fp16_autocast_scaler", "float32"),
+                                ("bf16_autocast", "bfloat16"), ("fp32", "float16"), ("fp32", "bfloat16")):
+        D.DistRun("x", wrapper="fsdp", recipe=recipe, param_dtype=param_dtype)
+
+
+def test_cli_refuses_fp16_autocast_with_bf16_fsdp_params_before_joining(monkeypatch, capsys):
+    # this command used to train until torch's CPU layer_norm refused the BF16 weight of an FP16 activation
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: pytest.fail("the rank joined a group"))
+    assert D.main(["--recipe", "fp16_autocast_scaler", "--wrapper", "fsdp", "--param-dtype", "bfloat16",
+                   "--reduce-dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert "autocasts to float16 but FSDP's param_dtype is 'bfloat16'" in err and "param_dtype 'float16'" in err
 
 
 def test_launch_refuses_bad_world_sizes_and_runs():
@@ -211,6 +342,10 @@ def test_launch_refuses_bad_world_sizes_and_runs():
         D.launch_local(run, backend="mpi")
     with pytest.raises(ValueError, match="single-process"):
         D.single_process_run(D.DistRun("x", plant_inf=(1, 0)), SizeProfile("small"))
+    with pytest.raises(ValueError, match="single-process"):
+        D.single_process_run(D.DistRun("x", hang_rank=1), SizeProfile("small"))
+    with pytest.raises(ValueError, match="hang_rank names rank 2"):
+        D.launch_local(D.DistRun("x", hang_rank=2), world_size=2)
 
 
 def test_backend_follows_the_gpus(monkeypatch):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..device import SizeProfile
-from .reduce import COMM_HOOKS, REDUCE_CHECK_DTYPES
+from .reduce import COMM_HOOKS, REDUCE_CHECK_DTYPES, REDUCE_CHECK_VALUES, reduce_check_plan
 from .worker import (
     DEFAULT_TIMEOUT_S,
     DTYPES_BY_NAME,
@@ -27,6 +27,7 @@ from .worker import (
     DistributedResult,
     DistRun,
     choose_backend,
+    load_progress,
     load_rank_history,
     run_worker,
     setup_for_run,
@@ -45,13 +46,17 @@ def _free_port() -> int:
 
 def launch_local(runs, *, world_size: int = 2, size: str = "small", backend: str = "auto",
                  timeout_s: float = DEFAULT_TIMEOUT_S, max_steps: int | None = None,
-                 reduce_check: bool = False) -> DistributedResult:
+                 reduce_check: bool = False, reduce_check_sizes=(REDUCE_CHECK_VALUES,),
+                 reduce_check_dtypes=REDUCE_CHECK_DTYPES) -> DistributedResult:
     """Start ``world_size`` local processes running ``python -m course_lib.distributed`` with torchrun's
     environment (env:// rendezvous on 127.0.0.1), train every run in ``runs`` in them, and return each rank's
     history. Any rank that fails ends the launch with :class:`DistributedRunError` carrying its error; the
-    other ranks are given a few seconds to exit and are then killed, as is everything at ``timeout_s``.
-    ``reduce_check``: after the runs, all-reduce :func:`reduce_check_inputs` in BF16 and FP16 and keep the
-    results (see :meth:`DistributedResult.all_reduce_mismatches`); ``runs`` may then be empty."""
+    other ranks are given a few seconds to exit and are then killed, as is everything at ``timeout_s``; the
+    error names the ranks still running and, from their progress marks, any that had not reached the point
+    where the others wait. ``reduce_check``: after the runs, all-reduce :func:`reduce_check_inputs` of every
+    length in ``reduce_check_sizes`` on the first 2, ..., ``world_size`` ranks in every dtype of
+    ``reduce_check_dtypes`` and keep the results (see :meth:`DistributedResult.all_reduce_mismatches`);
+    ``runs`` may then be empty."""
     runs = [runs] if isinstance(runs, DistRun) else list(runs)
     if (not runs and not reduce_check) or not all(isinstance(r, DistRun) for r in runs):
         raise TypeError("runs must be a DistRun or a non-empty sequence of DistRun")
@@ -63,6 +68,10 @@ def launch_local(runs, *, world_size: int = 2, size: str = "small", backend: str
         raise ValueError(f"size must be 'small' or 'full', got {size!r}")
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    sizes, dtypes = tuple(reduce_check_sizes), tuple(reduce_check_dtypes)
+    reduce_check_plan(world_size, sizes)                     # refuses empty or non-positive sizes
+    if not dtypes or any(d not in DTYPES_BY_NAME for d in dtypes):
+        raise ValueError(f"reduce_check_dtypes must name some of {', '.join(DTYPES_BY_NAME)}, got {dtypes!r}")
     for r in runs:
         r.check_world_size(world_size)
     chosen = choose_backend(backend, world_size)
@@ -81,7 +90,8 @@ def launch_local(runs, *, world_size: int = 2, size: str = "small", backend: str
         if max_steps is not None:
             args += ["--max-steps", str(max_steps)]
         if reduce_check:
-            args += ["--reduce-check"]
+            args += ["--reduce-check", "--reduce-check-sizes", ",".join(map(str, sizes)),
+                     "--reduce-check-dtypes", ",".join(dtypes)]
         start = time.perf_counter()
         procs, logs = [], []
         for rank in range(world_size):
@@ -91,6 +101,7 @@ def launch_local(runs, *, world_size: int = 2, size: str = "small", backend: str
                                           stdout=log, stderr=subprocess.STDOUT))
         try:
             failed = _wait(procs, start, timeout_s)
+            running = [rank for rank, p in enumerate(procs) if p.poll() is None]
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -98,39 +109,100 @@ def launch_local(runs, *, world_size: int = 2, size: str = "small", backend: str
                     p.wait()
             for log in logs:
                 log.close()
-        if failed is not None:
-            rank, code = failed
-            text = (out / f"rank{rank}.log").read_text(errors="replace").strip().splitlines()
-            plain = [line.split("]: ", 1)[1] if line.startswith("[rank") and "]: " in line else line
-                     for line in text]
-            errors = [line for line in plain if line and not line[0].isspace() and "Error: " in line]
-            what = "ran past the launch timeout" if code is None else f"exited with status {code}"
-            headline = f": {errors[-1]}" if errors else ""
-            tail = "\n".join(plain[-15:])
-            raise DistributedRunError(f"rank {rank} of {world_size} {what}{headline}\nits last output:\n{tail}")
+        if failed or running:
+            raise DistributedRunError(_diagnosis(out, world_size, failed, running, timeout_s))
         collected = {r.name: tuple(load_rank_history(out, r.name, k) for k in range(world_size)) for r in runs}
         reduced = {name: torch.load(out / f"all_reduce.{name}.pt", weights_only=True)
-                   for name in (REDUCE_CHECK_DTYPES if reduce_check else ())}
-        return DistributedResult(world_size, chosen, collected, time.perf_counter() - start, reduced)
+                   for name in (dtypes if reduce_check else ())}
+        return DistributedResult(world_size, chosen, collected, time.perf_counter() - start, reduced, sizes)
 
 
-def _wait(procs, start: float, timeout_s: float, grace_s: float = 5.0) -> tuple[int, int | None] | None:
-    """Wait for every process; the first rank that fails (rank, exit status), or (rank, None) on timeout."""
-    first_failure: tuple[int, int | None] | None = None
+def _wait(procs, start: float, timeout_s: float, grace_s: float = 5.0) -> dict[int, int]:
+    """Wait for every process to exit, for ``grace_s`` after the first failure, or until ``timeout_s``; the
+    ranks seen failing first ({rank: exit status}: several when they fail within one poll)."""
+    first_failures: dict[int, int] = {}
     failed_at = None
     while True:
         codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0) and first_failure is None:
-                first_failure, failed_at = (rank, code), time.perf_counter()
+        if not first_failures:
+            first_failures = {rank: code for rank, code in enumerate(codes) if code not in (None, 0)}
+            failed_at = time.perf_counter() if first_failures else None
         if all(c is not None for c in codes):
-            return first_failure
+            return first_failures
         now = time.perf_counter()
         if failed_at is not None and now - failed_at > grace_s:
-            return first_failure       # the others are stuck on the dead rank: the caller kills them
+            return first_failures      # the others are stuck on the dead rank: the caller kills them
         if now - start > timeout_s:
-            return first_failure or (next(i for i, c in enumerate(codes) if c is None), None)
+            return first_failures
         time.sleep(0.05)
+
+
+def _ranks(ranks) -> str:
+    ranks = list(ranks)
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _diagnosis(out: Path, world_size: int, failed: dict[int, int], running: list[int], timeout_s: float) -> str:
+    """The message of a failed or hung launch: the rank that failed first (the one furthest behind when
+    several failed at once), else that the launch timed out; which ranks were still running; which of them
+    had not reached the point where the others wait (by :class:`ProgressMarks`); one rank's last output."""
+    marks = {rank: load_progress(out, rank) for rank in range(world_size)}
+    index = {rank: (mark[0] if mark else 0) for rank, mark in marks.items()}
+
+    def where(rank: int) -> str:
+        mark = marks[rank]
+        return repr(mark[1]) if mark else "no mark yet (before joining the group)"
+
+    lines = []
+    if failed:
+        culprit = min(failed, key=lambda r: (index[r], r))
+        error = _last_error(out, culprit)
+        lines.append(f"rank {culprit} of {world_size} exited with status {failed[culprit]}"
+                     f"{f': {error}' if error else ''}")
+        if running:
+            lines.append(f"{_ranks(running)} still running when the launch stopped them")
+    else:
+        culprit = running[0]
+        lines.append(f"the launch ran past its timeout of {timeout_s:g} s with {_ranks(running)} of {world_size} "
+                     "still running")
+    furthest = max(index.values())
+    behind = [r for r in running if index[r] < furthest]
+    ahead = [r for r in range(world_size) if index[r] == furthest]
+    if behind:
+        culprit = behind[0]
+        lines.append(f"{_ranks(behind)} had not reached {where(ahead[0])}, where {_ranks(ahead)} "
+                     f"{'were' if len(ahead) > 1 else 'was'} (in a collective waiting for "
+                     f"{'them' if len(behind) > 1 else 'it'}, most likely): "
+                     + "; ".join(f"rank {r}'s last mark was {where(r)}" for r in behind))
+    elif len(running) > 1:
+        lines.append(f"every running rank was at the same point ({where(running[0])}): their progress marks "
+                     "do not tell which one held the others up")
+    elif running:
+        lines.append(f"rank {running[0]}'s last mark was {where(running[0])}")
+    output = _plain_log(out, culprit)[-15:]
+    lines.append(f"rank {culprit}'s last output:" + ("\n" + "\n".join(output) if output else " none"))
+    return "\n".join(lines)
+
+
+def _plain_log(out: Path, rank: int) -> list[str]:
+    text = (out / f"rank{rank}.log").read_text(errors="replace").strip().splitlines()
+    return [line.split("]: ", 1)[1] if line.startswith("[rank") and "]: " in line else line for line in text]
+
+
+def _last_error(out: Path, rank: int) -> str | None:
+    errors = [line for line in _plain_log(out, rank) if line and not line[0].isspace() and "Error: " in line]
+    return errors[-1] if errors else None
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    names = tuple(text.split(","))
+    if any(n not in DTYPES_BY_NAME for n in names):
+        raise argparse.ArgumentTypeError(f"dtypes must be some of {', '.join(DTYPES_BY_NAME)}, got {text!r}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,10 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size profile (default: full on GPUs, small on the CPU)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: NCCL when every local rank has a GPU, else gloo on the CPU")
-    p.add_argument("--out", type=Path, default=None, help="folder for each rank's history (JSON + .pt)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for each rank's history (JSON + .pt) and its latest progress mark")
     p.add_argument("--max-steps", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--plan", type=Path, default=None, help=argparse.SUPPRESS)   # launch_local's runs
     p.add_argument("--reduce-check", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--reduce-check-sizes", type=_int_list, default=(REDUCE_CHECK_VALUES,), help=argparse.SUPPRESS)
+    p.add_argument("--reduce-check-dtypes", type=_name_list, default=REDUCE_CHECK_DTYPES, help=argparse.SUPPRESS)
     return p
 
 
@@ -178,4 +253,5 @@ def main(argv: list[str] | None = None) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     size = args.size or ("full" if choose_backend(args.backend, local_world) == "nccl" else "small")
     return run_worker(runs, size=size, backend=args.backend, out=args.out, max_steps=args.max_steps,
-                   reduce_check=args.reduce_check)
+                      reduce_check=args.reduce_check, reduce_check_sizes=args.reduce_check_sizes,
+                      reduce_check_dtypes=args.reduce_check_dtypes)

@@ -8,6 +8,12 @@ import torch
 REDUCE_ORDERS = ("ring", "tree")
 
 
+def _positive_int(value, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} must be an int of at least {minimum}, got {value!r}")
+    return value
+
+
 def cast_compress_hook(dtype: torch.dtype):
     """A DDP communication hook that all-reduces each gradient bucket in ``dtype``: cast, divide by the
     world size, sum, cast back into the FP32 bucket. The arithmetic of torch's ``fp16_compress_hook`` and
@@ -46,6 +52,18 @@ REDUCE_CHECK_VALUES = 4096
 REDUCE_CHECK_DTYPES = ("bfloat16", "float16")
 
 
+def reduce_check_plan(world_size: int, sizes=(REDUCE_CHECK_VALUES,)) -> tuple[tuple[int, int], ...]:
+    """The all-reduces of the check, as ``(ranks, n)``: every vector length of ``sizes`` on the first 2, 3,
+    ..., ``world_size`` ranks (a launch of 3 ranks also checks a group of 2), in this order."""
+    _positive_int(world_size, "world_size", 2)
+    sizes = tuple(sizes)
+    if not sizes:
+        raise ValueError("the all-reduce check needs at least one vector length")
+    for n in sizes:
+        _positive_int(n, "each all-reduce check size", 1)
+    return tuple((ranks, n) for ranks in range(2, world_size + 1) for n in sizes)
+
+
 def reduce_check_inputs(world_size: int, n: int = REDUCE_CHECK_VALUES, seed: int = 0) -> torch.Tensor:
     """``[world_size, n]`` FP32 values, one row per rank, magnitudes spread over about 2^-12..2^6 with both
     signs: the inputs of the all-reduce check (within FP16's normal range, so no rank's input flushes)."""
@@ -54,12 +72,35 @@ def reduce_check_inputs(world_size: int, n: int = REDUCE_CHECK_VALUES, seed: int
                                                                                generator=gen).float())
 
 
+GLOO_MAX_SEGMENT_BYTES = 1024 * 1024   # gloo's AllreduceOptionsImpl::kMaxSegmentSize (torch leaves it as is)
+
+
+def ring_chunks(n: int, ranks: int, element_size: int) -> tuple[tuple[int, int], ...]:
+    """The ``[start, stop)`` of the values each rank's chunk holds in gloo's ring all-reduce of ``n`` values
+    of ``element_size`` bytes over ``ranks`` ranks (chunk ``c``'s sum ends on rank ``c``).
+
+    Gloo cuts the vector into segments, a multiple of ``ranks`` of them, at least two per rank and each at most
+    :data:`GLOO_MAX_SEGMENT_BYTES`, every segment ``ceil(n / segments)`` values long; a rank's chunk is its run
+    of consecutive segments. So a chunk is not ``ceil(n / ranks)`` values: 7 values on 3 ranks make chunks
+    ``[0, 4)``, ``[4, 7)`` and an empty one."""
+    _positive_int(n, "n", 0)
+    _positive_int(ranks, "ranks", 1)
+    _positive_int(element_size, "element_size", 1)
+    if ranks == 1:
+        return ((0, n),)
+    max_segment = max(1, GLOO_MAX_SEGMENT_BYTES // element_size)   # in values, as gloo rounds it
+    segments = -(-max(-(-n // max_segment), 2 * ranks) // ranks) * ranks
+    chunk = (segments // ranks) * -(-n // segments)
+    return tuple((min(c * chunk, n), min((c + 1) * chunk, n)) for c in range(ranks))
+
+
 def simulate_all_reduce(values: torch.Tensor, dtype: torch.dtype, order: str = "ring") -> torch.Tensor:
     """The sum over ranks of ``values`` (shape ``[ranks, n]``) as an all-reduce computes it in ``dtype``:
     every partial sum rounded to ``dtype``.
 
-    ``ring``: a ring reduce-scatter: the vector is cut into one chunk per rank, and chunk ``c`` is summed
-    one rank after another, ranks ``c-1, c-2, ..., c`` (mod N), as gloo's ring does (checked bit for bit).
+    ``ring``: gloo's ring reduce-scatter: the vector is cut into one chunk per rank (:func:`ring_chunks`),
+    and chunk ``c`` is summed one rank after another, ranks ``c-1, c-2, ..., c`` (mod N) (checked bit for bit
+    against gloo's all-reduce).
     ``tree``: ranks summed in pairs, then pairs of pairs (log2 N additions deep).
     """
     if not isinstance(values, torch.Tensor) or values.dim() != 2 or values.shape[0] < 1:
@@ -69,14 +110,15 @@ def simulate_all_reduce(values: torch.Tensor, dtype: torch.dtype, order: str = "
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     v = values.to(dtype)
-    n_ranks = v.shape[0]
+    n_ranks, n = v.shape
     if order == "tree":
         parts = list(v)
         while len(parts) > 1:
             parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
         return parts[0]
-    chunk = -(-v.shape[1] // n_ranks)      # gloo's chunks: ceil(n / N) values, the last one shorter
-    chunk_of = torch.arange(v.shape[1]) // chunk
+    chunk_of = torch.empty(n, dtype=torch.long)
+    for c, (start, stop) in enumerate(ring_chunks(n, n_ranks, v.element_size())):
+        chunk_of[start:stop] = c
     acc = None
     for k in range(n_ranks):   # the k-th addend of every value: chunk c adds ranks c-1, c-2, ..., c
         addend = v.gather(0, ((chunk_of - 1 - k) % n_ranks)[None, :])[0]

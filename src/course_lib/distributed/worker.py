@@ -16,7 +16,15 @@ import torch
 from ..device import SizeProfile
 from ..models import course_setup
 from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, step_optimizers, train
-from .reduce import COMM_HOOKS, REDUCE_CHECK_DTYPES, compress_hook, reduce_check_inputs, simulate_all_reduce
+from .reduce import (
+    COMM_HOOKS,
+    REDUCE_CHECK_DTYPES,
+    REDUCE_CHECK_VALUES,
+    compress_hook,
+    reduce_check_inputs,
+    reduce_check_plan,
+    simulate_all_reduce,
+)
 
 WRAPPERS = ("ddp", "fsdp", "manual")
 
@@ -52,6 +60,11 @@ class DistRun:
     under ``ddp`` and ``manual`` (an overflow in that rank's backward), in the rank's own shard after the
     reduce-scatter under ``fsdp`` (an overflow in the reduction of the part it owns).
     ``fail_rank``: that rank raises at its first step (to test that a failure is reported, not hung on).
+    ``hang_rank``: that rank stops at its first step and waits there until it is killed, so the others wait
+    for it in their first collective (to test that a hang is reported with the rank that held it up).
+
+    A recipe that autocasts and an FSDP ``param_dtype`` both set the compute dtype, so they must agree: a
+    BF16 autocast recipe takes ``param_dtype`` BF16 or FP32, an FP16 one FP16 or FP32.
     """
 
     name: str
@@ -66,6 +79,7 @@ class DistRun:
     scaler: str = "auto"
     plant_inf: tuple[int, int] | None = None
     fail_rank: int | None = None
+    hang_rank: int | None = None
     collective_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -89,6 +103,15 @@ class DistRun:
         if self.wrapper == "fsdp" and get_recipe(self.recipe).param_dtype != torch.float32:
             raise ValueError("under FSDP the sharded parameters stay FP32 and the policy's param_dtype sets the "
                              f"compute dtype: use an FP32-weight recipe, not {self.recipe!r}")
+        autocast = get_recipe(self.recipe).autocast_dtype
+        if autocast is not None and _dtype(self.param_dtype, "param_dtype") not in (None, torch.float32, autocast):
+            name = str(autocast).replace("torch.", "")
+            raise ValueError(
+                f"recipe {self.recipe!r} autocasts to {name} but FSDP's param_dtype is {self.param_dtype!r}: both "
+                f"set the compute dtype and they disagree (autocast would recast the {self.param_dtype} parameters "
+                f"to {name} for every matrix product, and torch's CPU layer_norm refuses the mix outright); use "
+                f"param_dtype {name!r} or 'float32' (or none) with this recipe, or recipe 'fp32' with param_dtype "
+                f"{self.param_dtype!r}")
         if self.scaler not in SCALERS:
             raise ValueError(f"scaler must be one of {SCALERS}, got {self.scaler!r}")
         if self.plant_inf is not None:
@@ -96,14 +119,16 @@ class DistRun:
                                                 for v in self.plant_inf)):
                 raise ValueError(f"plant_inf must be (rank, step) with non-negative ints, got {self.plant_inf!r}")
             object.__setattr__(self, "plant_inf", tuple(self.plant_inf))
-        if self.fail_rank is not None and (isinstance(self.fail_rank, bool) or not isinstance(self.fail_rank, int)
-                                           or self.fail_rank < 0):
-            raise ValueError(f"fail_rank must be None or a non-negative int, got {self.fail_rank!r}")
+        for key in ("fail_rank", "hang_rank"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{key} must be None or a non-negative int, got {value!r}")
         if not (self.collective_timeout_s > 0 and math.isfinite(self.collective_timeout_s)):
             raise ValueError(f"collective_timeout_s must be positive, got {self.collective_timeout_s}")
 
     def check_world_size(self, world_size: int) -> None:
-        for what, pair in (("plant_inf", self.plant_inf), ("fail_rank", (self.fail_rank, 0))):
+        for what, pair in (("plant_inf", self.plant_inf), ("fail_rank", (self.fail_rank, 0)),
+                           ("hang_rank", (self.hang_rank, 0))):
             if pair is not None and pair[0] is not None and pair[0] >= world_size:
                 raise ValueError(f"{what} names rank {pair[0]}, but the world has ranks 0..{world_size - 1}")
 
@@ -130,20 +155,38 @@ class RankHistory:
 
 @dataclass(frozen=True)
 class DistributedResult:
-    """Every rank's :class:`RankHistory` per run, in rank order."""
+    """Every rank's :class:`RankHistory` per run, in rank order. ``all_reduced``: per dtype, the real
+    all-reduce's outputs of the check, one after another in the order of :func:`reduce_check_plan` over
+    ``reduce_check_sizes``."""
 
     world_size: int
     backend: str
     runs: dict[str, tuple[RankHistory, ...]]
     seconds: float
     all_reduced: dict[str, torch.Tensor] = field(default_factory=dict)
+    reduce_check_sizes: tuple[int, ...] = (REDUCE_CHECK_VALUES,)
+
+    def all_reduce_mismatches_by_case(self) -> dict[tuple[str, int, int], int]:
+        """Per ``(dtype, ranks, n)``, how many of the real all-reduce's outputs differ from
+        :func:`simulate_all_reduce`'s ring order on the same inputs (:func:`reduce_check_inputs`)."""
+        counts: dict[tuple[str, int, int], int] = {}
+        for name, real in self.all_reduced.items():
+            offset = 0
+            for ranks, n in reduce_check_plan(self.world_size, self.reduce_check_sizes):
+                simulated = simulate_all_reduce(reduce_check_inputs(ranks, n), DTYPES_BY_NAME[name], "ring")
+                counts[(name, ranks, n)] = int((simulated != real[offset:offset + n]).sum())
+                offset += n
+            if offset != real.numel():
+                raise ValueError(f"the {name} all-reduce check holds {real.numel()} values, its plan {offset}")
+        return counts
 
     def all_reduce_mismatches(self) -> dict[str, int]:
         """Per dtype, how many of the real all-reduce's outputs differ from :func:`simulate_all_reduce`'s
-        ring order on the same inputs (:func:`reduce_check_inputs`): 0 means bit for bit."""
-        inputs = reduce_check_inputs(self.world_size)
-        return {name: int((simulate_all_reduce(inputs, DTYPES_BY_NAME[name], "ring") != real).sum())
-                for name, real in self.all_reduced.items()}
+        ring order on the same inputs, over every case of the check: 0 means bit for bit."""
+        totals = dict.fromkeys(self.all_reduced, 0)
+        for (name, _, _), count in self.all_reduce_mismatches_by_case().items():
+            totals[name] += count
+        return totals
 
     def ranks(self, run: str) -> tuple[RankHistory, ...]:
         if run not in self.runs:
@@ -180,6 +223,39 @@ class _RankSlice:
         x, y = self.sampler.batch(step, device)
         rows = slice(self.rank * self.per_rank, (self.rank + 1) * self.per_rank)
         return x[rows], y[rows]
+
+
+class ProgressMarks:
+    """Where one rank is: numbered marks at points every rank passes in the same order (joining the group,
+    each run's set-up and steps, the barriers), the latest written to :func:`progress_path` when ``out`` is
+    given. Two ranks with the same number are at the same point; when a launch hangs, a running rank with a
+    lower number than the others had not reached the collective they wait in."""
+
+    def __init__(self, out: Path | None, rank: int):
+        self.path = None if out is None else progress_path(out, rank)
+        self.index = 0
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, where: str) -> None:
+        self.index += 1
+        if self.path is not None:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps({"index": self.index, "where": where}))
+            tmp.replace(self.path)      # atomic: the launcher never reads half a mark
+
+
+def progress_path(out: Path, rank: int) -> Path:
+    return Path(out) / f"rank{rank}.progress"
+
+
+def load_progress(out: Path, rank: int) -> tuple[int, str] | None:
+    """Rank ``rank``'s latest :class:`ProgressMarks` mark in ``out``: (number, where), or None before its first."""
+    path = progress_path(out, rank)
+    if not path.exists():
+        return None
+    mark = json.loads(path.read_text())
+    return int(mark["index"]), str(mark["where"])
 
 
 def setup_for_run(run: DistRun, profile, device: torch.device):
@@ -248,8 +324,11 @@ def _make_scaler(run: DistRun, device: torch.device, recipe_wants: bool):
     return torch.amp.GradScaler(device.type, enabled=(kind == "plain"))
 
 
-def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_size: int) -> tuple[Any, Any]:
-    """Train ``run`` as rank ``rank`` of ``world_size`` (world_size 1: no process group needed)."""
+def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_size: int,
+                progress=None) -> tuple[Any, Any]:
+    """Train ``run`` as rank ``rank`` of ``world_size`` (world_size 1: no process group needed); ``progress``
+    (a :class:`ProgressMarks`) is told each step as it starts."""
+    progress = progress or (lambda where: None)
     recipe = get_recipe(run.recipe, device)
     setup = setup_for_run(run, profile, device)
     sampler: Any = _RankSlice(setup.sampler, rank, world_size) if world_size > 1 else setup.sampler
@@ -287,17 +366,21 @@ def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_si
     state.scaler = _make_scaler(run, device, recipe.grad_scaler)
     if run.fail_rank == rank:
         raise RuntimeError(f"planted failure on rank {rank} (DistRun.fail_rank)")
+    while run.hang_rank == rank:   # planted hang (DistRun.hang_rank): the launcher's timeout ends it
+        time.sleep(0.5)
     history = History(recipe.name)
     if run.wrapper == "manual" and world_size > 1:
-        _train_manual(state, sampler, history, world_size, step_counter)
+        _train_manual(state, sampler, history, world_size, step_counter, lambda: progress(f"run {run.name}: "
+                                                                                          f"step {state.step}"))
     else:
         while state.step < config.steps:
             step_counter["step"] = state.step
+            progress(f"run {run.name}: step {state.step}")
             train(state, sampler, steps=1, history=history, monitor=monitor)
     return state, history
 
 
-def _train_manual(state, sampler, history, world_size: int, step_counter: dict) -> None:
+def _train_manual(state, sampler, history, world_size: int, step_counter: dict, mark_step) -> None:
     """Data parallelism written by hand, in the wrong order: each rank unscales (and so checks its own
     gradients for inf) first and all-reduces after. Its scaler decides on what it saw alone."""
     import torch.distributed as dist
@@ -311,6 +394,7 @@ def _train_manual(state, sampler, history, world_size: int, step_counter: dict) 
     model, scaler = state.model, state.scaler
     while state.step < state.config.steps:
         step_counter["step"] = state.step
+        mark_step()
         state.optimizer.zero_grad(set_to_none=True)
         x, y = sampler.batch(state.step, state.device)
         with recipe_autocast(state.recipe, state.device):
@@ -346,8 +430,8 @@ def _rank_history(run: DistRun, state, history, *, rank: int, world_size: int, b
 def single_process_run(run: DistRun, profile, device: torch.device | str = "cpu") -> RankHistory:
     """The same run in one process on the whole global batch: what a data-parallel run should match."""
     device = torch.device(device)
-    if run.plant_inf is not None or run.fail_rank is not None:
-        raise ValueError("a single-process reference has no ranks to plant an inf or a failure in")
+    if run.plant_inf is not None or run.fail_rank is not None or run.hang_rank is not None:
+        raise ValueError("a single-process reference has no ranks to plant an inf, a failure or a hang in")
     recipe, scaler = run.recipe, run.scaler
     if run.wrapper == "fsdp":
         # FSDP computes in the policy's param_dtype from FP32 shards, the optimizer updating the FP32 copy:
@@ -375,8 +459,11 @@ def choose_backend(requested: str, local_world_size: int) -> str:
 
 
 def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None, max_steps: int | None,
-            reduce_check: bool = False) -> int:
-    """The body of one rank: join the group, train every run, write one JSON (and one .pt) per run."""
+               reduce_check: bool = False, reduce_check_sizes=(REDUCE_CHECK_VALUES,),
+               reduce_check_dtypes=REDUCE_CHECK_DTYPES) -> int:
+    """The body of one rank: join the group, train every run, write one JSON (and one .pt) per run, and
+    its :class:`ProgressMarks` as it goes. ``reduce_check``: then all-reduce :func:`reduce_check_inputs`
+    for every case of :func:`reduce_check_plan` in every dtype of ``reduce_check_dtypes``."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -393,36 +480,48 @@ def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the machine's cores
     timeout = max((r.collective_timeout_s for r in runs), default=DistRun("x").collective_timeout_s)
+    progress = ProgressMarks(out, rank)
+    progress("joining the process group")
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     profile = SizeProfile(size, forced=True, max_steps=max_steps)
     try:
         for run in runs:
             run.check_world_size(world_size)
+            progress(f"run {run.name}: setting up")
             start = time.perf_counter()
-            state, history = _train_rank(run, profile, device, rank, world_size)
+            state, history = _train_rank(run, profile, device, rank, world_size, progress)
             record = _rank_history(run, state, history, rank=rank, world_size=world_size, backend=backend,
                                    seconds=time.perf_counter() - start)
             if out is not None:
                 _save_rank_history(record, out)
             if rank == 0:
                 print(_summary_line(record), flush=True)
+            progress(f"run {run.name}: at the barrier after its last step")
             dist.barrier()
         if reduce_check and out is not None:
-            _reduce_check(rank, world_size, out)
+            progress("the all-reduce check")
+            _reduce_check(rank, world_size, out, reduce_check_sizes, reduce_check_dtypes)
+        progress("done")
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def _reduce_check(rank: int, world_size: int, out: Path) -> None:
+def _reduce_check(rank: int, world_size: int, out: Path, sizes, dtypes) -> None:
     import torch.distributed as dist
 
-    inputs = reduce_check_inputs(world_size)
-    for name in REDUCE_CHECK_DTYPES:
-        t = inputs[rank].to(DTYPES_BY_NAME[name])
-        dist.all_reduce(t)
+    plan = reduce_check_plan(world_size, sizes)
+    groups = {ranks: dist.new_group(list(range(ranks))) if ranks < world_size else None   # every rank calls it
+              for ranks in sorted({r for r, _ in plan})}
+    for name in dtypes:
+        outputs = []
+        for ranks, n in plan:
+            if rank < ranks:
+                t = reduce_check_inputs(ranks, n)[rank].to(DTYPES_BY_NAME[name])
+                dist.all_reduce(t, group=groups[ranks])
+                outputs.append(t)
         if rank == 0:
-            torch.save(t, out / f"all_reduce.{name}.pt")
+            torch.save(torch.cat(outputs), out / f"all_reduce.{name}.pt")
 
 
 def _summary_line(h: RankHistory) -> str:
