@@ -148,6 +148,8 @@ def test_microscaling_figures_draw_their_data():
     assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"
     assert list(lines["activation"].get_ydata()) == pytest.approx(
         [study.errors["e2m1"]["activation"][b].relative_error for b in study.blocks])
+    for ax in fig.axes:   # every panel names its lines
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == list(study.tensors)
     fid = mx_studies.GradientFidelity(("nvfp4", "nvfp4_no_sr"), 1, 2, (1, 2), {"nvfp4": (0.1, 0.2), "nvfp4_no_sr": (0.1, 0.3)},
                               {"nvfp4": (0.15, 0.1), "nvfp4_no_sr": (0.2, 0.2)})
     fig = plots.plot_gradient_fidelity(fid)
@@ -189,16 +191,43 @@ def test_dashboard_draws_each_panel_and_groups_alerts():
     from course_lib import monitor as mon
 
     stats = lambda z: (mon.GradientStats("a", 4, z, 0, 0, 0, 0, 1.0), mon.GradientStats("b", 4, 0.0, 0, 0, 0, 0, 1.0))  # noqa: E731
-    log = mon.MonitorLog(steps=[0, 1, 2, 3], losses=[3.0, 2.5, 2.0, 1.8], scales=[1.0] * 4,
+    log = mon.MonitorLog(steps=[0, 1, 2, 3], losses=[3.0, 2.5, 2.0, 1.8], scales=[4.0, 2.0, 2.0, 2.0],
                          skipped=[False, True, False, False], sampled_steps=[0, 2],
                          gradients=[stats(0.0), stats(1.0)])
     alerts = (mon.Alert(2, "zero_gradients", "a", "m"), mon.Alert(2, "zero_gradients", "b", "m"))
     fig = plots.plot_dashboard(log, alerts, mark_step=2)
-    assert len(fig.axes) == 4
-    layer_lines = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[3].get_lines() if not ln.get_label().startswith("_")}
-    assert layer_lines["a"] == pytest.approx([0.0, 100.0])
+    assert len(fig.axes) == 4 and fig.axes[1].get_yscale() == "log"
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [4.0, 2.0, 2.0, 2.0]
+    layer_lines = {ln.get_label(): ln for ln in fig.axes[3].get_lines() if not ln.get_label().startswith("_")}
+    assert list(layer_lines["a"].get_ydata()) == pytest.approx([0.0, 100.0])
+    assert list(layer_lines["b"].get_ydata()) == pytest.approx([0.0, 0.0])
+    # two series that differ are told apart by marker and dash, not by colour alone
+    assert layer_lines["a"].get_marker() != layer_lines["b"].get_marker()
+    assert layer_lines["a"].get_linestyle() != layer_lines["b"].get_linestyle()
     assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients (2 parameters)"]
     assert list(fig.axes[2].get_lines()[0].get_xdata()) == [1]        # the skipped step
+    assert len(fig.axes[0].texts) == 0                                  # nothing left out, no note
+
+
+def test_dashboard_leaves_out_empty_panels_and_draws_identical_series_once():
+    from course_lib import monitor as mon
+
+    same = lambda z: tuple(mon.GradientStats(n, 4, z, 0, 0, 0, 0, 1.0) for n in ("a", "b", "c"))  # noqa: E731
+    log = mon.MonitorLog(steps=[0, 1, 2], losses=[3.0, 2.5, 2.0], scales=[1.0] * 3, skipped=[False] * 3,
+                         sampled_steps=[0, 2], gradients=[same(0.0), same(1.0)])
+    fig = plots.plot_dashboard(log, top_n=3)
+    # an unchanging scale and no skipped step get no panel of their own; a note on the loss panel says so
+    assert len(fig.axes) == 2
+    assert [t.get_text() for t in fig.axes[0].texts] == ["loss scale 1 at every step; no step skipped"]
+    lines = [ln for ln in fig.axes[1].get_lines() if not ln.get_label().startswith("_")]
+    assert len(lines) == 1 and lines[0].get_label() == "3 identical series:\na\nb\nc"
+    assert list(lines[0].get_ydata()) == pytest.approx([0.0, 100.0])
+    skipping = mon.MonitorLog(steps=[0, 1], losses=[3.0, 3.0], scales=[2.0, 2.0], skipped=[True, False])
+    fig = plots.plot_dashboard(skipping)
+    assert len(fig.axes) == 3 and [t.get_text() for t in fig.axes[0].texts] == ["loss scale 2 at every step"]
+    assert [t.get_text() for t in fig.axes[2].texts] == ["no gradients sampled"]
+    with pytest.raises(ValueError, match="top_n"):
+        plots.plot_dashboard(log, top_n=0)
 
 
 def test_distributed_figures_draw_every_variant_and_rank():
@@ -218,3 +247,58 @@ def test_distributed_figures_draw_every_variant_and_rank():
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert len(visible) == 2 and len(visible[0].lines) == 4      # a step line and skip marks per rank
     assert any("rank 0: weights not finite" in t.get_text() for t in visible[0].texts)
+
+
+def test_wide_figures_get_text_that_reads_at_the_column_size():
+    import matplotlib.pyplot as plt
+
+    from course_lib.plots.style import COLUMN_INCHES, finish_figure, scale_text_to_column
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(2 * COLUMN_INCHES, 4))
+    left.set_title("t", fontsize=10)
+    left.plot([1, 2], label="a")
+    left.legend(fontsize=8)
+    right.set_yscale("log")
+    right.plot([1, 100])
+    finish_figure(fig)
+    fig.canvas.draw()   # ticks made at draw time must take the scaled size too
+    assert left.title.get_fontsize() == pytest.approx(20.0)
+    assert left.get_legend().get_texts()[0].get_fontsize() == pytest.approx(16.0)
+    sizes = [t.get_fontsize() for t in left.get_xticklabels() + right.get_yticklabels(minor=True)]
+    assert sizes and sizes == pytest.approx([2 * plt.rcParams["font.size"]] * len(sizes))
+    narrow, ax = plt.subplots(figsize=(COLUMN_INCHES / 2, 3))
+    ax.set_title("n", fontsize=10)
+    assert scale_text_to_column(narrow) == 1.0 and ax.title.get_fontsize() == 10.0
+    with pytest.raises(ValueError, match="column_inches"):
+        scale_text_to_column(narrow, 0)
+    plt.close("all")
+
+
+def test_roofline_labels_nearby_operations_once():
+    from course_lib.bench import OpCost
+
+    ops = [OpCost("a", 1.0, 1.0), OpCost("b", 2.0, 1.0), OpCost("qkv", 283.0, 1.0), OpCost("mlp", 301.5, 1.0)]
+    fig = plots.plot_roofline(ops, {"device": (1.0, 50.0)})
+    ax = fig.axes[0]
+    numbers = sorted(t.get_text() for t in ax.texts if t.get_text().isdigit())
+    assert numbers == ["1", "2", "3"]                      # 283 and 301.5 share the third label
+    key = next(t.get_text() for t in ax.texts if not t.get_text().isdigit())
+    assert key.splitlines() == ["1: a (memory-bound)", "2: b (memory-bound)", "3: qkv / mlp (compute-bound)"]
+    assert len([ln for ln in ax.get_lines() if ln.get_marker() in ("o", "s") and len(ln.get_xdata()) == 1]) == 4
+
+
+def test_seeded_runs_dash_the_recipes_and_hatch_a_black_band():
+    from types import SimpleNamespace
+
+    from matplotlib.collections import PolyCollection
+
+    curves = {"bf16_autocast": [[3.0, 2.0], [3.1, 2.1]], "tensorwise": [[3.0, 2.0], [3.0, 2.05]],
+              "unscaled": [[3.0, 2.5], [3.2, 2.0]]}
+    result = SimpleNamespace(recipes=tuple(curves), curves=curves,
+                             final=lambda recipe, tail: [c[-1] for c in curves[recipe]])
+    fig = plots.plot_fp8_training(result)
+    left = fig.axes[0]
+    styles = {ln.get_label(): ln.get_linestyle() for ln in left.get_lines()}
+    assert styles == {"bf16_autocast": "-", "tensorwise": "--", "unscaled": "-."}   # the reference alone solid
+    bands = [c for c in left.collections if isinstance(c, PolyCollection)]
+    assert [b.get_hatch() for b in bands] == [None, None, "////"]   # only the black (unscaled) band

@@ -8,6 +8,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from ..formats import FloatFormat, get_format, list_formats
 
@@ -34,10 +35,42 @@ FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F0
 FIGURE_DPI = 150   # rendered at 1.5x the usual 100 dpi: the book scales images to its column, so text stays sharp
 
 
+# The book scales every figure to its text column. A figure wider than this many inches is shrunk more than
+# one of this width, and its text with it: finish_figure enlarges such a figure's text in proportion, so
+# that a label reads at the same size on the page whatever the figure's width.
+COLUMN_INCHES = 8.5
+
+
+def scale_text_to_column(fig: Figure, column_inches: float = COLUMN_INCHES) -> float:
+    """Multiply the size of every text in ``fig`` (titles, labels, ticks, legends, annotations) by the
+    figure's width over ``column_inches`` when it is wider, so that its text reads as large on the page as a
+    figure of the column's width. Returns the factor (1 for a figure no wider than the column)."""
+    if not (isinstance(column_inches, (int, float)) and math.isfinite(column_inches) and column_inches > 0):
+        raise ValueError(f"column_inches must be a positive number, got {column_inches!r}")
+    factor = max(1.0, fig.get_figwidth() / column_inches)
+    if factor == 1.0:
+        return factor
+    ticks = set()
+    for ax in fig.axes:
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            for which, labels in (("major", axis.get_majorticklabels()), ("minor", axis.get_minorticklabels())):
+                ticks.update(labels)
+                size = labels[0].get_fontsize() if labels else plt.rcParams[f"{name}tick.labelsize"]
+                size = size if isinstance(size, (int, float)) else Text(text="", fontsize=size).get_fontsize()
+                # tick_params, not the labels: ticks made at draw time take their size from here
+                ax.tick_params(axis=name, which=which, labelsize=size * factor)
+    for text in fig.findobj(match=lambda artist: isinstance(artist, Text)):
+        if text not in ticks:
+            text.set_fontsize(text.get_fontsize() * factor)
+    return factor
+
+
 def finish_figure(fig: Figure) -> Figure:
     """Lay out and detach from pyplot: the caller displays or glues the figure; Jupyter's inline backend
     must not show it a second time at the end of the cell, and no figure piles up in pyplot's registry.
-    The figure's dpi is set to :data:`FIGURE_DPI`, which the notebook's PNG uses."""
+    Text is enlarged for figures wider than the book's column (:func:`scale_text_to_column`); the figure's
+    dpi is set to :data:`FIGURE_DPI`, which the notebook's PNG uses."""
+    scale_text_to_column(fig)
     fig.tight_layout()
     plt.close(fig)
     fig.set_dpi(FIGURE_DPI)   # after close(), which restores the figure's original dpi
@@ -132,12 +165,20 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
     colours = {reference: "#777777", **{r: fp8_colour(r, j) for j, r in enumerate(others)}}
     if len({colours[r] for r in others} | {colours[reference]}) < len(others) + 1:   # names the map cannot tell apart
         colours = {reference: "#777777", **{r: recipe_colour(j) for j, r in enumerate(others)}}
+    # lines that lie on top of each other stay tellable apart by their dashes; a black recipe's band is
+    # hatched, since a faint black fill reads as the reference's grey
+    dashes = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (3, 1, 1, 1))]
     for recipe in result.recipes:
         runs = np.asarray(result.curves[recipe], dtype=float)
         x = np.arange(runs.shape[1])
+        style = "-" if recipe == reference else dashes[others.index(recipe) % len(dashes)]
         left.plot(x, runs.mean(axis=0), color=colours[recipe], lw=1.8 if recipe != reference else 2.2,
-                  label=recipe)
-        left.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colours[recipe], alpha=0.15, lw=0)
+                  ls=style, label=recipe)
+        if colours[recipe] == "#000000":
+            left.fill_between(x, runs.min(axis=0), runs.max(axis=0), facecolor="none", edgecolor="#000000",
+                              hatch="////", lw=0, alpha=0.5)
+        else:
+            left.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colours[recipe], alpha=0.15, lw=0)
     left.set_xlabel("training step")
     left.set_ylabel("loss (line: mean over seeds; band: range)")
     left.grid(alpha=0.3)
