@@ -149,3 +149,31 @@ def test_exercise_facts_name_exps_dtypes_and_the_master_copys_bytes():
     assert isinstance(facts["ex_exp_cpu"], Prose) and isinstance(facts["ex_exp_cuda"], Prose)
     with pytest.raises(TypeError, match="exp_dtype"):
         A.exercise_facts("bfloat16", LISTS)
+
+
+def test_attention_order_facts_name_what_each_ordering_gave():
+    facts = A.attention_order_facts(64, 45.25, False, True)
+    verdict = facts.pop("attn_verdict")
+    assert facts == {"attn_head_dim": 64, "attn_raw": 64 * 45.25 ** 2, "attn_fp16_max": torch.finfo(torch.float16).max,
+                     "attn_scaled": 64 * 45.25 ** 2 / 8, "attn_headroom": 8.0}
+    assert verdict.startswith("the course model's ordering overflows")
+    assert "do not separate" not in verdict
+    assert "does not separate them" in A.attention_order_facts(64, 1.0, True, True)["attn_verdict"]
+    assert "against expectation" in A.attention_order_facts(64, 1.0, True, False)["attn_verdict"]
+    assert "both orderings overflow" in A.attention_order_facts(64, 1.0, False, False)["attn_verdict"]
+    with pytest.raises(ValueError, match="head_dim"):
+        A.attention_order_facts(0, 1.0, True, True)
+
+
+def test_the_written_out_order_overflows_fp16_where_sdpa_does_not():
+    """The lesson's demonstration, run: q . k is twice FP16's largest value before the 1/sqrt(d) scale."""
+    import torch.nn.functional as F
+
+    d = 64
+    entry = (2 * torch.finfo(torch.float16).max / d) ** 0.5
+    q = k = torch.full((1, 1, 4, d), entry, dtype=torch.float16)
+    v = torch.ones(1, 1, 4, d, dtype=torch.float16)
+    manual = torch.softmax((q @ k.transpose(-2, -1)) / d ** 0.5, dim=-1) @ v
+    fused = F.scaled_dot_product_attention(q, k, v)
+    assert not torch.isfinite(manual).all() and torch.isfinite(fused).all()
+    assert torch.equal(fused, v)    # equal scores: the attention averages identical values

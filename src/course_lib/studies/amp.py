@@ -113,6 +113,28 @@ def checkpoint_facts(ckpt: Mapping[str, object]) -> dict[str, object]:
     return {"ckpt_identical": Prose("identical, bit for bit" if ckpt["identical gradients"] else "**different**")}
 
 
+def attention_order_facts(head_dim: int, entry: float, manual_finite: bool, fused_finite: bool) -> dict[str, object]:
+    """The attention-order demonstration: FP16 query and key vectors of ``head_dim`` entries, all equal to
+    ``entry``. Their raw product ``head_dim * entry**2`` against FP16's largest finite value, the product after
+    the 1/sqrt(head_dim) scale, and a phrase on what the two orderings gave (``manual_finite``: softmax of
+    ``q @ k^T`` scaled afterwards; ``fused_finite``: ``scaled_dot_product_attention``)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    raw = head_dim * entry * entry
+    fp16_max = torch.finfo(torch.float16).max
+    if manual_finite and fused_finite:
+        verdict = "both orderings stay finite here, so this input does not separate them"
+    elif fused_finite:
+        verdict = ("the course model's ordering overflows to inf and its softmax returns NaN, while "
+                   "`scaled_dot_product_attention` stays finite")
+    elif manual_finite:
+        verdict = "the fused call overflows where the written-out ordering does not, against expectation"
+    else:
+        verdict = "both orderings overflow: this input is too large even after the scale"
+    return {"attn_head_dim": head_dim, "attn_raw": raw, "attn_fp16_max": fp16_max,
+            "attn_scaled": raw / head_dim ** 0.5, "attn_headroom": head_dim ** 0.5, "attn_verdict": Prose(verdict)}
+
+
 def recipes_table(device: torch.device | str) -> MarkdownTable:
     """Every precision recipe: its name, what it does, and "yes" or why ``device`` cannot run it."""
     return markdown_table(["recipe", "what it does", "runs here"],

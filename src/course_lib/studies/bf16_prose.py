@@ -11,6 +11,7 @@ from ..glue import Prose
 from ..hardware import GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .bf16 import EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison
+from .loss_scaling_prose import UNLOCATED_FORWARD_NAN
 
 REFERENCE = "FP32"
 MASTER = "BF16 + FP32 master weights"
@@ -112,7 +113,8 @@ def nan_seeds_note(parity: Parity) -> Prose:
                                               for r, n in failed.items())
                  + ". The loss itself became NaN, so the forward pass produced non-finite values in FP16; a "
                  "loss scale acts on the backward pass only and cannot repair that ({doc}`03_loss_scaling` "
-                 "shows the recorded scale collapsing after it). BF16 has the range to avoid it.")
+                 "shows the recorded scale collapsing after it). BF16 has the range to avoid it. "
+                 + UNLOCATED_FORWARD_NAN)
 
 
 def recorded_parity_note(parity: Parity, label: str) -> Prose:
