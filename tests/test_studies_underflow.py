@@ -190,7 +190,8 @@ def test_softmax_matmul_and_activation_facts():
 
 def _errata(**changes):
     measured = dict(stored_1e7=2.0**-23, stored_1_2e7=2.0**-23, stored_65536=math.inf, overflow_from=65520.0,
-                    stored_layer_norm_eps=float(np.float16(1e-5)), random_max=131.6)
+                    stored_layer_norm_eps=float(np.float16(1e-5)), random_max=131.6, exp_max=8.7e13,
+                    exp_fp16_overflows=160, exp_n=1000)
     return S.underflow_errata(**{**measured, **changes})
 
 
@@ -210,6 +211,10 @@ def test_underflow_errata_quote_the_measurements():
         ("LayerNorm's eps (1e-5) underflows in FP16.",
          "It is stored as 1.0014e-05, a subnormal, not 0; and autocast runs `layer_norm` in FP32 on CUDA "
          "({doc}`04_amp`)."),
+        ("`torch.exp(torch.randn(1000) * 10)` can reach about 1e8 and overflows.",
+         "That tensor is FP32: the largest of its 1,000 values here is 8.7e+13, far above 1e8 and far below FP32's "
+         "largest value, 3.4e+38, so nothing overflows. Computed in FP16 (largest value 65,504), 160 of the 1,000 "
+         "overflow to inf."),
     ]
 
 
@@ -218,6 +223,10 @@ def test_underflow_errata_refuse_impossible_measurements():
         _errata(stored_1e7=0.0)
     with pytest.raises(ValueError, match="overflow_from must exceed FP16's largest value"):
         _errata(overflow_from=65504.0)
+    with pytest.raises(ValueError, match="exp_max must be a positive finite"):
+        _errata(exp_max=math.inf)
+    with pytest.raises(ValueError, match="exp_fp16_overflows <= exp_n"):
+        _errata(exp_fp16_overflows=1001)
 
 
 def test_exercise_facts_shift_the_late_gradients_three_binades():

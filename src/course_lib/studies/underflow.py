@@ -417,11 +417,16 @@ def activation_overflow_facts(act: ActivationOverflow) -> dict[str, object]:
 
 
 def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: float, overflow_from: float,
-                     stored_layer_norm_eps: float, random_max: float) -> list[tuple[str, str]]:
+                     stored_layer_norm_eps: float, random_max: float, exp_max: float, exp_fp16_overflows: int,
+                     exp_n: int) -> list[tuple[str, str]]:
     """The errata rows (claim, measured), from what FP16 stores for 1e-7, 1.2e-7, 65536 and 1e-5 (LayerNorm's
-    eps), the smallest value that overflows FP16 (``overflow_from``) and the largest ``|entry|`` of a
-    random 256 x 1024 by 1024 x 256 product (``random_max``)."""
-    fp16 = get_format("FP16")
+    eps), the smallest value that overflows FP16 (``overflow_from``), the largest ``|entry|`` of a
+    random 256 x 1024 by 1024 x 256 product (``random_max``), and ``exp`` of ``exp_n`` values of
+    ``randn * 10``: its largest value in FP32 (``exp_max``) and how many overflow computed in FP16."""
+    fp16, fp32 = get_format("FP16"), get_format("FP32")
+    if not (math.isfinite(exp_max) and exp_max > 0) or not 0 <= exp_fp16_overflows <= exp_n:
+        raise ValueError(f"exp_max must be a positive finite FP32 value and 0 <= exp_fp16_overflows <= exp_n, got "
+                         f"{exp_max!r}, {exp_fp16_overflows!r} and {exp_n!r}")
     if not (stored_1e7 > 0 and stored_1_2e7 > 0 and stored_layer_norm_eps > 0):
         raise ValueError("FP16 stores 1e-7, 1.2e-7 and 1e-5 as positive numbers; got "
                          f"{stored_1e7!r}, {stored_1_2e7!r} and {stored_layer_norm_eps!r}")
@@ -443,6 +448,10 @@ def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: fl
         ("LayerNorm's eps (1e-5) underflows in FP16.",
          f"It is stored as {stored_layer_norm_eps:.5g}, a subnormal, not 0; and autocast runs `layer_norm` in "
          "FP32 on CUDA ({doc}`04_amp`)."),
+        ("`torch.exp(torch.randn(1000) * 10)` can reach about 1e8 and overflows.",
+         f"That tensor is FP32: the largest of its {exp_n:,} values here is {exp_max:.2g}, far above 1e8 and "
+         f"far below FP32's largest value, {fp32.max_finite:.3g}, so nothing overflows. Computed in FP16 (largest "
+         f"value {fp16.max_finite:,.0f}), {exp_fp16_overflows:,} of the {exp_n:,} overflow to inf."),
     ]
 
 
