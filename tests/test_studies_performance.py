@@ -452,6 +452,19 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
                          "(eager) ran at 2.00 times FP32's token rate.")
 
 
+def test_normalisation_erratum_places_layer_norm_below_the_ridge():
+    ops = [OpCost("softmax", 5.0, 4.0), OpCost("layer norm", 8.0, 4.0)]
+    rows = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64, ops=ops)
+    claim, measured = rows[-1]
+    ridge = 989.5e3 / 3350.0      # the H100 SXM5's BF16 dense peak (GFLOP/s) over its bandwidth (GB/s)
+    assert claim == "Tensor cores speed up BatchNorm and the other layers too."
+    assert (f"layer norm does 2.0 FLOPs per byte, {ridge / 2:.0f} times below the H100 SXM5's ridge point "
+            f"({ridge:.0f} FLOPs per byte") in measured
+    assert len(P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64)) == 6
+    with pytest.raises(ValueError, match="layer norm"):
+        P.normalisation_erratum([OpCost("softmax", 5.0, 4.0)])
+
+
 def test_slowest_lower_precision_orders_dtypes_by_bits():
     # FP8 below FP16 at 512 (0.5) is worse than BF16 below TF32 at 256 (0.9); BF16 against FP16 never counts
     sweep = {"fp32": {256: 1.0, 512: 5.0}, "tf32": {256: 2.0, 512: 8.0}, "bf16": {256: 1.8, 512: 9.0},

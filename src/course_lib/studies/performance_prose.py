@@ -468,7 +468,8 @@ def activation_facts(sweep: ActivationSweep) -> dict[str, object]:
 def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakdown], study: ThroughputStudy,
                             *, batch: int = 64, device_label: str = "this machine",
                             sweeps: Mapping[str, Mapping[str, Mapping[int, float]]] | None = None,
-                            studies: Mapping[str, ThroughputStudy] | None = None) -> list[tuple[str, str]]:
+                            studies: Mapping[str, ThroughputStudy] | None = None,
+                            ops: Sequence[OpCost] = ()) -> list[tuple[str, str]]:
     """Lesson 6's errata, (claim, what was measured) pairs: the A100's dense FP16 and TF32 peaks; the FLOPs
     of the MLP up-projection of a model shaped like ``config`` at ``batch`` sequences, 2MNK against 2mn²;
     bytes per parameter from ``breakdowns`` and the memory model; whether lower precision was always faster,
@@ -505,7 +506,22 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
          f"{estimate_training_memory(7e9, 'bf16_autocast')['total'] / 1e9:.0f} GB."),
         ("Lower precision is always faster.",
          lower_precision_erratum(speed, device_label, sweeps or {}, studies or {})),
+        *([normalisation_erratum(ops)] if ops else []),
     ]
+
+
+def normalisation_erratum(ops: Sequence[OpCost], gpu: str = "H100 SXM5") -> tuple[str, str]:
+    """The claim that tensor cores speed up normalisation layers, against the course model's layer norm's
+    arithmetic intensity (from ``ops``, the roofline's operations) and ``gpu``'s ridge point."""
+    norm = next((o for o in ops if o.name == "layer norm"), None)
+    if norm is None:
+        raise ValueError("ops lack the 'layer norm' operation")
+    ridge = _ridge(DATASHEET_PEAKS[gpu])
+    return ("Tensor cores speed up BatchNorm and the other layers too.",
+            f"Tensor cores run matrix products only. A normalisation does a few FLOPs per element it reads and "
+            f"writes: the course model's layer norm does {norm.intensity:.1f} FLOPs per byte, {ridge / norm.intensity:.0f} "
+            f"times below the {gpu}'s ridge point ({ridge:.0f} FLOPs per byte, the roofline above), so it is "
+            f"memory-bound: bandwidth, not arithmetic, sets its time, and a batch norm is no different.")
 
 
 def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
