@@ -177,3 +177,7 @@ def test_the_written_out_order_overflows_fp16_where_sdpa_does_not():
     fused = F.scaled_dot_product_attention(q, k, v)
     assert not torch.isfinite(manual).all() and torch.isfinite(fused).all()
     assert torch.equal(fused, v)    # equal scores: the attention averages identical values
+
+
+def test_sdpa_under_autocast_returns_the_autocast_dtype_on_the_cpu():
+    assert A.sdpa_autocast_dtype("cpu", torch.bfloat16) == {"attn_sdpa_dtype": "`bfloat16`"}

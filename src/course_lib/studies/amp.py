@@ -135,6 +135,15 @@ def attention_order_facts(head_dim: int, entry: float, manual_finite: bool, fuse
             "attn_scaled": raw / head_dim ** 0.5, "attn_headroom": head_dim ** 0.5, "attn_verdict": Prose(verdict)}
 
 
+def sdpa_autocast_dtype(device_type: str, dtype: torch.dtype) -> dict[str, object]:
+    """``attn_sdpa_dtype``: the dtype ``scaled_dot_product_attention`` returns for FP32 inputs under
+    ``torch.autocast(device_type, dtype)``, measured, as code."""
+    q = torch.randn(1, 1, 4, 8, device=device_type)
+    with torch.autocast(device_type, dtype=dtype):
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    return {"attn_sdpa_dtype": _code(str(out.dtype).replace("torch.", ""))}
+
+
 def recipes_table(device: torch.device | str) -> MarkdownTable:
     """Every precision recipe: its name, what it does, and "yes" or why ``device`` cannot run it."""
     return markdown_table(["recipe", "what it does", "runs here"],
