@@ -36,6 +36,8 @@ def test_explorer_follows_number_and_format():
 def test_static_html_table():
     html = explain_value_html(0.1, ["FP16"])
     assert "0 01011 1001100110" in html and "0.0999755859375" in html
+    # every cell keeps its content on one line, so a long bit pattern cannot spill into the next column
+    assert html.count("<td") == 5 and html.count("white-space: nowrap") == 10
 
 
 @needs_ipywidgets

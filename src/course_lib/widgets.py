@@ -21,17 +21,23 @@ def _fmt_number(x: float, digits: int | None = None) -> str:
     return repr(float(x)) if digits is None else f"{x:.{digits}g}"
 
 
+# every cell on one line with room around it: a 32-bit pattern ran into the next column otherwise
+_CELL = ' style="white-space: nowrap; padding: 0.1em 0.8em 0.1em 0"'
+
+
 def explain_value_html(value: float, formats=None) -> str:
     """An HTML table of :func:`~course_lib.formats.explain_value` for one number."""
     rows = explain_value(value, formats)
     body = "".join(
-        f"<tr><td>{html.escape(r.format)}</td><td><code>{html.escape(r.bits)}</code></td>"
-        f"<td>{_fmt_number(r.stored)}</td><td>{_fmt_number(r.abs_error, 3)}</td>"
-        f"<td>{_fmt_number(r.rel_error, 3)}</td></tr>"
+        f"<tr><td{_CELL}>{html.escape(r.format)}</td><td{_CELL}><code>{html.escape(r.bits)}</code></td>"
+        f"<td{_CELL}>{_fmt_number(r.stored)}</td><td{_CELL}>{_fmt_number(r.abs_error, 3)}</td>"
+        f"<td{_CELL}>{_fmt_number(r.rel_error, 3)}</td></tr>"
         for r in rows
     )
-    return ("<table><thead><tr><th>format</th><th>bits (sign exponent mantissa)</th><th>stored value</th>"
-            "<th>absolute error</th><th>relative error</th></tr></thead><tbody>" + body + "</tbody></table>")
+    head = "".join(f"<th{_CELL}>{h}</th>" for h in ("format", "bits (sign exponent mantissa)", "stored value",
+                                                     "absolute error", "relative error"))
+    return ('<table style="border-collapse: collapse"><thead><tr>' + head + "</tr></thead><tbody>" + body
+            + "</tbody></table>")
 
 
 class FormatExplorer:
