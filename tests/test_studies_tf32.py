@@ -1,0 +1,58 @@
+"""TF32 and the float32 matmul precision switch (course_lib.studies.tf32): the measurement on the CPU, the
+phrases from errors given by hand, and the recorded note from a study built by hand."""
+
+import pytest
+import torch
+
+from course_lib.glue import Prose
+from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.studies import tf32 as T
+from course_lib.studies.performance import RecipeRun, ThroughputStudy
+
+
+def test_the_measurement_compares_each_setting_with_highest_and_restores_the_setting():
+    before = torch.get_float32_matmul_precision()
+    errors = T.matmul_precision_errors("cpu", n=64)
+    assert list(errors) == ["highest", "high", "medium"] and errors["highest"] == 0.0
+    assert torch.get_float32_matmul_precision() == before
+    assert errors["high"] == 0.0        # a CPU has no TF32: "high" changes no bit
+    # "medium" may use BF16 products (oneDNN on CPUs with BF16 matrix units): then within BF16's rounding
+    assert errors["medium"] == 0.0 or 1e-4 < errors["medium"] < 0.05
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        T.matmul_precision_errors("cpu", n=0)
+
+
+def test_precision_phrase_says_same_bits_or_the_difference():
+    same = T.precision_phrase({"highest": 0.0, "high": 0.0, "medium": 0.0})
+    assert isinstance(same, Prose)
+    assert same == ('"high" gives the same bits as "highest" (this device has no TF32 path for FP32 products); '
+                    '"medium" gives the same bits as "highest" (this device has no BF16 path for FP32 products)')
+    moved = T.precision_phrase({"high": 1e-3, "medium": 4e-3})
+    assert moved == ('"high" moves the product by up to 1.0e-03 of its largest entry (TF32 products); "medium" '
+                     'moves the product by up to 4.0e-03 of its largest entry (BF16 products)')
+    with pytest.raises(ValueError, match="lack the settings"):
+        T.precision_phrase({"high": 0.0})
+
+
+def _run(recipe, seconds, compiled=False):
+    return RecipeRun(recipe, 0, compiled, (3.0, 2.0), (1.0, seconds, seconds), 100, 1)
+
+
+def _record(runs):
+    provenance = Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
+                            compute_capability="9.0", cuda_version="13.0")
+    study = ThroughputStudy("cuda", tuple(runs), 1e9, {}, "")
+    return RecordedResult(Record("training_throughput", {}, {}, provenance, schema_version=2), study)
+
+
+def test_tf32_recorded_note_calls_a_tie_a_tie():
+    # tokens/s: fp32 100/0.5 = 200, tf32 400, bf16 404 eager (a tie); compiled tf32 500, bf16 800
+    rec = _record([_run("fp32", 0.5), _run("tf32", 0.25), _run("bf16_autocast", 100 / 404),
+                   _run("tf32", 0.2, True), _run("bf16_autocast", 0.125, True)])
+    note = T.tf32_recorded_note(rec)
+    assert note.startswith(f"On the recorded **{rec.label}**, TF32 alone ran 2.00 times as many tokens")
+    assert "BF16 autocast ran 1.01 times TF32's rate eager, a tie: there, mixed precision buys nothing" in note
+    assert "BF16 autocast ran 1.60 times TF32's rate compiled, faster" in note
+    assert T.tf32_recorded_note(_record([_run("fp32", 0.5), _run("bf16_autocast", 0.25)])) == ""
+    with pytest.raises(ValueError, match="tie must lie"):
+        T.tf32_recorded_note(rec, tie=1.0)
