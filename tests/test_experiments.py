@@ -165,7 +165,8 @@ def test_mx_block_study_is_the_lessons_calls_on_one_set_of_tensors(monkeypatch):
         name: S.block_error(tensors["activation + outlier"], s, label=name, skip_columns=(0,))
         for name, s in S.nvfp4_scale_choices().items()})
     assert list(study.scale_modes) == ["e2m1", "e4m3"] and study.gradient_fidelity == "fidelity"
-    fid = S.GradientFidelity(("nvfp4",), 3, 2, (1, 2), {"nvfp4": (0.1, 0.2)}, {"nvfp4": (0.15, 0.12)})
+    fid = S.GradientFidelity(("nvfp4",), (0, 1), 3, 2, 2, (1, 2), {"nvfp4": ((0.1, 0.2), (0.3, 0.1))},
+                             {"nvfp4": ((0.01, 0.02), (0.0, 0.01))}, {"nvfp4": ((0.15, 0.12), (0.2, 0.1))})
     study = dataclasses.replace(study, gradient_fidelity=fid)
     back = from_jsonable(S.MxBlockStudy, json.loads(json.dumps(to_jsonable(study), allow_nan=False)))
     assert json.dumps(to_jsonable(back)) == json.dumps(to_jsonable(study))   # nan-safe equality

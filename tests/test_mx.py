@@ -281,6 +281,92 @@ def test_conversion_keeps_the_head_and_the_last_block_where_the_recipe_says():
         assert (type(model.blocks[-1].fc) is torch.nn.Linear) == kept_block
 
 
+def _tiny_gpt(n_layers: int):
+    from course_lib.models import GPTConfig, build_gpt
+
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randint(0, 256, (2, 32), generator=g) for _ in range(2))
+    return build_gpt(GPTConfig(n_layers=n_layers, context=32), seed=1), x, y
+
+
+def test_a_high_precision_block_is_exact_fp32_and_removing_it_changes_only_that_block():
+    import copy
+
+    # one block: NVFP4's high-precision last block is the whole model, so its gradient is the FP32 one bit for
+    # bit (it would not be if "high precision" rounded the block to BF16, or quantised any of it)
+    model, x, y = _tiny_gpt(1)
+    kept = mx.convert_to_block_scaled(copy.deepcopy(model), "nvfp4")
+    assert not any(isinstance(m, mx.BlockLinear) for m in kept.modules())
+    for m in (model, kept):
+        m(x, y)[1].backward()
+    for (name, p), q in zip(model.named_parameters(), kept.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    # two blocks: with and without the high-precision last block, the first block is quantised alike (same
+    # layer seeds and Hadamard signs, same output bit for bit); only the last block differs
+    model, x, y = _tiny_gpt(2)
+    for with_hp, without_hp in (("nvfp4", "nvfp4_no_hp_last"), ("mxfp4_hp_last", "mxfp4")):
+        a = mx.convert_to_block_scaled(copy.deepcopy(model), with_hp, seed=4)
+        b = mx.convert_to_block_scaled(copy.deepcopy(model), without_hp, seed=4)
+        for name in ("attn.qkv", "attn.proj", "fc", "out"):
+            la, lb = a.blocks[0].get_submodule(name), b.blocks[0].get_submodule(name)
+            assert la.generator.initial_seed() == lb.generator.initial_seed() and torch.equal(la.signs, lb.signs)
+            assert type(a.blocks[1].get_submodule(name)) is torch.nn.Linear
+            assert isinstance(b.blocks[1].get_submodule(name), mx.BlockLinear)
+        outs = []
+        for m in (a, b):
+            h = m.tok_emb(x) + m.pos_emb(torch.arange(x.shape[1]))
+            outs.append(m.blocks[0](h))
+        assert torch.equal(outs[0], outs[1])
+
+
+def test_drawing_only_the_backward_pass_gives_the_draws_of_whole_passes():
+    import copy
+
+    # gradient_fidelity runs the forward pass once and draws the backward pass: the forward rounds to nearest,
+    # so the draws are those of whole passes from the same generators
+    model, x, y = _tiny_gpt(2)
+    once = mx.convert_to_block_scaled(copy.deepcopy(model), "nvfp4_no_hp_last", seed=2)
+    whole = mx.convert_to_block_scaled(copy.deepcopy(model), "nvfp4_no_hp_last", seed=2)
+    loss = once(x, y)[1]
+    draws = []
+    for i in range(2):
+        for m in (once, whole):
+            m.zero_grad(set_to_none=True)
+        loss.backward(retain_graph=i == 0)
+        whole(x, y)[1].backward()
+        draws.append(once.blocks[0].fc.weight.grad.clone())
+        for p, q in zip(once.parameters(), whole.parameters()):
+            assert torch.equal(p.grad, q.grad)
+    assert not torch.equal(draws[0], draws[1])      # stochastic rounding: the two draws differ
+
+
+def test_gradient_fidelity_measures_every_model_and_batch():
+    from course_lib.device import SizeProfile
+    from course_lib.studies import microscaling_pieces as pieces
+
+    recipes = ("mxfp4", "mxfp4_hp_last", "nvfp4", "nvfp4_no_sr")
+    fid = pieces.gradient_fidelity(SizeProfile("small"), recipes=recipes, seeds=(0, 1), batches=1, draws=2, steps=1)
+    assert (fid.recipes, fid.seeds, fid.steps, fid.batches, fid.draws, fid.ks) == (recipes, (0, 1), 1, 1, 2, (1, 2))
+    for r in recipes:
+        assert [len(m) for m in fid.single[r]] == [1, 1] and all(0 < v < 1 for m in fid.single[r] for v in m)
+        for s in range(2):
+            assert fid.averaged[r][s][0] == pytest.approx(fid.single[r][s][0])
+    for r in ("mxfp4", "mxfp4_hp_last", "nvfp4_no_sr"):   # rounding to nearest: every draw is the same gradient
+        assert fid.single_stderr[r] == ((0.0,), (0.0,))
+        assert [a[1] for a in fid.averaged[r]] == pytest.approx([a[0] for a in fid.averaged[r]])
+    # two stochastic draws differ, so their mean is strictly closer than the mean of their errors
+    assert all(se[0] > 0 for se in fid.single_stderr["nvfp4"])
+    assert all(a[1] < a[0] for a in fid.averaged["nvfp4"])
+    assert fid.single["nvfp4"][0] != fid.single["nvfp4"][1]    # two models, two measurements
+    for bad in ({"seeds": ()}, {"seeds": (0, 0)}, {"draws": 0}, {"batches": True}, {"recipes": ()}):
+        with pytest.raises(ValueError):
+            pieces.gradient_fidelity(SizeProfile("small"), steps=0, **bad)
+    with pytest.raises(TypeError, match="seeds must be ints"):
+        pieces.gradient_fidelity(SizeProfile("small"), steps=0, seeds=(0.5,))
+    with pytest.raises(ValueError, match="unknown block-scaled recipe"):
+        pieces.gradient_fidelity(SizeProfile("small"), steps=0, recipes=("nvfp3",))
+
+
 def test_training_with_every_recipe_runs_and_learns():
     from course_lib.device import size_profile
 

@@ -150,14 +150,29 @@ def test_microscaling_figures_draw_their_data():
         [study.errors["e2m1"]["activation"][b].relative_error for b in study.blocks])
     for ax in fig.axes:   # every panel names its lines
         assert [t.get_text() for t in ax.get_legend().get_texts()] == list(study.tensors)
-    fid = mx_studies.GradientFidelity(("nvfp4", "nvfp4_no_sr"), 1, 2, (1, 2), {"nvfp4": (0.1, 0.2), "nvfp4_no_sr": (0.1, 0.3)},
-                              {"nvfp4": (0.15, 0.1), "nvfp4_no_sr": (0.2, 0.2)})
+    # two models, two batches each; nvfp4_no_sr is nvfp4 without stochastic rounding
+    fid = mx_studies.GradientFidelity(
+        ("nvfp4", "nvfp4_no_sr"), (0, 1), 1, 2, 2, (1, 2),
+        {"nvfp4": ((0.1, 0.2), (0.3, 0.2)), "nvfp4_no_sr": ((0.1, 0.3), (0.2, 0.25))},
+        {"nvfp4": ((0.01, 0.01), (0.01, 0.01)), "nvfp4_no_sr": ((0.0, 0.0), (0.0, 0.0))},
+        {"nvfp4": ((0.15, 0.1), (0.25, 0.2)), "nvfp4_no_sr": ((0.2, 0.2), (0.2, 0.2))})
     fig = plots.plot_gradient_fidelity(fid)
-    assert len(fig.axes[0].patches) == 2
-    assert fig.axes[0].patches[1].get_height() == pytest.approx(20.0)     # the mean, in percent
-    right = {ln.get_label(): list(ln.get_ydata()) for ln in fig.axes[1].get_lines()}
-    assert right["nvfp4 (stochastic rounding)"] == pytest.approx([15.0, 10.0])
-    assert right["nvfp4_no_sr (round to nearest)"] == pytest.approx([20.0, 20.0])
+    left, middle, right = fig.axes
+    assert len(left.patches) == 2
+    assert left.patches[1].get_height() == pytest.approx(21.25)    # nvfp4_no_sr's mean over models and batches, %
+    # a marker per model and batch, its shape the model's: nvfp4_no_sr's batches of model 0, then of model 1
+    markers = [ln for ln in left.get_lines() if ln.get_label().startswith("_")]
+    assert [list(ln.get_ydata()) for ln in markers[2:]] == [pytest.approx([10.0, 30.0]), pytest.approx([20.0, 25.0])]
+    assert markers[2].get_marker() != markers[3].get_marker()
+    assert [t.get_text() for t in left.get_legend().get_texts()] == ["model seed 0", "model seed 1"]
+    # the middle panel: removing stochastic rounding, in points per model and batch, its bar at the mean
+    assert [t.get_text() for t in middle.get_xticklabels()] == ["no sr"]
+    assert middle.patches[0].get_height() == pytest.approx(1.25)
+    assert [list(ln.get_ydata()) for ln in middle.get_lines() if ln.get_marker() not in ("None", "")] == [
+        pytest.approx([0.0, 10.0]), pytest.approx([-10.0, 5.0])]
+    right_lines = {ln.get_label(): list(ln.get_ydata()) for ln in right.get_lines()}
+    assert right_lines["nvfp4 (stochastic rounding)"] == pytest.approx([20.0, 15.0])
+    assert right_lines["nvfp4_no_sr (round to nearest)"] == pytest.approx([20.0, 20.0])
     with pytest.raises(ValueError, match="no recipe"):
         plots.plot_gradient_fidelity(fid, reference="mxfp4")
 

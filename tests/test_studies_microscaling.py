@@ -3,6 +3,7 @@ hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from course_lib import mx
 from course_lib.fp8 import QuantizationError
 from course_lib.glue import Prose
 from course_lib.studies import microscaling as ms
+from course_lib.studies import microscaling_pieces as P
 from course_lib.studies.fp8 import Fp8Training
 from course_lib.studies.microscaling import BlockSizeStudy, GradientFidelity, ModeComparison
 
@@ -63,11 +65,21 @@ def test_block_size_table():
 
 
 def test_block_size_facts():
-    assert ms.block_size_facts(block_study()) == {
+    facts = ms.block_size_facts(block_study())
+    verdict = facts.pop("blk_fp8_verdict")
+    # E4M3 lines: 1.5625 -> 3.125 (100%) and 1.5625 -> 4.6875 (200%): not flat
+    assert facts == pytest.approx({
         "blk_fp4_32": 12.5, "blk_fp4_tensor": 25.0, "blk_fp4_out_32": 37.5, "blk_fp4_out_tensor": 87.5,
         "blk_fp4_out_flushed": 99.21875, "blk_fp4_out_flushed32": 25.0, "blk_fp8_32": 3.125,
         "blk_fp4_flushed32": 12.5, "blk_fp4_1": 6.25, "e4m3_binades": mx.element_format("e4m3").binades,
-        "blk_fp8_out_tensor": 4.6875}
+        "blk_fp8_out_tensor": 4.6875, "blk_fp8_lo": 1.5625, "blk_fp8_hi": 4.6875, "blk_fp8_flat": 200.0})
+    assert verdict == "the block size matters even with these elements"
+    flat = {"e2m1": block_study().errors["e2m1"],
+            "e4m3": {"activation": {"1": qe(0.026), "32": qe(0.0261), "tensor": qe(0.026)},
+                     "activation + outlier": {"1": qe(0.025), "32": qe(0.025), "tensor": qe(0.0255)}}}
+    flat_facts = ms.block_size_facts(dataclasses.replace(block_study(), errors=flat))
+    assert flat_facts["blk_fp8_verdict"].startswith("the block size does not matter")
+    assert flat_facts["blk_fp8_flat"] == pytest.approx(2.0)
 
 
 def scale_errors() -> dict[str, dict[str, QuantizationError]]:
@@ -189,26 +201,186 @@ def test_block_scaled_training_facts():
 
 
 def fidelity() -> GradientFidelity:
-    single = {"mxfp8": (0.03125, 0.0625), "nvfp4": (0.125, 0.25), "nvfp4_no_sr": (0.09375, 0.28125)}
-    averaged = {"mxfp8": (0.046875, 0.046875), "nvfp4": (0.1875, 0.125), "nvfp4_no_sr": (0.1875, 0.1875)}
-    return GradientFidelity(tuple(single), 30, 2, (1, 8), single, averaged)
+    # two models, one batch each; ks[0] = 1 is each model's mean of `single`
+    single = {"mxfp8": ((0.03125,), (0.0625,)), "nvfp4": ((0.125,), (0.25,)), "nvfp4_no_sr": ((0.09375,), (0.28125,))}
+    stderr = {"mxfp8": ((0.0,), (0.0,)), "nvfp4": ((0.001,), (0.001,)), "nvfp4_no_sr": ((0.0,), (0.0,))}
+    averaged = {"mxfp8": ((0.03125, 0.03125), (0.0625, 0.0625)), "nvfp4": ((0.125, 0.0625), (0.25, 0.1875)),
+                "nvfp4_no_sr": ((0.09375, 0.09375), (0.28125, 0.28125))}
+    return GradientFidelity(tuple(single), (0, 1), 30, 1, 8, (1, 8), single, stderr, averaged)
 
 
 def test_fidelity_table_and_facts():
     assert ms.fidelity_table(fidelity()) == (
-        "| recipe | gradient error, per batch | minus NVFP4's (same batch, percentage points) |\n|---|---|---|\n"
-        "| mxfp8 | 3.1%, 6.2% | -9.38, -18.75 |\n| nvfp4 | 12.5%, 25.0% | +0.00, +0.00 |\n"
-        "| nvfp4_no_sr | 9.4%, 28.1% | -3.12, +3.12 |\n")
-    assert ms.fidelity_facts(fidelity()) == {
+        "| recipe | model seed 0: error per batch (minus NVFP4's, points) | model seed 1: error per batch (minus "
+        "NVFP4's, points) |\n|---|---|---|\n"
+        "| mxfp8 | 3.1% (-9.38) | 6.2% (-18.75) |\n| nvfp4 | 12.5% (+0.00) | 25.0% (+0.00) |\n"
+        "| nvfp4_no_sr | 9.4% (-3.12) | 28.1% (+3.12) |\n")
+    facts = ms.fidelity_facts(fidelity())
+    sr, takeaway = facts.pop("gf_sr"), facts.pop("gf_takeaway")
+    assert all(isinstance(p, Prose) for p in (sr, takeaway, facts["gf_seeds"]))   # glued as Markdown
+    assert facts == pytest.approx({
+        "gf_models": 2, "gf_seeds": "0 and 1", "gf_batches": 1, "gf_draws": 8, "gf_steps": 30, "gf_sigmas": 2.0,
         "gf_mxfp8": 4.6875, "gf_d_mxfp8_lo": -18.75, "gf_d_mxfp8_hi": -9.375,
         "gf_nvfp4": 18.75, "gf_d_nvfp4_lo": 0.0, "gf_d_nvfp4_hi": 0.0,
         "gf_nvfp4_no_sr": 18.75, "gf_d_nvfp4_no_sr_lo": -3.125, "gf_d_nvfp4_no_sr_hi": 3.125,
-        "gf_avg_first": 18.75, "gf_avg_last": 12.5, "gf_k_last": 8}
+        "gf_avg_first": 18.75, "gf_avg_last": 12.5, "gf_k_last": 8})
+    # one model each way, far beyond the noise (0.1 points): the sign depends on the model
+    assert sr == ("Stochastic rounding makes a *single* gradient no better (without it, -3.12 to +3.12 points: the "
+                  "sign depends on the model): it trades bias for variance. Its value is in the average: over 8 draws "
+                  "the error of the mean falls from 18.8% to 12.5%, against 18.8% without it, more than half as far "
+                  "as 1/sqrt(k) would take it (6.6%). Over many steps an optimizer averages gradients in the same "
+                  "way.")
+    assert takeaway == "over 2 models, stochastic rounding helped only the average of 8 draws"
+    with pytest.raises(ValueError, match="no recipe named 'nvfp4_no_rht'"):
+        fidelity().effect("nvfp4_no_rht")
+
+
+def effect(*per_model, noise=0.0) -> P.PieceEffect:
+    return P.PieceEffect(tuple(per_model), tuple(tuple(noise for _ in m) for m in per_model))
+
+
+def test_piece_effect_verdicts_count_only_differences_beyond_the_draw_noise():
+    assert effect((1.0, 2.0), (0.5, 3.0)).verdict == P.HELPS
+    assert effect((-1.0, -2.0), (-0.5, -3.0)).verdict == P.HURTS
+    assert effect((1.0, -0.5), (2.0, 1.0)).verdict == P.HELPS_ON_AVERAGE
+    assert effect((-1.0, 0.5), (-2.0, -1.0)).verdict == P.HURTS_ON_AVERAGE
+    mixed = effect((4.0, 6.0), (-1.0, -0.5))
+    assert (mixed.verdict, mixed.mixed_between, mixed.model_means, mixed.mean) == (P.MIXED, "models", (5.0, -0.75),
+                                                                                   2.125)
+    # both signs on model 0 and nothing beyond the noise (2 x 0.5) on model 1: the sign depends on the batch
+    by_batch = effect((4.0, -4.0), (0.1, 0.2), noise=0.5)
+    assert (by_batch.verdict, by_batch.mixed_between, by_batch.models_where(1)) == (P.MIXED, "batches", (0,))
+    # model 1's mean (1.0) is beyond its noise (2 x 0.35) though neither batch is: helped there, hurt on model 0
+    by_model = effect((4.0, -4.0), (1.0, 1.0), noise=0.5)
+    assert (by_model.verdict, by_model.mixed_between, by_model.models_where(1)) == (P.MIXED, "models", (0, 1))
+    # the same differences are a verdict with no noise and nothing beyond it with noise of 0.5 (2 sigma = 1)
+    small = ((0.4, 0.9), (-0.3, 0.2))
+    assert effect(*small).verdict == P.MIXED and effect(*small, noise=0.5).verdict == P.NOISE
+    assert effect((2.0, 0.5), (0.3, 0.1), noise=0.5).verdict == P.HELPS_SOMEWHERE
+    assert effect((-2.0, -0.5), (-0.3, 0.1), noise=0.5).verdict == P.HURTS_SOMEWHERE
+    assert (effect((1.0,), (-2.0,)).lo, effect((1.0,), (-2.0,)).hi, effect((1.0,), (-2.0,)).largest) == (-2.0, 1.0, 2.0)
+    assert effect((-2.0, 0.5), noise=0.5).ever_hurts and not effect((2.0, 0.5), noise=0.5).ever_hurts
+    with pytest.raises(ValueError, match="at least one model"):
+        P.PieceEffect((), ())
+    with pytest.raises(ValueError, match="one noise value"):
+        P.PieceEffect(((1.0, 2.0),), ((0.1,),))
+
+
+def test_piece_sentence_follows_the_verdict_and_the_size():
+    assert P.piece_sentence("Square weight blocks", effect((0.5, 0.75), (0.25, 1.0)), 12.0, plural=True) == (
+        "Square weight blocks help a little on every batch of every model (without them, +0.25 to +1.00 points, "
+        "under a tenth of the full recipe's 12.0% error).")
+    assert P.piece_sentence("Square weight blocks", effect((-0.5, -3.0), (-2.0, -2.5)), 12.0, plural=True) == (
+        "Square weight blocks hurt on every batch of every model (without them, -3.00 to -0.50 points).")
+    assert P.piece_sentence("The Hadamard transform", effect((1.0, -0.5), (2.0, 1.0)), 12.0) == (
+        "The Hadamard transform helps on average for each model, though not on every batch (without it, -0.50 to "
+        "+2.00 points).")
+    assert P.piece_sentence("The Hadamard transform", effect((2.0, 0.5), (0.3, 0.1), noise=0.5), 30.0) == (
+        "The Hadamard transform helps a little on 1 of 2 models and is within the draw-to-draw noise on the others "
+        "(without it, +0.10 to +2.00 points, under a tenth of the full recipe's 30.0% error).")
+    assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05)), 12.0) == (
+        "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
+        "recipe's 12.0% error, and the sign depends on the model (mean per model: -0.01, +0.03): no consistent "
+        "effect.")
+    assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05), noise=0.1), 12.0) == (
+        "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
+        "recipe's 12.0% error, within the draw-to-draw noise of stochastic rounding on every batch: no consistent "
+        "effect.")
+
+
+def test_verdict_phrase_says_the_sign_of_the_error_with_the_piece():
+    assert [P.verdict_phrase(e) for e in (
+        effect((1.0, 2.0), (0.5, 3.0)), effect((-1.0, 0.5), (-2.0, -1.0)), effect((2.0, 0.5), (0.3, 0.1), noise=0.5),
+        effect((4.0, -4.0), (0.1, 0.2), noise=0.5), effect((0.4, 0.9), (-0.3, 0.2), noise=0.5))] == [
+        "lower with it on every batch of every model",
+        "higher with it on average for each model, though not on every batch",
+        "lower with it on 1 of 2 models, within the draw-to-draw noise on the others",
+        "the sign depends on the batch", "within the draw-to-draw noise on every batch"]
+
+
+def pieces_fidelity(**changes) -> GradientFidelity:
+    """Two models, two batches each, every recipe of the lesson's study; NVFP4's mean error is 15.625%."""
+    single = {
+        "mxfp4": ((0.125, 0.1875), (0.25, 0.25)), "mxfp4_hp_last": ((0.1875, 0.25), (0.1875, 0.125)),
+        "nvfp4": ((0.125, 0.25), (0.125, 0.125)),
+        "nvfp4_no_sr": ((0.09375, 0.28125), (0.125, 0.125)),           # -3.125, +3.125, 0, 0
+        "nvfp4_no_rht": ((0.1171875, 0.2578125), (0.125, 0.125)),      # -0.78, +0.78, 0, 0
+        "nvfp4_no_2d": ((0.1328125, 0.2578125), (0.12890625, 0.1328125)),   # +0.78, +0.78, +0.39, +0.78
+        "nvfp4_no_hp_last": ((0.1875, 0.3125), (0.0625, 0.125)),       # +6.25, +6.25, -6.25, 0
+    }
+    # standard errors over the draws: none without stochastic rounding, 0.1 points for NVFP4 and most ablations,
+    # 0.5 for nvfp4_no_rht (its +-0.78 lie within twice its noise)
+    se = {"mxfp4": 0.0, "mxfp4_hp_last": 0.0, "nvfp4_no_sr": 0.0, "nvfp4_no_rht": 0.005}
+    noise = {r: tuple(tuple(se.get(r, 0.001) for _ in m) for m in v) for r, v in single.items()}
+    averaged = {r: tuple((sum(m) / 2, sum(m) / 2) for m in v) for r, v in single.items()}
+    averaged["nvfp4"] = ((0.1875, 0.125), (0.125, 0.0625))
+    fid = GradientFidelity(tuple(single), (0, 1), 30, 2, 8, (1, 8), single, noise, averaged)
+    return dataclasses.replace(fid, **changes)
+
+
+def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
+    fid = pieces_fidelity()
+    assert P.largest_piece(fid) == "nvfp4_no_hp_last"       # mean +1.5625 against square blocks' +0.68
+    assert P.last_block_sentence(fid) == (
+        "Without the high-precision last block, the error changes by -6.25 to +6.25 points, and the sign depends on "
+        "the model (mean per model: +6.25, -3.12): no consistent effect. On average over models and batches its "
+        "effect (+1.56 points) is the largest of the pieces', but its sign depends on the model. The same choice "
+        "made for MXFP4 moved its error from 20.3% to 18.8% on average (without the block in high precision minus "
+        "with it, -6.25 to +12.50 points: the sign depends on the model). Keeping a block exact did not always "
+        "bring the gradient closer: quantisation errors of different layers do not add up independently in the "
+        "gradient, and a measurement, not a rule of thumb, says which layers to keep.")
+    facts = ms.fidelity_facts(fid)
+    assert facts["gf_2d"] == ("Square weight blocks help a little on every batch of every model (without them, +0.39 "
+                              "to +0.78 points, under a tenth of the full recipe's 15.6% error).")
+    assert facts["gf_rht"] == ("Without the Hadamard transform, the error changes by only -0.78 to +0.78 points, "
+                               "under a tenth of the full recipe's 15.6% error, within the draw-to-draw noise of "
+                               "stochastic rounding on every batch: no consistent effect.")
+    # the mean of 8 draws (9.4%) beats rounding to nearest (15.6%) though a single gradient is no better
+    assert facts["gf_takeaway"] == (
+        "over 2 models, square weight blocks helped on every batch of every model, the effect of the "
+        "high-precision last block changed sign from model to model, the Hadamard transform "
+        "made no difference beyond the draw-to-draw noise and stochastic rounding helped only the average of 8 "
+        "draws")
+    assert facts["gf_sr"] == (
+        "Stochastic rounding makes a *single* gradient no better (without it, -3.12 to +3.12 points: the sign depends "
+        "on the batch): it trades bias for variance. Its value is in the average: over 8 draws the error of the mean "
+        "falls from 15.6% to 9.4%, against 15.6% without it, more than half as far as 1/sqrt(k) would take it "
+        "(5.5%). Over many steps an optimizer averages gradients in the same way.")
+
+    # the last block helping everywhere, in both recipes: the sentence says so and drops the warning
+    helped = dict(fid.single, nvfp4_no_hp_last=((0.1875, 0.3125), (0.1875, 0.1875)),
+                  mxfp4=((0.25, 0.3125), (0.25, 0.25)))
+    fid2 = pieces_fidelity(single=helped)
+    text = P.last_block_sentence(fid2)
+    assert text.startswith("The high-precision last block helps on every batch of every model (without it, +6.25 "
+                           "to +6.25 points).")
+    assert text.endswith("(without the block in high precision minus with it, +6.25 to +12.50 points: lower with it "
+                         "on every batch of every model). Keeping the last block exact never made the gradient "
+                         "worse, in either recipe, beyond the draw-to-draw noise.")
+    # stochastic rounding whose average does not beat rounding to nearest, and levels off
+    flat = dict(fid.averaged, nvfp4=((0.1875, 0.18), (0.125, 0.14)))
+    sr = P.stochastic_rounding_sentence(pieces_fidelity(averaged=flat))
+    assert sr.endswith("Averaging 8 draws brings the error of the mean from 15.6% to 16.0%, not below the 15.6% of "
+                       "rounding to nearest, less than half as far as 1/sqrt(k) would take it (5.5%): what remains "
+                       "is the error of the operands that are rounded to nearest (the forward pass's, and the "
+                       "weights and activations in the backward products).")
+    assert P.pieces_takeaway(pieces_fidelity(averaged=flat)) == (
+        "over 2 models, square weight blocks helped on every batch of every model, the effect of the high-precision "
+        "last block and stochastic rounding changed sign from model to model or batch to batch and the Hadamard "
+        "transform made no difference beyond the draw-to-draw noise")
+    # square blocks beyond the noise on one batch of model 1 only, and there worse with them
+    somewhere = dict(fid.single, nvfp4_no_2d=((0.125, 0.25), (0.12, 0.125)))
+    assert P.pieces_takeaway(pieces_fidelity(single=somewhere)) == (
+        "over 2 models, square weight blocks hurt on some models and helped on none, the effect of the "
+        "high-precision last block changed sign from model to model, the Hadamard transform made no difference "
+        "beyond the draw-to-draw noise and stochastic rounding helped only the average of 8 draws")
+    one_draw = P.stochastic_rounding_sentence(pieces_fidelity(ks=(1,)))
+    assert one_draw.endswith("With one draw per batch, this run does not measure the average of draws.")
 
 
 def test_emulation_note():
-    assert ms.emulation_note(None) == ("This page ran on a CPU: every block-scaled product above was emulated "
-                                       "(exactly) in FP32.")
+    assert ms.emulation_note(None) == ("This page ran on a CPU: every block-scaled product above was emulated, "
+                                       "its elements and scales exactly, its sums in FP32.")
     assert ms.emulation_note((9, 0)) == ("This page ran on a GPU of compute capability 9.0; its products here were "
                                          "emulated in FP32 either way.")
 

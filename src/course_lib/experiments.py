@@ -338,7 +338,7 @@ def _fp8_scaling_lab(profile: SizeProfile, device: torch.device, *, block: int) 
 @register("mx_block_study",
           "MX quantisation error against block size (E4M3 and E2M1 elements), the FP4 block-scale choices "
           "(E8M0, E4M3, with and without NVFP4's tensor scale), FLOOR against RCEIL scale selection, and each "
-          "NVFP4 recipe piece's effect on the course model's gradient (lesson 8).",
+          "NVFP4 recipe piece's effect on the course model's gradient, over three trained models (lesson 8).",
           result_type=MxBlockStudy)
 def _mx_block_study(profile: SizeProfile, device: torch.device) -> MxBlockStudy:
     return mx_block_study(profile, device)

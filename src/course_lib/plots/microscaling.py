@@ -36,39 +36,80 @@ def plot_block_sizes(study) -> Figure:
             ax.yaxis.set_minor_formatter(mticker.FormatStrFormatter("%.3g"))
             ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
     axes[0][0].set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
-    axes[0][-1].legend(fontsize=8, loc="upper left")
+    for ax in axes[0]:   # a legend per panel: each panel has its own scale and its own crossing lines
+        ax.legend(fontsize=8, loc="best")
     return finish_figure(fig)
 
 
+# one marker per model seed in the gradient-fidelity figure (repeats after four seeds)
+_SEED_MARKERS = ("o", "s", "^", "D")
+
+
 def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
-    """Left: per recipe, the relative error of its gradient of the course model against the exact one (a
-    dot per batch, a bar at the mean). Right: the error of the mean of k gradients against k, for the
-    ``reference`` recipe (stochastic rounding) and, where present, the same recipe without it
-    (``reference + "_no_sr"``), with ``1/sqrt(k)`` from the first point for comparison."""
+    """Three panels from a :class:`~course_lib.studies.microscaling_pieces.GradientFidelity`. Top: per
+    recipe, the relative error of its gradient of the course model against the exact one (a marker per model
+    and batch, its shape the model's seed; a bar at the mean). Bottom left: per piece of the ``reference``
+    recipe that ran, the error without it minus with it (same model and batch, points; above zero, the piece
+    helped), and the same for MXFP4's high-precision last block. Bottom right: the error of the mean of k
+    gradients against k, for the ``reference`` recipe (stochastic rounding; a thin line per model, a thick one
+    for their mean) and, where present, the same recipe without it (``reference + "_no_sr"``), with
+    ``1/sqrt(k)`` from the first point for comparison."""
     if reference not in result.single:
         raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.recipes)}")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.4, 1]})
+    fig = plt.figure(figsize=(10, 8))
+    grid = fig.add_gridspec(2, 2)
+    left = fig.add_subplot(grid[0, :])
+    middle, right = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     colours = {r: fp8_colour(r, j) for j, r in enumerate(result.recipes)}
+    n_models = len(result.seeds)
+    offsets = np.linspace(-0.22, 0.22, n_models) if n_models > 1 else np.zeros(1)
+
+    def markers(ax, i, per_model, colour):
+        for s, values in enumerate(per_model):
+            ax.plot([i + offsets[s]] * len(values), values, _SEED_MARKERS[s % len(_SEED_MARKERS)], color=colour,
+                    ms=5, mfc="none", mew=1.3)
+
     for i, recipe in enumerate(result.recipes):
-        errs = np.asarray(result.single[recipe]) * 100
-        left.bar(i, errs.mean(), color=colours[recipe], alpha=0.35, width=0.7)
-        left.plot([i] * len(errs), errs, "o", color=colours[recipe], ms=6)
-    left.set_xticks(range(len(result.recipes)), result.recipes, rotation=30, ha="right")
-    left.set_ylabel("gradient error vs exact FP32 (%)\n(dots: batches; bar: mean)")
+        per_model = [[100 * v for v in m] for m in result.single[recipe]]
+        left.bar(i, np.mean([v for m in per_model for v in m]), color=colours[recipe], alpha=0.3, width=0.7)
+        markers(left, i, per_model, colours[recipe])
+    left.set_xticks(range(len(result.recipes)), result.recipes, rotation=20, ha="right")
+    left.set_ylabel("gradient error vs exact FP32 (%)\nmarker: model and batch; bar: mean")
+    left.set_ylim(bottom=0)
     left.grid(alpha=0.3, axis="y")
+    for s, seed in enumerate(result.seeds):
+        left.plot([], [], _SEED_MARKERS[s % len(_SEED_MARKERS)], color="#555555", mfc="none", mew=1.3,
+                  label=f"model seed {seed}")
+    # above the panel, where no marker can hide behind it
+    left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=n_models, frameon=False)
+
+    pieces = [(f"{reference}_no_{p}", reference, f"no {p}") for p in ("sr", "rht", "2d", "hp_last")]
+    pieces.append(("mxfp4", "mxfp4_hp_last", "MXFP4 no hp_last"))
+    pieces = [(w, r, label) for w, r, label in pieces if w in result.single and r in result.single]
+    for i, (without, with_, _) in enumerate(pieces):
+        per_model = result.effect(without, with_).per_model
+        middle.bar(i, np.mean([v for m in per_model for v in m]), color=colours[without], alpha=0.3, width=0.7)
+        markers(middle, i, per_model, colours[without])
+    middle.axhline(0, color="#555555", lw=1)
+    middle.set_xticks(range(len(pieces)), [label for _, _, label in pieces], rotation=30, ha="right")
+    middle.set_ylabel("error without the piece minus with it\n(points; above 0: the piece helped)")
+    middle.grid(alpha=0.3, axis="y")
+
     ks = np.asarray(result.ks)
     for recipe, label in ((reference, f"{reference} (stochastic rounding)"),
                           (reference + "_no_sr", f"{reference}_no_sr (round to nearest)")):
         if recipe in result.averaged:
-            right.plot(ks, np.asarray(result.averaged[recipe]) * 100, "o-", color=colours[recipe], lw=1.8,
+            for per_model in result.averaged[recipe]:
+                right.plot(ks, np.asarray(per_model) * 100, "-", color=colours[recipe], lw=0.8, alpha=0.5)
+            right.plot(ks, np.asarray(result.mean_averaged(recipe)) * 100, "o-", color=colours[recipe], lw=2,
                        label=label)
-    first = result.averaged[reference][0] * 100
+    first = result.mean_averaged(reference)[0] * 100
     right.plot(ks, first / np.sqrt(ks), ":", color="#777777", label="1/sqrt(k) from the first point")
     right.set_xscale("log", base=2)
     right.set_xticks(ks, [str(k) for k in ks])
     right.set_ylim(bottom=0)
     right.set_xlabel("k, gradients averaged (log2 axis)")
-    right.set_ylabel("error of the mean of k gradients (%)")
+    right.set_ylabel("error of the mean of k gradients (%)\nthin lines: one model each")
     right.grid(alpha=0.3)
     right.legend(fontsize=8, loc="lower left")
     return finish_figure(fig)

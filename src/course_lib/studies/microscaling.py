@@ -1,20 +1,18 @@
-"""Lesson 8's studies: error against block size, scale choices and modes, MX and NVFP4 training over seeds,
-and the NVFP4 recipe's pieces measured on the gradient; and the facts, phrases and tables the lesson glues."""
+"""Lesson 8's studies: error against block size, scale choices and modes, MX and NVFP4 training over seeds;
+and the facts, phrases and tables the lesson glues. The NVFP4 recipe's pieces measured on the gradient are
+:mod:`course_lib.studies.microscaling_pieces`."""
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ..formats import all_values
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
 from ..glue import Prose
-from ..models import course_setup
 from ..mx.blocks import (
     BlockScaling,
     BlockTensor,
@@ -29,6 +27,9 @@ from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
 from .fp8_prose import BASELINE, listed, loss_differences
+# the pieces study lives in its own module; lesson 8 reaches its table and facts through this one
+from .microscaling_pieces import GradientFidelity, gradient_fidelity
+from .microscaling_pieces import fidelity_facts as fidelity_facts, fidelity_table as fidelity_table
 
 
 @dataclass(frozen=True)
@@ -148,25 +149,6 @@ def block_scaled_training(profile, device: torch.device | str = "cpu", *,
     return Fp8Training(tuple(recipes), tuple(seeds), n_steps, 16, curves)
 
 
-@dataclass(frozen=True)
-class GradientFidelity:
-    """How far each recipe's gradient of the course model is from the exact FP32 gradient at the same
-    weights and batch (relative L2 error over all parameters), on ``batches`` batches.
-
-    ``single[recipe][b]``: on batch ``b``, the mean error of one gradient (of ``draws`` independent ones;
-    they differ only where a recipe rounds stochastically). ``averaged[recipe][i]``: the error of the mean
-    of ``ks[i]`` draws (over the disjoint groups of that many, and over batches; ``ks[0]`` = 1 equals the mean
-    of ``single``): it falls like ``1/sqrt(k)`` for the part of the error
-    that stochastic rounding makes unbiased, and levels off at the rest."""
-
-    recipes: tuple[str, ...]
-    steps: int
-    batches: int
-    ks: tuple[int, ...]
-    single: dict[str, tuple[float, ...]]
-    averaged: dict[str, tuple[float, ...]]
-
-
 # the outlier channel of "activation + outlier" is left out of its measures: the other channels are the question
 OUTLIER_SKIP: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
 
@@ -210,60 +192,6 @@ def mx_block_study(profile, device: torch.device | str = "cpu") -> MxBlockStudy:
     return MxBlockStudy("blocks.0.out", block_size_study(tensors, skip_columns=OUTLIER_SKIP),
                         scale_choice_errors(tensors), scale_mode_comparisons(tensors["activation"]),
                         gradient_fidelity(profile, device))
-
-
-def _flat_grad(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.reshape(-1).double() for p in model.parameters() if p.grad is not None])
-
-
-def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
-                      recipes=("mxfp8", "mxfp4", "mxfp4_hp_last", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht",
-                               "nvfp4_no_2d", "nvfp4_no_hp_last"), draws: int = 8, batches: int = 3,
-                      steps: int | None = None, seed: int = 0, lr: float = 3e-3) -> GradientFidelity:
-    """Train the course GPT in FP32 for ``steps`` steps, then on each of the next ``batches`` batches compute
-    the gradient exactly and ``draws`` times with each block-scaled ``recipe`` (a recipe without stochastic
-    rounding gives the same gradient every time, so it is computed once per batch)."""
-    for name, v in (("draws", draws), ("batches", batches)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if not recipes:
-        raise ValueError("gradient_fidelity needs at least one recipe")
-    for r in recipes:
-        block_recipe(r)
-    setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
-    model = setup.model(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    for step in range(setup.steps):
-        x, y = setup.sampler.batch(step, setup.device)
-        opt.zero_grad(set_to_none=True)
-        model(x, y)[1].backward()
-        opt.step()
-    ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= draws)
-    single: dict[str, list[float]] = {r: [] for r in recipes}
-    averaged: dict[str, list[list[float]]] = {r: [] for r in recipes}
-    converted = {r: convert_to_block_scaled(copy.deepcopy(model), r, seed=seed) for r in recipes}
-    for b in range(batches):
-        x, y = setup.sampler.batch(setup.steps + b, setup.device)
-        model.zero_grad(set_to_none=True)
-        model(x, y)[1].backward()
-        exact = _flat_grad(model)
-        norm = float(torch.linalg.vector_norm(exact))
-        for recipe, m in converted.items():
-            n = draws if block_recipe(recipe).stochastic_gradients else 1
-            grads = []
-            for _ in range(n):
-                m.zero_grad(set_to_none=True)
-                m(x, y)[1].backward()
-                grads.append(_flat_grad(m))
-            grads += [grads[0]] * (draws - n)
-            stacked = torch.stack(grads)
-            single[recipe].append(sum(float(torch.linalg.vector_norm(g - exact)) for g in grads) / draws / norm)
-            # the error of the mean of k draws, averaged over the draws // k disjoint groups of k
-            averaged[recipe].append([
-                sum(float(torch.linalg.vector_norm(stacked[g * k:(g + 1) * k].mean(0) - exact))
-                    for g in range(draws // k)) / (draws // k) / norm for k in ks])
-    return GradientFidelity(tuple(recipes), setup.steps, batches, ks, {r: tuple(v) for r, v in single.items()},
-                            {r: tuple(sum(col) / batches for col in zip(*v)) for r, v in averaged.items()})
 
 
 # ---- lesson 8's facts, phrases and tables ---------------------------------------------------------------
@@ -326,7 +254,21 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
             "blk_fp8_32": 100 * fp8["activation"]["32"].relative_error,
             "blk_fp4_flushed32": 100 * act["32"].flushed, "blk_fp4_1": 100 * act["1"].relative_error,
             "e4m3_binades": element_format("e4m3").binades,
-            "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error}
+            "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error,
+            **_flatness("blk_fp8", fp8)}
+
+
+def _flatness(prefix: str, errors: Mapping[str, Mapping[str, QuantizationError]]) -> dict[str, float]:
+    """The lowest and highest relative error (%) over every tensor and block size, and the most one tensor's
+    error moves across block sizes (% of its smallest): how flat each line of the block-size figure is."""
+    per_tensor = [[e.relative_error for e in by_block.values()] for by_block in errors.values()]
+    if not per_tensor or not all(per_tensor):
+        raise ValueError("no errors to compare")
+    flat = max(100 * (max(v) / min(v) - 1) for v in per_tensor)
+    verdict = ("the block size does not matter, the error is the element format's own rounding, and the lines "
+               "differ only by tensor" if flat <= 5 else "the block size matters even with these elements")
+    return {f"{prefix}_lo": 100 * min(min(v) for v in per_tensor), f"{prefix}_hi": 100 * max(max(v) for v in per_tensor),
+            f"{prefix}_flat": flat, f"{prefix}_verdict": Prose(verdict)}
 
 
 def scale_choice_table(errors: Mapping[str, Mapping[str, QuantizationError]]) -> MarkdownTable:
@@ -441,40 +383,11 @@ def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
                 [a - b for a, b in zip(result.final("nvfp4"), result.final("mxfp4"))])}
 
 
-def fidelity_differences(fidelity: GradientFidelity, reference: str = "nvfp4") -> dict[str, tuple[float, ...]]:
-    """Per recipe and batch, its gradient error minus ``reference``'s on the same batch."""
-    ref = fidelity.single[reference]
-    return {r: tuple(a - b for a, b in zip(fidelity.single[r], ref)) for r in fidelity.recipes}
-
-
-def fidelity_table(fidelity: GradientFidelity) -> MarkdownTable:
-    """Per recipe, the gradient error on each batch and its difference from NVFP4's (percentage points)."""
-    delta = fidelity_differences(fidelity)
-    return markdown_table(
-        ["recipe", "gradient error, per batch", "minus NVFP4's (same batch, percentage points)"],
-        [[r, ", ".join(f"{100 * v:.1f}%" for v in fidelity.single[r]), ", ".join(f"{100 * d:+.2f}" for d in delta[r])]
-         for r in fidelity.recipes])
-
-
-def fidelity_facts(fidelity: GradientFidelity) -> dict[str, object]:
-    """Per recipe (``gf_<recipe>``): the mean gradient error in percent and (``gf_d_<recipe>_lo``/``_hi``)
-    the range of its difference from NVFP4's in points; NVFP4's error for one draw and for the mean of the
-    most draws (``gf_k_last``)."""
-    delta = fidelity_differences(fidelity)
-    facts: dict[str, object] = {}
-    for r in fidelity.recipes:
-        facts[f"gf_{r}"] = 100 * (sum(fidelity.single[r]) / len(fidelity.single[r]))
-        facts[f"gf_d_{r}_lo"] = 100 * min(delta[r])
-        facts[f"gf_d_{r}_hi"] = 100 * max(delta[r])
-    facts.update({"gf_avg_first": 100 * fidelity.averaged["nvfp4"][0],
-                  "gf_avg_last": 100 * fidelity.averaged["nvfp4"][-1], "gf_k_last": fidelity.ks[-1]})
-    return facts
-
-
 def emulation_note(capability: tuple[int, int] | None) -> Prose:
     """Where this page's block-scaled products ran: a GPU of compute ``capability``, or (None) a CPU."""
     if capability is None:
-        return Prose("This page ran on a CPU: every block-scaled product above was emulated (exactly) in FP32.")
+        return Prose("This page ran on a CPU: every block-scaled product above was emulated, its elements and "
+                     "scales exactly, its sums in FP32.")
     major, minor = capability
     return Prose(f"This page ran on a GPU of compute capability {major}.{minor}; its products here were "
                  "emulated in FP32 either way.")
@@ -487,7 +400,7 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
     gradient fidelity study, and whether the course's quantisation agreed with torchao's."""
     _, e8m0_16, no_tensor_scale, nvfp4, _ = nvfp4_scale_choices()
     rceil = modes.top_saturated["rceil"]
-    single = {r: sum(v) / len(v) for r, v in fidelity.single.items()}
+    averaged = fidelity.mean_averaged("nvfp4")
     return [
         ("MX scales are chosen so that nothing overflows.",
          f"The spec's rule (FLOOR) saturates the largest value of {100 * modes.top_saturated['floor']:.0f}% of "
@@ -500,9 +413,9 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
          f"against {100 * scale_errors['weight'][e8m0_16].relative_error:.1f}% for E8M0 scales on the same "
          "16-element blocks."),
         ("Stochastic rounding makes each gradient more accurate.",
-         f"Not each: a single NVFP4 gradient was {100 * single['nvfp4']:.1f}% off with it and "
-         f"{100 * single['nvfp4_no_sr']:.1f}% without. It removes bias, so averages converge: "
-         f"{100 * fidelity.averaged['nvfp4'][0]:.1f}% for one draw, {100 * fidelity.averaged['nvfp4'][-1]:.1f}% "
+         f"Not each: a single NVFP4 gradient was {100 * fidelity.mean_error('nvfp4'):.1f}% off with it and "
+         f"{100 * fidelity.mean_error('nvfp4_no_sr'):.1f}% without. It removes bias, so averages converge: "
+         f"{100 * averaged[0]:.1f}% for one draw, {100 * averaged[-1]:.1f}% "
          f"for the mean of {fidelity.ks[-1]}."),
         ("FP4 training needs Blackwell.",
          "FP4 *speed* does; FP4 numerics run anywhere, as here, exactly. The course's emulation "
