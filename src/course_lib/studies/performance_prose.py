@@ -385,9 +385,8 @@ def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1)
     if more_time:
         return Prose("autocast's conversions add time, but the step's other operators grew more, so their "
                      "share did not: on this machine the low-precision operators, not the casts, are the cost")
-    return Prose("on this step autocast's conversions cost no more than FP32's own copies, so the price of "
-                 "casting does not show here: on a CPU it is small next to the matrix products. Where it "
-                 "does show, it shows as a larger share of a faster step")
+    return Prose(f"on this step autocast's conversions took no more than {100 * (margin - 1):.0f}% longer than "
+                 "FP32's own copies, so the price of casting does not show here")
 
 
 def recorded_profile_note(record: RecordedResult) -> Prose:
