@@ -20,6 +20,7 @@ from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
 from course_lib.memory import MemoryBreakdown
 from course_lib.models import gpt_config_for
 from course_lib.results import Provenance, Record, RecordedResult, describe_records
+from course_lib.studies import performance_errata as E
 from course_lib.studies import performance_prose as P
 from course_lib.studies.performance import (
     ActivationSweep,
@@ -431,7 +432,8 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     assert [c for c, _ in rows] == [
         "The A100 does 624 TFLOP/s in FP16.", "A matmul costs 2mn² FLOPs.",
         "Mixed precision training with Adam needs 12 bytes per parameter.", "Mixed precision halves training memory.",
-        "With AMP a 7B model keeps an FP16 copy of its weights and FP16 gradients.", "Lower precision is always faster."]
+        "With AMP a 7B model keeps an FP16 copy of its weights and FP16 gradients.", "Lower precision is always faster.",
+        "GPT-2 trains on an A100 at 15k/42k/40k tokens/s in FP32/FP16/BF16."]
     measured = [m for _, m in rows]
     assert measured[0] == ("624 is the figure with 2:4 structured sparsity; the dense FP16 peak is 312 TFLOP/s (and "
                            "156 for TF32).")
@@ -455,52 +457,66 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
 def test_normalisation_erratum_places_layer_norm_below_the_ridge():
     ops = [OpCost("softmax", 5.0, 4.0), OpCost("layer norm", 8.0, 4.0)]
     rows = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64, ops=ops)
-    claim, measured = rows[-1]
+    claim, measured = rows[-2]
     ridge = 989.5e3 / 3350.0      # the H100 SXM5's BF16 dense peak (GFLOP/s) over its bandwidth (GB/s)
     assert claim == "Tensor cores speed up BatchNorm and the other layers too."
     assert (f"layer norm does 2.0 FLOPs per byte, {ridge / 2:.0f} times below the H100 SXM5's ridge point "
             f"({ridge:.0f} FLOPs per byte") in measured
-    assert len(P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64)) == 6
+    assert len(P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64)) == 7
     with pytest.raises(ValueError, match="layer norm"):
-        P.normalisation_erratum([OpCost("softmax", 5.0, 4.0)])
+        E.normalisation_erratum([OpCost("softmax", 5.0, 4.0)])
+
+
+def test_gpt2_rates_erratum_turns_rates_into_flops_and_peak_shares():
+    claim, measured = E.gpt2_rates_erratum()
+    assert claim == "GPT-2 trains on an A100 at 15k/42k/40k tokens/s in FP32/FP16/BF16."
+    flops = 6 * 12 * 12 * 768 ** 2 + 12 * 12 * 1024 * 768          # 6N + 12 L T d
+    assert f"GPT-2 small costs {flops / 1e9:.2f} GFLOP per trained token" in measured
+    assert (f"15k tokens/s in FP32 is {15e3 * flops / 1e12:.1f} TFLOP/s, {100 * 15e3 * flops / 19.5e12:.0f}% of the "
+            "A100's dense FP32 peak of 19.5") in measured
+    assert f"40k tokens/s in BF16 is {40e3 * flops / 1e12:.1f} TFLOP/s, {100 * 40e3 * flops / 312e12:.0f}%" in measured
+    with pytest.raises(ValueError, match="no fp8 peak"):      # an A100 has no FP8 tensor cores
+        E.gpt2_rates_erratum({"fp8": 1.0})
+    with pytest.raises(ValueError, match="unknown matmul dtype 'int8'"):
+        E.gpt2_rates_erratum({"int8": 1.0})
 
 
 def test_slowest_lower_precision_orders_dtypes_by_bits():
     # FP8 below FP16 at 512 (0.5) is worse than BF16 below TF32 at 256 (0.9); BF16 against FP16 never counts
     sweep = {"fp32": {256: 1.0, 512: 5.0}, "tf32": {256: 2.0, 512: 8.0}, "bf16": {256: 1.8, 512: 9.0},
              "fp16": {256: 3.0, 512: 12.0}, "fp8": {256: 4.0, 512: 6.0}}
-    assert P.slowest_lower_precision(sweep) == ("fp8", "fp16", 512, 0.5)
-    assert P.slowest_lower_precision({"fp32": {8: 1.0}, "bf16": {8: 2.0}, "fp16": {8: 1.0}}) is None
+    assert E.slowest_lower_precision(sweep) == ("fp8", "fp16", 512, 0.5)
+    assert E.slowest_lower_precision({"fp32": {8: 1.0}, "bf16": {8: 2.0}, "fp16": {8: 1.0}}) is None
     # sizes one dtype lacks are not compared
-    assert P.slowest_lower_precision({"fp32": {8: 1.0}, "fp8": {16: 0.1}}) is None
+    assert E.slowest_lower_precision({"fp32": {8: 1.0}, "fp8": {16: 0.1}}) is None
     with pytest.raises(ValueError, match="unknown matmul dtypes"):
-        P.slowest_lower_precision({"int8": {8: 1.0}})
+        E.slowest_lower_precision({"int8": {8: 1.0}})
 
 
 def test_lower_precision_erratum_says_when_a_sweep_never_slows():
-    text = P.lower_precision_erratum(0.8, "this GPU", {"recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
+    text = E.lower_precision_erratum(0.8, "this GPU", {"recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
     assert text == ("On this GPU FP16 autocast trains at 0.80 times FP32's speed. In the recorded X sweep, fewer bits "
                     "were never slower.")
     with_tf32 = dataclasses.replace(_study(), runs=_study().runs + (_run("tf32", 0.25),))
-    assert P.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).endswith(
+    assert E.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).endswith(
         "On G, a whole BF16 autocast training step (eager) ran at 1.00 times TF32's token rate.")
     with pytest.raises(ValueError, match="live_fp16_speed"):
-        P.lower_precision_erratum(0.0, "x", {}, {})
+        E.lower_precision_erratum(0.0, "x", {}, {})
 
 
 def test_speed_evidence_labels_live_and_recorded_runs():
     live = MatmulSweep("cpu", (_point("fp32", 8, 1e-6), _point("bf16", 8, 2e-6), _point("fp16", 8, 2e-6)), {})
-    assert P.speed_evidence(live, "cpu", {}) == {
+    assert E.speed_evidence(live, "cpu", {}) == {
         "device_label": "this CPU", "sweeps": {"live": {"fp32": {8: _tflops(8, 1e-6)}, "bf16": {8: _tflops(8, 2e-6)},
                                                         "fp16": {8: _tflops(8, 2e-6)}}}, "studies": {}}
     recorded = {"matmul_throughput": _record("matmul_throughput", _matmul([("fp32", 256, 2.0), ("fp8", 256, 1.0)])),
                 "training_throughput": _record("training_throughput", _study())}
-    evidence = P.speed_evidence(live, "cuda", recorded)
+    evidence = E.speed_evidence(live, "cuda", recorded)
     assert evidence["device_label"] == "this GPU"
     assert evidence["sweeps"][f"recorded {H100_LABEL}"] == {"fp32": {256: 2.0}, "fp8": {256: 1.0}}
     assert list(evidence["studies"]) == [f"the recorded {H100_LABEL}"]
     with pytest.raises(TypeError, match="expected a recorded ThroughputStudy"):
-        P.speed_evidence(live, "cpu", {"training_throughput": _record("training_throughput", {"runs": []})})
+        E.speed_evidence(live, "cpu", {"training_throughput": _record("training_throughput", {"runs": []})})
 
 
 def test_exercise_facts():

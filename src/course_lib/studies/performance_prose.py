@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import torch
 
 from ..bench import (
     DTYPE_LABELS,
@@ -23,6 +22,7 @@ from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_mem
 from ..models import GPTConfig
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
+from .performance_errata import gpt2_rates_erratum, lower_precision_erratum, normalisation_erratum
 from .performance import (
     ActivationSweep,
     MatmulThroughput,
@@ -506,91 +506,8 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
         ("Lower precision is always faster.",
          lower_precision_erratum(speed, device_label, sweeps or {}, studies or {})),
         *([normalisation_erratum(ops)] if ops else []),
+        gpt2_rates_erratum(),
     ]
-
-
-def normalisation_erratum(ops: Sequence[OpCost], gpu: str = "H100 SXM5") -> tuple[str, str]:
-    """The claim that tensor cores speed up normalisation layers, against the course model's layer norm's
-    arithmetic intensity (from ``ops``, the roofline's operations) and ``gpu``'s ridge point."""
-    norm = next((o for o in ops if o.name == "layer norm"), None)
-    if norm is None:
-        raise ValueError("ops lack the 'layer norm' operation")
-    ridge = _ridge(DATASHEET_PEAKS[gpu])
-    return ("Tensor cores speed up BatchNorm and the other layers too.",
-            f"Tensor cores run matrix products only. A normalisation does a few FLOPs per element it reads and "
-            f"writes: the course model's layer norm does {norm.intensity:.1f} FLOPs per byte, {ridge / norm.intensity:.0f} "
-            f"times below the {gpu}'s ridge point ({ridge:.0f} FLOPs per byte, the roofline above), so it is "
-            f"memory-bound: bandwidth, not arithmetic, sets its time, and a batch norm is no different.")
-
-
-def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
-                   recorded: Mapping[str, RecordedResult]) -> dict[str, object]:
-    """The keyword arguments :func:`performance_errata_rows` takes for its speed erratum: the device's label,
-    the live sweep and a recorded ``matmul_throughput`` one, and a recorded ``training_throughput`` study,
-    from the lesson's ``recorded`` records by experiment name."""
-    device = torch.device(device)
-    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": measured_tflops(sweep)}
-    studies: dict[str, ThroughputStudy] = {}
-    if "matmul_throughput" in recorded:
-        sweeps[f"recorded {recorded['matmul_throughput'].label}"] = _recorded_matmul(recorded["matmul_throughput"]).tflops()
-    if "training_throughput" in recorded:
-        result = recorded["training_throughput"].result
-        if not isinstance(result, ThroughputStudy):
-            raise TypeError(f"expected a recorded ThroughputStudy, got {type(result).__name__}")
-        studies[f"the recorded {recorded['training_throughput'].label}"] = result
-    return {"device_label": f"this {'GPU' if device.type == 'cuda' else 'CPU'}", "sweeps": sweeps, "studies": studies}
-
-
-# bits of each matmul dtype's format (TF32's 19 of its 32 stored bits), to order them by precision
-_FORMAT_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8}
-
-
-def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]]) -> tuple[str, str, int, float] | None:
-    """In a sweep ``{dtype: {n: TFLOP/s}}``, the size where a dtype of fewer bits ran furthest below one of
-    more bits: ``(lower, higher, n, lower's throughput over higher's)``, or None where fewer bits were never
-    slower."""
-    unknown = sorted(set(tflops) - set(_FORMAT_BITS))
-    if unknown:
-        raise ValueError(f"unknown matmul dtypes {unknown}; known: {sorted(_FORMAT_BITS)}")
-    worst = None
-    for low, low_pts in tflops.items():
-        for high, high_pts in tflops.items():
-            if _FORMAT_BITS[low] >= _FORMAT_BITS[high]:
-                continue
-            for n in sorted(set(low_pts) & set(high_pts)):
-                ratio = low_pts[n] / high_pts[n]
-                if ratio < 1 and (worst is None or ratio < worst[3]):
-                    worst = (low, high, n, ratio)
-    return worst
-
-
-def lower_precision_erratum(live_fp16_speed: float, device_label: str,
-                            sweeps: Mapping[str, Mapping[str, Mapping[int, float]]],
-                            studies: Mapping[str, ThroughputStudy]) -> str:
-    """The evidence against "lower precision is always faster": FP16 autocast's measured speed over FP32's
-    on ``device_label``; per labelled sweep, the product where fewer bits ran furthest below more
-    (:func:`slowest_lower_precision`); per labelled study, BF16 autocast's eager token rate over TF32's (or
-    FP32's, where TF32 did not run). Says so where a sweep shows no such product."""
-    if not live_fp16_speed > 0:
-        raise ValueError(f"live_fp16_speed must be positive, got {live_fp16_speed!r}")
-    parts = [f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
-             + (" (a CPU: no tensor cores, so this is not a GPU's figure)" if "CPU" in device_label else "") + "."]
-    for label, tflops in sweeps.items():
-        worst = slowest_lower_precision(tflops)
-        if worst is None:
-            parts.append(f"In the {label} sweep, fewer bits were never slower.")
-        else:
-            low, high, n, ratio = worst
-            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {ratio:.2f} times the throughput "
-                         f"of {DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
-    for label, other in studies.items():
-        rows = {row["recipe"]: row for row in other.table() if not row["compiled"]}
-        base = "tf32" if "tf32" in rows else "fp32"
-        if "bf16_autocast" in rows and base in rows:
-            ratio = rows["bf16_autocast"]["tokens_per_s"] / rows[base]["tokens_per_s"]
-            parts.append(f"On {label}, a whole BF16 autocast training step (eager) ran at {ratio:.2f} times "
-                         f"{base.upper()}'s token rate.")
-    return " ".join(parts)
 
 
 def exercise_facts(ops: Sequence[OpCost]) -> dict[str, object]:

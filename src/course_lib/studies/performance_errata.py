@@ -1,0 +1,140 @@
+"""Lesson 6's errata against popular speed claims, each from the page's own measurements and records: lower
+precision is not always faster (the sweeps and a training step), tensor cores do not speed up normalisation
+(the roofline), and what unsourced GPT-2 token rates would mean (FLOPs per token against datasheet peaks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ..bench import DTYPE_LABELS, MatmulSweep, OpCost, model_flops_per_token
+from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks
+from ..results import RecordedResult
+from .performance import MatmulThroughput, ThroughputStudy
+
+
+def _ridge(gpu: GPUPeaks) -> float:
+    """FLOPs per byte at which ``gpu``'s BF16 peak meets its memory bandwidth."""
+    peak = gpu.peak("bf16")
+    if peak is None:
+        raise ValueError(f"the datasheet entry of {gpu.name} has no BF16 peak")
+    return peak * 1e3 / gpu.bandwidth_gbs
+
+
+def _sweep_tflops(sweep: MatmulSweep) -> dict[str, dict[int, float]]:
+    return {d: sweep.tflops(d) for d in MATMUL_DTYPES if sweep.tflops(d)}
+
+
+# the widely repeated, unsourced GPT-2 small rates on an A100, tokens/s per recipe
+GPT2_CLAIMED_RATES = {"fp32": 15_000, "fp16": 42_000, "bf16": 40_000}
+
+
+def gpt2_rates_erratum(rates: Mapping[str, float] = GPT2_CLAIMED_RATES) -> tuple[str, str]:
+    """The unsourced "GPT-2 on an A100 trains at 15k/42k/40k tokens/s in FP32/FP16/BF16", against what those
+    rates mean: GPT-2 small's training FLOPs per token (12 layers, d = 768, context 1024, 85M non-embedding
+    parameters), the TFLOP/s each rate implies, and the share of the A100's dense peak it would use."""
+    a100 = DATASHEET_PEAKS["A100 SXM4 80GB"]
+    d, layers, context = 768, 12, 1024
+    flops = model_flops_per_token(12 * layers * d * d, layers, d, context)
+    parts = []
+    for dtype, rate in rates.items():
+        peak = a100.peak(dtype)
+        if peak is None:
+            raise ValueError(f"the A100's datasheet entry has no {dtype} peak")
+        parts.append(f"{rate / 1e3:g}k tokens/s in {dtype.upper()} is {rate * flops / 1e12:.1f} TFLOP/s, "
+                     f"{100 * rate * flops / (peak * 1e12):.0f}% of the A100's dense {dtype.upper()} peak of {peak:g}")
+    claim = ("GPT-2 trains on an A100 at " + "/".join(f"{r / 1e3:g}k" for r in rates.values()) + " tokens/s in "
+             + "/".join(k.upper() for k in rates) + ".")
+    return (claim, f"No measurement is cited for these. What they would mean: GPT-2 small costs "
+                   f"{flops / 1e9:.2f} GFLOP per trained token (6N plus attention, the count above), so "
+                   + "; ".join(parts) + ". Rates like these say as much about the set-up they leave out (batch, "
+                   "sequence length, compile mode, whether TF32 was on) as about the precision. This page's own "
+                   "rates are measured, with their settings, above.")
+
+
+def normalisation_erratum(ops: Sequence[OpCost], gpu: str = "H100 SXM5") -> tuple[str, str]:
+    """The claim that tensor cores speed up normalisation layers, against the course model's layer norm's
+    arithmetic intensity (from ``ops``, the roofline's operations) and ``gpu``'s ridge point."""
+    norm = next((o for o in ops if o.name == "layer norm"), None)
+    if norm is None:
+        raise ValueError("ops lack the 'layer norm' operation")
+    ridge = _ridge(DATASHEET_PEAKS[gpu])
+    return ("Tensor cores speed up BatchNorm and the other layers too.",
+            f"Tensor cores run matrix products only. A normalisation does a few FLOPs per element it reads and "
+            f"writes: the course model's layer norm does {norm.intensity:.1f} FLOPs per byte, {ridge / norm.intensity:.0f} "
+            f"times below the {gpu}'s ridge point ({ridge:.0f} FLOPs per byte, the roofline above), so it is "
+            f"memory-bound: bandwidth, not arithmetic, sets its time, and a batch norm is no different.")
+
+
+def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
+                   recorded: Mapping[str, RecordedResult]) -> dict[str, object]:
+    """The keyword arguments :func:`performance_errata_rows` takes for its speed erratum: the device's label,
+    the live sweep and a recorded ``matmul_throughput`` one, and a recorded ``training_throughput`` study,
+    from the lesson's ``recorded`` records by experiment name."""
+    device = torch.device(device)
+    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": _sweep_tflops(sweep)}
+    studies: dict[str, ThroughputStudy] = {}
+    if "matmul_throughput" in recorded:
+        result = recorded["matmul_throughput"].result
+        if not isinstance(result, MatmulThroughput):
+            raise TypeError(f"expected a recorded MatmulThroughput, got {type(result).__name__}")
+        sweeps[f"recorded {recorded['matmul_throughput'].label}"] = result.tflops()
+    if "training_throughput" in recorded:
+        result = recorded["training_throughput"].result
+        if not isinstance(result, ThroughputStudy):
+            raise TypeError(f"expected a recorded ThroughputStudy, got {type(result).__name__}")
+        studies[f"the recorded {recorded['training_throughput'].label}"] = result
+    return {"device_label": f"this {'GPU' if device.type == 'cuda' else 'CPU'}", "sweeps": sweeps, "studies": studies}
+
+
+# bits of each matmul dtype's format (TF32's 19 of its 32 stored bits), to order them by precision
+_FORMAT_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8}
+
+
+def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]]) -> tuple[str, str, int, float] | None:
+    """In a sweep ``{dtype: {n: TFLOP/s}}``, the size where a dtype of fewer bits ran furthest below one of
+    more bits: ``(lower, higher, n, lower's throughput over higher's)``, or None where fewer bits were never
+    slower."""
+    unknown = sorted(set(tflops) - set(_FORMAT_BITS))
+    if unknown:
+        raise ValueError(f"unknown matmul dtypes {unknown}; known: {sorted(_FORMAT_BITS)}")
+    worst = None
+    for low, low_pts in tflops.items():
+        for high, high_pts in tflops.items():
+            if _FORMAT_BITS[low] >= _FORMAT_BITS[high]:
+                continue
+            for n in sorted(set(low_pts) & set(high_pts)):
+                ratio = low_pts[n] / high_pts[n]
+                if ratio < 1 and (worst is None or ratio < worst[3]):
+                    worst = (low, high, n, ratio)
+    return worst
+
+
+def lower_precision_erratum(live_fp16_speed: float, device_label: str,
+                            sweeps: Mapping[str, Mapping[str, Mapping[int, float]]],
+                            studies: Mapping[str, ThroughputStudy]) -> str:
+    """The evidence against "lower precision is always faster": FP16 autocast's measured speed over FP32's
+    on ``device_label``; per labelled sweep, the product where fewer bits ran furthest below more
+    (:func:`slowest_lower_precision`); per labelled study, BF16 autocast's eager token rate over TF32's (or
+    FP32's, where TF32 did not run). Says so where a sweep shows no such product."""
+    if not live_fp16_speed > 0:
+        raise ValueError(f"live_fp16_speed must be positive, got {live_fp16_speed!r}")
+    parts = [f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
+             + (" (a CPU: no tensor cores, so this is not a GPU's figure)" if "CPU" in device_label else "") + "."]
+    for label, tflops in sweeps.items():
+        worst = slowest_lower_precision(tflops)
+        if worst is None:
+            parts.append(f"In the {label} sweep, fewer bits were never slower.")
+        else:
+            low, high, n, ratio = worst
+            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {ratio:.2f} times the throughput "
+                         f"of {DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
+    for label, other in studies.items():
+        rows = {row["recipe"]: row for row in other.table() if not row["compiled"]}
+        base = "tf32" if "tf32" in rows else "fp32"
+        if "bf16_autocast" in rows and base in rows:
+            ratio = rows["bf16_autocast"]["tokens_per_s"] / rows[base]["tokens_per_s"]
+            parts.append(f"On {label}, a whole BF16 autocast training step (eager) ran at {ratio:.2f} times "
+                         f"{base.upper()}'s token rate.")
+    return " ".join(parts)
