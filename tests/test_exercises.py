@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from course_lib.exercises import check_format_property
@@ -193,3 +195,51 @@ def test_check_ring_all_reduce_explains_order_and_rounding():
         check_ring_all_reduce(1.0, values, fmt="FP8")
     with pytest.raises(ValueError, match="at least 2"):
         check_ring_all_reduce(1.0, [1.0])
+
+
+# the scale at the start of each of 7 steps and after the last update, from a GradScaler with
+# growth_interval=3 whose steps 1 and 5 met an inf gradient (lesson 9's exercise)
+SKIP_SCALES = [1024.0, 1024.0, 512.0, 512.0, 512.0, 1024.0, 512.0, 512.0]
+
+
+def test_the_skip_exercises_scales_are_what_a_real_gradscaler_reads():
+    import torch
+
+    w = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([w], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    readings = []
+    for step in range(7):
+        optimizer.zero_grad()
+        scaler.scale((w * w).sum()).backward()
+        if step in (1, 5):
+            w.grad[0] = math.inf
+        readings.append(scaler.get_scale())
+        scaler.step(optimizer)
+        scaler.update()
+    assert readings + [scaler.get_scale()] == SKIP_SCALES
+
+
+def test_check_skipped_steps_explains_rises_flat_steps_and_the_off_by_one():
+    from course_lib.exercises import check_skipped_steps
+
+    right = check_skipped_steps([1, 5], SKIP_SCALES)
+    assert right.correct and "Skipped: 1, 5." in right.message and "after step 4 is growth" in right.message
+    assert check_skipped_steps((5, 1), SKIP_SCALES).correct                    # any order, any iterable of ints
+    late = check_skipped_steps([2, 6], SKIP_SCALES)
+    assert not late.correct and "the step that was skipped is the one before" in late.message
+    rose = check_skipped_steps([1, 4, 5], SKIP_SCALES)
+    assert not rose.correct and "rose after step 4" in rose.message
+    flat = check_skipped_steps([1, 3, 5], SKIP_SCALES)
+    assert not flat.correct and "did not change after step 3" in flat.message
+    missed = check_skipped_steps([1], SKIP_SCALES)
+    assert not missed.correct and "missed 1 skipped step:" in missed.message
+    assert "not one of them" in check_skipped_steps([1, 7], SKIP_SCALES).message
+    assert "No answer yet" in check_skipped_steps(None, SKIP_SCALES).message
+    assert "list of ints" in check_skipped_steps("1, 5", SKIP_SCALES).message
+    assert "list of ints" in check_skipped_steps([1.0, 5.0], SKIP_SCALES).message
+    none = check_skipped_steps([], [8.0, 8.0, 16.0])
+    assert none.correct and "never fell" in none.message
+    for bad in ([1.0], [1.0, 0.0], [1.0, math.inf], "12", [True, 1.0]):
+        with pytest.raises(ValueError, match="scales"):
+            check_skipped_steps([0], bad)

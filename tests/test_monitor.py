@@ -75,7 +75,8 @@ def test_a_dead_layer_is_named():
     state = TrainState(model, get_recipe("fp32", "cpu"), TrainConfig(steps=3), torch.device("cpu"))
     train(state, setup.sampler, monitor=watch)
     dead = {a.layer for a in watch.alerts_of("zero_gradients")}
-    assert "blocks.1.fc.module.weight" in dead and not any(n.startswith("blocks.0") for n in dead)
+    # named as the model names them, without the planted fault's `.module`
+    assert "blocks.1.fc.weight" in dead and not any(n.startswith("blocks.0") or ".module" in n for n in dead)
 
 
 def test_underflow_is_flagged_at_a_small_scale_and_not_at_a_large_one():
@@ -284,6 +285,7 @@ def test_the_lesson_experiments_run_small():
     cost = monitoring_studies.monitor_overhead(profile, steps=2, rounds=2)
     assert set(cost.seconds) == {0, 1, 10} and all(v > 0 for v in cost.seconds.values())
     assert all(len(v) == 2 for v in cost.rounds.values())
+    assert cost.noise() == abs(cost.rounds[0][1] / cost.rounds[0][0] - 1)
     lo, hi = cost.overhead_range(1)
     each = [m / n - 1 for m, n in zip(cost.rounds[1], cost.rounds[0])]
     assert (lo, hi) == (min(each), max(each))
@@ -318,7 +320,7 @@ def test_matmul_stats_classify_each_operand_and_scaling_moves_them_into_range():
 def test_a_dead_layer_is_flagged_while_the_loss_falls():
     run = monitoring_studies.dead_layer_run(size_profile("cpu"), steps=10, dies_at=4, every=2)
     zero = {a.layer: a.step for a in run.alerts if a.kind == "zero_gradients"}
-    assert zero.get("blocks.1.fc.module.weight") == 4 and zero.get("blocks.1.fc.module.bias") == 4
+    assert zero.get("blocks.1.fc.weight") == 4 and zero.get("blocks.1.fc.bias") == 4
     assert not any(layer.startswith("blocks.0") for layer in zero)
     assert run.log.losses[-1] < run.log.losses[4]
     with pytest.raises(ValueError, match="dies_at"):
@@ -388,3 +390,165 @@ def test_recovery_can_keep_the_failing_layer_in_fp32_instead(tmp_path):
     with pytest.raises(ValueError, match="no module named"):
         recovery.train_with_recovery(fresh, setup.sampler, tmp_path / "x.pt",
                                 policy=recovery.RecoveryPolicy(keep_fp32=("blocks.9.fc",)))
+
+
+# ---- names without the wrappers' `.module` --------------------------------------------------------------
+
+def test_names_leave_out_each_wrappers_module_segment():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1)))
+    mon.plant_fault(model, "1.0", "dead")
+    recovery.keep_in_fp32(model, "1.0")          # an island around the fault: two `.module` segments
+    raw = [n for n, _ in model.named_parameters()]
+    assert "1.0.module.module.weight" in raw
+    assert [mon.unwrapped_name(model, n) for n in raw] == ["0.weight", "0.bias", "1.0.weight", "1.0.bias",
+                                                           "1.1.weight", "1.1.bias"]
+    assert mon.unwrapped_name(model, "1.0.module.module") == "1.0"     # a module's name too
+    assert mon.unwrapped_name(model, "1.1.weight") == "1.1.weight"     # nothing wrapped: unchanged
+    wrapped_root = recovery.Fp32Island(nn.Linear(2, 2))
+    assert mon.unwrapped_name(wrapped_root, "module.bias") == "bias"
+    watch = mon.GradientHealthMonitor(model, every=1, activations=True)
+    assert [n for n, _ in watch.params] == ["0.weight", "0.bias", "1.0.weight", "1.0.bias", "1.1.weight", "1.1.bias"]
+    model(torch.ones(4, 2, requires_grad=True)).sum().backward()
+    names = [s.name for s in watch.after_backward(0)]
+    watch.close()
+    assert "1.0:grad_output" in names and not any(".module" in n for n in names)
+    # `layers` takes either spelling and reports the reader's
+    for spelling in ("1.0.weight", "1.0.module.module.weight"):
+        assert [n for n, _ in mon.GradientHealthMonitor(model, layers=(spelling,)).params] == ["1.0.weight"]
+    with pytest.raises(ValueError, match="no parameter named '1.0.module.weight'"):
+        mon.GradientHealthMonitor(model, layers=("1.0.module.weight",))
+    # the operand statistics and the locator name layers the same way
+    assert [r.layer for r in mon.matmul_stats(model, lambda m: m(torch.ones(4, 2)))][::2] == ["0", "1.0", "1.1"]
+    with torch.no_grad():
+        model[1][0].module.module.weight.fill_(math.nan)     # a NaN made inside the wrapped layer itself
+    with mon.NonFiniteLocator(model) as locator:
+        model(torch.ones(4, 2))
+    assert (locator.report.module, locator.report.phase) == ("1.0", "forward")
+    with pytest.raises(TypeError, match="nn.Module"):
+        mon.unwrapped_name("model", "x")
+    with pytest.raises(TypeError, match="str"):
+        mon.unwrapped_name(model, 3)
+    with pytest.raises(TypeError, match="nn.Module"):
+        mon.ModuleWrapper(lambda x: x)
+
+
+# ---- a skipped step, read from the scale ---------------------------------------------------------------
+
+def _scaler_step(scaler, model, optimizer, *, poison: bool):
+    """One step of a reader's loop: backward, an inf planted in one gradient if ``poison``, step, update.
+    Returns (skipped as the scale says, whether the optimizer actually stepped)."""
+    steps_before = optimizer.state[model.weight]["step"].item() if optimizer.state else 0
+    optimizer.zero_grad()
+    scaler.scale((model(torch.ones(4, 3)) ** 2).mean()).backward()
+    if poison:
+        model.weight.grad[0, 0] = math.inf
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    stepped = (optimizer.state[model.weight]["step"].item() if optimizer.state else 0) > steps_before
+    return mon.step_was_skipped(before, scaler.get_scale()), stepped
+
+
+def test_a_fall_of_the_scale_is_a_skipped_step_and_nothing_else_is():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    weight = model.weight.detach().clone()
+    # an inf gradient: torch skips the step (weights untouched, AdamW's counter unmoved) and halves the scale
+    assert _scaler_step(scaler, model, optimizer, poison=True) == (True, False)
+    assert torch.equal(model.weight.detach(), weight) and scaler.get_scale() == 2.0**7
+    assert _scaler_step(scaler, model, optimizer, poison=False) == (False, True)     # a good step
+    assert not torch.equal(model.weight.detach(), weight)
+    assert _scaler_step(scaler, model, optimizer, poison=False) == (False, True)     # the scale grows: not a skip
+    assert scaler.get_scale() == 2.0**8
+    assert _scaler_step(scaler, model, optimizer, poison=True) == (True, False)
+    off = torch.amp.GradScaler("cpu", enabled=False)                               # a disabled scaler never skips
+    assert _scaler_step(off, model, optimizer, poison=False) == (False, True)
+
+
+def test_the_lessons_plain_loop_logs_the_skipped_step():
+    """The lesson's recipe: a reader's loop with its own GradScaler calls the monitor and reads the skip from
+    the scale; the monitor's log agrees with what the optimizer did, and the skipped inf raises no alert."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    watch = mon.GradientHealthMonitor(model, every=1)
+    stepped = []
+    for step in range(4):
+        optimizer.zero_grad()
+        loss = (model(torch.ones(4, 3)) ** 2).mean()
+        scaler.scale(loss).backward()
+        if step == 2:
+            model.bias.grad[0] = math.inf
+        before = scaler.get_scale()
+        watch.after_backward(step, scale=before)
+        count = optimizer.state[model.weight]["step"].item() if optimizer.state else 0
+        scaler.step(optimizer)
+        scaler.update()
+        stepped.append(optimizer.state[model.weight]["step"].item() > count)
+        watch.after_step(step, loss=loss.item(), scale=before,
+                         skipped=mon.step_was_skipped(before, scaler.get_scale()))
+    assert watch.log.skipped == [False, False, True, False] == [not s for s in stepped]
+    assert watch.log.scales == [2.0**8, 2.0**8, 2.0**8, 2.0**7]
+    assert watch.log.gradients[2][1].non_finite == 1 and watch.alerts_of("non_finite_gradient") == []
+
+
+@pytest.mark.parametrize("before, after, error", [
+    (True, 1.0, TypeError), ("1", 1.0, TypeError), (1.0, None, TypeError),
+    (-1.0, 1.0, ValueError), (1.0, math.inf, ValueError), (math.nan, 1.0, ValueError),
+    (0.0, 0.0, ValueError),
+])
+def test_step_was_skipped_refuses_what_it_cannot_read(before, after, error):
+    with pytest.raises(error, match="scale"):
+        mon.step_was_skipped(before, after)
+
+
+# ---- random states a rollback restores ------------------------------------------------------------------
+
+def test_rng_states_without_cuda_hold_the_cpu_state_only():
+    torch.manual_seed(3)
+    saved = recovery.rng_states()
+    first = torch.rand(3)
+    torch.rand(5)
+    recovery.restore_rng_states(saved)
+    assert torch.equal(torch.rand(3), first)
+    if not torch.cuda.is_available():
+        assert saved["cuda_rng"] is None
+        with pytest.raises(ValueError, match="CUDA is not in use"):
+            recovery.restore_rng_states({**saved, "cuda_rng": [torch.zeros(4, dtype=torch.uint8)]})
+    with pytest.raises(ValueError, match="'rng'"):
+        recovery.restore_rng_states({"cuda_rng": None})
+
+
+def test_a_rollback_restores_the_cuda_random_state_of_the_last_good_checkpoint(tmp_path, monkeypatch):
+    """With CUDA in use (torch's queries replaced), every checkpoint keeps every device's CUDA random state and
+    the rollback sets the one of the checkpoint it went back to, not the one at the failing step."""
+    drawn, restored = [], []
+
+    def get_rng_state_all():
+        drawn.append([torch.tensor([len(drawn)], dtype=torch.uint8), torch.tensor([100 + len(drawn)], dtype=torch.uint8)])
+        return drawn[-1]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)   # asked by the optimizers
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", get_rng_state_all)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    from course_lib.train import TrainConfig, TrainState, get_recipe
+
+    setup = _setup(8)
+    model = setup.model(0)
+    mon.plant_fault(model, "blocks.0.fc", "overflow", after=5)
+    state = TrainState(model, get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=8), torch.device("cpu"))
+    saves = []
+    real_save = recovery.save_checkpoint_atomic
+    monkeypatch.setattr(recovery, "save_checkpoint_atomic", lambda st, path: saves.append(st["step"]) or real_save(st, path))
+    run = recovery.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt",
+                                       policy=recovery.RecoveryPolicy(checkpoint_every=2))
+    assert len(run.events) == 1 and len(restored) == 1
+    # a checkpoint at the start and after every 2 good steps; the fault's first step (5) rolls back to step 4's
+    assert saves[:3] == [0, 2, 4] and run.events[0].step == 5 and run.events[0].rolled_back_to == 4
+    assert len(drawn) == len(saves)                        # each checkpoint kept the CUDA states once
+    assert [int(t) for t in restored[0]] == [int(t) for t in drawn[2]] == [2, 102]

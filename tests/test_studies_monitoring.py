@@ -11,6 +11,7 @@ from course_lib.monitor.recovery import RecoveryEvent
 from course_lib.results import Provenance, Record, RecordedResult
 from course_lib.scaling.pitfalls import Finding
 from course_lib.studies import monitoring as M
+from course_lib.studies import monitoring_prose as P
 from course_lib.tables import MarkdownTable
 
 
@@ -159,48 +160,164 @@ def test_recovery_facts():
         M.recovery_facts(_demo(events=False))
 
 
+# the unmonitored loop moves 10% between rounds 0 and 1: the noise; every step costs 25%, beyond it, and every
+# 10 steps 5%, within it
 COST = M.MonitorOverhead({0: 0.008, 1: 0.010, 10: 0.0084},
-                         {0: (0.008, 0.008), 1: (0.0104, 0.0116), 10: (0.0076, 0.0092)})
+                         {0: (0.008, 0.0088, 0.008), 1: (0.0104, 0.0110, 0.010), 10: (0.0076, 0.0092, 0.0084)})
+
+
+def test_noise_is_the_median_change_of_the_unmonitored_loop_between_rounds():
+    assert COST.round_changes() == pytest.approx([0.1, 0.8 / 8.8])
+    assert COST.noise() == pytest.approx(0.1)                       # of two, the upper median
+    # one burst of load (the round at 2.0) moves two changes, not the median
+    bursty = M.MonitorOverhead({0: 1.0}, {0: (1.0, 1.02, 1.0, 1.01, 2.0, 1.0)})
+    assert max(bursty.round_changes()) == pytest.approx(2.0 / 1.01 - 1) and bursty.noise() == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="two rounds"):
+        M.MonitorOverhead({0: 1.0}, {0: (1.0,)}).noise()
+    with pytest.raises(ValueError, match="two rounds"):
+        M.MonitorOverhead({0: 1.0}).noise()
+
+
+def _cost(base, every10):
+    """A run whose every-step block always costs 50%, and whose every-10 block took ``every10`` (seconds per
+    round) beside the unmonitored ``base``; the seconds are the medians, as monitor_overhead keeps them."""
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    return M.MonitorOverhead({0: med(base), 1: 1.5 * med(base), 10: med(every10)},
+                             {0: tuple(base), 1: tuple(1.5 * t for t in base), 10: tuple(every10)})
+
+
+# the unmonitored loop moves 5% (1.0 -> 1.05); every 10 steps: +20% overall, but +0% in the first round
+UNRESOLVED = _cost((1.0, 1.05, 1.0), (1.0, 1.26, 1.2))
+# the unmonitored loop moves 1%; every 10 steps 20% shorter in every round
+FASTER = _cost((0.010, 0.0101, 0.010), (0.008, 0.008, 0.008))
+
+
+@pytest.mark.parametrize("cost, every, verdict", [
+    (COST, 1, "cost"), (COST, 10, "within noise"), (UNRESOLVED, 10, "unresolved"), (UNRESOLVED, 1, "cost"),
+    (FASTER, 10, "faster"),
+])
+def test_overhead_verdict_counts_a_cost_only_where_every_round_is_beyond_the_noise(cost, every, verdict):
+    assert P.overhead_verdict(cost, every) == verdict and verdict in P.OVERHEAD_VERDICTS
+
+
+def test_from_five_rounds_on_one_burst_of_load_is_tolerated():
+    # six rounds; the unmonitored block of round 2 caught a burst (3.0 s), so that round's overhead is -65%
+    base = (1.0, 1.01, 3.0, 1.01, 1.0, 1.01)
+    one_burst = _cost(base, (1.05, 1.06, 1.05, 1.06, 1.05, 1.06))
+    assert one_burst.noise() == pytest.approx(0.01) and min(one_burst.round_overheads(10)) < -0.6
+    assert P.overhead_verdict(one_burst, 10) == "cost"
+    assert P.overhead_phrase(one_burst, 10, run="the run") == (
+        "cost 5% in the run, more than its timing noise of 1% in every round but at most one")
+    assert "counts as a cost only where it showed more than that in every round but at most one." in (
+        P.overhead_sentence(one_burst))
+    two_low = _cost(base, (1.05, 1.06, 1.05, 1.0, 1.05, 1.06))        # and round 3 shows no cost at all
+    assert P.overhead_verdict(two_low, 10) == "unresolved"
+    assert P.errata_rows(FWD, _demo(), two_low, [], inf_raises=False, nan_raises=True)[3][1].startswith(
+        "Every step: +50% here, beyond the timing noise in every round but at most one; every 10 steps: +4%, beyond "
+        "the timing noise in only 4 of 6 rounds (")
+    # a range that rounds to zero reads +0%, not -0%
+    assert P.overhead_facts(_cost((1.0, 1.0), (0.999, 1.001)))["cost_range10"] == "+0% to +0%"
+    # of three rounds, all must clear the noise: here two of three do
+    assert P.overhead_verdict(_cost((1.0, 1.01, 1.0), (1.05, 1.06, 1.0)), 10) == "unresolved"
+
+
+def test_overhead_verdict_needs_the_rounds():
+    with pytest.raises(ValueError, match="two rounds"):
+        P.overhead_verdict(M.MonitorOverhead({0: 1.0, 1: 2.0, 10: 1.0}), 10)
+    with pytest.raises(ValueError, match="every=5"):
+        P.overhead_verdict(COST, 5)
 
 
 def test_overhead_table_and_facts():
-    assert M.overhead_table(COST).splitlines() == [
+    assert P.overhead_table(COST).splitlines() == [
         "| monitor | step (ms) | overhead |", "|---|---|---|", "| none | 8.0 |  |",
         "| every step | 10.0 | +25.0% |",
         "| every 10 steps | 8.4 | +5.0% |"]
-    assert M.overhead_facts(COST) == {"cost_every1": 100 * (0.010 / 0.008 - 1),
-                                      "cost_every10": 100 * (0.0084 / 0.008 - 1),
-                                      "cost_range10": "-5% to +15%", "cost_range1": "+30% to +45%"}
+    facts = P.overhead_facts(COST)
+    assert facts["cost_every1"] == 100 * (0.010 / 0.008 - 1) and facts["cost_every10"] == 100 * (0.0084 / 0.008 - 1)
+    assert facts["cost_noise"] == pytest.approx(10.0)
+    assert facts["cost_range10"] == "-5% to +5%" and facts["cost_range1"] == "+25% to +30%"
+    assert facts["cost_sentence"] == (
+        "The unmonitored loop, timed once a round, moved by a median 10% from one round to the next on its own (at "
+        "most 10%): that is this run's noise, and an overhead counts as a cost only where it showed more than that "
+        "in every round. Single rounds' overheads ranged from +25% to +30% (every step) and from -5% to +5% (every 10 steps). So "
+        "watching every step made the mean step 25% longer: a cost; watching every 10 steps changed the mean step "
+        "time by +5%, within that noise: no cost this run can tell from zero.")
+    assert facts["cost_every10_phrase"] == ("cost nothing this page's run could tell from its timing noise: +5%, "
+                                            "where the unmonitored loop alone moved by a median 10% between rounds")
+    assert all(isinstance(facts[k], Prose) for k in ("cost_sentence", "cost_every10_phrase", "cost_range1"))
     with pytest.raises(ValueError, match=r"intervals \[10\]"):
-        M.overhead_facts(M.MonitorOverhead({0: 1.0, 1: 2.0}))
+        P.overhead_facts(M.MonitorOverhead({0: 1.0, 1: 2.0}))
 
 
-def _record(seconds):
+def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
+    assert P.overhead_sentence(UNRESOLVED).endswith(
+        "watching every 10 steps changed the mean step time by +20%, more than that noise overall but only in 2 of 3 "
+        "rounds (it takes every round): no cost this run can tell from zero.")
+    assert P.overhead_sentence(FASTER).endswith(
+        "watching every 10 steps made the mean step 20% shorter, by more than that noise in every round; a monitor "
+        "only adds work, so the machine's load changed during the run.")
+    with pytest.raises(ValueError, match="two rounds"):
+        P.overhead_sentence(M.MonitorOverhead({0: 1.0, 1: 2.0, 10: 1.0}))
+
+
+@pytest.mark.parametrize("cost, every, phrase", [
+    (COST, 1, "cost 25% in the run, more than its timing noise of 10% in every round"),
+    (COST, 10, "cost nothing the run could tell from its timing noise: +5%, where the unmonitored loop alone moved "
+               "by a median 10% between rounds"),
+    (UNRESOLVED, 10, "cost nothing the run could tell from its timing noise: +20% overall, but more than the noise "
+                     "(the unmonitored loop's median 5% between rounds) in only 2 of 3 rounds"),
+    (FASTER, 10, "cost nothing measurable in the run: its steps were 20% shorter, more than the timing noise of 1% "
+                 "in every round, which only a change in the machine's load explains"),
+])
+def test_overhead_phrase_for_each_verdict(cost, every, phrase):
+    assert P.overhead_phrase(cost, every, run="the run") == phrase
+
+
+def _record(seconds, rounds=None):
     prov = Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
                       compute_capability="9.0")
-    record = Record("monitor_overhead", {}, {"seconds": seconds}, prov)
-    return RecordedResult(record, M.MonitorOverhead({int(k): v for k, v in seconds.items()}))
+    values = {"seconds": seconds} if rounds is None else {"seconds": seconds, "rounds": rounds}
+    record = Record("monitor_overhead", {}, values, prov)
+    result = M.MonitorOverhead({int(k): v for k, v in seconds.items()},
+                               {int(k): tuple(v) for k, v in (rounds or {}).items()})
+    return RecordedResult(record, result)
 
 
 REC = _record({"0": 0.04, "1": 0.09, "10": 0.044})
 
 
 def test_recorded_overhead_facts_with_and_without_a_record():
-    facts = M.recorded_overhead_facts([REC])
+    facts = P.recorded_overhead_facts([REC])
     assert facts["gpu_cost"] == (
         "On a GPU the balance changes. Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.0 ms "
-        "a step without a monitor, 90.0 ms watched every step (+125%) and 44.0 ms every 10 steps (+10%). The "
-        "statistics themselves run on the GPU, but each parameter's shares come back to the host, one "
+        "a step without a monitor, 90.0 ms watched every step (+125%) and 44.0 ms every 10 steps (+10%). The record "
+        "keeps one median per setting and not its rounds, so it cannot say how much of the +10% every 10 steps is "
+        "noise. The statistics themselves run on the GPU, but each parameter's shares come back to the host, one "
         "synchronisation per parameter, so the GPU cannot run ahead of Python on a sampled step (the record does "
         "not separate that from the arithmetic). Sample every 10 steps or less often.")
-    assert facts["gpu_cost_short"] == "; 10% recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model"
+    assert facts["gpu_cost_short"] == ("; +10% recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size "
+                                       "model, a median whose noise the record does not keep")
     assert facts["gpu_cost_every1"] == " (every step made the step 2.2x as long there)"
-    none = M.recorded_overhead_facts([])
+    none = P.recorded_overhead_facts([])
     assert none["gpu_cost"].startswith("On a GPU the statistics run on the GPU") and "measure it there" in none["gpu_cost"]
     assert none["gpu_cost_short"] == "" and none["gpu_cost_every1"] == ""
     assert all(isinstance(v, Prose) for v in (*facts.values(), *none.values()))
     with pytest.raises(ValueError, match=r"intervals \[1\]"):
-        M.recorded_step_seconds(_record({"0": 1.0, "10": 1.0}))
+        P.recorded_step_seconds(_record({"0": 1.0, "10": 1.0}))
+
+
+def test_recorded_overhead_facts_judge_a_record_that_kept_its_rounds():
+    # the unmonitored loop moved 2% between the rounds; every 10 steps cost 10%, beyond it
+    rec = _record({"0": 0.04, "1": 0.09, "10": 0.044}, {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})
+    facts = P.recorded_overhead_facts([rec])
+    assert ("(+10%). Its unmonitored loop moved by a median 2% between rounds: every 10 steps is beyond the timing "
+            "noise in every round there. The statistics") in facts["gpu_cost"]
+    assert facts["gpu_cost_short"].endswith("with the full-size model, beyond the timing noise in every round "
+                                            "(noise 2%)")
+    quiet = _record({"0": 0.04, "1": 0.09, "10": 0.0404}, {"0": [0.04, 0.0408], "1": [0.09, 0.09],
+                                                           "10": [0.0404, 0.0404]})
+    assert P.recorded_overhead_facts([quiet])["gpu_cost_short"].endswith(", within the timing noise (noise 2%)")
 
 
 def _mm(layer, operand, fmt, flush, subnormal):
@@ -240,7 +357,7 @@ def test_checkup_facts(findings, phrase):
 
 
 def test_errata_rows_say_what_was_measured_with_and_without_a_record():
-    rows = M.errata_rows(FWD, _demo(), COST, [REC], inf_raises=False, nan_raises=True)
+    rows = P.errata_rows(FWD, _demo(), COST, [REC], inf_raises=False, nan_raises=True)
     assert [c for c, _ in rows] == ["`detect_anomaly` shows where a NaN came from.",
                                     "GradScaler takes care of overflows.", "`detect_anomaly` catches overflows.",
                                     "Gradient monitoring is too slow to leave on."]
@@ -250,19 +367,92 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
                           "and drive the scale to 0.5; the run never recovered on its own.")
     assert rows[2][1] == ("It checks backward outputs for NaN only: a backward pass whose gradient is inf passed "
                           "without an error under it here, one whose gradient is NaN raised; FP16 overflows to inf.")
-    assert rows[3][1] == ("Every step, it cost 25% here; every 10 steps, 5% (recorded on NVIDIA H100 80GB HBM3 "
-                          "(sm 9.0): 125% and 10%).")
-    other = M.errata_rows(M.NanHunt("fc", "nan", None, None, 1, 1, 1), _demo(), COST, [],
+    assert rows[3][1] == ("Every step: +25% here, beyond the timing noise in every round; every 10 steps: +5%, within "
+                          "the timing noise (the unmonitored loop alone moved by a median 10% between rounds). Recorded on NVIDIA "
+                          "H100 80GB HBM3 (sm 9.0): +125% and +10%, medians whose noise the record does not keep.")
+    other = P.errata_rows(M.NanHunt("fc", "nan", None, None, 1, 1, 1), _demo(), COST, [],
                           inf_raises=True, nan_raises=False)
     assert other[0][1].endswith("reported as nothing, the backward function at the loss; the locator named nothing.")
     assert other[2][1].startswith("In this torch it raised on inf but not on NaN: a backward pass whose gradient "
                                   "is inf raised under it here, one whose gradient is NaN passed;")
-    both = M.errata_rows(FWD, _demo(), COST, [], inf_raises=True, nan_raises=True)
+    both = P.errata_rows(FWD, _demo(), COST, [], inf_raises=True, nan_raises=True)
     assert both[2][1].startswith("In this torch it raised on inf as well as NaN:")
-    assert other[3][1] == "Every step, it cost 25% here; every 10 steps, 5%."
+    assert other[3][1] == ("Every step: +25% here, beyond the timing noise in every round; every 10 steps: +5%, "
+                           "within the timing noise (the unmonitored loop alone moved by a median 10% between "
+                           "rounds).")
+    rounds = _record({"0": 0.04, "1": 0.09, "10": 0.044}, {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})
+    assert P.errata_rows(FWD, _demo(), COST, [rounds], inf_raises=False, nan_raises=True)[3][1].endswith(
+        "+125% and +10%, every 10 steps beyond the timing noise in every round (noise 2%).")
     with pytest.raises(ValueError, match="forward"):
-        M.errata_rows(BWD, _demo(), COST, [], inf_raises=False, nan_raises=True)
+        P.errata_rows(BWD, _demo(), COST, [], inf_raises=False, nan_raises=True)
 
+
+# ---- the monitor in the reader's own loop, and the skip exercise ---------------------------------------
+
+def _loop_log(skipped, scales):
+    n = len(skipped)
+    return MonitorLog(steps=list(range(n)), losses=[5.0 - 0.1 * i for i in range(n)], scales=list(scales),
+                      skipped=list(skipped))
+
+
+@pytest.mark.parametrize("skipped, scales, taken, sentence", [
+    ([True, True, False, False], [4.0, 2.0, 1.0, 1.0], 2,
+     "The scale fell after steps 0 and 1, so the monitor logged them as skipped; the scale went from 4 at the "
+     "first step to 1 at the last. The optimizer's own step counter agrees: it took 2 steps in 4."),
+    ([False, True, False], [4.0, 4.0, 2.0], 2,
+     "The scale fell after step 1, so the monitor logged it as skipped; the scale went from 4 at the first step "
+     "to 2 at the last. The optimizer's own step counter agrees: it took 2 steps in 3."),
+    ([False, False], [8.0, 8.0], 2,
+     "No step was skipped: the scale never fell (8 at the first step, 8 at the last). The optimizer's own step "
+     "counter agrees: it took 2 steps in 2."),
+    ([False, False], [8.0, 8.0], 1,
+     "No step was skipped: the scale never fell (8 at the first step, 8 at the last). The optimizer's own step "
+     "counter disagrees: it took 1 step in 2, not 2, so the scale's change did not tell every skip here."),
+])
+def test_own_loop_sentence_checks_the_log_against_the_optimizer(skipped, scales, taken, sentence):
+    assert P.own_loop_sentence(_loop_log(skipped, scales), taken) == sentence
+
+
+def test_own_loop_sentence_and_table_refuse_bad_input():
+    with pytest.raises(ValueError, match="no steps"):
+        P.own_loop_sentence(MonitorLog(), 0)
+    with pytest.raises(ValueError, match="optimizer_steps"):
+        P.own_loop_sentence(_loop_log([False], [1.0]), -1)
+    with pytest.raises(ValueError, match="optimizer_steps"):
+        P.own_loop_sentence(_loop_log([False], [1.0]), True)
+    with pytest.raises(ValueError, match="no steps"):
+        P.scaler_log_table(MonitorLog())
+
+
+def test_scaler_log_table_has_a_row_per_step():
+    assert P.scaler_log_table(_loop_log([True, False], [4.0, 2.0])).splitlines() == [
+        "| step | loss | loss scale | skipped |", "|---|---|---|---|", "| 0 | 5.000 | 4 | yes |", "| 1 | 4.900 | 2 | no |"]
+
+
+def test_optimizer_steps_taken_reads_the_optimizers_own_counter():
+    import torch
+
+    w = torch.nn.Parameter(torch.ones(2))
+    adam = torch.optim.AdamW([w], lr=0.1)
+    assert P.optimizer_steps_taken(adam) == 0
+    for _ in range(3):
+        w.grad = torch.ones(2)
+        adam.step()
+    assert P.optimizer_steps_taken(adam) == 3
+    with pytest.raises(TypeError, match="SGD keeps no step counter"):
+        P.optimizer_steps_taken(torch.optim.SGD([w], lr=0.1))
+    with pytest.raises(TypeError, match="no step counter"):
+        P.optimizer_steps_taken("adam")
+
+
+def test_skip_exercise_facts():
+    facts = P.skip_exercise_facts([1024, 1024, 512, 512, 512, 1024, 512, 512])
+    assert facts == {"ex_skip_steps": "steps 1 and 5", "ex_skip_grew": "step 4", "ex_skip_count": 7}
+    assert isinstance(facts["ex_skip_steps"], Prose)
+    assert P.skip_exercise_facts([2.0, 2.0]) == {"ex_skip_steps": "no step", "ex_skip_grew": "no step",
+                                                 "ex_skip_count": 1}
+    with pytest.raises(ValueError, match="at least one more"):
+        P.skip_exercise_facts([2.0])
 
 
 def test_monitor_faults_record_from_the_h100_reads_back_typed():

@@ -11,6 +11,7 @@ from .distributed import simulate_all_reduce
 from .formats import FloatFormat, get_format, round_to_format, spacing
 from .fp8 import DelayedScaling, fp8_max
 from .memory import bytes_per_parameter
+from .monitor import step_was_skipped
 from .mx import BlockScaling, e8m0_exponents, element_format
 from .scaling import replay_scale_schedule
 
@@ -392,6 +393,52 @@ def check_first_nonfinite(answer, trace) -> Feedback:
     if later and later[0][3]:
         return Feedback(False, f"`{answer}`'s outputs were finite when its hook fired.")
     return Feedback(False, f"`{answer}` is not the first module with finite inputs and non-finite outputs.")
+
+
+def check_skipped_steps(answer, scales) -> Feedback:
+    """Check which optimizer steps a ``torch.amp.GradScaler`` skipped, given ``scales``: ``scaler.get_scale()``
+    read at the start of each step (step 0 first) and once more after the last ``update()``. A step was
+    skipped exactly when the scale fell after it (:func:`course_lib.monitor.step_was_skipped`); a rise is the
+    scale's growth after ``growth_interval`` good steps in a row, and the step ran."""
+    values = list(scales) if not isinstance(scales, (str, bytes)) else []
+    if len(values) < 2 or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0)
+                              for v in values):
+        raise ValueError("scales must be two or more positive finite numbers: the scale at the start of each "
+                         "step and after the last update")
+    n = len(values) - 1
+    truth = {k for k in range(n) if step_was_skipped(float(values[k]), float(values[k + 1]))}
+    grew = {k for k in range(n) if values[k + 1] > values[k]}
+    if answer is None or answer is ...:
+        return Feedback(False, "No answer yet: list the skipped steps and run the cell again.")
+    if isinstance(answer, (str, bytes)) or not hasattr(answer, "__iter__") or not all(
+            isinstance(k, int) and not isinstance(k, bool) for k in answer):
+        return Feedback(False, "Give the step numbers as a list of ints, for example `[0, 3]` (`[]` for none).")
+    given = set(answer)
+    named = ", ".join(str(k) for k in sorted(truth)) or "none"
+    if given == truth:
+        why = ("The scale fell after each of them: `update()` multiplies it by `backoff_factor` exactly when "
+               "`step()` found an inf or NaN and skipped." if truth else "The scale never fell.")
+        rise = (f" The rise after step {', '.join(str(k) for k in sorted(grew))} is growth after `growth_interval` "
+                "good steps in a row: that step ran." if grew else "")
+        return Feedback(True, f"Skipped: {named}. {why}{rise}")
+    outside = sorted(k for k in given if not 0 <= k < n)
+    if outside:
+        return Feedback(False, f"There are {n} steps, 0 to {n - 1}; {outside[0]} is not one of them.")
+    if truth and given == {k + 1 for k in truth}:
+        return Feedback(False, "Each of those is the first step that *ran at* the lower scale. The reading after "
+                               "step k's `update()` is the one at the start of step k + 1, so the step that was "
+                               "skipped is the one before.")
+    rose = sorted(given & grew)
+    if rose:
+        return Feedback(False, f"The scale rose after step {rose[0]}: GradScaler multiplies it by `growth_factor` "
+                               "after `growth_interval` good steps in a row, so that step ran. Only a fall means a "
+                               "skip.")
+    flat = sorted(given - truth)
+    if flat:
+        return Feedback(False, f"The scale did not change after step {flat[0]}: no inf or NaN, the step ran.")
+    missed = sorted(truth - given)
+    return Feedback(False, f"You missed {len(missed)} skipped step{'s' if len(missed) > 1 else ''}: look for every "
+                           "fall of the scale, not only the first.")
 
 
 def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:

@@ -19,7 +19,35 @@ class _NanGrad(torch.autograd.Function):
         return g * torch.nan
 
 
-class PlantedFault(nn.Module):
+class ModuleWrapper(nn.Module):
+    """A module that wraps one submodule, kept as ``self.module`` (a planted fault, an FP32 island). The
+    wrapper adds a ``.module`` segment to the names of what it wraps; :func:`unwrapped_name` takes it out
+    again, so the monitor reports a wrapped layer's parameters under the names the reader's model gives them."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"a wrapper wraps an nn.Module, got {type(module).__name__}")
+        self.module = module
+
+
+def unwrapped_name(model: nn.Module, name: str) -> str:
+    """``name`` (of a parameter or a submodule of ``model``) without the ``.module`` segment that each
+    :class:`ModuleWrapper` on its path adds: ``blocks.1.fc.module.weight`` -> ``blocks.1.fc.weight``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    wrappers = [n for n, m in model.named_modules() if isinstance(m, ModuleWrapper)]
+    # innermost first, so that a wrapper around a wrapper loses both segments
+    for wrapper in sorted(wrappers, key=len, reverse=True):
+        inner = f"{wrapper}.module" if wrapper else "module"
+        if name == inner or name.startswith(inner + "."):
+            name = wrapper + name[len(inner):] if wrapper else name[len(inner) + 1:]
+    return name
+
+
+class PlantedFault(ModuleWrapper):
     """Wraps ``module``; from its ``after``-th forward call in training mode on, corrupts its output:
 
     * ``"overflow"``: multiplies by ``factor`` and divides again. Exact in FP32 and BF16 (a power of two),
@@ -31,12 +59,12 @@ class PlantedFault(nn.Module):
     """
 
     def __init__(self, module: nn.Module, kind: str, *, after: int = 0, factor: float = 2.0**24):
-        super().__init__()
+        super().__init__(module)
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault {kind!r}; kinds: {', '.join(FAULT_KINDS)}")
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise ValueError(f"after must be a non-negative int, got {after!r}")
-        self.module, self.kind, self.after, self.factor = module, kind, after, float(factor)
+        self.kind, self.after, self.factor = kind, after, float(factor)
         self.calls = 0
 
     def forward(self, *args, **kwargs):

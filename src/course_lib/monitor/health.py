@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..formats import FloatFormat, get_format
+from .faults import unwrapped_name
 
 ALERT_KINDS = ("zero_gradients", "underflow", "non_finite_gradient", "non_finite_loss", "scale_collapse",
                "skipped_run")
@@ -122,7 +123,8 @@ class GradientHealthMonitor:
     ``dtype``: the low-precision dtype gradients pass through (``torch.float16`` under FP16 autocast with a
     scaler, ``torch.bfloat16`` for BF16). ``every``: measure gradients every this many steps (1: every step;
     the run-level checks run every step). ``layers``: parameter names to watch (default: every parameter
-    with ``requires_grad``). Each (kind, layer) alert is raised once, where first seen. Embedding tables are
+    with ``requires_grad``; a name may leave out the ``.module`` segment of a wrapper such as a planted fault,
+    as every name the monitor reports does). Each (kind, layer) alert is raised once, where first seen. Embedding tables are
     not checked for zero gradients: the rows of tokens absent from a batch are zero by construction.
 
     ``activations``: also watch the gradient of every ``nn.Linear``'s *output* (named ``"<layer>:grad_output"``).
@@ -137,17 +139,19 @@ class GradientHealthMonitor:
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be a positive int, got {every!r}")
-        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # names as the reader's model gives them: a planted fault's or an FP32 island's ``.module`` left out
+        params = [(unwrapped_name(model, n), p) for n, p in model.named_parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no parameters that require gradients: nothing to monitor")
         if layers is not None:
             known = dict(params)
+            known.update({n: p for n, p in model.named_parameters() if p.requires_grad})   # raw names too
             missing = [n for n in layers if n not in known]
             if missing:
-                raise ValueError(f"no parameter named {missing[0]!r}; parameters: {', '.join(known)}")
-            params = [(n, known[n]) for n in layers]
+                raise ValueError(f"no parameter named {missing[0]!r}; parameters: {', '.join(n for n, _ in params)}")
+            params = [(unwrapped_name(model, n), known[n]) for n in layers]
         self.params = params
-        self._sparse = {f"{mn}.{pn}" if mn else pn for mn, m in model.named_modules()
+        self._sparse = {unwrapped_name(model, f"{mn}.{pn}" if mn else pn) for mn, m in model.named_modules()
                         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for pn, _ in m.named_parameters(recurse=False)}
         self.format = get_format(dtype if isinstance(dtype, str) else str(dtype).replace("torch.", ""))
         self.every = every
@@ -164,7 +168,7 @@ class GradientHealthMonitor:
         if activations:
             for mname, m in model.named_modules():
                 if isinstance(m, nn.Linear):
-                    self._handles.append(m.register_full_backward_hook(self._hook_for(mname)))
+                    self._handles.append(m.register_full_backward_hook(self._hook_for(unwrapped_name(model, mname))))
 
     def _hook_for(self, name: str):
         def hook(module, grad_input, grad_output):
@@ -267,3 +271,25 @@ class GradientHealthMonitor:
         if kind not in ALERT_KINDS:
             raise ValueError(f"unknown alert kind {kind!r}; kinds: {', '.join(ALERT_KINDS)}")
         return [a for a in self.alerts if a.kind == kind]
+
+
+def step_was_skipped(scale_before: float, scale_after: float) -> bool:
+    """Whether a ``torch.amp.GradScaler`` skipped the optimizer step, from ``scaler.get_scale()`` read before
+    and after ``scaler.update()``: True when the scale fell.
+
+    ``update()`` multiplies the scale by ``backoff_factor`` (below 1; GradScaler refuses any other) exactly
+    when ``scaler.step`` found an inf or NaN gradient and skipped the step; otherwise it keeps the scale, or
+    multiplies it by ``growth_factor`` (above 1) after ``growth_interval`` good steps in a row. A disabled
+    scaler reads 1.0 both times and never skips. With several optimizers on one scaler, a fall means at least
+    one of them skipped; a loop that passes its own ``new_scale`` to ``update()`` cannot read skips this way. A scale of 0 cannot fall any further, so its change cannot tell: that is a
+    ``ValueError`` (the monitor's ``scale_collapse`` alert has fired long before)."""
+    values = {"scale_before": scale_before, "scale_after": scale_after}
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number (scaler.get_scale()), got {type(v).__name__}")
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    if scale_before == 0:
+        raise ValueError("the scale was already 0: GradScaler cannot lower it further, so its change does not "
+                         "say whether the step was skipped (the scale has collapsed)")
+    return scale_after < scale_before

@@ -11,6 +11,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .faults import unwrapped_name
+
 
 @dataclass(frozen=True)
 class TensorSummary:
@@ -72,7 +74,8 @@ class NonFiniteLocator:
             # every module, containers included: hooks fire inner modules first, so the first module seen
             # with finite inputs and a non-finite output is the innermost one that made it (a container is
             # named when the culprit is an operation in its own forward, not a submodule)
-            chosen = [(n or "(model)", m) for n, m in named.items()]
+            # (named without a wrapper's `.module`: a culprit inside a planted fault is named as the layer)
+            chosen = [(unwrapped_name(model, n) or "(model)", m) for n, m in named.items()]
         else:
             missing = [n for n in modules if n not in named]
             if missing:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..formats import get_format
+from .faults import unwrapped_name
 from .health import gradient_stats
 
 
@@ -34,7 +35,8 @@ def matmul_stats(model: nn.Module, run_forward, fmt: str = "FP16", *, scaled: bo
     unscaled (as autocast casts), or ``scaled`` with a per-tensor current scale (as FP8 recipes do), in the
     manner of Transformer Engine's per-GEMM debug statistics."""
     f = get_format(fmt)
-    layers = [(n, m) for n, m in model.named_modules()
+    # named as the reader's model names them: a planted fault's or an FP32 island's `.module` left out
+    layers = [(unwrapped_name(model, n), m) for n, m in model.named_modules()
               if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
               and "Linear" in type(m).__name__]
     if not layers:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..train import History, TrainState, get_recipe, train
-from .faults import wrap_submodule
+from .faults import ModuleWrapper, wrap_submodule
 from .health import ALERT_KINDS, Alert, GradientHealthMonitor
 
 
@@ -35,10 +35,44 @@ def save_checkpoint_atomic(state: dict, path: str | Path) -> Path:
     return path
 
 
+def _cuda_in_use() -> bool:
+    # feature-detected: a torch without these functions, or without a GPU, has no CUDA random state to keep;
+    # before CUDA is initialised nothing has drawn from its generators
+    return (hasattr(torch.cuda, "get_rng_state_all") and hasattr(torch.cuda, "set_rng_state_all")
+            and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def rng_states() -> dict:
+    """The random states a rollback restores: ``"rng"``, the CPU generator's (a byte tensor), and
+    ``"cuda_rng"``, every CUDA device's (``torch.cuda.get_rng_state_all()``, one byte tensor per device), or
+    None where CUDA is not in use. Dropout masks and random sampling on a GPU draw from the CUDA generators,
+    so a rolled-back GPU run repeats its draws only with them restored too."""
+    return {"rng": torch.random.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if _cuda_in_use() else None}
+
+
+def restore_rng_states(saved: dict) -> None:
+    """Set the CPU generator, and the CUDA generators where ``saved`` holds them, to what :func:`rng_states`
+    returned."""
+    if not isinstance(saved, dict) or "rng" not in saved:
+        raise ValueError("saved must be a dict with the CPU random state under 'rng' (from rng_states())")
+    cuda = saved.get("cuda_rng")
+    if cuda is not None and not _cuda_in_use():
+        raise ValueError("the checkpoint holds CUDA random states, but CUDA is not in use here")
+    torch.random.set_rng_state(saved["rng"])
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _checkpoint(state) -> dict:
+    return {**state.state_dict(), **rng_states()}
+
+
 @dataclass(frozen=True)
 class RecoveryPolicy:
     """What to do when the run goes wrong: on the first alert of a kind in ``triggers``, roll back to the
-    last good checkpoint (model, optimizer, scheduler, RNG; written every ``checkpoint_every`` steps that
+    last good checkpoint (model, optimizer, scheduler, the CPU's and, when CUDA is in use, every CUDA
+    device's random state; written every ``checkpoint_every`` steps that
     ended finite and not skipped) and continue with the ``fallback`` recipe (BF16's range does not overflow
     where FP16's does), or, with ``keep_fp32`` (module names), continue with the same recipe but those
     modules computed in FP32. At most ``max_recoveries`` times."""
@@ -62,13 +96,9 @@ class RecoveryPolicy:
                                  f"int, got {v!r}")
 
 
-class Fp32Island(nn.Module):
+class Fp32Island(ModuleWrapper):
     """Runs ``module`` in FP32 inside an autocast region: autocast off, floating inputs cast to FP32 (what
     "keep this layer in FP32" means; lesson 4)."""
-
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.module = module
 
     def forward(self, *args, **kwargs):
         device_type = next((p.device.type for p in self.module.parameters()), "cpu")
@@ -121,7 +151,7 @@ def train_with_recovery(state, sampler, checkpoint_path: str | Path, *, policy: 
     end = state.config.steps if steps is None else state.step + steps
     history = History(state.recipe.name)
     events: list[RecoveryEvent] = []
-    save_checkpoint_atomic(state.state_dict(), checkpoint_path)
+    save_checkpoint_atomic(_checkpoint(state), checkpoint_path)
     while state.step < end:
         seen = len(monitor.alerts)
         train(state, sampler, steps=1, history=history, monitor=monitor)
@@ -145,12 +175,12 @@ def train_with_recovery(state, sampler, checkpoint_path: str | Path, *, policy: 
                 fresh.scheduler.load_state_dict(saved["scheduler"])
                 label = recipe.name
             fresh.step = int(saved["step"])
-            torch.random.set_rng_state(saved["rng"])
+            restore_rng_states(saved)
             events.append(RecoveryEvent(state.step - 1, fresh.step, triggered[0], label))
             monitor._skipped_run = 0
             state = fresh
             continue
         ok = not history.skipped[-1] and math.isfinite(history.losses[-1]) and not triggered
         if ok and state.step % policy.checkpoint_every == 0:
-            save_checkpoint_atomic(state.state_dict(), checkpoint_path)
+            save_checkpoint_atomic(_checkpoint(state), checkpoint_path)
     return RecoveredRun(state, history, monitor, events)

@@ -74,35 +74,77 @@ def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
     return finish_figure(fig)
 
 
+def _identical_groups(ranked):
+    """``(names, values)`` groups of the ranked series, in rank order, each holding the series whose values are
+    identical at every sampled step: drawn once, they cannot hide one another."""
+    groups: list[tuple[list[str], list[float]]] = []
+    for name, values in ranked:
+        same = next((g for g in groups if np.array_equal(np.asarray(g[1]), np.asarray(values))), None)
+        if same is None:
+            groups.append(([name], values))
+        else:
+            same[0].append(name)
+    return groups
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.99, 0.95, text, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#555555",
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#bbbbbb", alpha=0.9))
+
+
 def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, mark_step: int | None = None) -> Figure:
-    """A monitor's dashboard (a :class:`~course_lib.monitor.MonitorLog`): loss, loss scale and skipped
-    steps per step, and per parameter (the ``top_n`` with the largest value at any point) the share of its
-    gradient that is ``attribute`` ("zero", "flush", "subnormal") per sampled step; alerts marked where
-    raised, and ``mark_step`` (a planted fault's start) as a dashed line."""
-    fig, axes = plt.subplots(4, 1, figsize=(10, 8), sharex=True, gridspec_kw={"height_ratios": [1.6, 1, 0.6, 1.6]})
-    loss_ax, scale_ax, skip_ax, layer_ax = axes
+    """A monitor's dashboard (a :class:`~course_lib.monitor.MonitorLog`): loss per step; the loss scale per
+    step, in a panel of its own only when it changed, and skipped steps only when there were any (otherwise a
+    note on the loss panel says so); and per parameter (the ``top_n`` with the largest value at any point) the
+    share of its gradient that is ``attribute`` ("zero", "flush", "subnormal") per sampled step. Parameters
+    whose series are identical share one line and one legend entry that names them all; the others differ
+    in marker and dash. Alerts are marked where raised, and ``mark_step`` (a planted fault's start) as a
+    dashed line."""
+    if top_n < 1:
+        raise ValueError(f"top_n must be a positive int, got {top_n!r}")
     steps = np.asarray(log.steps)
+    scales = np.asarray(log.scales, dtype=float)
+    skipped = steps[np.asarray(log.skipped, dtype=bool)] if len(log.skipped) else steps[:0]
+    show_scale = len(scales) > 0 and np.unique(scales).size > 1
+    show_skipped = len(skipped) > 0
+    ratios = [1.6] + [1] * show_scale + [0.6] * show_skipped + [1.6]
+    fig, axes = plt.subplots(len(ratios), 1, figsize=(10, 2 + 1.5 * sum(ratios)), sharex=True,
+                             gridspec_kw={"height_ratios": ratios})
+    axes = list(axes)
+    loss_ax, layer_ax = axes[0], axes[-1]
     losses = np.asarray(log.losses, dtype=float)
     loss_ax.plot(steps, np.where(np.isfinite(losses), losses, np.nan), color="#000000", lw=1.6)
     loss_ax.set_ylabel("loss")
-    scale_ax.plot(steps, log.scales, color="#0072B2", lw=1.6)
-    scale_ax.set_yscale("log", base=2)
-    scale_ax.set_ylabel("loss scale")
-    skipped = steps[np.asarray(log.skipped, dtype=bool)]
-    skip_ax.plot(skipped, np.zeros(len(skipped)), "|", color="#D55E00", ms=14, mew=2)
-    skip_ax.set_yticks([])
-    skip_ax.set_ylabel("skipped")
+    absent = []
+    if show_scale:
+        scale_ax = axes[1]
+        scale_ax.plot(steps, scales, color="#0072B2", lw=1.6)
+        scale_ax.set_yscale("log", base=2)
+        scale_ax.set_ylabel("loss scale")
+    elif len(scales):
+        absent.append(f"loss scale {scales[0]:g} at every step")
+    if show_skipped:
+        skip_ax = axes[-2]
+        skip_ax.plot(skipped, np.zeros(len(skipped)), "|", color="#D55E00", ms=14, mew=2)
+        skip_ax.set_yticks([])
+        skip_ax.set_ylabel("skipped")
+    else:
+        absent.append("no step skipped")
+    if absent:
+        _note(loss_ax, "; ".join(absent))
     series = log.layer_series(attribute)
     ranked = sorted(series.items(), key=lambda kv: -max(kv[1]))[:top_n]
-    styles = ["-", "--", "-.", ":"]
-    for j, (name, values) in enumerate(ranked):
-        # lines that coincide stay visible by their dashes and marker sizes
-        layer_ax.plot(log.sampled_steps, np.asarray(values) * 100, marker="o", ls=styles[j % len(styles)],
-                      color=recipe_colour(j), lw=1.6, ms=3 + 1.5 * (len(ranked) - j - 1) / max(1, len(ranked) - 1),
-                      label=name)
+    markers, dashes = ["o", "s", "^", "D", "v", "P"], ["-", "--", "-.", ":"]
+    for j, (names, values) in enumerate(_identical_groups(ranked)):
+        label = names[0] if len(names) == 1 else f"{len(names)} identical series:\n" + "\n".join(names)
+        layer_ax.plot(log.sampled_steps, np.asarray(values) * 100, marker=markers[j % len(markers)],
+                      ls=dashes[j % len(dashes)], color=recipe_colour(j), lw=1.6, ms=4, label=label)
     layer_ax.set_ylabel(f"gradient values {attribute} (%)")
     layer_ax.set_xlabel("optimizer step")
-    layer_ax.legend(fontsize=7, loc="center left")
+    if ranked:
+        layer_ax.legend(fontsize=7, loc="best")
+    else:
+        _note(layer_ax, "no gradients sampled")
     for ax in axes:
         ax.grid(alpha=0.3)
         if mark_step is not None:

@@ -1,5 +1,6 @@
 """Lesson 9's studies: NaN hunts, an overflow recovered, underflow over a run, a dying layer, and what watching
-costs; and what the lesson's prose, tables and errata say about each result."""
+costs; and what the lesson's prose and tables say about the faults (the overhead, the reader's own loop and
+the errata: studies.monitoring_prose)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from ..monitor.health import Alert, GradientHealthMonitor, MonitorLog, Threshold
 from ..monitor.locator import NonFiniteLocator, NonFiniteReport
 from ..monitor.matmul_stats import MatmulStats
 from ..monitor.recovery import RecoveryEvent, RecoveryPolicy, train_with_recovery
-from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
 from ..train import TrainConfig, TrainState, get_recipe, train
 
@@ -221,10 +221,30 @@ class MonitorOverhead:
     def overhead_range(self, every: int) -> tuple[float, float]:
         """The lowest and highest overhead of a single round (each round's monitored block against the
         unmonitored block next to it): how much the timing moved from round to round."""
-        if every not in self.rounds or 0 not in self.rounds:
-            raise ValueError(f"no per-round times for every={every}")
-        each = [m / n - 1.0 for m, n in zip(self.rounds[every], self.rounds[0])]
+        each = self.round_overheads(every)
         return min(each), max(each)
+
+    def round_overheads(self, every: int) -> list[float]:
+        """Per round, the overhead of the block sampling every ``every`` steps over the unmonitored block of
+        the same round (shares)."""
+        if every not in self.rounds or 0 not in self.rounds or not self.rounds[every]:
+            raise ValueError(f"no per-round times for every={every}")
+        return [m / n - 1.0 for m, n in zip(self.rounds[every], self.rounds[0])]
+
+    def round_changes(self) -> list[float]:
+        """The unmonitored block's mean step time from one round to the next, as relative changes (shares;
+        the same loop timed again, so what it moves by on its own). Needs two rounds or more."""
+        base = self.rounds.get(0, ())
+        if len(base) < 2:
+            raise ValueError(f"the noise needs the unmonitored block timed in two rounds or more, got {len(base)}")
+        return [abs(b / a - 1.0) for a, b in zip(base, base[1:])]
+
+    def noise(self) -> float:
+        """The timing's noise: the median of :meth:`round_changes` (the upper one of an even count), a share.
+        A median, not the largest change, so that one burst of load on a shared machine does not hide every
+        effect; an overhead counts as a cost only where every round exceeds it (lesson 9's prose)."""
+        changes = sorted(self.round_changes())
+        return changes[len(changes) // 2]
 
 
 def monitor_overhead(profile, device: torch.device | str = "cpu", *, everies=(1, 10), steps: int = 20,
@@ -435,71 +455,6 @@ def recovery_facts(demo: RecoveryDemo) -> dict[str, object]:
     }
 
 
-def _interval_name(every: int) -> str:
-    return "none" if every == 0 else "every step" if every == 1 else f"every {every} steps"
-
-
-def overhead_table(cost: MonitorOverhead) -> MarkdownTable:
-    """Milliseconds per step with no monitor and with each sampling interval, and the overhead over none."""
-    return markdown_table(["monitor", "step (ms)", "overhead"], [
-        (_interval_name(k), f"{1e3 * v:.1f}", "" if k == 0 else f"{100 * cost.overhead(k):+.1f}%")
-        for k, v in cost.seconds.items()])
-
-
-def _check_intervals(cost: MonitorOverhead) -> None:
-    missing = [k for k in (0, 1, 10) if k not in cost.seconds]
-    if missing:
-        raise ValueError(f"the overhead run lacks sampling intervals {missing} (0: no monitor)")
-
-
-def overhead_facts(cost: MonitorOverhead) -> dict[str, object]:
-    """Lesson 9's facts of a :class:`MonitorOverhead` run with intervals 1 and 10: the overhead of each
-    (percent) and its range over single rounds (a phrase, ``"+30% to +45%"``)."""
-    _check_intervals(cost)
-    return {
-        "cost_every1": 100 * cost.overhead(1),
-        "cost_every10": 100 * cost.overhead(10),
-        "cost_range10": Prose("{:+.0f}% to {:+.0f}%".format(*(100 * v for v in cost.overhead_range(10)))),
-        "cost_range1": Prose("{:+.0f}% to {:+.0f}%".format(*(100 * v for v in cost.overhead_range(1)))),
-    }
-
-
-def recorded_step_seconds(recorded: RecordedResult) -> dict[int, float]:
-    """A recorded ``monitor_overhead`` run's seconds per step by sampling interval (0: no monitor)."""
-    seconds = dict(recorded.result.seconds)
-    missing = [k for k in (0, 1, 10) if k not in seconds]
-    if missing:
-        raise ValueError(f"the record lacks sampling intervals {missing}")
-    return seconds
-
-
-def recorded_overhead_facts(records: Sequence[RecordedResult]) -> dict[str, object]:
-    """Lesson 9's phrases on the monitor's cost on a GPU, from the first recorded ``monitor_overhead`` run
-    (milliseconds per step and percent over none), or what to measure when there is no record."""
-    if not records:
-        return {
-            "gpu_cost": Prose("On a GPU the statistics run on the GPU, but each parameter's shares come back to "
-                              "the host, a synchronisation per parameter, so measure it there (`monitor_overhead` "
-                              "below) before choosing an interval."),
-            "gpu_cost_short": Prose(""),
-            "gpu_cost_every1": Prose(""),
-        }
-    rec = records[0]
-    s = recorded_step_seconds(rec)
-    return {
-        "gpu_cost": Prose(
-            f"On a GPU the balance changes. Recorded on {rec.label} with the full-size model: "
-            f"{1e3 * s[0]:.1f} ms a step without a monitor, {1e3 * s[1]:.1f} ms watched every step "
-            f"({100 * (s[1] / s[0] - 1):+.0f}%) and {1e3 * s[10]:.1f} ms every 10 steps "
-            f"({100 * (s[10] / s[0] - 1):+.0f}%). The statistics themselves run on the GPU, but each "
-            "parameter's shares come back to the host, one synchronisation per parameter, so the GPU cannot "
-            "run ahead of Python on a sampled step (the record does not separate that from the arithmetic). "
-            "Sample every 10 steps or less often."),
-        "gpu_cost_short": Prose(f"; {100 * (s[10] / s[0] - 1):.0f}% recorded on {rec.label} with the full-size model"),
-        "gpu_cost_every1": Prose(f" (every step made the step {s[1] / s[0]:.1f}x as long there)"),
-    }
-
-
 def _lost_share(row: MatmulStats) -> float:
     return row.flush + row.subnormal
 
@@ -538,44 +493,3 @@ def matmul_facts(stats: Mapping[str, Sequence[MatmulStats]], *, fp16: str = "FP1
 def checkup_facts(report: Checkup) -> dict[str, object]:
     """The pitfalls the check-up's audit of the reader's loop found, as a phrase (``"nothing"`` if none)."""
     return {"checkup_findings": Prose(", ".join(_code(f.pitfall) for f in report.findings) or "nothing")}
-
-
-# the errata's verdict on anomaly mode, from whether it raised on an inf and on a NaN gradient
-_ANOMALY_LEAD = {(False, True): "It checks backward outputs for NaN only",
-                 (True, True): "In this torch it raised on inf as well as NaN",
-                 (True, False): "In this torch it raised on inf but not on NaN",
-                 (False, False): "In this torch it raised on neither"}
-
-
-def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, records: Sequence[RecordedResult], *,
-                inf_raises: bool, nan_raises: bool) -> list[tuple[str, str]]:
-    """Lesson 9's errata, (claim, what this page measured): the forward NaN hunt, the FP16 run without
-    recovery, whether anomaly mode raised on an inf and on a NaN gradient, and the monitor's overhead here
-    (and on the first recorded GPU run, if any)."""
-    _check_intervals(cost)
-    if forward.kind != "nan":
-        raise ValueError(f"the anomaly-mode erratum needs the forward ('nan') hunt, got {forward.kind!r}")
-    after = skipped_after_fault(demo)
-    named = "nothing" if forward.report is None else _code(forward.report.module)
-    recorded = "."
-    if records:
-        s = recorded_step_seconds(records[0])
-        recorded = (f" (recorded on {records[0].label}: {100 * (s[1] / s[0] - 1):.0f}% and "
-                    f"{100 * (s[10] / s[0] - 1):.0f}%).")
-    return [
-        ("`detect_anomaly` shows where a NaN came from.",
-         f"Only from the backward pass. A NaN made in `{forward.layer}`'s forward output was reported as "
-         f"{anomaly_function(forward.anomaly) or 'nothing'}, the backward function at the loss; the locator "
-         f"named {named}."),
-        ("GradScaler takes care of overflows.",
-         f"Of overflows in the scaled gradients. An FP16 forward overflow made it skip {sum(after)} of "
-         f"{len(after)} steps and drive the scale to {demo.without.scales[-1]:g}; the run never recovered on "
-         "its own."),
-        ("`detect_anomaly` catches overflows.",
-         f"{_ANOMALY_LEAD[(inf_raises, nan_raises)]}: a backward pass whose gradient is inf "
-         f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
-         f"{'raised' if nan_raises else 'passed'}; FP16 overflows to inf."),
-        ("Gradient monitoring is too slow to leave on.",
-         f"Every step, it cost {100 * cost.overhead(1):.0f}% here; every 10 steps, {100 * cost.overhead(10):.0f}%"
-         + recorded),
-    ]
