@@ -317,3 +317,36 @@ def test_seeded_runs_dash_the_recipes_and_hatch_a_black_band():
     assert styles == {"bf16_autocast": "-", "tensorwise": "--", "unscaled": "-."}   # the reference alone solid
     bands = [c for c in left.collections if isinstance(c, PolyCollection)]
     assert [b.get_hatch() for b in bands] == [None, None, "////"]   # only the black (unscaled) band
+
+
+def test_clipping_runs_figure_draws_means_without_the_outliers_and_one_dot_per_seed():
+    import math
+
+    import numpy as np
+
+    from course_lib.plots.loss_scaling import plot_clipping_runs
+    from course_lib.studies import clipping as C
+
+    rules = (C.NO_SPIKES, C.NO_CLIPPING, C.GLOBAL_NORM)
+    losses = {r: ((1.0, 2.0, 100.0, 4.0), (3.0, 4.0, 300.0, 6.0)) for r in rules}
+    skipped = {r: ((False,) * 4, (False,) * 4) for r in rules}
+    skipped[C.NO_CLIPPING] = ((False, False, True, False), (False,) * 4)   # the spike passed in one seed only
+    ones = {r: ((1.0,) * 4,) * 2 for r in rules}
+    runs = C.SpikyRuns(rules, (0, 1), (2,), 300.0, {C.GLOBAL_NORM: 1.0}, losses, skipped, ones, ones, ones,
+                       {C.NO_SPIKES: (0.1, 0.2), C.NO_CLIPPING: (0.9, math.nan), C.GLOBAL_NORM: (0.15, 0.25)}, 32, 4, 0.05)
+    fig = plot_clipping_runs(runs, reference=C.NO_SPIKES)
+    left, right = fig.axes
+    line = next(ln for ln in left.get_lines() if ln.get_label() == C.GLOBAL_NORM)
+    y = np.asarray(line.get_ydata(), dtype=float)
+    assert list(y[[0, 1, 3]]) == [2.0, 3.0, 5.0] and math.isnan(y[2])   # the outlier's own loss left out
+    # a triangle after the spike only where it passed in every seed: global norm yes, no clipping no
+    triangles = [ln for ln in left.get_lines() if ln.get_marker() == "v" and len(ln.get_xdata())]
+    assert [list(t.get_xdata()) for t in triangles] == [[3]]
+    dots = [ln for ln in right.get_lines() if ln.get_marker() == "o"]
+    assert [list(d.get_xdata()) for d in dots][2] == [0.15, 0.25] and len(dots) == 3
+    assert list(dots[2].get_ydata()) == pytest.approx([1.94, 2.06])   # rule 2, its two seeds apart
+    assert [t.get_text() for t in right.get_yticklabels()] == list(rules) and right.get_xscale() == "log"
+    with pytest.raises(ValueError, match="unknown"):
+        plot_clipping_runs(runs, ["per row"])
+    with pytest.raises(ValueError, match="unknown"):
+        plot_clipping_runs(runs, reference="per row")

@@ -7,6 +7,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from .style import FORMAT_COLOURS, finish_figure, recipe_colour
 
@@ -76,4 +77,69 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
     ax.set_title(title + " (markers: skipped steps)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    return finish_figure(fig)
+
+
+def plot_clipping_runs(runs, rules=None, *, reference: str | None = None) -> Figure:
+    """Left: training loss per step of each rule of a :class:`~course_lib.studies.clipping.SpikyRuns`
+    (mean over seeds as a line, range as a band, log axis), the outlier batches' own losses left out and
+    their steps drawn as thin vertical lines; a triangle marks each spike that reached the optimizer in
+    every seed of that rule. Right: each seed's final held-out loss per rule (one dot per seed), with the
+    ``reference`` rule's range as a grey band (named in the panel's title)."""
+    rules = list(runs.rules if rules is None else rules)
+    unknown = [r for r in rules if r not in runs.rules] + ([reference] if reference not in (None, *runs.rules) else [])
+    if unknown or not rules:
+        raise ValueError(f"rules must be a non-empty selection of {', '.join(runs.rules)}; unknown: {unknown}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.5, 1]})
+    # Okabe-Ito, without the yellow that thin lines and dots lose on white; by position, so that a rule keeps
+    # its colour in a figure of the first few rules
+    palette = ["#0072B2", "#CC79A7", "#E69F00", "#56B4E9", "#009E73", "#882255", "#D55E00"]
+    colours = {r: ("#777777" if r == reference else palette[j % len(palette)]) for j, r in enumerate(rules)}
+    for s in runs.spike_steps:
+        left.axvline(s, color="#BBBBBB", lw=0.8, zorder=0)
+    left.plot([], [], color="#BBBBBB", lw=0.8, label=f"outlier batch (targets x{runs.spike_factor:g})")
+    for j, rule in enumerate(rules):
+        curves = np.array(runs.losses[rule], dtype=float)
+        curves[:, [s for s in runs.spike_steps if s < curves.shape[1]]] = np.nan   # the outlier's own loss
+        x = np.arange(curves.shape[1])
+        mean = curves.mean(axis=0)   # NaN at the spike steps: gaps in the line
+        # the reference is drawn wide and underneath, so a rule that matches it stays visible on top
+        left.plot(x, mean, color=colours[rule], lw=4.5 if rule == reference else 1.6,
+                  alpha=0.6 if rule == reference else 1.0, zorder=1 if rule == reference else 2 + j,
+                  ls="-" if j % 2 == 0 or rule == reference else "--", label=rule)
+        left.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=colours[rule],
+                          alpha=0.15, lw=0)
+        passed = [s for s in runs.spike_steps
+                  if all(s in runs.passed_spikes(rule, i) for i in range(len(runs.seeds)))]
+        if rule != reference and passed:
+            marks = [s + 1 for s in passed if s + 1 < len(mean)]
+            left.plot(marks, mean[marks], "v", color=colours[rule], ms=8, mec="#000000", mew=0.6)
+    left.plot([], [], "v", color="#FFFFFF", mec="#000000", ms=8, label="after a spike that was stepped on")
+    left.set_yscale("log")
+    left.set_xlabel("training step")
+    left.set_ylabel("training loss (MSE)")
+    left.set_title("Loss per step (line: mean over seeds; band: range)", fontsize=10)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7.5, loc="upper left")
+    if reference is not None:
+        ref = runs.finals[reference]
+        right.axvspan(min(ref), max(ref), color="#777777", alpha=0.2, lw=0)
+    for i, rule in enumerate(rules):
+        finals = runs.finals[rule]
+        # each seed a little lower than the one before, so that seeds with equal losses stay apart
+        offsets = (np.arange(len(finals)) - (len(finals) - 1) / 2) * min(0.12, 0.5 / max(1, len(finals)))
+        right.plot(finals, i + offsets, "o", color=colours[rule], ms=7, alpha=0.85)
+    right.set_yticks(range(len(rules)), rules)
+    right.set_ylim(len(rules) - 0.5, -0.5)   # first rule on top, as in the legend
+    right.set_xscale("log")
+    every = [v for r in rules for v in runs.finals[r] if math.isfinite(v)]
+    if every:   # a margin wide enough to hold a labelled tick on each side
+        right.set_xlim(min(every) / 1.3, max(every) * 1.3)
+    right.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    right.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    right.xaxis.set_minor_formatter(NullFormatter())
+    right.set_xlabel("held-out loss after training (MSE)")
+    band = f"\ngrey: {reference}, range" if reference is not None else ""
+    right.set_title(f"After training (one dot per seed){band}", fontsize=10)
+    right.grid(alpha=0.3, axis="x")
     return finish_figure(fig)
