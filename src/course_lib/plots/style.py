@@ -50,18 +50,18 @@ def scale_text_to_column(fig: Figure, column_inches: float = COLUMN_INCHES) -> f
     factor = max(1.0, fig.get_figwidth() / column_inches)
     if factor == 1.0:
         return factor
-    ticks = set()
+    ticks: set[Text] = set()
     for ax in fig.axes:
         for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            default = Text(text="", fontsize=plt.rcParams["xtick.labelsize" if name == "x" else "ytick.labelsize"])
             for which, labels in (("major", axis.get_majorticklabels()), ("minor", axis.get_minorticklabels())):
                 ticks.update(labels)
-                size = labels[0].get_fontsize() if labels else plt.rcParams[f"{name}tick.labelsize"]
-                size = size if isinstance(size, (int, float)) else Text(text="", fontsize=size).get_fontsize()
+                size = float((labels[0] if labels else default).get_fontsize())
                 # tick_params, not the labels: ticks made at draw time take their size from here
-                ax.tick_params(axis=name, which=which, labelsize=size * factor)
-    for text in fig.findobj(match=lambda artist: isinstance(artist, Text)):
-        if text not in ticks:
-            text.set_fontsize(text.get_fontsize() * factor)
+                ax.tick_params(axis="x" if name == "x" else "y", which=which, labelsize=size * factor)
+    for text in fig.findobj(match=Text):
+        if isinstance(text, Text) and text not in ticks:
+            text.set_fontsize(float(text.get_fontsize()) * factor)
     return factor
 
 

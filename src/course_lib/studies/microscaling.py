@@ -258,7 +258,7 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
             **_flatness("blk_fp8", fp8)}
 
 
-def _flatness(prefix: str, errors: Mapping[str, Mapping[str, QuantizationError]]) -> dict[str, float]:
+def _flatness(prefix: str, errors: Mapping[str, Mapping[str, QuantizationError]]) -> dict[str, object]:
     """The lowest and highest relative error (%) over every tensor and block size, and the most one tensor's
     error moves across block sizes (% of its smallest): how flat each line of the block-size figure is."""
     per_tensor = [[e.relative_error for e in by_block.values()] for by_block in errors.values()]

@@ -335,7 +335,7 @@ def last_block_sentence(fidelity: GradientFidelity) -> Prose:
     the gradient closer."""
     nv = fidelity.effect("nvfp4_no_hp_last")
     mx = fidelity.effect("mxfp4", "mxfp4_hp_last")
-    text = piece_sentence("The high-precision last block", nv, 100 * fidelity.mean_error(REFERENCE))
+    text = str(piece_sentence("The high-precision last block", nv, 100 * fidelity.mean_error(REFERENCE)))
     largest = largest_piece(fidelity)
     if largest == "nvfp4_no_hp_last":
         text += (f" On average over models and batches its effect ({nv.mean:+.2f} points) is the largest of the "
