@@ -300,6 +300,10 @@ def test_roofline_labels_nearby_operations_once():
     key = next(t.get_text() for t in ax.texts if not t.get_text().isdigit())
     assert key.splitlines() == ["1: a (memory-bound)", "2: b (memory-bound)", "3: qkv / mlp (compute-bound)"]
     assert len([ln for ln in ax.get_lines() if ln.get_marker() in ("o", "s") and len(ln.get_xdata()) == 1]) == 4
+    # two operations within 25% of each other but on both sides of the ridge (300) keep their own labels
+    split = plots.plot_roofline([OpCost("qkv", 283.0, 1.0), OpCost("mlp", 301.5, 1.0)], {"device": (300.0, 1000.0)})
+    key = next(t.get_text() for t in split.axes[0].texts if not t.get_text().isdigit())
+    assert key.splitlines() == ["1: qkv (memory-bound)", "2: mlp (compute-bound)"]
 
 
 def test_seeded_runs_dash_the_recipes_and_hatch_a_black_band():

@@ -181,3 +181,10 @@ def test_the_written_out_order_overflows_fp16_where_sdpa_does_not():
 
 def test_sdpa_under_autocast_returns_the_autocast_dtype_on_the_cpu():
     assert A.sdpa_autocast_dtype("cpu", torch.bfloat16) == {"attn_sdpa_dtype": "`bfloat16`"}
+
+
+def test_scaler_dtype_note_explains_a_scaler_beside_bf16_only():
+    assert A.scaler_dtype_note(torch.float16) == {"scaler_dtype_note": "Here they run with FP16 autocast, as there."}
+    assert "BF16 needs no scaler" in A.scaler_dtype_note(torch.bfloat16)["scaler_dtype_note"]
+    with pytest.raises(ValueError, match="amp_dtype"):
+        A.scaler_dtype_note(torch.float32)

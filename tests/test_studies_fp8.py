@@ -149,9 +149,9 @@ def test_margin_facts_compare_the_spike_and_the_quiet_steps():
     verdict = facts.pop("ex_m_verdict")
     assert facts == pytest.approx({"ex_m_margin": 6, "ex_m_sat0": 50.0, "ex_m_sat": 0.0,
                                    "ex_m_err0": 4.125, "ex_m_err": 7.5, "ex_m_flush0": 0.0, "ex_m_flush": 2.0})
-    assert verdict.startswith("E4M3's range absorbs it")          # 7.5 <= 2 * 4.125
+    assert verdict.startswith("E4M3's range absorbs the margin")          # 7.5 <= 2 * 4.125
     worse = dataclasses.replace(margin, relative_error={**margin.relative_error, key: (0.2,) * 6})
-    assert "more than doubles" in fp8_prose.margin_facts(plain, worse, 6)["ex_m_verdict"]
+    assert "more than doubled" in fp8_prose.margin_facts(plain, worse, 6)["ex_m_verdict"]
     with pytest.raises(ValueError, match="same tensors"):
         fp8_prose.margin_facts(plain, dataclasses.replace(margin, factor=10.0), 6)
     with pytest.raises(ValueError, match="quiet steps before it"):
@@ -447,3 +447,9 @@ def test_exercise_facts():
         fp8_prose.exercise_facts(DATASHEET_PEAKS["V100 SXM2"])
     with pytest.raises(ValueError, match="factor above 1"):
         fp8_prose.exercise_facts(h100, spike=0.5)
+
+
+def test_ratio_text_keeps_two_significant_digits_below_a_tenth():
+    assert [fp8_prose.ratio_text(r) for r in (1.234, 0.1, 0.0031, 0.000456)] == ["1.23", "0.10", "0.0031", "0.00046"]
+    with pytest.raises(ValueError, match="positive"):
+        fp8_prose.ratio_text(0.0)

@@ -67,6 +67,7 @@ def test_block_size_table():
 def test_block_size_facts():
     facts = ms.block_size_facts(block_study())
     verdict = facts.pop("blk_fp8_verdict")
+    assert facts.pop("blk_fp8_move") == "moves by at most 200.00% of itself"
     # E4M3 lines: 1.5625 -> 3.125 (100%) and 1.5625 -> 4.6875 (200%): not flat
     assert facts == pytest.approx({
         "blk_fp4_32": 12.5, "blk_fp4_tensor": 25.0, "blk_fp4_out_32": 37.5, "blk_fp4_out_tensor": 87.5,
@@ -79,6 +80,10 @@ def test_block_size_facts():
                      "activation + outlier": {"1": qe(0.025), "32": qe(0.025), "tensor": qe(0.0255)}}}
     flat_facts = ms.block_size_facts(dataclasses.replace(block_study(), errors=flat))
     assert flat_facts["blk_fp8_verdict"].startswith("the block size does not matter")
+    same = {"e2m1": block_study().errors["e2m1"], "e4m3": {t: {"1": qe(0.026), "32": qe(0.026), "tensor": qe(0.026)}
+                                                           for t in ("activation", "activation + outlier")}}
+    assert ms.block_size_facts(dataclasses.replace(block_study(), errors=same))["blk_fp8_move"] == \
+        "does not move (to within 0.01% of itself)"
     assert flat_facts["blk_fp8_flat"] == pytest.approx(2.0)
 
 

@@ -207,8 +207,9 @@ def test_from_five_rounds_on_one_burst_of_load_is_tolerated():
     assert one_burst.noise() == pytest.approx(0.01) and min(one_burst.round_overheads(10)) < -0.6
     assert P.overhead_verdict(one_burst, 10) == "cost"
     assert P.overhead_phrase(one_burst, 10, run="the run") == (
-        "cost 5% in the run, more than its timing noise of 1% in every round but at most one")
-    assert "counts as a cost only where it showed more than that in every round but at most one." in (
+        "cost 5% in the run, above the unmonitored loop's median round-to-round change (1%) in every round but "
+        "at most one")
+    assert "counts as a cost only where it exceeded that median in every round but at most one." in (
         P.overhead_sentence(one_burst))
     two_low = _cost(base, (1.05, 1.06, 1.05, 1.0, 1.05, 1.06))        # and round 3 shows no cost at all
     assert P.overhead_verdict(two_low, 10) == "unresolved"
@@ -239,7 +240,7 @@ def test_overhead_table_and_facts():
     assert facts["cost_range10"] == "-5% to +5%" and facts["cost_range1"] == "+25% to +30%"
     assert facts["cost_sentence"] == (
         "The unmonitored loop, timed once a round, moved by a median 10% from one round to the next on its own (at "
-        "most 10%): that is this run's noise, and an overhead counts as a cost only where it showed more than that "
+        "most 10%): that is this run's noise, and an overhead counts as a cost only where it exceeded that median "
         "in every round. Single rounds' overheads ranged from +25% to +30% (every step) and from -5% to +5% (every 10 steps). So "
         "watching every step made the mean step 25% longer: a cost; watching every 10 steps changed the mean step "
         "time by +5%, within that noise: no cost this run can tell from zero.")
@@ -262,7 +263,7 @@ def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
 
 
 @pytest.mark.parametrize("cost, every, phrase", [
-    (COST, 1, "cost 25% in the run, more than its timing noise of 10% in every round"),
+    (COST, 1, "cost 25% in the run, above the unmonitored loop's median round-to-round change (10%) in every round"),
     (COST, 10, "cost nothing the run could tell from its timing noise: +5%, where the unmonitored loop alone moved "
                "by a median 10% between rounds"),
     (UNRESOLVED, 10, "cost nothing the run could tell from its timing noise: +20% overall, but more than the noise "

@@ -341,7 +341,7 @@ def test_top_ops_table_and_cast_facts():
     facts = P.cast_facts(STEPS)
     assert facts == {"cast_fp32": 5.0, "cast_bf16": 25.0, "cast_fp32_ms": 0.1, "cast_bf16_ms": 0.5,
                      "cast_verdict": P.cast_verdict(STEPS["fp32"], STEPS["bf16_autocast"])}
-    assert facts["cast_verdict"].startswith("the price autocast pays")
+    assert facts["cast_verdict"].startswith("autocast adds 0.40 ms (20.0 points) of casts and copies, the price")
     with pytest.raises(ValueError, match="profiled bf16_autocast step"):
         P.cast_facts({"fp32": STEPS["fp32"]})
 
@@ -350,12 +350,12 @@ def test_cast_verdict_follows_time_and_share():
     def step(total, cast):
         return ProfiledStep("r", "cpu", (), total, cast)
     # more cast time and a larger share: the price shows
-    assert P.cast_verdict(step(2000, 100), step(2000, 500)).startswith("the price autocast pays")
+    assert P.cast_verdict(step(2000, 100), step(2000, 500)).startswith("autocast adds 0.40 ms (20.0 points)")
     # more cast time, but a slower step around it: the share did not grow
     assert "share did not" in P.cast_verdict(step(2000, 100), step(20000, 500))
     # no more cast time than FP32's own copies (the reverse a loaded CPU can show): not the price
     reverse = P.cast_verdict(step(2000, 150), step(2000, 100))
-    assert "does not show here" in reverse and "price autocast pays" not in reverse
+    assert "does not show here" in reverse and "price it pays" not in reverse
     # within the margin counts as no more
     assert "does not show here" in P.cast_verdict(step(2000, 100), step(2000, 105))
     with pytest.raises(ValueError, match="margin"):

@@ -152,7 +152,7 @@ def executed_notebooks_markdown(paths) -> str:
     if not rows:
         return ""
     return ("The lessons were executed as notebooks before this book was assembled (nbmake, in `make test`), so "
-            "the table above lists only the pages the book executed itself. The lessons' own runs:\n\n"
+            "the book build did not execute them again. Their runs:\n\n"
             + markdown_table(("lesson", "started", "wall time (s)", "code cells", "status"), rows))
 
 

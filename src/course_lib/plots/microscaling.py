@@ -28,7 +28,7 @@ def plot_block_sizes(study) -> Figure:
         ax.set_xticks(x, ["1 (per element)" if b == "1" else ("whole tensor" if b == "tensor" else b)
                           for b in study.blocks])
         ax.set_yscale("log")
-        ax.set_xlabel("elements per E8M0 scale (block along the last dimension)")
+        ax.set_xlabel("elements per E8M0 scale")
         ax.set_title(f"{element.upper()} elements, {study.mode.upper()} scales", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         lo, hi = ax.get_ylim()

@@ -72,7 +72,8 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     # log axis (283 and 302 FLOP/B did)
     groups: list[list] = []
     for op in sorted(ops, key=lambda o: o.intensity):
-        if groups and op.intensity <= groups[-1][0].intensity * 1.25:
+        same_side = bool(groups) and (op.intensity >= ridge) == (groups[-1][0].intensity >= ridge)
+        if groups and same_side and op.intensity <= groups[-1][0].intensity * 1.25:
             groups[-1].append(op)
         else:
             groups.append([op])

@@ -144,6 +144,20 @@ def sdpa_autocast_dtype(device_type: str, dtype: torch.dtype) -> dict[str, objec
     return {"attn_sdpa_dtype": _code(str(out.dtype).replace("torch.", ""))}
 
 
+def scaler_dtype_note(amp_dtype: torch.dtype) -> dict[str, object]:
+    """``scaler_dtype_note``: why the production loops pair a GradScaler with ``amp_dtype`` when it is BF16
+    (a CPU's autocast dtype here), which needs no scaler; empty for FP16."""
+    if amp_dtype == torch.float16:
+        return {"scaler_dtype_note": Prose("Here they run with FP16 autocast, as there.")}
+    if amp_dtype != torch.bfloat16:
+        raise ValueError(f"amp_dtype must be torch.float16 or torch.bfloat16, got {amp_dtype!r}")
+    return {"scaler_dtype_note": Prose(
+        "Here they run with BF16 autocast, this device's autocast dtype, and BF16 needs no scaler (lesson 3's "
+        "pitfall detector flags the pair). The scaler still does everything the loops show, whatever the "
+        "autocast dtype: it scales, finds infinities, skips and backs off. The resume loop uses FP16 itself, "
+        "because there the size of the scale matters.")}
+
+
 def recipes_table(device: torch.device | str) -> MarkdownTable:
     """Every precision recipe: its name, what it does, and "yes" or why ``device`` cannot run it."""
     return markdown_table(["recipe", "what it does", "runs here"],

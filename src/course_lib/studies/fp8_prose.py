@@ -123,8 +123,8 @@ def margin_facts(plain: SpikeRun, with_margin: SpikeRun, margin: int) -> dict[st
         return 100 * sum(values[:at]) / at
 
     err0, err = quiet(plain.relative_error[keys[0]]), quiet(with_margin.relative_error[keys[1]])
-    verdict = ("E4M3's range absorbs it: the quiet steps' error at most doubles" if err <= 2 * err0 else
-               "here it does not come free: the quiet steps' error more than doubles")
+    verdict = ("E4M3's range absorbs the margin: the quiet steps' error did not double" if err <= 2 * err0 else
+               "Here the margin costs the quiet steps: their error more than doubled")
     return {"ex_m_margin": margin,
             "ex_m_sat0": 100 * plain.saturated[keys[0]][at], "ex_m_sat": 100 * with_margin.saturated[keys[1]][at],
             "ex_m_err0": err0, "ex_m_err": err,
@@ -321,6 +321,13 @@ def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
                                           for n in speed.sizes])
 
 
+def ratio_text(ratio: float) -> str:
+    """A speed ratio for prose: two decimals from 0.1 up, two significant digits below (0.0031, not 0.00)."""
+    if not ratio > 0:
+        raise ValueError(f"a speed ratio must be positive, got {ratio!r}")
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+
+
 def linear_speed_facts(speed: Fp8LinearSpeed) -> dict[str, object]:
     """The course's FP8 layer's speed as a multiple of BF16's (range over sizes), the device, and what a
     reader should make of these timings there."""
@@ -331,7 +338,8 @@ def linear_speed_facts(speed: Fp8LinearSpeed) -> dict[str, object]:
     note = ("A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 first, so FP8 can only "
             "cost time here, and these timings say nothing about a GPU." if device != "cuda" else
             "These are eager layers: each cast is a separate kernel, the overhead the roofline charges.")
-    return {"cpu_fp8_ratio": Prose(f"{min(ratios):.2f} to {max(ratios):.2f}"), "speed_device": device.upper(),
+    return {"cpu_fp8_ratio": Prose(f"{ratio_text(min(ratios))} to {ratio_text(max(ratios))}"),
+            "speed_device": device.upper(),
             "speed_note": Prose(note)}
 
 

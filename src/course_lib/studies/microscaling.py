@@ -267,8 +267,10 @@ def _flatness(prefix: str, errors: Mapping[str, Mapping[str, QuantizationError]]
     flat = max(100 * (max(v) / min(v) - 1) for v in per_tensor)
     verdict = ("the block size does not matter, the error is the element format's own rounding, and the lines "
                "differ only by tensor" if flat <= 5 else "the block size matters even with these elements")
+    move = ("does not move (to within 0.01% of itself)" if flat < 0.01 else
+            f"moves by at most {flat:.2f}% of itself")
     return {f"{prefix}_lo": 100 * min(min(v) for v in per_tensor), f"{prefix}_hi": 100 * max(max(v) for v in per_tensor),
-            f"{prefix}_flat": flat, f"{prefix}_verdict": Prose(verdict)}
+            f"{prefix}_flat": flat, f"{prefix}_move": Prose(move), f"{prefix}_verdict": Prose(verdict)}
 
 
 def scale_choice_table(errors: Mapping[str, Mapping[str, QuantizationError]]) -> MarkdownTable:

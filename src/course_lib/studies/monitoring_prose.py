@@ -111,7 +111,7 @@ def overhead_sentence(cost: MonitorOverhead) -> Prose:
     return Prose(
         f"The unmonitored loop, timed once a round, moved by a median {100 * noise:.0f}% from one round to the "
         f"next on its own (at most {100 * largest:.0f}%): that is this run's noise, and an overhead counts as a "
-        f"cost only where it showed more than that in {_rule(len(cost.round_overheads(1)))}. Single rounds' "
+        f"cost only where it exceeded that median in {_rule(len(cost.round_overheads(1)))}. Single rounds' "
         f"overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps). So watching every "
         f"step {_clause(cost, 1)}; watching every 10 steps {_clause(cost, 10)}.")
 
@@ -122,7 +122,8 @@ def overhead_phrase(cost: MonitorOverhead, every: int, *, run: str = "this page'
     pct, n = 100 * cost.overhead(every), 100 * cost.noise()
     rule = _rule(len(cost.round_overheads(every)))
     return Prose({
-        "cost": f"cost {pct:.0f}% in {run}, more than its timing noise of {n:.0f}% in {rule}",
+        "cost": f"cost {pct:.0f}% in {run}, above the unmonitored loop's median round-to-round change ({n:.0f}%) "
+                f"in {rule}",
         "within noise": f"cost nothing {run} could tell from its timing noise: {_signed(pct)}, where the "
                         f"unmonitored loop alone moved by a median {n:.0f}% between rounds",
         "unresolved": f"cost nothing {run} could tell from its timing noise: {_signed(pct)} overall, but more than "

@@ -128,7 +128,8 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
             parts.append(f"In the {label} sweep, fewer bits were never slower.")
         else:
             low, high, n, ratio = worst
-            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {ratio:.2f} times the throughput "
+            shown = f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {shown} times the throughput "
                          f"of {DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
     for label, other in studies.items():
         rows = {row["recipe"]: row for row in other.table() if not row["compiled"]}

@@ -68,8 +68,8 @@ def tf32_recorded_note(record: RecordedResult, *, tie: float = 0.05) -> Prose:
     for compiled, mode in ((False, "eager"), (True, "compiled")):
         if ("tf32", compiled) in rows and ("bf16_autocast", compiled) in rows:
             ratio = rows[("bf16_autocast", compiled)] / rows[("tf32", compiled)]
-            verdict = ("a tie: there, mixed precision buys nothing over TF32" if abs(ratio - 1) <= tie else
-                       "faster" if ratio > 1 else "slower")
-            parts.append(f"BF16 autocast ran {ratio:.2f} times TF32's rate {mode}, {verdict}")
+            verdict = ("tied TF32" if abs(ratio - 1) <= tie else "was faster than TF32" if ratio > 1 else
+                       "was slower than TF32")
+            parts.append(f"{mode}, BF16 autocast {verdict} ({ratio:.2f}x its token rate)")
     return Prose("; ".join(parts) + ". Compare mixed precision with TF32, not only with FP32 with TF32 off: on "
                  "such a GPU each is one setting away.")
