@@ -454,3 +454,13 @@ def test_scalars_table_one_row_per_step():
         "| step | `loss` | `scale` |", "|---|---|---|", "| 0 | - | 65,536 |", "| 1 | 0.1235 | 32,768 |"]
     with pytest.raises(ValueError, match="no scalars"):
         P.scalars_table({})
+
+
+def test_accumulation_table_shows_each_difference_against_the_largest_entry():
+    from course_lib.studies.production import AccumulationCheck, accumulation_table
+
+    table = accumulation_table(AccumulationCheck(9.2e-05, 9.7e-05, 8.9e-05, 0.032))
+    assert table.splitlines()[2:] == [
+        "| accumulated against full batch, same autocast | 9.2e-05 | 0.29% |",
+        "| accumulated against full batch in FP32 | 9.7e-05 | 0.30% |",
+        "| full batch under autocast against FP32 (autocast's own rounding) | 8.9e-05 | 0.28% |"]

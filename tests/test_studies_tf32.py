@@ -56,3 +56,11 @@ def test_tf32_recorded_note_calls_a_tie_a_tie():
     assert T.tf32_recorded_note(_record([_run("fp32", 0.5), _run("bf16_autocast", 0.25)])) == ""
     with pytest.raises(ValueError, match="tie must lie"):
         T.tf32_recorded_note(rec, tie=1.0)
+
+
+def test_precision_table_names_what_each_setting_allows():
+    assert T.precision_table({"highest": 0.0, "high": 0.0, "medium": 0.0026}).splitlines()[2:] == [
+        "| `highest` | full FP32 | none |", "| `high` | TF32 (or better) | none |",
+        "| `medium` | BF16 (or better) | 2.6e-03 of the largest entry |"]
+    with pytest.raises(ValueError, match="unknown matmul precision settings"):
+        T.precision_table({"low": 0.0})

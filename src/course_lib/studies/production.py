@@ -224,6 +224,16 @@ class AccumulationCheck:
     largest_gradient: float
 
 
+def accumulation_table(check: AccumulationCheck) -> MarkdownTable:
+    """:class:`AccumulationCheck` as a table: each largest absolute difference, and as a share of the largest
+    full-batch gradient entry."""
+    rows = [("accumulated against full batch, same autocast", check.max_difference),
+            ("accumulated against full batch in FP32", check.accumulated_error),
+            ("full batch under autocast against FP32 (autocast's own rounding)", check.autocast_error)]
+    return markdown_table(["comparison", "largest difference", "of the largest gradient entry"],
+                          [(name, f"{v:.2g}", f"{100 * v / check.largest_gradient:.2f}%") for name, v in rows])
+
+
 def _max_abs_difference(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
     if set(a) != set(b):
         raise ValueError(f"the gradients name different parameters: {sorted(set(a) ^ set(b))}")

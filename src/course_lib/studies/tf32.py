@@ -9,6 +9,7 @@ import torch
 
 from ..glue import Prose
 from ..results import RecordedResult
+from ..tables import MarkdownTable, markdown_table
 from .performance import ThroughputStudy
 
 # torch.set_float32_matmul_precision's settings: full FP32, TF32 (or better), BF16 (or better)
@@ -35,6 +36,17 @@ def matmul_precision_errors(device: torch.device | str, *, n: int = 256, seed: i
     exact = products["highest"]
     scale = float(exact.abs().max())
     return {p: float((products[p] - exact).abs().max()) / scale for p in PRECISIONS}
+
+
+def precision_table(errors: Mapping[str, float]) -> MarkdownTable:
+    """:func:`matmul_precision_errors` as a table: each setting, what it allows, and its largest difference."""
+    allows = {"highest": "full FP32", "high": "TF32 (or better)", "medium": "BF16 (or better)"}
+    unknown = sorted(set(errors) - set(allows))
+    if unknown:
+        raise ValueError(f"unknown matmul precision settings {unknown}")
+    return markdown_table(["setting", "products in", "largest difference from \"highest\""],
+                          [(f"`{p}`", allows[p], "none" if e == 0 else f"{e:.1e} of the largest entry")
+                           for p, e in errors.items()])
 
 
 def precision_phrase(errors: Mapping[str, float]) -> Prose:
