@@ -188,3 +188,17 @@ def test_scaler_dtype_note_explains_a_scaler_beside_bf16_only():
     assert "BF16 needs no scaler" in A.scaler_dtype_note(torch.bfloat16)["scaler_dtype_note"]
     with pytest.raises(ValueError, match="amp_dtype"):
         A.scaler_dtype_note(torch.float32)
+
+
+def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
+    found = A.sdpa_backends("cpu", torch.float32)
+    assert found["runs"]["MATH"] is True
+    if found["chosen"] is not None:            # this torch names its pick: it must be one that ran
+        assert found["runs"][found["chosen"]] is True
+    facts = A.sdpa_backend_facts({"runs": {"FLASH_ATTENTION": True, "EFFICIENT_ATTENTION": False, "MATH": True},
+                                  "chosen": "FLASH_ATTENTION"})
+    assert facts == {"attn_backends_run": "`FLASH_ATTENTION` and `MATH`", "attn_backend_chosen": "`FLASH_ATTENTION`"}
+    assert A.sdpa_backend_facts({"runs": {"MATH": True}, "chosen": None}) == {
+        "attn_backends_run": "`MATH`", "attn_backend_chosen": "a kernel this torch does not name"}
+    with pytest.raises(ValueError, match="no attention kernel ran"):
+        A.sdpa_backend_facts({"runs": {"MATH": False}, "chosen": None})

@@ -4,11 +4,13 @@ phrases and tables the lesson glues from what autocast did."""
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..amp import AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
 from ..device import SizeProfile
@@ -142,6 +144,44 @@ def sdpa_autocast_dtype(device_type: str, dtype: torch.dtype) -> dict[str, objec
     with torch.autocast(device_type, dtype=dtype):
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     return {"attn_sdpa_dtype": _code(str(out.dtype).replace("torch.", ""))}
+
+
+def sdpa_backends(device: torch.device | str, dtype: torch.dtype, *, head_dim: int = 64,
+                  seq: int = 8) -> dict[str, object]:
+    """Which of PyTorch's attention kernels run causal ``dtype`` inputs of ``head_dim`` on ``device`` (each
+    tried alone under ``torch.nn.attention.sdpa_kernel``), and which one ``scaled_dot_product_attention``
+    picks when left to choose (``None`` where this torch does not say): ``{"runs": {name: bool}, "chosen": name}``."""
+    device = torch.device(device)
+    q = torch.randn(1, 2, seq, head_dim, device=device, dtype=dtype)
+    names = [n for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH") if hasattr(SDPBackend, n)]
+    runs = {}
+    for name in names:
+        try:
+            # a kernel that cannot run these inputs warns why before the call fails: the table says it
+            with warnings.catch_warnings(), sdpa_kernel([getattr(SDPBackend, name)]):
+                warnings.simplefilter("ignore")
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            runs[name] = True
+        except RuntimeError:
+            runs[name] = False
+    chosen = None
+    choice = getattr(torch, "_fused_sdp_choice", None)
+    if choice is not None:
+        index = int(choice(q, q, q, is_causal=True))
+        chosen = next((n for n in names if int(getattr(SDPBackend, n)) == index), None)
+    return {"runs": runs, "chosen": chosen}
+
+
+def sdpa_backend_facts(backends: Mapping[str, object]) -> dict[str, object]:
+    """``attn_backends_run``: the kernels that ran, as code; ``attn_backend_chosen``: the one picked, or a
+    phrase saying this torch does not tell."""
+    runs = backends["runs"]
+    if not isinstance(runs, Mapping) or not any(runs.values()):
+        raise ValueError(f"no attention kernel ran: {runs!r}")
+    ran = [f"`{n}`" for n, ok in runs.items() if ok]
+    chosen = backends["chosen"]
+    return {"attn_backends_run": Prose(", ".join(ran[:-1]) + (" and " if len(ran) > 1 else "") + ran[-1]),
+            "attn_backend_chosen": Prose(f"`{chosen}`" if chosen else "a kernel this torch does not name")}
 
 
 def scaler_dtype_note(amp_dtype: torch.dtype) -> dict[str, object]:
