@@ -344,15 +344,21 @@ def test_fp8_linear_backends_agree_bit_for_bit(recipe):
     _, real = _pair(recipe, "scaled_mm")
     x = torch.randn(2, 8, 64)
     for _ in range(2):   # delayed scaling: a second step uses the recorded amax
-        xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ys = sim(xs)
-        ys.pow(2).sum().backward()
-        with torch_reference_scaled_mm():
-            yr = real(xr)
-            yr.pow(2).sum().backward()
-        assert torch.equal(ys, yr)
-        assert torch.equal(xs.grad, xr.grad)
-        assert torch.equal(sim.weight.grad, real.weight.grad)
+        _assert_backends_equal(sim, real, x)
+
+
+def _assert_backends_equal(sim, real, x):
+    """The simulated layer and the _scaled_mm one (torch's reference kernel) give the same output, input
+    gradient and weight gradient, bit for bit, for ``x``."""
+    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ys = sim(xs)
+    ys.pow(2).sum().backward()
+    with torch_reference_scaled_mm():
+        yr = real(xr)
+        yr.pow(2).sum().backward()
+    assert torch.equal(ys, yr)
+    assert torch.equal(xs.grad, xr.grad)
+    assert torch.equal(sim.weight.grad, real.weight.grad)
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", *[pytest.param(r, marks=needs_rowwise) for r in ROWWISE_RECIPES]])
@@ -365,16 +371,7 @@ def test_fp8_linear_scaled_mm_takes_one_token_or_one_feature(recipe, tokens, in_
     lin = torch.nn.Linear(in_features, out_features)
     sim = fp8.Fp8Linear.from_linear(lin, recipe=recipe, backend="simulated")
     real = fp8.Fp8Linear.from_linear(lin, recipe=recipe, backend="scaled_mm")
-    x = torch.randn(tokens, in_features)
-    xs, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ys = sim(xs)
-    ys.pow(2).sum().backward()
-    with torch_reference_scaled_mm():
-        yr = real(xr)
-        yr.pow(2).sum().backward()
-    assert torch.equal(ys, yr)
-    assert torch.equal(xs.grad, xr.grad)
-    assert torch.equal(sim.weight.grad, real.weight.grad)
+    _assert_backends_equal(sim, real, torch.randn(tokens, in_features))
 
 
 @pytest.mark.parametrize("recipe", fp8.FP8_LINEAR_RECIPES)

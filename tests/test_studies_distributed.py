@@ -186,3 +186,12 @@ def test_errata_rows():
          "In FP32 up to the order of sums (loss gap 5.0e-07); under BF16 autocast each rank's weight gradient is "
          "rounded separately (loss gap 2.0e-04)."),
     ]
+
+
+def test_ring_chunk_facts_are_gloos_chunks_against_ceil_n_over_ranks():
+    from course_lib.studies import distributed as D
+
+    assert D.ring_chunk_facts() == {"ring_n": 7, "ring_ranks": 3, "ring_gloo": "4, 3 and 0", "ring_naive": "3, 3 and 1"}
+    assert D.ring_chunk_facts(8, 2)["ring_gloo"] == D.ring_chunk_facts(8, 2)["ring_naive"] == "4 and 4"
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        D.ring_chunk_facts(0)

@@ -64,3 +64,7 @@ def test_precision_table_names_what_each_setting_allows():
         "| `medium` | BF16 (or better) | 2.6e-03 of the largest entry |"]
     with pytest.raises(ValueError, match="unknown matmul precision settings"):
         T.precision_table({"low": 0.0})
+
+
+def test_format_facts_come_from_the_format_table():
+    assert T.format_facts() == {"tf32_exp_bits": 8, "tf32_man_bits": 10, "fp32_man_bits": 23}

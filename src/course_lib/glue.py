@@ -15,6 +15,13 @@ from myst_nb import glue  # type: ignore[import-untyped]
 from .tables import MarkdownTable, errata_table
 
 
+def ratio_text(ratio: float) -> str:
+    """A speed ratio for prose: two decimals from 0.1 up, two significant digits below (0.0031, not 0.00)."""
+    if not ratio > 0:
+        raise ValueError(f"a speed ratio must be positive, got {ratio!r}")
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+
+
 class Prose(str):
     """A fact that is Markdown text (a phrase or a table) rather than a number: glued as Markdown."""
 

@@ -13,7 +13,7 @@ import torch
 from ..data import BatchSampler
 from ..device import SizeProfile
 from ..distributed.launch import launch_local
-from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean
+from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean, ring_chunks
 from ..distributed.worker import DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, single_process_run
 from ..glue import Prose
 from ..memory import bytes_per_parameter
@@ -501,3 +501,20 @@ def errata_rows(study: DataParallelStudy, reduction: ReductionStudy) -> list[tup
          f"In FP32 up to the order of sums (loss gap {study.parity['fp32'][0]:.1e}); under BF16 autocast each "
          f"rank's weight gradient is rounded separately (loss gap {study.parity['bf16_autocast'][0]:.1e})."),
     ]
+
+
+def ring_chunk_facts(n: int = 7, ranks: int = 3, element_size: int = 4) -> dict[str, object]:
+    """gloo's ring chunks of ``n`` values of ``element_size`` bytes on ``ranks`` ranks (:func:`ring_chunks`),
+    against ``ceil(n / ranks)`` values each, as sizes in prose: the example the lesson gives."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    naive = [min(n, (i + 1) * math.ceil(n / ranks)) - min(n, i * math.ceil(n / ranks)) for i in range(ranks)]
+
+    def sizes(values) -> Prose:
+        values = [str(v) for v in values]
+        return Prose(", ".join(values[:-1]) + " and " + values[-1])
+
+    return {"ring_n": n, "ring_ranks": ranks,
+            "ring_gloo": sizes(end - start for start, end in ring_chunks(n, ranks, element_size)),
+            "ring_naive": sizes(naive)}
+

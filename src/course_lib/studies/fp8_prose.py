@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..formats import get_format
 from ..fp8.accumulation import AccumulationStudy
 from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
-from ..glue import Prose
+from ..glue import Prose, ratio_text
 from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
@@ -319,13 +319,6 @@ def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
     names = list(speed.seconds)
     return markdown_table(["n", *names], [[n, *(f"{1e3 * speed.seconds[k][n]:.3f} ms" for k in names)]
                                           for n in speed.sizes])
-
-
-def ratio_text(ratio: float) -> str:
-    """A speed ratio for prose: two decimals from 0.1 up, two significant digits below (0.0031, not 0.00)."""
-    if not ratio > 0:
-        raise ValueError(f"a speed ratio must be positive, got {ratio!r}")
-    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
 
 
 def linear_speed_facts(speed: Fp8LinearSpeed) -> dict[str, object]:

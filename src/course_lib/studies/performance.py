@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from ..bench.matmul import (
+    MatmulSweep,
     capability_probe,
     matmul_sweep,
     measure_copy_bandwidth,
@@ -19,7 +20,7 @@ from ..bench.matmul import (
 )
 from ..bench.roofline import RooflineRow, model_flops_per_token, roofline_rows
 from ..data import BatchSampler
-from ..hardware import GPUPeaks, find_gpu_peaks
+from ..hardware import MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, saved_tensor_bytes, tensor_bytes
 from ..models import GPTConfig, count_parameters, course_setup
 from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, runnable_recipes, train
@@ -518,3 +519,16 @@ def matmul_throughput(profile, device: torch.device | str = "cpu") -> MatmulThro
              for dtype in ("fp32", "bf16") if dtype not in sweep.skipped}
     bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
     return MatmulThroughput(sizes, check_n, points, dict(sweep.skipped), cross, bandwidth)
+
+
+def measured_tflops(sweep: MatmulSweep) -> dict[str, dict[int, float]]:
+    """``{dtype: {n: TFLOP/s}}`` of the dtypes the sweep ran, in :data:`MATMUL_DTYPES` order."""
+    return {d: sweep.tflops(d) for d in MATMUL_DTYPES if sweep.tflops(d)}
+
+
+def bf16_ridge(gpu: GPUPeaks) -> float:
+    """FLOPs per byte at which ``gpu``'s BF16 peak meets its memory bandwidth (its roofline's ridge point)."""
+    peak = gpu.peak("bf16")
+    if peak is None:
+        raise ValueError(f"the datasheet entry of {gpu.name} has no BF16 peak")
+    return peak * 1e3 / gpu.bandwidth_gbs

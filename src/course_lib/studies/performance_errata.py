@@ -9,21 +9,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..bench import DTYPE_LABELS, MatmulSweep, OpCost, model_flops_per_token
-from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks
+from ..glue import ratio_text
+from ..hardware import DATASHEET_PEAKS
 from ..results import RecordedResult
-from .performance import MatmulThroughput, ThroughputStudy
-
-
-def _ridge(gpu: GPUPeaks) -> float:
-    """FLOPs per byte at which ``gpu``'s BF16 peak meets its memory bandwidth."""
-    peak = gpu.peak("bf16")
-    if peak is None:
-        raise ValueError(f"the datasheet entry of {gpu.name} has no BF16 peak")
-    return peak * 1e3 / gpu.bandwidth_gbs
-
-
-def _sweep_tflops(sweep: MatmulSweep) -> dict[str, dict[int, float]]:
-    return {d: sweep.tflops(d) for d in MATMUL_DTYPES if sweep.tflops(d)}
+from .performance import MatmulThroughput, ThroughputStudy, bf16_ridge, measured_tflops
 
 
 # the widely repeated, unsourced GPT-2 small rates on an A100, tokens/s per recipe
@@ -59,7 +48,7 @@ def normalisation_erratum(ops: Sequence[OpCost], gpu: str = "H100 SXM5") -> tupl
     norm = next((o for o in ops if o.name == "layer norm"), None)
     if norm is None:
         raise ValueError("ops lack the 'layer norm' operation")
-    ridge = _ridge(DATASHEET_PEAKS[gpu])
+    ridge = bf16_ridge(DATASHEET_PEAKS[gpu])
     return ("Tensor cores speed up BatchNorm and the other layers too.",
             f"Tensor cores run matrix products only. A normalisation does a few FLOPs per element it reads and "
             f"writes: the course model's layer norm does {norm.intensity:.1f} FLOPs per byte, {ridge / norm.intensity:.0f} "
@@ -73,7 +62,7 @@ def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
     the live sweep and a recorded ``matmul_throughput`` one, and a recorded ``training_throughput`` study,
     from the lesson's ``recorded`` records by experiment name."""
     device = torch.device(device)
-    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": _sweep_tflops(sweep)}
+    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": measured_tflops(sweep)}
     studies: dict[str, ThroughputStudy] = {}
     if "matmul_throughput" in recorded:
         result = recorded["matmul_throughput"].result
@@ -128,8 +117,7 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
             parts.append(f"In the {label} sweep, fewer bits were never slower.")
         else:
             low, high, n, ratio = worst
-            shown = f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
-            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {shown} times the throughput "
+            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {ratio_text(ratio)} times the throughput "
                          f"of {DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
     for label, other in studies.items():
         rows = {row["recipe"]: row for row in other.table() if not row["compiled"]}

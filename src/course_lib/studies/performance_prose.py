@@ -24,6 +24,8 @@ from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
 from .performance_errata import gpt2_rates_erratum, lower_precision_erratum, normalisation_erratum
 from .performance import (
+    bf16_ridge,
+    measured_tflops,
     ActivationSweep,
     MatmulThroughput,
     ProfiledStep,
@@ -31,14 +33,6 @@ from .performance import (
     ThroughputStudy,
     TrainingMemory,
 )
-
-
-def _ridge(gpu: GPUPeaks) -> float:
-    """FLOPs per byte at which ``gpu``'s BF16 peak meets its memory bandwidth."""
-    peak = gpu.peak("bf16")
-    if peak is None:
-        raise ValueError(f"the datasheet entry of {gpu.name} has no BF16 peak")
-    return peak * 1e3 / gpu.bandwidth_gbs
 
 
 # ---- timing a matrix product -------------------------------------------------------------------------
@@ -115,11 +109,6 @@ def recorded_cross_check(record: RecordedResult) -> Prose:
 
 
 # ---- matrix-multiply throughput per dtype ------------------------------------------------------------
-
-def measured_tflops(sweep: MatmulSweep) -> dict[str, dict[int, float]]:
-    """``{dtype: {n: TFLOP/s}}`` of the dtypes the sweep ran, in :data:`MATMUL_DTYPES` order."""
-    return {d: sweep.tflops(d) for d in MATMUL_DTYPES if sweep.tflops(d)}
-
 
 def matmul_panels(sweep: MatmulSweep, live_title: str,
                   record: RecordedResult | None = None) -> tuple[dict[str, dict], dict[str, dict[str, float]]]:
@@ -221,7 +210,7 @@ def roofline_ceilings(sweep: MatmulSweep, bandwidth_gbs: float,
 def roofline_facts(ops: Sequence[OpCost], bandwidth_gbs: float, gpu: GPUPeaks) -> dict[str, object]:
     """This device's copy bandwidth (GB/s), ``gpu``'s BF16 ridge point (FLOPs per byte) and the operations
     whose intensity lies below it (memory-bound there), in order."""
-    ridge = _ridge(gpu)
+    ridge = bf16_ridge(gpu)
     return {"bandwidth": bandwidth_gbs, "h100_ridge": ridge,
             "memory_bound": Prose(", ".join(o.name for o in ops if o.intensity < ridge))}
 
@@ -532,5 +521,5 @@ def exercise_facts(ops: Sequence[OpCost]) -> dict[str, object]:
             "h100_bf16": h100_bf16,
             "ex_fewer_flops": 100 * (1 - (4095 / 4096) ** 3),
             "ex_vocab": -(-50257 // 64) * 64,
-            "a100_ridge": _ridge(a100), "a100_bf16": a100_bf16, "a100_bw": a100.bandwidth_gbs,
+            "a100_ridge": bf16_ridge(a100), "a100_bf16": a100_bf16, "a100_bw": a100.bandwidth_gbs,
             "ex_softmax_ai": by_name["softmax"].intensity, "ex_mlp_ai": by_name["MLP up"].intensity}

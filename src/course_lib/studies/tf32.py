@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..formats import get_format
 from ..glue import Prose
 from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
@@ -36,6 +37,13 @@ def matmul_precision_errors(device: torch.device | str, *, n: int = 256, seed: i
     exact = products["highest"]
     scale = float(exact.abs().max())
     return {p: float((products[p] - exact).abs().max()) / scale for p in PRECISIONS}
+
+
+def format_facts() -> dict[str, object]:
+    """TF32's exponent and mantissa bits and FP32's mantissa bits, from the course's format table."""
+    tf32, fp32 = get_format("TF32"), get_format("FP32")
+    return {"tf32_exp_bits": tf32.exponent_bits, "tf32_man_bits": tf32.mantissa_bits,
+            "fp32_man_bits": fp32.mantissa_bits}
 
 
 def precision_table(errors: Mapping[str, float]) -> MarkdownTable:
