@@ -464,3 +464,19 @@ def test_accumulation_table_shows_each_difference_against_the_largest_entry():
         "| accumulated against full batch, same autocast | 9.2e-05 | 0.29% |",
         "| accumulated against full batch in FP32 | 9.7e-05 | 0.30% |",
         "| full batch under autocast against FP32 (autocast's own rounding) | 8.9e-05 | 0.28% |"]
+
+
+def test_the_accumulation_exercise_measures_what_its_solution_says():
+    task = P.tiny_regression("cpu", batches=8)
+    model, kept = P.run_accumulation(task, 4, torch.bfloat16)
+    assert len(kept) == 2 and isinstance(model, torch.nn.Module)
+    facts = P.undivided_accumulation_facts(task, 4, torch.bfloat16)
+    assert facts["ex_acc_grad_ratio"] == pytest.approx(4.0, rel=1e-3)     # the sum of 4 micro-batch gradients
+    assert facts["ex_acc_error_times"] > 100                               # far beyond autocast's rounding
+    assert 0 < facts["ex_acc_adamw_change_pct"] < 1                        # AdamW barely notices
+    # the same loop as the test's own: the library's loop keeps the same gradients
+    _, _, _, own = _accumulate(divide=False)
+    _, library = P.run_accumulation(task, 4, torch.bfloat16, divide=False)
+    assert all(torch.equal(own[0].gradients[k], library[0].gradients[k]) for k in own[0].gradients)
+    with pytest.raises(ValueError, match="do not split into steps of 3"):
+        P.run_accumulation(task, 3, torch.bfloat16)

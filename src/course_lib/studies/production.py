@@ -310,6 +310,55 @@ def accumulation_facts(check: AccumulationCheck, *, micro_batches: int, accumula
             "acc_verdict": Prose(verdict), "acc_update_verdict": Prose(update_verdict)}
 
 
+def run_accumulation(task: TinyRegression, accumulation_steps: int, dtype: torch.dtype, *,
+                     divide: bool = True) -> tuple[nn.Module, list[WeightsAndGradients]]:
+    """The lesson's accumulation loop over all of ``task``'s micro-batches, from ``task.fresh()``: each loss
+    under autocast with ``dtype``, divided by ``accumulation_steps`` (or not, with ``divide=False``: the
+    exercise's slip), scaled and backpropagated; at each boundary ``unscale_``, keep the weights and
+    gradients, ``step``, ``update``. Returns the trained model and what was kept at each boundary."""
+    _positive_int("accumulation_steps", accumulation_steps)
+    if len(task.batches) % accumulation_steps:
+        raise ValueError(f"{len(task.batches)} micro-batches do not split into steps of {accumulation_steps}")
+    model, opt, scaler = task.fresh()
+    kept = []
+    for i, (x, y) in enumerate(task.batches):
+        with torch.autocast(task.device.type, dtype=dtype):
+            loss = F.mse_loss(model(x), y)
+        scaler.scale(loss / accumulation_steps if divide else loss).backward()
+        if (i + 1) % accumulation_steps == 0:
+            scaler.unscale_(opt)
+            kept.append(weights_and_gradients(model))
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    return model, kept
+
+
+def undivided_accumulation_facts(task: TinyRegression, accumulation_steps: int, dtype: torch.dtype) -> dict[str, object]:
+    """The accumulation exercise, measured: the loop run with and without dividing each micro-batch's loss,
+    from the same initial weights. Facts: ``ex_acc_grad_ratio`` (the undivided gradient's norm over the
+    divided one's at the first boundary), ``ex_acc_error_times`` (:func:`check_accumulation`'s error of the
+    undivided run against FP32, in multiples of autocast's own rounding), ``ex_acc_adamw_change_pct`` (the
+    largest difference between the two runs' total weight updates under AdamW, in percent of the largest
+    update)."""
+    start = {k: v.clone() for k, v in task.fresh()[0].state_dict().items()}
+    divided, kept_divided = run_accumulation(task, accumulation_steps, dtype)
+    undivided, kept_undivided = run_accumulation(task, accumulation_steps, dtype, divide=False)
+
+    def norm(gradients: Mapping[str, torch.Tensor]) -> float:
+        return math.sqrt(sum(float(g.double().pow(2).sum()) for g in gradients.values()))
+
+    ratio = norm(kept_undivided[0].gradients) / norm(kept_divided[0].gradients)
+    check = check_accumulation(kept_undivided, task, accumulation_steps, dtype)
+    if check.autocast_error == 0:
+        raise ValueError("autocast added no rounding here, so there is no yardstick for the error")
+    after_divided, after_undivided = divided.state_dict(), undivided.state_dict()
+    update = max(float((after_divided[k] - start[k]).abs().max()) for k in start)
+    change = max(float((after_undivided[k] - after_divided[k]).abs().max()) for k in start)
+    return {"ex_acc_grad_ratio": ratio, "ex_acc_error_times": check.accumulated_error / check.autocast_error,
+            "ex_acc_adamw_change_pct": 100 * change / update}
+
+
 # -- resuming -------------------------------------------------------------------------------------------
 
 StepLog = Sequence[tuple[float, float, bool]]
