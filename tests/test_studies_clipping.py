@@ -11,7 +11,9 @@ import torch
 from course_lib.device import SizeProfile
 from course_lib.glue import Prose
 from course_lib.models import regression_batch
+from course_lib.scaling import clipping as CM
 from course_lib.studies import clipping as C
+from course_lib.studies import clipping_prose as CP
 from course_lib.tables import MarkdownTable
 
 
@@ -26,33 +28,33 @@ def _param(weight, grad):
 def test_unitwise_norm_is_per_output_row_for_matrices_and_whole_for_vectors():
     x = torch.randn(5, 3, 2, generator=torch.Generator().manual_seed(0))
     expected = torch.linalg.vector_norm(x.reshape(5, -1), dim=1).reshape(5, 1, 1)
-    torch.testing.assert_close(C.unitwise_norm(x), expected)
+    torch.testing.assert_close(CM.unitwise_norm(x), expected)
     v = torch.tensor([3.0, 4.0])
-    assert float(C.unitwise_norm(v)) == 5.0
+    assert float(CM.unitwise_norm(v)) == 5.0
     with pytest.raises(TypeError, match="tensor"):
-        C.unitwise_norm([3.0, 4.0])
+        CM.unitwise_norm([3.0, 4.0])
 
 
 def test_agc_caps_each_unit_at_a_fraction_of_its_weight_norm():
     # row 0: weight norm 5, grad norm 1 > 0.1 * 5 -> scaled to 0.5; row 1: weight norm 10, grad norm 0.5 -> kept
     w = _param([[3.0, 4.0], [6.0, 8.0]], [[0.6, 0.8], [0.3, 0.4]])
-    clipped = C.adaptive_clip_grad_([w], clipping=0.1)
+    clipped = CM.adaptive_clip_grad_([w], clipping=0.1)
     assert clipped == 1
     torch.testing.assert_close(w.grad, torch.tensor([[0.3, 0.4], [0.3, 0.4]]))
 
 
 def test_agc_floors_a_zero_weight_at_eps_and_treats_a_vector_as_one_unit():
     bias = _param([0.0, 0.0], [3.0, 4.0])   # norm 5 against 0.05 * max(0, 1e-3) = 5e-5
-    assert C.adaptive_clip_grad_([bias], clipping=0.05) == 1
-    assert float(bias.grad.norm()) == pytest.approx(0.05 * C.AGC_EPS, rel=1e-5)
+    assert CM.adaptive_clip_grad_([bias], clipping=0.05) == 1
+    assert float(bias.grad.norm()) == pytest.approx(0.05 * CM.AGC_EPS, rel=1e-5)
     torch.testing.assert_close(bias.grad / bias.grad.norm(), torch.tensor([0.6, 0.8]))   # direction kept
     no_grad = torch.nn.Parameter(torch.ones(2))
-    assert C.adaptive_clip_grad_([no_grad]) == 0 and no_grad.grad is None
+    assert CM.adaptive_clip_grad_([no_grad]) == 0 and no_grad.grad is None
     for bad in (0.0, -1.0, math.inf):
         with pytest.raises(ValueError, match="clipping"):
-            C.adaptive_clip_grad_([bias], clipping=bad)
+            CM.adaptive_clip_grad_([bias], clipping=bad)
     with pytest.raises(TypeError, match="eps"):
-        C.adaptive_clip_grad_([bias], eps="small")
+        CM.adaptive_clip_grad_([bias], eps="small")
 
 
 def test_per_tensor_clipping_matches_torch_on_each_tensor_alone():
@@ -61,19 +63,19 @@ def test_per_tensor_clipping_matches_torch_on_each_tensor_alone():
     theirs = [_param(torch.zeros(4).tolist(), p.grad.tolist()) for p in params]
     for q in theirs:
         torch.nn.utils.clip_grad_norm_([q], 1.0)
-    assert C.clip_per_tensor_norm_(params, 1.0) == 1   # only the large one
+    assert CM.clip_per_tensor_norm_(params, 1.0) == 1   # only the large one
     for p, q in zip(params, theirs):
         torch.testing.assert_close(p.grad, q.grad)
     assert float(params[1].grad.norm()) == pytest.approx(1.0, rel=1e-5)
     with pytest.raises(ValueError, match="max_norm"):
-        C.clip_per_tensor_norm_(params, 0.0)
+        CM.clip_per_tensor_norm_(params, 0.0)
 
 
 @pytest.mark.parametrize("rule, torch_edit", [
     (C.GLOBAL_NORM, lambda ps: torch.nn.utils.clip_grad_norm_(ps, 0.5)),
     (C.PER_VALUE, lambda ps: torch.nn.utils.clip_grad_value_(ps, 0.5)),
     (C.PER_TENSOR, lambda ps: [torch.nn.utils.clip_grad_norm_([p], 0.5) for p in ps]),
-    (C.AGC, lambda ps: C.adaptive_clip_grad_(ps, 0.5)),
+    (C.AGC, lambda ps: CM.adaptive_clip_grad_(ps, 0.5)),
     (C.NO_CLIPPING, lambda ps: None),
     (C.NO_SPIKES, lambda ps: None),
 ])
@@ -103,8 +105,8 @@ def test_make_clipper_refuses_unknown_rules_and_bad_thresholds():
 
 def test_global_grad_norm_matches_torch_and_is_zero_without_gradients():
     ps = [_param([0.0, 0.0], [3.0, 0.0]), _param([0.0], [4.0]), torch.nn.Parameter(torch.zeros(2))]
-    assert C.global_grad_norm(ps) == pytest.approx(float(torch.nn.utils.get_total_norm([p.grad for p in ps[:2]])))
-    assert C.global_grad_norm([torch.nn.Parameter(torch.zeros(2))]) == 0.0
+    assert CM.global_grad_norm(ps) == pytest.approx(float(torch.nn.utils.get_total_norm([p.grad for p in ps[:2]])))
+    assert CM.global_grad_norm([torch.nn.Parameter(torch.zeros(2))]) == 0.0
 
 
 def test_scaled_step_edits_the_true_gradients_and_steps_on_them():
@@ -118,14 +120,14 @@ def test_scaled_step_edits_the_true_gradients_and_steps_on_them():
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     before = [p.detach().clone() for p in model.parameters()]
     seen = []
-    C.scaled_step(scaler, opt, torch.nn.functional.mse_loss(model(x), y),
+    CM.scaled_step(scaler, opt, torch.nn.functional.mse_loss(model(x), y),
                   lambda ps: (seen.extend(p.grad.clone() for p in ps), [p.grad.mul_(0.5) for p in ps]))
     for g, t, w0, p in zip(seen, true, before, model.parameters()):
         torch.testing.assert_close(g, t)                          # the edit saw unscaled gradients
         torch.testing.assert_close(w0 - p.detach(), 0.1 * 0.5 * t)  # and the step used the edited ones
     # an inf loss: the step is skipped and the scale backs off
     w1 = [p.detach().clone() for p in model.parameters()]
-    C.scaled_step(scaler, opt, torch.nn.functional.mse_loss(model(x), y) * math.inf, lambda ps: None)
+    CM.scaled_step(scaler, opt, torch.nn.functional.mse_loss(model(x), y) * math.inf, lambda ps: None)
     assert all(torch.equal(a, p.detach()) for a, p in zip(w1, model.parameters()))
     assert scaler.get_scale() == 512.0
 
@@ -249,12 +251,12 @@ BASE = {C.NO_SPIKES: (1.0, 1.2), C.NO_CLIPPING: (3.0, 4.0), C.GLOBAL_NORM: (1.1,
 
 
 def test_compare_ranges():
-    assert C.compare_ranges([3.0, 4.0], [1.0, 2.0]) == "above"
-    assert C.compare_ranges([0.1, 0.2], [1.0, 2.0]) == "below"
-    assert C.compare_ranges([1.5, 3.0], [1.0, 2.0]) == "within"
-    assert C.compare_ranges([math.nan, 5.0], [1.0, 2.0]) == "above"
+    assert CP.compare_ranges([3.0, 4.0], [1.0, 2.0]) == "above"
+    assert CP.compare_ranges([0.1, 0.2], [1.0, 2.0]) == "below"
+    assert CP.compare_ranges([1.5, 3.0], [1.0, 2.0]) == "within"
+    assert CP.compare_ranges([math.nan, 5.0], [1.0, 2.0]) == "above"
     with pytest.raises(ValueError, match="at least one"):
-        C.compare_ranges([], [1.0])
+        CP.compare_ranges([], [1.0])
 
 
 def test_passed_spikes_and_changed_share():
@@ -269,12 +271,12 @@ def test_passed_spikes_and_changed_share():
 
 def test_scaler_phrase_branches():
     every = {C.NO_CLIPPING: [[False, False, True, False, False, True, False, False]] * 2}
-    assert "skipped every spike" in C.scaler_phrase(_runs(BASE, skipped=every))
+    assert "skipped every spike" in CP.scaler_phrase(_runs(BASE, skipped=every))
     by_seed = {C.NO_CLIPPING: [[False] * 8, [False, False, True, False, False, False, False, False]]}
-    assert "depended on the seed (steps 2, 5)" in C.scaler_phrase(_runs(BASE, skipped=by_seed))
+    assert "depended on the seed (steps 2, 5)" in CP.scaler_phrase(_runs(BASE, skipped=by_seed))
     first_skipped = {C.NO_CLIPPING: [[False, False, True, False, False, False, False, False]] * 2}
     scales = {C.NO_CLIPPING: [[8.0, 8.0, 8.0, 4.0, 4.0, 4.0, 4.0, 4.0]] * 2}
-    text = C.scaler_phrase(_runs(BASE, skipped=first_skipped, scales=scales))
+    text = CP.scaler_phrase(_runs(BASE, skipped=first_skipped, scales=scales))
     assert isinstance(text, Prose)
     assert text == ("In every seed the scaler skipped the first spike: it overflowed FP16 at the scale of the "
                     "time (2^3), and the back-off halved the scale. The spike at step 5 fit under 2^2 and reached "
@@ -282,13 +284,13 @@ def test_scaler_phrase_branches():
     two = {C.NO_CLIPPING: [[False, False, True, False, False, True, False, False]] * 2}
     runs = dataclasses.replace(_runs(BASE, skipped=two, scales={C.NO_CLIPPING: [[8.0] * 3 + [4.0] * 5] * 2}),
                                spike_steps=(2, 5, 7))
-    assert C.scaler_phrase(runs).startswith("In every seed the scaler skipped the first 2 spikes: each overflowed "
+    assert CP.scaler_phrase(runs).startswith("In every seed the scaler skipped the first 2 spikes: each overflowed "
                                             "FP16 at the scale of the time (from 2^3 down to 2^2)")
-    assert C.scaler_phrase(_runs(BASE)) == "The spike at step 2 fit under 2^3 and reached the optimizer."
+    assert CP.scaler_phrase(_runs(BASE)) == "The spike at step 2 fit under 2^3 and reached the optimizer."
 
 
 def test_spike_facts_compute_the_jump_and_the_verdicts():
-    facts = C.spike_facts(_runs(BASE))
+    facts = CP.spike_facts(_runs(BASE))
     # the spike at step 2 passed in both seeds: norm 10 against an ordinary median of 1; the loss before it
     # is 1 and the highest in the ten steps after is 2 (step 6; step 5 is a spike and left out)
     assert facts["clip_pass_step"] == 2 and facts["clip_spike_norm_ratio"] == 10.0
@@ -310,16 +312,16 @@ def test_spike_facts_compute_the_jump_and_the_verdicts():
     ((3.0, 4.0), (0.5, 0.6), "beyond seed noise", "below every seed"),
 ])
 def test_spike_facts_verdict_branches(none, glob, verdict, vs_ref):
-    facts = C.spike_facts(_runs({**BASE, C.NO_CLIPPING: none, C.GLOBAL_NORM: glob}))
+    facts = CP.spike_facts(_runs({**BASE, C.NO_CLIPPING: none, C.GLOBAL_NORM: glob}))
     assert verdict in facts["clip_verdict"] and facts["clip_vs_ref"].startswith(vs_ref)
 
 
 def test_spike_facts_without_a_passing_spike_and_without_the_needed_rules():
     every = {C.NO_CLIPPING: [[False, False, True, False, False, True, False, False]] * 2}
-    facts = C.spike_facts(_runs(BASE, skipped=every))
+    facts = CP.spike_facts(_runs(BASE, skipped=every))
     assert "clip_pass_step" not in facts and "clip_none_lo" in facts and facts["clip_jump"] == ""
     with pytest.raises(ValueError, match="lack global norm"):
-        C.spike_facts(_runs({C.NO_SPIKES: (1.0, 1.0), C.NO_CLIPPING: (2.0, 2.0)}))
+        CP.spike_facts(_runs({C.NO_SPIKES: (1.0, 1.0), C.NO_CLIPPING: (2.0, 2.0)}))
 
 
 def test_rule_table_and_rule_facts():
@@ -327,13 +329,13 @@ def test_rule_table_and_rule_facts():
     step_norms = {C.PER_VALUE: [[1.0, 1.0, 6.0, 1.0, 1.0, 7.0, 1.0, 1.0]] * 2,
                   C.AGC: [[0.5] * 8] * 2}
     runs = _runs(finals, step_norms=step_norms)
-    table = C.rule_table(runs)
+    table = CP.rule_table(runs)
     assert isinstance(table, MarkdownTable)
     row = next(line for line in table.splitlines() if line.startswith("| per value"))
     assert "0.1 (each entry)" in row and "4 of 4" in row and "| 7 |" in row and "2.250 (2.000 to 2.500)" in row
     agc = next(line for line in table.splitlines() if line.startswith("| adaptive"))
     assert "| 100% |" in agc
-    facts = C.rule_facts(runs)
+    facts = CP.rule_facts(runs)
     assert facts["clip_rules_verdict"] == (
         "Global norm and per-tensor norm ended within the seed range of the runs without spikes; per value "
         "ended above every seed of the runs without spikes; adaptive (AGC) ended below every seed of the runs "
@@ -342,16 +344,16 @@ def test_rule_table_and_rule_facts():
     assert facts["clip_rules_ranking"] == ("adaptive (AGC) ended below global norm and adaptive (AGC) ended below "
                                            "per-tensor norm in every seed; any other pair's ranges overlap.")
     assert facts["clip_value_spike_norm"] == 7.0 and facts["clip_agc_changed"] == 100.0
-    assert facts["clip_agc_floor"] == pytest.approx(0.05 * C.AGC_EPS)
+    assert facts["clip_agc_floor"] == pytest.approx(0.05 * CM.AGC_EPS)
     with pytest.raises(ValueError, match="no clipping rule"):
-        C.rule_facts(_runs({C.NO_SPIKES: (1.0, 1.0), C.NO_CLIPPING: (2.0, 2.0)}))
+        CP.rule_facts(_runs({C.NO_SPIKES: (1.0, 1.0), C.NO_CLIPPING: (2.0, 2.0)}))
 
 
 def test_ranking_phrase_branches():
-    assert C.ranking_phrase({"a": (1.0, 2.0)}) == ""
-    assert C.ranking_phrase({"a": (1.0, 2.0), "b": (3.0, 4.0), "c": (1.5, 3.5)}) == (
+    assert CP.ranking_phrase({"a": (1.0, 2.0)}) == ""
+    assert CP.ranking_phrase({"a": (1.0, 2.0), "b": (3.0, 4.0), "c": (1.5, 3.5)}) == (
         "a ended below b in every seed; any other pair's ranges overlap.")
-    assert "do not rank a and b" in C.ranking_phrase({"a": (1.0, 2.0), "b": (1.5, 2.5)})
+    assert "do not rank a and b" in CP.ranking_phrase({"a": (1.0, 2.0), "b": (1.5, 2.5)})
 
 
 def _order(**changes):
@@ -369,9 +371,9 @@ def _overflow(**changes):
 
 
 def test_edit_table_and_order_facts():
-    table = C.edit_table(_order())
+    table = CP.edit_table(_order())
     assert "| L2 penalty | 1 | 1.5e-05 |" in table
-    facts = C.order_facts(_order(), _overflow())
+    facts = CP.order_facts(_order(), _overflow())
     assert facts["ord_scale_log2"] == 16 and facts["ord_threshold"] == 2.0**-16
     assert facts["ovf_norm"] == "`nan`" and facts["ovf_default"] == "`False`" and facts["ovf_nan_pct"] == 100.0
     assert facts["ovf_outcome"] == "skipped the step and the weights stayed bit-identical"
@@ -383,11 +385,11 @@ def test_edit_table_and_order_facts():
 
 
 def test_order_facts_other_branches():
-    facts = C.order_facts(_order(grads_kept_by_step=False, second_unscale_error="(no error)"),
+    facts = CP.order_facts(_order(grads_kept_by_step=False, second_unscale_error="(no error)"),
                           _overflow(returned_norm=math.inf, strict_error="(no error)", stepped=True,
                                     weights_unchanged=False))
     assert facts["ovf_norm"] == "`inf`" and facts["ovf_strict"] == "no error"
     assert facts["ord_second_unscale"] == "no error" and facts["ord_kept"] == "changed the gradients again"
     assert facts["ovf_outcome"] == "stepped, and the weights changed"
-    odd = C.order_facts(_order(), _overflow(weights_unchanged=False))
+    odd = CP.order_facts(_order(), _overflow(weights_unchanged=False))
     assert odd["ovf_outcome"] == "skipped the step, yet the weights changed"

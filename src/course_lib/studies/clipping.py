@@ -1,7 +1,7 @@
-"""Lesson 3's clipping section: a small FP16-autocast run with planted outlier batches under GradScaler,
-trained without clipping and with global-norm, per-value, per-tensor and adaptive (AGC) clipping over a few
-seeds; single steps that measure gradient edits before and after ``unscale_`` and a step that overflows;
-and the facts and phrases the prose glues from them."""
+"""Lesson 3's clipping section, measured: a small FP16-autocast run with planted outlier batches under
+GradScaler, trained without clipping and with global-norm, per-value, per-tensor and adaptive (AGC) clipping
+over a few seeds; single steps that measure gradient edits before and after ``unscale_`` and a step that
+overflows. The mechanisms are ``scaling.clipping``; what the prose says of these runs, ``clipping_prose``."""
 
 from __future__ import annotations
 
@@ -9,17 +9,21 @@ import contextlib
 import copy
 import inspect
 import math
-import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..glue import Prose
 from ..models import DeepMLP, regression_batch
-from ..tables import MarkdownTable, markdown_table
-from .fp8_prose import listed
+from ..scaling.clipping import (
+    adaptive_clip_grad_,
+    check_positive,
+    clip_per_tensor_norm_,
+    global_grad_norm,
+    scaled_step,
+    tensor_norm,
+)
 
 NO_SPIKES = "no spikes, no clipping"
 NO_CLIPPING = "no clipping"
@@ -34,75 +38,15 @@ MLP_DEPTH = 4   # layers of the runs' DeepMLP
 # norm, each unit's gradient norm over its weight norm): chosen to bind on the spikes; how often each binds
 # on ordinary steps is measured (SpikyRuns.changed_share).
 DEFAULT_THRESHOLDS = {GLOBAL_NORM: 1.0, PER_VALUE: 0.1, PER_TENSOR: 0.5, AGC: 0.05}
-AGC_EPS = 1e-3   # AGC's floor on a unit's weight norm (timm's and NFNets' default)
 # per size profile: training steps, steps between outlier batches, MLP width, seeds
 SIZES = {"small": (200, 30, 32, (0, 1, 2)), "full": (1000, 100, 128, (0, 1, 2, 3, 4))}
-
-
-def _check_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
-def _norm(tensors) -> float:
-    return float(torch.linalg.vector_norm(torch.cat([t.flatten() for t in tensors])))
-
-
-def _with_grads(parameters) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(parameter, gradient) for each parameter that has a gradient."""
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
-    return [(p, p.grad) for p in parameters if p.grad is not None]
-
-
-# ---- the mechanisms --------------------------------------------------------------------------------------
-
-def unitwise_norm(x: torch.Tensor) -> torch.Tensor:
-    """The norm AGC compares, per unit: for a tensor of two or more dimensions, the L2 norm of each slice
-    along the first (output) dimension, shaped to broadcast against ``x`` (``[out, 1, ...]``); for a
-    vector or a scalar, the norm of the whole tensor (as timm's ``adaptive_clip_grad`` does)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-    if x.ndim <= 1:
-        return x.norm()
-    return x.norm(dim=tuple(range(1, x.ndim)), keepdim=True)
-
-
-def adaptive_clip_grad_(parameters, clipping: float = 0.01, eps: float = AGC_EPS) -> int:
-    """Adaptive gradient clipping (Brock et al., 2021, NFNets), in place: each unit's gradient is scaled
-    down to at most ``clipping`` times the norm of that unit's weights (floored at ``eps``, so that a unit
-    whose weights are zero can still move). Units as in :func:`unitwise_norm`. Returns how many units
-    were clipped. Call it after ``scaler.unscale_``: it compares gradients with weights."""
-    clipping, eps = _check_positive("clipping", clipping), _check_positive("eps", eps)
-    clipped = 0
-    with torch.no_grad():
-        for p, grad in _with_grads(parameters):
-            limit = clipping * unitwise_norm(p.detach()).clamp_min(eps)
-            norm = unitwise_norm(grad)
-            too_big = norm > limit
-            clipped += int(too_big.sum())
-            grad.mul_(torch.where(too_big, limit / norm.clamp_min(1e-12), torch.ones_like(norm)))
-    return clipped
-
-
-def clip_per_tensor_norm_(parameters, max_norm: float) -> int:
-    """Clip each tensor's gradient to L2 norm ``max_norm`` on its own (``clip_grad_norm_`` per tensor);
-    returns how many tensors were clipped."""
-    max_norm = _check_positive("max_norm", max_norm)
-    clipped = 0
-    for p, _ in _with_grads(parameters):
-        clipped += int(float(torch.nn.utils.clip_grad_norm_([p], max_norm)) > max_norm)
-    return clipped
 
 
 def make_clipper(rule: str, threshold: float) -> Callable[[list[torch.nn.Parameter]], object]:
     """The in-place gradient edit of one of :data:`RULES` (nothing for the two without clipping)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; rules: {', '.join(RULES)}")
-    threshold = _check_positive("threshold", threshold)
+    threshold = check_positive("threshold", threshold)
     if rule == GLOBAL_NORM:
         return lambda params: torch.nn.utils.clip_grad_norm_(params, threshold)
     if rule == PER_VALUE:
@@ -112,22 +56,6 @@ def make_clipper(rule: str, threshold: float) -> Callable[[list[torch.nn.Paramet
     if rule == AGC:
         return lambda params: adaptive_clip_grad_(params, threshold)
     return lambda params: None
-
-
-def scaled_step(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer, loss: torch.Tensor, edit) -> None:
-    """One training step under a loss scaler, with a gradient edit in its one right place."""
-    params = [p for group in opt.param_groups for p in group["params"]]
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)      # from here on p.grad holds the true gradients
-    edit(params)              # clip_grad_norm_, clip_grad_value_, AGC, a penalty, a mask
-    scaler.step(opt)          # steps on the edited gradients; skips if unscale_ found an inf or NaN
-    scaler.update()
-
-
-def global_grad_norm(parameters) -> float:
-    """L2 norm of all gradients together (inf or nan when one is not finite; 0 with no gradient)."""
-    grads = [g.detach().float() for _, g in _with_grads(parameters)]
-    return _norm(grads) if grads else 0.0
 
 
 # ---- the spiky run ---------------------------------------------------------------------------------------
@@ -251,7 +179,7 @@ def spiky_clipping_runs(profile, device: torch.device | str = "cpu", *, rules: S
     seeds = tuple(default_seeds if seeds is None else seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise ValueError(f"seeds must be a non-empty sequence of ints, got {seeds!r}")
-    spike_factor = _check_positive("spike_factor", spike_factor)
+    spike_factor = check_positive("spike_factor", spike_factor)
     chosen = {**DEFAULT_THRESHOLDS, **(thresholds or {})}
     spike_steps = tuple(range(every, steps - every // 2, every))
     with one_cpu_thread(torch.device(device)):
@@ -314,15 +242,15 @@ def measure_edit_order(*, scale: float = 2.0**16, max_norm: float = 1.0, penalty
     """Measure :class:`EditOrder` on the spiky run's model at initialisation and its first (ordinary)
     batch, under a GradScaler at ``scale``. Compared on gradients, not weights: a penalty's share of one
     step is below FP32's resolution of the weights."""
-    scale, max_norm = _check_positive("scale", scale), _check_positive("max_norm", max_norm)
-    penalty, lr = _check_positive("penalty", penalty), _check_positive("lr", lr)
+    scale, max_norm = check_positive("scale", scale), check_positive("max_norm", max_norm)
+    penalty, lr = check_positive("penalty", penalty), check_positive("lr", lr)
     device = torch.device(device)
     model, batch = _first_step(seed, width, 1.0, device)
     w0 = [p.detach().clone() for p in model.parameters()]
     # the true gradients, from the same scaled FP16 backward, unscaled by hand in FP32
     (_fp16_loss(model, batch, device) * scale).backward()
     true = [p.grad.detach().float() * (1.0 / scale) for p in model.parameters()]
-    true_norm = _norm(true)
+    true_norm = tensor_norm(true)
     edits = {   # params[0:2] are the first layer's weight and bias
         "clip_grad_norm_": lambda ps: torch.nn.utils.clip_grad_norm_(ps, max_norm),
         "L2 penalty": lambda ps: [p.grad.add_(p.detach(), alpha=penalty) for p in ps],
@@ -356,12 +284,12 @@ def measure_edit_order(*, scale: float = 2.0**16, max_norm: float = 1.0, penalty
             seen, _, kept = one_step(edit, where)
             kept_all = kept_all and kept
             if name == "clip_grad_norm_":
-                ratios[where][name] = _norm(seen) / (coef * true_norm)
+                ratios[where][name] = tensor_norm(seen) / (coef * true_norm)
             elif name == "L2 penalty":
-                ratios[where][name] = _norm([g - q for g, q in zip(seen, plain)]) / (penalty * _norm(w0))
+                ratios[where][name] = tensor_norm([g - q for g, q in zip(seen, plain)]) / (penalty * tensor_norm(w0))
             else:
-                ratios[where][name] = _norm([q - g for g, q in zip(seen[:2], plain[:2])]) / _norm(true[:2])
-    adam = {where: _norm(one_step(edits["clip_grad_norm_"], where, torch.optim.Adam)[1])
+                ratios[where][name] = tensor_norm([q - g for g, q in zip(seen[:2], plain[:2])]) / tensor_norm(true[:2])
+    adam = {where: tensor_norm(one_step(edits["clip_grad_norm_"], where, torch.optim.Adam)[1])
             for where in ("after", "before")}
     scaler = torch.amp.GradScaler(device.type, init_scale=scale)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -374,7 +302,7 @@ def measure_edit_order(*, scale: float = 2.0**16, max_norm: float = 1.0, penalty
     except RuntimeError as err:
         message = str(err)
     return EditOrder(scale, max_norm, penalty, true_norm, ratios["after"], ratios["before"],
-                     _norm(plain_update) / (lr * _norm(plain)), kept_all, message, adam["before"] / adam["after"])
+                     tensor_norm(plain_update) / (lr * tensor_norm(plain)), kept_all, message, adam["before"] / adam["after"])
 
 
 @dataclass(frozen=True)
@@ -398,7 +326,7 @@ def measure_overflow_step(*, scale: float = 2.0**16, spike_factor: float = 300.0
                           seed: int = 0, width: int = 32, device: torch.device | str = "cpu") -> OverflowStep:
     """Clip and step on the spiky run's first outlier batch at ``scale`` (GradScaler's initial scale: in
     the run, this step overflowed). Raises ``ValueError`` if these settings do not overflow."""
-    scale, spike_factor = _check_positive("scale", scale), _check_positive("spike_factor", spike_factor)
+    scale, spike_factor = check_positive("scale", scale), check_positive("spike_factor", spike_factor)
     device = torch.device(device)
     model, batch = _first_step(seed, width, spike_factor, device)
     scaler = torch.amp.GradScaler(device.type, init_scale=scale)
@@ -428,211 +356,3 @@ def measure_overflow_step(*, scale: float = 2.0**16, spike_factor: float = 300.0
     return OverflowStep(norm, default, nan_share, bool(stepped),
                         all(torch.equal(w, p.detach()) for w, p in zip(w0, params)), scale, scaler.get_scale(),
                         strict)
-
-
-# ---- what the prose says ----------------------------------------------------------------------------------
-
-def _log2(scale: float) -> int:
-    return int(round(math.log2(scale)))
-
-
-def _spread(values: Sequence[float]) -> tuple[float, float, float]:
-    return sum(values) / len(values), min(values), max(values)   # mean, lowest, highest over seeds
-
-
-def compare_ranges(values: Sequence[float], reference: Sequence[float]) -> str:
-    """``"above"`` when every value lies above every reference value, ``"below"`` when every one lies
-    below, else ``"within"``: with a few seeds, only ranges that do not overlap say more than seed noise.
-    A non-finite value (a run that diverged) counts as above."""
-    if not values or not reference:
-        raise ValueError("compare_ranges needs at least one value on each side")
-    big = [v if math.isfinite(v) else math.inf for v in values]
-    ref = [v if math.isfinite(v) else math.inf for v in reference]
-    if min(big) > max(ref):
-        return "above"
-    if max(big) < min(ref):
-        return "below"
-    return "within"
-
-
-def _require(runs: SpikyRuns, *rules: str) -> None:
-    missing = [r for r in rules if r not in runs.rules]
-    if missing:
-        raise ValueError(f"the runs lack {', '.join(missing)}; they have {', '.join(runs.rules)}")
-
-
-def _ordinary_median(runs: SpikyRuns, rule: str) -> float:
-    return statistics.median(n for i in range(len(runs.seeds)) for s, n in enumerate(runs.grad_norms[rule][i])
-                             if s not in runs.spike_steps and not runs.skipped[rule][i][s])
-
-
-def scaler_phrase(runs: SpikyRuns) -> Prose:
-    """What the scaler did with the spikes of the runs without clipping: which it skipped (they overflowed
-    FP16 at the scale of the time) and which reached the optimizer first."""
-    _require(runs, NO_CLIPPING)
-    firsts = {runs.passed_spikes(NO_CLIPPING, i)[:1] for i in range(len(runs.seeds))}
-    if firsts == {()}:
-        return Prose("The scaler skipped every spike: each overflowed FP16 at the scale of the time, so none "
-                     "reached the optimizer, and clipping had nothing to stop.")
-    if len(firsts) > 1:
-        steps = sorted(f[0] for f in firsts if f)
-        return Prose(f"The scaler skipped the first spikes, which overflowed FP16 at the scale of the time; "
-                     f"which spike first fit under the lowered scale and reached the optimizer depended on the "
-                     f"seed (steps {', '.join(map(str, steps))}).")
-    step = firsts.pop()[0]
-    skipped = [s for s in runs.spike_steps if s < step]
-    scales = runs.scales[NO_CLIPPING][0]
-    if len(skipped) > 1:
-        lead = (f"In every seed the scaler skipped the first {len(skipped)} spikes: each overflowed FP16 at the "
-                f"scale of the time (from 2^{_log2(scales[skipped[0]])} down to 2^{_log2(scales[skipped[-1]])}), "
-                f"and each back-off halved the scale. ")
-    else:
-        lead = (f"In every seed the scaler skipped the first spike: it overflowed FP16 at the scale of the time "
-                f"(2^{_log2(scales[skipped[0]])}), and the back-off halved the scale. " if skipped else "")
-    return Prose(f"{lead}The spike at step {step} fit under 2^{_log2(scales[step])} and reached the optimizer.")
-
-
-def spike_facts(runs: SpikyRuns) -> dict[str, object]:
-    """Part one's facts: the run's size; without clipping, the first spike that reached the optimizer
-    (``clip_pass_step``, seed 0's), its gradient norm over the median ordinary step's
-    (``clip_spike_norm_ratio``), the loss on the step before it and the highest in the 10 steps after
-    (``clip_loss_before``, ``clip_loss_peak``; means over seeds); the final held-out losses' ranges without
-    clipping, with global-norm clipping and without spikes, and the verdicts."""
-    _require(runs, NO_SPIKES, NO_CLIPPING, GLOBAL_NORM)
-    n = len(runs.seeds)
-    passed = [runs.passed_spikes(NO_CLIPPING, i) for i in range(n)]
-    facts: dict[str, object] = {
-        "clip_steps": runs.steps, "clip_seeds": n, "clip_spikes": len(runs.spike_steps),
-        "clip_spike_factor": runs.spike_factor, "clip_width": runs.width, "clip_depth": runs.depth,
-        "clip_max_norm": runs.thresholds.get(GLOBAL_NORM, math.nan), "clip_scaler": scaler_phrase(runs),
-    }
-    full_steps, _, full_width, full_seeds = SIZES["full"]
-    facts.update(clip_full_steps=full_steps, clip_full_width=full_width, clip_full_seeds=len(full_seeds),
-                 clip_jump=Prose(""))
-    hit = [(i, p[0]) for i, p in enumerate(passed) if p]
-    if hit:
-        losses = runs.losses[NO_CLIPPING]
-        ratio = sum(runs.grad_norms[NO_CLIPPING][i][s] for i, s in hit) / len(hit) / _ordinary_median(runs, NO_CLIPPING)
-        # the highest loss on an ordinary batch within 10 steps after the spike (momentum carries it on)
-        peaks = [max((losses[i][t] for t in range(s + 1, min(s + 11, runs.steps)) if t not in runs.spike_steps),
-                     default=math.nan) for i, s in hit]
-        before, peak = sum(losses[i][s - 1] for i, s in hit) / len(hit), sum(peaks) / len(peaks)
-        facts.update(clip_spike_norm_ratio=ratio, clip_pass_step=hit[0][1], clip_loss_before=before,
-                     clip_loss_peak=peak, clip_jump=Prose(
-                         f"The scaler is no defence against spikes: it skips only those that overflow at the scale "
-                         f"of the moment, and each skip lowers the scale until one fits. Without clipping, the first "
-                         f"spike to reach the optimizer carried a gradient {ratio:.0f} times the median ordinary "
-                         f"step's; the loss went from {before:.2f} on the step before to a peak of {peak:.3g} in the "
-                         f"ten steps after (means over {len(hit)} seeds)."))
-    means = {}
-    for key, rule in (("none", NO_CLIPPING), ("global", GLOBAL_NORM), ("ref", NO_SPIKES)):
-        means[key], lo, hi = _spread(runs.finals[rule])
-        facts.update({f"clip_{key}_mean": means[key], f"clip_{key}_lo": lo, f"clip_{key}_hi": hi})
-    facts["clip_none_over_global"] = means["none"] / means["global"]
-    verdict = compare_ranges(runs.finals[NO_CLIPPING], runs.finals[GLOBAL_NORM])
-    facts["clip_verdict"] = Prose(
-        "every seed without clipping ended above every seed with it, a difference beyond seed noise at this size"
-        if verdict == "above" else
-        "every seed without clipping ended below every seed with it: at this size clipping cost more than the "
-        "spikes did" if verdict == "below" else
-        "the two ranges overlap: at this size the difference is within seed noise, and this run cannot claim it")
-    against_ref = compare_ranges(runs.finals[GLOBAL_NORM], runs.finals[NO_SPIKES])
-    facts["clip_vs_ref"] = Prose({
-        "within": "within the seed-to-seed range of the runs that saw no spikes at all",
-        "above": "above every seed of the runs that saw no spikes: clipping bounded the damage without undoing it",
-        "below": "below every seed of the runs that saw no spikes"}[against_ref])
-    return facts
-
-
-def rule_table(runs: SpikyRuns) -> MarkdownTable:
-    """One row per rule: its threshold, the spikes that reached the optimizer (over all seeds), the
-    median gradient norm the optimizer got on those steps, the share of ordinary steps the rule changed,
-    and the final held-out loss (mean, and range over seeds)."""
-    units = {GLOBAL_NORM: "norm of all gradients", PER_VALUE: "each entry", PER_TENSOR: "each tensor's norm",
-             AGC: "each unit's norm / its weights' norm"}
-    rows = []
-    for rule in runs.rules:
-        n = len(runs.seeds)
-        at = sorted(runs.step_norms[rule][i][s] for i in range(n) for s in runs.passed_spikes(rule, i))
-        reached = sum(len(runs.passed_spikes(rule, i)) for i in range(n))
-        mean, lo, hi = _spread(runs.finals[rule])
-        threshold = f"{runs.thresholds[rule]:g} ({units[rule]})" if rule in runs.thresholds else "-"
-        spikes = "-" if rule == NO_SPIKES else f"{reached} of {n * len(runs.spike_steps)}"
-        changed = "-" if rule in (NO_SPIKES, NO_CLIPPING) else f"{100 * runs.changed_share(rule):.0f}%"
-        rows.append((rule, threshold, spikes, f"{at[len(at) // 2]:.3g}" if at and rule != NO_SPIKES else "-",
-                     changed, f"{mean:.3f} ({lo:.3f} to {hi:.3f})"))
-    return markdown_table(["rule", "threshold (bounds)", "spikes that reached the optimizer",
-                           "median gradient norm stepped on at those spikes", "ordinary steps changed",
-                           "final held-out loss: mean (range over seeds)"], rows)
-
-
-def ranking_phrase(finals: Mapping[str, Sequence[float]]) -> Prose:
-    """Which of these rules the seeds rank (final losses per seed): every seed of one below every seed of
-    the other."""
-    names = list(finals)
-    ranked = [(a, b) for a in names for b in names if a != b and compare_ranges(finals[a], finals[b]) == "below"]
-    if len(names) < 2:
-        return Prose("")
-    if not ranked:
-        return Prose(f"Their ranges overlap, so these seeds do not rank {listed(names)} against each other.")
-    return Prose(listed([f"{a} ended below {b}" for a, b in ranked]) + " in every seed; any other pair's "
-                 "ranges overlap.")
-
-
-def rule_facts(runs: SpikyRuns) -> dict[str, object]:
-    """Part three's facts: each clipping rule's final loss against the runs without spikes
-    (``clip_rules_verdict``, grouped as within, above or below their seed range), whether the seeds rank
-    the rules that did not end above it (``clip_rules_ranking``), the largest gradient
-    norm per-value clipping stepped on at a spike against global-norm clipping's threshold, and the share
-    of ordinary steps AGC changed."""
-    _require(runs, NO_SPIKES)
-    groups: dict[str, list[str]] = {"within": [], "above": [], "below": []}
-    for rule in runs.rules:
-        if rule not in (NO_SPIKES, NO_CLIPPING):
-            groups[compare_ranges(runs.finals[rule], runs.finals[NO_SPIKES])].append(rule)
-    if not any(groups.values()):
-        raise ValueError("the runs hold no clipping rule to compare")
-    said = {"within": "within the seed range of the runs without spikes",
-            "above": "above every seed of the runs without spikes",
-            "below": "below every seed of the runs without spikes"}
-    text = "; ".join(f"{listed(rules)} ended {said[k]}" for k, rules in groups.items() if rules) + "."
-    facts: dict[str, object] = {"clip_rules_verdict": Prose(text[0].upper() + text[1:]), "clip_rules_ranking":
-                                ranking_phrase({r: runs.finals[r] for r in groups["within"] + groups["below"]})}
-    if PER_VALUE in runs.rules:
-        at = [runs.step_norms[PER_VALUE][i][s] for i in range(len(runs.seeds))
-              for s in runs.passed_spikes(PER_VALUE, i)]
-        facts["clip_value_spike_norm"] = max(at) if at else math.nan
-    if AGC in runs.rules:
-        facts["clip_agc_changed"] = 100 * runs.changed_share(AGC)
-        facts["clip_agc_floor"] = runs.thresholds[AGC] * AGC_EPS
-    return facts
-
-
-def edit_table(order: EditOrder) -> MarkdownTable:
-    """Each edit's effect on the gradient stepped on, over the intended one, after and before ``unscale_``."""
-    return markdown_table(["edit", "after unscale_ (changed / intended)", "before unscale_ (changed / intended)"],
-                          [(name, f"{order.after[name]:.4g}", f"{order.before[name]:.3g}") for name in EDITS])
-
-
-def order_facts(order: EditOrder, overflow: OverflowStep) -> dict[str, object]:
-    """The order section's facts (edits before and after ``unscale_``, the step that overflowed)."""
-    returned = "nan" if math.isnan(overflow.returned_norm) else f"{overflow.returned_norm:g}"
-    return {
-        "ord_scale_log2": _log2(order.scale), "ord_max_norm": order.max_norm, "ord_true_norm": order.true_norm,
-        "ord_threshold": order.effective_threshold, "ord_clip_before": order.before["clip_grad_norm_"],
-        "ord_penalty_before": order.before["L2 penalty"], "ord_step_over_grad": order.step_over_grad,
-        "ord_kept": Prose("left the gradients exactly as `unscale_` and the edit had made them"
-                          if order.grads_kept_by_step else "changed the gradients again"),
-        "ord_second_unscale": Prose(f"`RuntimeError: {order.second_unscale_error}`"
-                                    if order.second_unscale_error != "(no error)" else "no error"),
-        "ex_adam_clip_before": order.adam_clip_before,
-        "ovf_norm": Prose(f"`{returned}`"), "ovf_default": Prose(f"`{overflow.error_if_nonfinite_default}`"),
-        "ovf_nan_pct": 100 * overflow.nan_share_after_clip,
-        "ovf_outcome": Prose("skipped the step and the weights stayed bit-identical"
-                             if not overflow.stepped and overflow.weights_unchanged else
-                             "stepped, and the weights changed" if overflow.stepped else
-                             "skipped the step, yet the weights changed"),
-        "ovf_scale_after_log2": _log2(overflow.scale_after),
-        "ovf_strict": Prose(f"`` RuntimeError: {overflow.strict_error.split('. ')[0]}. ``"
-                            if overflow.strict_error != "(no error)" else "no error"),
-    }

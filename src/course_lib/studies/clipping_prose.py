@@ -1,0 +1,231 @@
+"""What lesson 3's clipping section says of its runs (``studies.clipping``): facts, phrases and tables from
+the measured results, each a tested function."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+from ..glue import Prose
+from ..tables import MarkdownTable, markdown_table
+from ..scaling.clipping import AGC_EPS
+from .clipping import (
+    AGC,
+    EDITS,
+    GLOBAL_NORM,
+    NO_CLIPPING,
+    NO_SPIKES,
+    PER_TENSOR,
+    PER_VALUE,
+    SIZES,
+    EditOrder,
+    OverflowStep,
+    SpikyRuns,
+)
+from .fp8_prose import listed
+
+def _log2(scale: float) -> int:
+    return int(round(math.log2(scale)))
+
+
+def _spread(values: Sequence[float]) -> tuple[float, float, float]:
+    return sum(values) / len(values), min(values), max(values)   # mean, lowest, highest over seeds
+
+
+def compare_ranges(values: Sequence[float], reference: Sequence[float]) -> str:
+    """``"above"`` when every value lies above every reference value, ``"below"`` when every one lies
+    below, else ``"within"``: with a few seeds, only ranges that do not overlap say more than seed noise.
+    A non-finite value (a run that diverged) counts as above."""
+    if not values or not reference:
+        raise ValueError("compare_ranges needs at least one value on each side")
+    big = [v if math.isfinite(v) else math.inf for v in values]
+    ref = [v if math.isfinite(v) else math.inf for v in reference]
+    if min(big) > max(ref):
+        return "above"
+    if max(big) < min(ref):
+        return "below"
+    return "within"
+
+
+def _require(runs: SpikyRuns, *rules: str) -> None:
+    missing = [r for r in rules if r not in runs.rules]
+    if missing:
+        raise ValueError(f"the runs lack {', '.join(missing)}; they have {', '.join(runs.rules)}")
+
+
+def _ordinary_median(runs: SpikyRuns, rule: str) -> float:
+    return statistics.median(n for i in range(len(runs.seeds)) for s, n in enumerate(runs.grad_norms[rule][i])
+                             if s not in runs.spike_steps and not runs.skipped[rule][i][s])
+
+
+def scaler_phrase(runs: SpikyRuns) -> Prose:
+    """What the scaler did with the spikes of the runs without clipping: which it skipped (they overflowed
+    FP16 at the scale of the time) and which reached the optimizer first."""
+    _require(runs, NO_CLIPPING)
+    firsts = {runs.passed_spikes(NO_CLIPPING, i)[:1] for i in range(len(runs.seeds))}
+    if firsts == {()}:
+        return Prose("The scaler skipped every spike: each overflowed FP16 at the scale of the time, so none "
+                     "reached the optimizer, and clipping had nothing to stop.")
+    if len(firsts) > 1:
+        steps = sorted(f[0] for f in firsts if f)
+        return Prose(f"The scaler skipped the first spikes, which overflowed FP16 at the scale of the time; "
+                     f"which spike first fit under the lowered scale and reached the optimizer depended on the "
+                     f"seed (steps {', '.join(map(str, steps))}).")
+    step = firsts.pop()[0]
+    skipped = [s for s in runs.spike_steps if s < step]
+    scales = runs.scales[NO_CLIPPING][0]
+    if len(skipped) > 1:
+        lead = (f"In every seed the scaler skipped the first {len(skipped)} spikes: each overflowed FP16 at the "
+                f"scale of the time (from 2^{_log2(scales[skipped[0]])} down to 2^{_log2(scales[skipped[-1]])}), "
+                f"and each back-off halved the scale. ")
+    else:
+        lead = (f"In every seed the scaler skipped the first spike: it overflowed FP16 at the scale of the time "
+                f"(2^{_log2(scales[skipped[0]])}), and the back-off halved the scale. " if skipped else "")
+    return Prose(f"{lead}The spike at step {step} fit under 2^{_log2(scales[step])} and reached the optimizer.")
+
+
+def spike_facts(runs: SpikyRuns) -> dict[str, object]:
+    """Part one's facts: the run's size; without clipping, the first spike that reached the optimizer
+    (``clip_pass_step``, seed 0's), its gradient norm over the median ordinary step's
+    (``clip_spike_norm_ratio``), the loss on the step before it and the highest in the 10 steps after
+    (``clip_loss_before``, ``clip_loss_peak``; means over seeds); the final held-out losses' ranges without
+    clipping, with global-norm clipping and without spikes, and the verdicts."""
+    _require(runs, NO_SPIKES, NO_CLIPPING, GLOBAL_NORM)
+    n = len(runs.seeds)
+    passed = [runs.passed_spikes(NO_CLIPPING, i) for i in range(n)]
+    facts: dict[str, object] = {
+        "clip_steps": runs.steps, "clip_seeds": n, "clip_spikes": len(runs.spike_steps),
+        "clip_spike_factor": runs.spike_factor, "clip_width": runs.width, "clip_depth": runs.depth,
+        "clip_max_norm": runs.thresholds.get(GLOBAL_NORM, math.nan), "clip_scaler": scaler_phrase(runs),
+    }
+    full_steps, _, full_width, full_seeds = SIZES["full"]
+    facts.update(clip_full_steps=full_steps, clip_full_width=full_width, clip_full_seeds=len(full_seeds),
+                 clip_jump=Prose(""))
+    hit = [(i, p[0]) for i, p in enumerate(passed) if p]
+    if hit:
+        losses = runs.losses[NO_CLIPPING]
+        ratio = sum(runs.grad_norms[NO_CLIPPING][i][s] for i, s in hit) / len(hit) / _ordinary_median(runs, NO_CLIPPING)
+        # the highest loss on an ordinary batch within 10 steps after the spike (momentum carries it on)
+        peaks = [max((losses[i][t] for t in range(s + 1, min(s + 11, runs.steps)) if t not in runs.spike_steps),
+                     default=math.nan) for i, s in hit]
+        before, peak = sum(losses[i][s - 1] for i, s in hit) / len(hit), sum(peaks) / len(peaks)
+        facts.update(clip_spike_norm_ratio=ratio, clip_pass_step=hit[0][1], clip_loss_before=before,
+                     clip_loss_peak=peak, clip_jump=Prose(
+                         f"The scaler is no defence against spikes: it skips only those that overflow at the scale "
+                         f"of the moment, and each skip lowers the scale until one fits. Without clipping, the first "
+                         f"spike to reach the optimizer carried a gradient {ratio:.0f} times the median ordinary "
+                         f"step's; the loss went from {before:.2f} on the step before to a peak of {peak:.3g} in the "
+                         f"ten steps after (means over {len(hit)} seeds)."))
+    means = {}
+    for key, rule in (("none", NO_CLIPPING), ("global", GLOBAL_NORM), ("ref", NO_SPIKES)):
+        means[key], lo, hi = _spread(runs.finals[rule])
+        facts.update({f"clip_{key}_mean": means[key], f"clip_{key}_lo": lo, f"clip_{key}_hi": hi})
+    facts["clip_none_over_global"] = means["none"] / means["global"]
+    verdict = compare_ranges(runs.finals[NO_CLIPPING], runs.finals[GLOBAL_NORM])
+    facts["clip_verdict"] = Prose(
+        "every seed without clipping ended above every seed with it, a difference beyond seed noise at this size"
+        if verdict == "above" else
+        "every seed without clipping ended below every seed with it: at this size clipping cost more than the "
+        "spikes did" if verdict == "below" else
+        "the two ranges overlap: at this size the difference is within seed noise, and this run cannot claim it")
+    against_ref = compare_ranges(runs.finals[GLOBAL_NORM], runs.finals[NO_SPIKES])
+    facts["clip_vs_ref"] = Prose({
+        "within": "within the seed-to-seed range of the runs that saw no spikes at all",
+        "above": "above every seed of the runs that saw no spikes: clipping bounded the damage without undoing it",
+        "below": "below every seed of the runs that saw no spikes"}[against_ref])
+    return facts
+
+
+def rule_table(runs: SpikyRuns) -> MarkdownTable:
+    """One row per rule: its threshold, the spikes that reached the optimizer (over all seeds), the
+    median gradient norm the optimizer got on those steps, the share of ordinary steps the rule changed,
+    and the final held-out loss (mean, and range over seeds)."""
+    units = {GLOBAL_NORM: "norm of all gradients", PER_VALUE: "each entry", PER_TENSOR: "each tensor's norm",
+             AGC: "each unit's norm / its weights' norm"}
+    rows = []
+    for rule in runs.rules:
+        n = len(runs.seeds)
+        at = sorted(runs.step_norms[rule][i][s] for i in range(n) for s in runs.passed_spikes(rule, i))
+        reached = sum(len(runs.passed_spikes(rule, i)) for i in range(n))
+        mean, lo, hi = _spread(runs.finals[rule])
+        threshold = f"{runs.thresholds[rule]:g} ({units[rule]})" if rule in runs.thresholds else "-"
+        spikes = "-" if rule == NO_SPIKES else f"{reached} of {n * len(runs.spike_steps)}"
+        changed = "-" if rule in (NO_SPIKES, NO_CLIPPING) else f"{100 * runs.changed_share(rule):.0f}%"
+        rows.append((rule, threshold, spikes, f"{at[len(at) // 2]:.3g}" if at and rule != NO_SPIKES else "-",
+                     changed, f"{mean:.3f} ({lo:.3f} to {hi:.3f})"))
+    return markdown_table(["rule", "threshold (bounds)", "spikes that reached the optimizer",
+                           "median gradient norm stepped on at those spikes", "ordinary steps changed",
+                           "final held-out loss: mean (range over seeds)"], rows)
+
+
+def ranking_phrase(finals: Mapping[str, Sequence[float]]) -> Prose:
+    """Which of these rules the seeds rank (final losses per seed): every seed of one below every seed of
+    the other."""
+    names = list(finals)
+    ranked = [(a, b) for a in names for b in names if a != b and compare_ranges(finals[a], finals[b]) == "below"]
+    if len(names) < 2:
+        return Prose("")
+    if not ranked:
+        return Prose(f"Their ranges overlap, so these seeds do not rank {listed(names)} against each other.")
+    return Prose(listed([f"{a} ended below {b}" for a, b in ranked]) + " in every seed; any other pair's "
+                 "ranges overlap.")
+
+
+def rule_facts(runs: SpikyRuns) -> dict[str, object]:
+    """Part three's facts: each clipping rule's final loss against the runs without spikes
+    (``clip_rules_verdict``, grouped as within, above or below their seed range), whether the seeds rank
+    the rules that did not end above it (``clip_rules_ranking``), the largest gradient
+    norm per-value clipping stepped on at a spike against global-norm clipping's threshold, and the share
+    of ordinary steps AGC changed."""
+    _require(runs, NO_SPIKES)
+    groups: dict[str, list[str]] = {"within": [], "above": [], "below": []}
+    for rule in runs.rules:
+        if rule not in (NO_SPIKES, NO_CLIPPING):
+            groups[compare_ranges(runs.finals[rule], runs.finals[NO_SPIKES])].append(rule)
+    if not any(groups.values()):
+        raise ValueError("the runs hold no clipping rule to compare")
+    said = {"within": "within the seed range of the runs without spikes",
+            "above": "above every seed of the runs without spikes",
+            "below": "below every seed of the runs without spikes"}
+    text = "; ".join(f"{listed(rules)} ended {said[k]}" for k, rules in groups.items() if rules) + "."
+    facts: dict[str, object] = {"clip_rules_verdict": Prose(text[0].upper() + text[1:]), "clip_rules_ranking":
+                                ranking_phrase({r: runs.finals[r] for r in groups["within"] + groups["below"]})}
+    if PER_VALUE in runs.rules:
+        at = [runs.step_norms[PER_VALUE][i][s] for i in range(len(runs.seeds))
+              for s in runs.passed_spikes(PER_VALUE, i)]
+        facts["clip_value_spike_norm"] = max(at) if at else math.nan
+    if AGC in runs.rules:
+        facts["clip_agc_changed"] = 100 * runs.changed_share(AGC)
+        facts["clip_agc_floor"] = runs.thresholds[AGC] * AGC_EPS
+    return facts
+
+
+def edit_table(order: EditOrder) -> MarkdownTable:
+    """Each edit's effect on the gradient stepped on, over the intended one, after and before ``unscale_``."""
+    return markdown_table(["edit", "after unscale_ (changed / intended)", "before unscale_ (changed / intended)"],
+                          [(name, f"{order.after[name]:.4g}", f"{order.before[name]:.3g}") for name in EDITS])
+
+
+def order_facts(order: EditOrder, overflow: OverflowStep) -> dict[str, object]:
+    """The order section's facts (edits before and after ``unscale_``, the step that overflowed)."""
+    returned = "nan" if math.isnan(overflow.returned_norm) else f"{overflow.returned_norm:g}"
+    return {
+        "ord_scale_log2": _log2(order.scale), "ord_max_norm": order.max_norm, "ord_true_norm": order.true_norm,
+        "ord_threshold": order.effective_threshold, "ord_clip_before": order.before["clip_grad_norm_"],
+        "ord_penalty_before": order.before["L2 penalty"], "ord_step_over_grad": order.step_over_grad,
+        "ord_kept": Prose("left the gradients exactly as `unscale_` and the edit had made them"
+                          if order.grads_kept_by_step else "changed the gradients again"),
+        "ord_second_unscale": Prose(f"`RuntimeError: {order.second_unscale_error}`"
+                                    if order.second_unscale_error != "(no error)" else "no error"),
+        "ex_adam_clip_before": order.adam_clip_before,
+        "ovf_norm": Prose(f"`{returned}`"), "ovf_default": Prose(f"`{overflow.error_if_nonfinite_default}`"),
+        "ovf_nan_pct": 100 * overflow.nan_share_after_clip,
+        "ovf_outcome": Prose("skipped the step and the weights stayed bit-identical"
+                             if not overflow.stepped and overflow.weights_unchanged else
+                             "stepped, and the weights changed" if overflow.stepped else
+                             "skipped the step, yet the weights changed"),
+        "ovf_scale_after_log2": _log2(overflow.scale_after),
+        "ovf_strict": Prose(f"`` RuntimeError: {overflow.strict_error.split('. ')[0]}. ``"
+                            if overflow.strict_error != "(no error)" else "no error"),
+    }
