@@ -22,6 +22,7 @@ from .mx import BLOCK_RECIPES
 from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
+from .studies.data_loading import DataLoading, data_loading
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
 from .studies.formats import TrainingMagnitudes, measure_training_magnitudes
 from .studies.fp8 import (
@@ -284,6 +285,25 @@ def _training_memory(profile: SizeProfile, device: torch.device) -> TrainingMemo
           result_type=ProfiledSteps, legacy=_legacy_whole, parameters=lambda profile, device: {"top": 12})
 def _profiled_step(profile: SizeProfile, device: torch.device, *, top: int) -> ProfiledSteps:
     return profiled_steps(profile, device, top=top)
+
+
+def _data_loading_parameters(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
+    # on a CPU the compute runs on one thread, leaving the other cores to the workers as a GPU's compute would
+    return {"workers": (0, 2), "batches": profile.pick(small=10, full=30), "runs": profile.pick(small=3, full=5),
+            "batch_size": 8, "features": 256, "elements": 20_000, "prepare_rounds": 75,
+            "compute_rounds": 48, "compute_threads": 1 if device.type == "cpu" else None,
+            "copy_bytes": profile.pick(small=16 << 20, full=256 << 20), "matmul_n": profile.pick(small=1024, full=4096),
+            "matmuls": 4, "samples": profile.pick(small=5, full=10)}
+
+
+@register("data_loading",
+          "DataLoader workers against none: median step time of a loop whose batches cost CPU work to prepare, "
+          "and the share of that work hidden behind the compute; what DataLoader(pin_memory=True) does here; on a "
+          "GPU, host-to-device copies from pageable and pinned memory with and without non_blocking, the cost of "
+          "pin_memory(), and a copy's overlap with matmuls (lesson 6).",
+          result_type=DataLoading, parameters=_data_loading_parameters)
+def _data_loading(profile: SizeProfile, device: torch.device, **parameters: Any) -> DataLoading:
+    return data_loading(profile, device, **parameters)
 
 
 # ---- lesson 7: FP8 ----------------------------------------------------------------------------------
