@@ -1,11 +1,11 @@
-"""The book serves what its pages load (book/_ext/*.py): formulas and widgets render without a network."""
+"""The book serves what its pages load (book/_ext/*.py): formulas render without a network, and each page
+loads each script once."""
 
 import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,8 +39,8 @@ def test_the_book_config_loads_the_extension():
     import yaml
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext", "local_widgets": "book/_ext",
-                                                    "page_scripts": "book/_ext", "exec_table_status": "book/_ext"}
+    assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext", "page_scripts": "book/_ext",
+                                                    "exec_table_status": "book/_ext"}
     assert "django-static-mathjax" in (ROOT / "requirements.txt").read_text()
 
 
@@ -59,8 +59,8 @@ def test_each_page_loads_each_script_once():
 
 
 def test_scripts_added_after_the_dedupe_reach_the_page():
-    # the context's list is the builder's: myst-nb appends a page's widget state and manager to it from a
-    # later html-page-context handler, and a replaced list silently dropped them from every page
+    # the context's list is the builder's: myst-nb appends a page's own scripts to it from a later
+    # html-page-context handler, and a replaced list silently dropped them from every page
     from sphinx.builders.html._assets import _JavaScript
 
     ext = _extension("page_scripts")
@@ -83,51 +83,6 @@ def test_the_theme_gets_a_colour_mode_unless_one_is_set():
     assert config.html_context == {"default_mode": "dark"}
 
 
-def _fake_vendor(folder: Path) -> Path:
-    (folder / "requirejs").mkdir(parents=True)
-    (folder / "requirejs" / "require.js").write_text("var requirejs;")
-    (folder / "html-manager" / "dist").mkdir(parents=True)
-    for name in ["embed-amd.js", "embed.js", "libembed-amd.js", "embed.js.map", "1551f4f60c37af51121f.woff2"]:
-        (folder / "html-manager" / "dist" / name).write_text(name)
-    return folder
-
-
-def test_the_widget_manager_and_require_js_are_served_with_the_book(tmp_path, monkeypatch):
-    ext = _extension("local_widgets")
-    monkeypatch.setenv("BOOK_JS_DIR", str(_fake_vendor(tmp_path / "vendor")))
-    config = SimpleNamespace(nb_ipywidgets_js={"https://cdn/require.min.js": {"crossorigin": "anonymous"}})
-    ext._use_local_copies(None, config)
-    # local files, in this order (require.js, the set-up, the manager), and no crossorigin: file:// works too
-    assert config.nb_ipywidgets_js == {"jupyter-widgets/require.js": {}, "jupyter-widgets/widgets-setup.js": {},
-                                       "jupyter-widgets/embed-amd.js": {}}
-    app = SimpleNamespace(builder=SimpleNamespace(format="html"), outdir=str(tmp_path / "html"))
-    ext._copy(app, None)
-    copied = sorted(p.name for p in (tmp_path / "html" / "_static" / "jupyter-widgets").iterdir())
-    assert copied == ["1551f4f60c37af51121f.woff2", "embed-amd.js", "require.js", "widgets-setup.js"]
-    setup_js = (tmp_path / "html" / "_static" / "jupyter-widgets" / "widgets-setup.js").read_text()
-    assert "@jupyter-widgets/html-manager/dist" in setup_js and "Hub" in setup_js
-
-
-def test_without_the_set_up_copies_the_pages_keep_the_cdn_and_the_log_says_so(tmp_path, monkeypatch):
-    ext = _extension("local_widgets")
-    monkeypatch.setenv("BOOK_JS_DIR", str(tmp_path / "nothing"))
-    said = []
-    monkeypatch.setattr(ext, "_log", lambda app, message: said.append(message))
-    cdn = {"https://cdn/require.min.js": {}}
-    config = SimpleNamespace(nb_ipywidgets_js=dict(cdn))
-    ext._use_local_copies(None, config)
-    assert config.nb_ipywidgets_js == cdn
-    assert len(said) == 1 and "from a CDN" in said[0] and str(tmp_path / "nothing") in said[0]
-    ext._copy(SimpleNamespace(builder=SimpleNamespace(format="html"), outdir=str(tmp_path / "html")), None)
-    assert not (tmp_path / "html").exists()
-
-
-def test_the_widget_files_default_to_the_building_environment(monkeypatch):
-    ext = _extension("local_widgets")
-    monkeypatch.delenv("BOOK_JS_DIR", raising=False)
-    assert ext.vendor_folder() == Path(sys.prefix) / "share" / "book-js"
-
-
 def test_the_execution_table_says_its_status_in_words():
     from docutils import nodes
     from docutils.frontend import get_default_settings
@@ -146,75 +101,26 @@ def test_the_execution_table_says_its_status_in_words():
     assert document.children[-1].astext() == "\u2705"
 
 
-# -- tools/fetch_book_js.py -------------------------------------------------------------------------------
-def _fetcher():
-    return _extension("fetch_book_js", folder="tools")
+def test_a_page_drops_what_it_does_not_use():
+    from docutils import nodes
+    from sphinx.builders.html._assets import _CascadingStyleSheet, _JavaScript
 
-
-def _tarball(path: Path, files: dict) -> Path:
-    import io
-    import tarfile
-
-    with tarfile.open(path, "w:gz") as archive:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return path
-
-
-def test_the_pins_are_exact_versions_with_their_integrity():
-    import re
-
-    pins = _fetcher().read_pins(ROOT / "book" / "js-packages.txt")
-    assert [p.folder for p in pins] == ["html-manager", "requirejs"]
-    assert all(re.fullmatch(r"@?[\w/.-]+@\d+\.\d+\.\d+", p.spec) for p in pins)
-    assert all(p.integrity.startswith("sha512-") and len(p.integrity) == 95 for p in pins)
-
-
-def test_a_package_is_unpacked_only_when_its_integrity_matches(tmp_path):
-    fetcher = _fetcher()
-    tgz = _tarball(tmp_path / "p.tgz", {"package/dist/embed-amd.js": "define()", "package/package.json": "{}",
-                                        "package/../../escape.txt": "no", "other/x.txt": "no"})
-    pin = fetcher.Pin("html-manager", "@jupyter-widgets/html-manager@1.0.0", fetcher.integrity(tgz))
-    target = fetcher.unpack(tgz, pin, tmp_path / "dest")
-    assert (target / "dist" / "embed-amd.js").read_text() == "define()"
-    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == ["dist", "dist/embed-amd.js", "package.json"]
-    assert not (tmp_path / "escape.txt").exists()
-    bad = fetcher.Pin("html-manager", "@jupyter-widgets/html-manager@1.0.0", "sha512-AAAA")
-    with pytest.raises(fetcher.FetchError, match="integrity"):
-        fetcher.unpack(tgz, bad, tmp_path / "dest")
-
-
-def test_fetch_runs_npm_pack_and_stamps_when_every_package_is_in(tmp_path):
-    fetcher = _fetcher()
-    tgz = _tarball(tmp_path / "requirejs-2.3.8.tgz", {"package/require.js": "var requirejs;"})
-    pins = tmp_path / "pins.txt"
-    pins.write_text(f"# comment\nrequirejs requirejs@2.3.8 {fetcher.integrity(tgz)}\n")
-    npm = tmp_path / "npm"     # stands in for npm: `npm pack ... --pack-destination DIR spec` puts the tarball there
-    npm.write_text(f"#!/bin/sh\ncp {tgz} \"$4\"/ && echo requirejs-2.3.8.tgz\n")
-    npm.chmod(0o755)
-    fetcher.fetch(pins, tmp_path / "book-js", npm=str(npm))
-    assert (tmp_path / "book-js" / "requirejs" / "require.js").is_file()
-    assert "requirejs@2.3.8" in (tmp_path / "book-js" / ".stamp").read_text()
-
-
-def test_without_npm_the_set_up_says_why_and_goes_on(tmp_path, monkeypatch, capsys):
-    fetcher = _fetcher()
-    monkeypatch.setattr(fetcher.shutil, "which", lambda name: None)
-    dest = tmp_path / "book-js"
-    assert fetcher.main([str(ROOT / "book" / "js-packages.txt"), str(dest)]) == 0
-    out = capsys.readouterr().out
-    assert "NOT fetched (npm not found)" in out and "from a CDN" in out and not dest.exists()
-
-
-def test_a_failed_npm_pack_leaves_nothing_half_done(tmp_path, capsys):
-    fetcher = _fetcher()
-    npm = tmp_path / "npm"
-    npm.write_text("#!/bin/sh\necho 'npm error 404 Not Found' >&2\nexit 1\n")
-    npm.chmod(0o755)
-    dest = tmp_path / "book-js"
-    with pytest.raises(fetcher.FetchError, match="404"):
-        fetcher.fetch(ROOT / "book" / "js-packages.txt", dest, npm=str(npm))
-    assert not dest.exists()
+    ext = _extension("page_scripts")
+    page, formula = nodes.section(), nodes.section()
+    page += nodes.paragraph(text="no formula here")
+    formula += nodes.math(text="x^2")
+    assert not ext.has_math(page) and ext.has_math(formula) and not ext.has_math(None)
+    mathjax = _JavaScript("_static/mathjax/tex-chtml.js")
+    config = _JavaScript(None, body="window.MathJax = {}")
+    design, thebe = _CascadingStyleSheet("_static/sphinx-design.min.css"), _JavaScript("_static/sphinx-thebe.js")
+    plain = _JavaScript("_static/doctools.js")
+    assert ext.is_mathjax(mathjax, "mathjax/tex-chtml.js") and ext.is_mathjax(config, None)
+    assert ext.is_thebe(thebe) and ext.is_thebe(_JavaScript(None, body='const THEBE_JS_URL = "x"'))
+    nothing = dict(math=False, design=False, thebe=False, mathjax_path="mathjax/tex-chtml.js")
+    assert [ext.unused_on_page(a, **nothing) for a in (mathjax, config, design, thebe, plain)] == [
+        True, True, True, True, False]
+    everything = dict(math=True, design=True, thebe=True, mathjax_path="mathjax/tex-chtml.js")
+    assert not any(ext.unused_on_page(a, **everything) for a in (mathjax, config, design, thebe, plain))
+    assert ext.uses_design('<div class="sd-card">') and not ext.uses_design('<div class="card">')
+    launch = SimpleNamespace(html_theme_options={"launch_buttons": {"thebe": True}}, thebe_config={})
+    assert ext.uses_thebe(launch, "") and not ext.uses_thebe(SimpleNamespace(), "<p>x</p>")

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from course_lib.widgets import format_explorer
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,18 +41,33 @@ PLANTED = {
     "missing_script.html": '<script src="_static/missing.js"></script><p>text</p>',
     "widget.html": '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
                    '{"model_id": "x", "version_major": 2, "version_minor": 0}</script></div>',
+    # explorers: one that works, one whose script never runs, one nobody checks, one that stopped responding
+    "explorer.html": format_explorer(1.0).html(),
+    "explorer_dead.html": format_explorer(1.0).html().split("<script type=\"module\">")[0],
+    "explorer_unchecked.html": '<div class="course-explorer" data-explorer="nope" data-mounted="1">'
+                               '<script type="application/json" class="course-explorer-config">{}</script></div>',
+    "explorer_deaf.html": format_explorer(1.0).html() + (
+        "<script type=\"module\">const i = document.querySelector('[data-role=number]');"
+        "i.replaceWith(i.cloneNode(true));</script>"),
     "box.html": "<p>A character no font has: \u0379.</p>",
     "figure_glyph.html": '<div class="output stderr"><pre>UserWarning: Glyph 9989 (\\N{WHITE HEAVY CHECK MARK}) '
                          "missing from font(s) DejaVu Sans.</pre></div>",
+    "heavy.html": '<script src="heavy.js"></script><p>A page that loads more than the limit.</p>',
 }
+PLANTED_HEAVY_BYTES = bc.PAGE_WEIGHT_LIMIT + 200_000   # one script alone over the limit
+
+
+def _page_html(name: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>"
+            f"<body>{PLANTED[name]}</body></html>")
 
 
 def _plant(folder: Path) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "pixel.png").write_bytes(PIXEL)
+    (folder / "heavy.js").write_text("//" + "x" * (PLANTED_HEAVY_BYTES - 3) + "\n")
     for name, body in PLANTED.items():
-        (folder / name).write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>"
-                                   f"<body>{body}</body></html>", encoding="utf-8")
+        (folder / name).write_text(_page_html(name), encoding="utf-8")
     return list(PLANTED)
 
 
@@ -58,7 +75,7 @@ def _plant(folder: Path) -> list[str]:
 def planted_results(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     pages = _plant(site)
-    bc.RENDER_TIMEOUT_MS = 500   # the planted widget never renders: do not wait the real book's 15 s
+    bc.RENDER_TIMEOUT_MS = 1500   # the planted dead explorer never starts: do not wait the real book's 15 s
     results = bc.check_site(site, pages, screenshots=site.parent / "shots")
     return {r.page: r for r in results}
 
@@ -72,6 +89,23 @@ def test_a_clean_page_passes_and_is_photographed(planted_results):
     clean = planted_results["clean.html"]
     assert clean.problems == [] and clean.images == 1
     assert clean.screenshot.is_file() and clean.screenshot.stat().st_size > 1000
+
+
+@needs_browser
+def test_a_light_page_passes_with_every_byte_it_loaded_weighed(planted_results, tmp_path):
+    clean = planted_results["clean.html"]
+    page_bytes = len(_page_html("clean.html").encode())
+    assert clean.resources == {"clean.html": page_bytes, "pixel.png": len(PIXEL)}
+    assert clean.weight == page_bytes + len(PIXEL) and clean.problems == []
+    assert f"{clean.weight} B" in bc.format_table([clean])
+
+
+@needs_browser
+def test_a_page_above_the_weight_limit_fails_naming_its_heaviest_resources(planted_results):
+    heavy = planted_results["heavy.html"]
+    assert heavy.resources["heavy.js"] == PLANTED_HEAVY_BYTES and heavy.weight > bc.PAGE_WEIGHT_LIMIT
+    assert heavy.problems == [f"page weighs {bc.format_bytes(heavy.weight)}, above the 3.00 MB limit; "
+                              f"heaviest: heavy.js 3.20 MB, heavy.html {bc.format_bytes(heavy.resources['heavy.html'])}"]
 
 
 @needs_browser
@@ -107,9 +141,22 @@ def test_requests_off_the_machine_are_blocked_and_fail(planted_results):
 
 
 @needs_browser
-def test_a_widget_that_does_not_render_fails(planted_results):
-    result = planted_results["widget.html"]
-    assert result.widgets == 1 and "widget output 1 rendered nothing" in _problems(planted_results, "widget.html")
+def test_an_ipywidgets_output_fails(planted_results):
+    assert "an ipywidgets output: it needs a kernel" in _problems(planted_results, "widget.html")
+
+
+@needs_browser
+def test_a_working_explorer_passes_its_check(planted_results):
+    result = planted_results["explorer.html"]
+    assert result.explorers == 1 and result.problems == []
+
+
+@needs_browser
+def test_an_explorer_that_does_not_start_or_respond_or_is_unchecked_fails(planted_results):
+    assert "explorer 1 (format_explorer) did not start" in _problems(planted_results, "explorer_dead.html")
+    assert "explorer 1 (nope) has no check" in _problems(planted_results, "explorer_unchecked.html")
+    deaf = _problems(planted_results, "explorer_deaf.html")
+    assert deaf.startswith("explorer 1 (format_explorer): ") and planted_results["explorer_deaf.html"].explorers == 1
 
 
 @needs_browser
@@ -126,6 +173,7 @@ def test_main_prints_the_table_and_exits_non_zero_on_a_problem(tmp_path, capsys)
     assert bc.main([str(site), "--toc", str(tmp_path / "_toc.yml")]) == 1
     out = capsys.readouterr().out
     assert "clean.html" in out and "broken_image.html" in out and "FAIL" in out and "1 of 2 pages ok" in out
+    assert "page weight: min " in out and "(broken_image.html), max " in out and "(clean.html); limit 3.00 MB" in out
 
 
 def test_pages_come_from_the_toc_in_order():
@@ -150,3 +198,22 @@ def test_the_table_lists_every_page_and_its_problems():
     table = bc.format_table([ok, bad])
     assert "a.html" in table and " ok " in table and "FAIL" in table and "x (+1 more)" in table
     assert table.rstrip().endswith("  - y")
+
+
+def test_sizes_read_in_decimal_units():
+    assert [bc.format_bytes(n) for n in (512, 86_000, 1_489_308, 3_000_000)] == ["512 B", "86 KB", "1.49 MB", "3.00 MB"]
+
+
+def test_the_weight_problem_names_the_total_and_the_heaviest_resources_first():
+    page = bc.PageResult("a.html", resources={"a.html": 20_000, "big.js": 2_500_000, "font.woff2": 600_000,
+                                               **{f"s{i}.css": 1000 + i for i in range(10)}})
+    problem = bc.weight_problem(page)
+    assert problem.startswith("page weighs 3.13 MB, above the 3.00 MB limit; heaviest: big.js 2.50 MB, "
+                              "font.woff2 600 KB, a.html 20 KB, s9.css 1 KB")
+    assert problem.count(" KB") + problem.count(" MB") == 2 + bc.HEAVIEST_NAMED   # total, limit, the named few
+    assert bc.weight_problem(bc.PageResult("b.html", resources={"b.html": bc.PAGE_WEIGHT_LIMIT})) is None
+
+
+def test_the_summary_names_the_lightest_and_heaviest_page():
+    pages = [bc.PageResult("a.html", resources={"a.html": 800_000}), bc.PageResult("b.html", resources={"b.html": 2_030_000})]
+    assert bc.weight_summary(pages) == "page weight: min 800 KB (a.html), max 2.03 MB (b.html); limit 3.00 MB"

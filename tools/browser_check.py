@@ -13,14 +13,23 @@ sees it. A page passes when
 - its visible text (code aside) holds no raw TeX delimiters (``\\(``, ``\\)``, ``\\[``, ``\\]``, ``$$``)
   and no unresolved glue role or substitution;
 - where it has math, MathJax typeset every formula (an ``mjx-container`` in each) with no TeX error;
-- every widget output (``application/vnd.jupyter.widget-view+json`` script) rendered a widget;
+- every explorer (``course_lib.widgets``: a ``.course-explorer`` output with its own inline script) started,
+  and responds: its check in ``course_lib.widgets.CHECKS`` changes one input and compares what the page
+  then shows with what Python computes from the same configuration; an explorer without a check, one that
+  failed to start, and an ipywidgets output (which cannot compute in a static page) are problems;
 - no character of its text is drawn as a box (no installed font has it: an emoji on a plain Linux machine),
-  and no cell output reports matplotlib's "Glyph ... missing from font(s)" (a box inside a figure).
+  and no cell output reports matplotlib's "Glyph ... missing from font(s)" (a box inside a figure);
+- it weighs at most ``PAGE_WEIGHT_LIMIT`` bytes: the bodies of everything it loads (the HTML, scripts,
+  styles, fonts, images; lazy images made to load, counted once the network is idle, so late fonts and
+  MathJax's pieces count), each fetched afresh (routing every request turns Chromium's cache off) and
+  uncompressed, as this server sends them (a server that gzips sends fewer). A page above it fails naming
+  its heaviest resources.
 
-A full-page screenshot of each page is saved for a person to look at. A table (page, status, problems)
-is printed; the exit status is 1 if any page has a problem. Where Playwright or Chromium is missing the
-check prints that it was SKIPPED and why, and exits 0, or 1 when $BROWSER_CHECK_REQUIRED is set (CI,
-which installs Chromium, sets it, so a broken install cannot pass as a skip).
+A full-page screenshot of each page is saved for a person to look at. A table (page, status, weight,
+problems) and the lightest and heaviest page's weight are printed; the exit status is 1 if any page has
+a problem. Where Playwright or Chromium is missing the check prints that it was SKIPPED and why, and
+exits 0, or 1 when $BROWSER_CHECK_REQUIRED is set (CI, which installs Chromium, sets it, so a broken
+install cannot pass as a skip).
 
 This is a tool for the book's build, not course material, so it lives in tools/ rather than course_lib;
 tests/test_browser_check.py plants broken pages and checks that each failure is reported.
@@ -45,6 +54,7 @@ from typing import Iterator
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+EXPLORER = ".course-explorer"
 # in the page's text, outside code: TeX that MathJax did not typeset, glue or substitutions left unresolved
 RAW_TEXT_PATTERNS = {
     "raw TeX": re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$"),
@@ -54,6 +64,9 @@ RAW_TEXT_PATTERNS = {
 FIGURE_GLYPH_MISSING = re.compile(r"Glyph \d+ \(.*?\) missing from (?:current )?font")
 LOAD_TIMEOUT_MS = 30_000
 RENDER_TIMEOUT_MS = 15_000
+# bytes a page may load in all (decimal: 3 MB); a reader on a slow or metered line pays for each one
+PAGE_WEIGHT_LIMIT = 3_000_000
+HEAVIEST_NAMED = 5   # resources named when a page is too heavy
 
 
 @dataclass
@@ -63,8 +76,17 @@ class PageResult:
     screenshot: Path | None = None
     images: int = 0       # what was checked, so a pass says something: <img> elements,
     formulas: int = 0     # formulas (elements of class "math"),
-    widgets: int = 0      # widget outputs
+    explorers: int = 0    # explorers checked
     seconds: float = 0.0
+    resources: dict[str, int] = field(default_factory=dict)   # what it loaded (path on the site) -> bytes
+
+    @property
+    def weight(self) -> int:
+        """Bytes the page loaded: the bodies of its document and of every resource it fetched."""
+        return sum(self.resources.values())
+
+    def heaviest(self, count: int = HEAVIEST_NAMED) -> list[tuple[str, int]]:
+        return sorted(self.resources.items(), key=lambda item: (-item[1], item[0]))[:count]
 
     @property
     def status(self) -> str:
@@ -72,6 +94,21 @@ class PageResult:
 
 
 # -- what to check --------------------------------------------------------------------------------------
+def format_bytes(size: int) -> str:
+    """``size`` bytes in decimal units: 1.49 MB, 86 KB, 512 B."""
+    if size >= 1_000_000:
+        return f"{size / 1_000_000:.2f} MB"
+    return f"{size / 1000:.0f} KB" if size >= 1000 else f"{size} B"
+
+
+def weight_problem(result: PageResult, limit: int = PAGE_WEIGHT_LIMIT) -> str | None:
+    """The problem of a page that loads more than ``limit`` bytes, naming its heaviest resources."""
+    if result.weight <= limit:
+        return None
+    heaviest = ", ".join(f"{name} {format_bytes(size)}" for name, size in result.heaviest())
+    return f"page weighs {format_bytes(result.weight)}, above the {format_bytes(limit)} limit; heaviest: {heaviest}"
+
+
 def pages_from_toc(toc: Path) -> list[str]:
     """The HTML pages of a Jupyter Book ``_toc.yml``, in its order (``root`` first)."""
     import yaml
@@ -198,16 +235,64 @@ _GLYPH_BOXES_JS = """() => {
   return [...boxes].map(ch => ch + ' (U+' + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, '0') + ')');
 }"""
 
-_WIDGETS_RENDERED_JS = """(selector) => [...document.querySelectorAll(selector)].every(
-  s => s.parentElement && s.parentElement.querySelector('.jupyter-widgets'))"""
+def explorer_checks() -> dict:
+    """Each explorer's in-page check (``course_lib.widgets.CHECKS``); empty where course_lib is not importable."""
+    try:
+        from course_lib.widgets import CHECKS
+    except ImportError:
+        return {}
+    return dict(CHECKS)
 
-_WIDGETS_JS = """(selector) => [...document.querySelectorAll(selector)].map((s, i) => {
-  const parent = s.parentElement;
-  const widget = parent && parent.querySelector('.jupyter-widgets');
-  const box = widget && widget.getBoundingClientRect();
-  return {index: i, rendered: !!widget, height: box ? box.height : 0,
-          error: !!(parent && /Error displaying widget/.test(parent.textContent))};
-})"""
+
+def check_explorers(page, checks: dict | None = None) -> tuple[int, list[str]]:
+    """Start-up and response of every explorer on ``page``: (explorers found, problems)."""
+    import json
+
+    checks = explorer_checks() if checks is None else checks
+    problems = []
+    if page.locator(f'script[type="{WIDGET_VIEW}"]').count():
+        problems.append("an ipywidgets output: it needs a kernel and cannot compute in the static book; "
+                        "use a course_lib.widgets explorer")
+    explorers = page.locator(EXPLORER)
+    count = explorers.count()
+    for i in range(count):
+        root = explorers.nth(i)
+        name = root.get_attribute("data-explorer") or "?"
+        label = f"explorer {i + 1} ({name})"
+        try:
+            page.wait_for_function("(e) => e.dataset.mounted === '1'", arg=root.element_handle(),
+                                   timeout=RENDER_TIMEOUT_MS)
+        except Exception:
+            problems.append(f"{label} did not start (its script did not run)")
+            continue
+        message = root.locator(".course-explorer-message").first
+        if message.count() and "failed to start" in (message.text_content() or ""):
+            problems.append(f"{label}: {message.text_content()[:200]}")
+            continue
+        if name not in checks:
+            problems.append(f"{label} has no check in course_lib.widgets.CHECKS, so nothing tests that it responds")
+            continue
+        config = json.loads(root.locator("script.course-explorer-config").first.text_content() or "{}")
+        try:
+            problems += [f"{label}: {p}" for p in checks[name](root, config)]
+        except Exception as error:   # a check that times out waiting for a change: the explorer did not respond
+            problems.append(f"{label}: its check failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    return count, problems
+
+
+def _weigh(requests, base_url: str) -> dict[str, int]:
+    """Bytes of each response body, by its path on the site (query dropped; a path fetched twice counts twice)."""
+    sizes: dict[str, int] = {}
+    for request in requests:
+        if not request.url.startswith(base_url):   # data: URLs are in their page's bytes; others were blocked
+            continue
+        try:
+            size = max(0, request.sizes()["responseBodySize"])
+        except Exception:   # the page crashed or closed before the body came: nothing of it to count
+            continue
+        name = request.url[len(base_url):].split("#")[0].split("?")[0] or "/"
+        sizes[name] = sizes.get(name, 0) + size
+    return sizes
 
 
 def check_page(context, base_url: str, page_path: str, screenshots: Path | None) -> PageResult:
@@ -221,6 +306,8 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
     page.on("requestfailed", lambda r: problems.append(
         f"request failed ({r.failure}): {r.url[:160]}" if r.url.startswith(base_url) else f"blocked request off the machine: {r.url[:160]}"))
     page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url[:160]}") if r.status >= 400 else None)
+    finished = []   # every request that completed, weighed at the end, once the network is idle
+    page.on("requestfinished", lambda r: finished.append(r))
     try:
         response = page.goto(base_url + page_path, wait_until="load", timeout=LOAD_TIMEOUT_MS)
         if response is None or response.status != 200:
@@ -240,16 +327,8 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
                 problems.append(f"{len(math['untypeset'])} of {math['formulas']} formulas not typeset, "
                                 f"first: {math['untypeset'][0]!r}")
             problems += [f"TeX error: {e[:120]}" for e in math["errors"]]
-        selector = f'script[type="{WIDGET_VIEW}"]'
-        if page.locator(selector).count():
-            with contextlib.suppress(Exception):   # a timeout is reported below, per widget
-                page.wait_for_function(_WIDGETS_RENDERED_JS, arg=selector, timeout=RENDER_TIMEOUT_MS)
-            widgets = page.evaluate(_WIDGETS_JS, selector)
-            result.widgets = len(widgets)
-            for widget in widgets:
-                if not widget["rendered"] or widget["error"] or widget["height"] <= 0:
-                    how = "an error" if widget["error"] else ("nothing" if not widget["rendered"] else "an empty box")
-                    problems.append(f"widget output {widget['index'] + 1} rendered {how}")
+        result.explorers, found = check_explorers(page)
+        problems += found
         problems += [f"drawn as a box (no font has it): {ch}" for ch in page.evaluate(_GLYPH_BOXES_JS)]
         problems += [f"a figure lacks a glyph: {m.group(0)}"
                      for m in FIGURE_GLYPH_MISSING.finditer(page.evaluate("() => document.body.innerText"))][:3]
@@ -269,6 +348,8 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
     except Exception as error:   # a Playwright timeout or a crashed page is this page's problem
         problems.append(f"check failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}")
     finally:
+        result.resources = _weigh(finished, base_url)   # however far the check got
+        problems += [p for p in [weight_problem(result)] if p]
         page.close()
         result.seconds = time.monotonic() - started
     return result
@@ -298,18 +379,28 @@ def check_site(site: Path, pages: list[str], screenshots: Path | None = None) ->
 
 def format_table(results: list[PageResult]) -> str:
     width = max([len("page")] + [len(r.page) for r in results])
-    lines = [f"{'page':<{width}}  status  seconds  images  formulas  widgets  problems",
-             f"{'-' * width}  ------  -------  ------  --------  -------  --------"]
+    lines = [f"{'page':<{width}}  status  seconds   weight  images  formulas  explorers  problems",
+             f"{'-' * width}  ------  -------  -------  ------  --------  -------  --------"]
     for r in results:
         first = r.problems[0] if r.problems else "-"
         more = f" (+{len(r.problems) - 1} more)" if len(r.problems) > 1 else ""
-        lines.append(f"{r.page:<{width}}  {r.status:<6}  {r.seconds:7.1f}  {r.images:6}  {r.formulas:8}  "
-                     f"{r.widgets:7}  {first}{more}")
+        lines.append(f"{r.page:<{width}}  {r.status:<6}  {r.seconds:7.1f}  {format_bytes(r.weight):>7}  {r.images:6}  "
+                     f"{r.formulas:8}  {r.explorers:9}  {first}{more}")
     failing = [r for r in results if r.problems]
     for r in failing:
         lines.append(f"\n{r.page}:")
         lines += [f"  - {p}" for p in r.problems]
     return "\n".join(lines)
+
+
+def weight_summary(results: list[PageResult], limit: int = PAGE_WEIGHT_LIMIT) -> str:
+    """One line: the lightest and the heaviest page, and the limit."""
+    if not results:
+        return "page weight: no pages"
+    lightest = min(results, key=lambda r: r.weight)
+    heaviest = max(results, key=lambda r: r.weight)
+    return (f"page weight: min {format_bytes(lightest.weight)} ({lightest.page}), max {format_bytes(heaviest.weight)} "
+            f"({heaviest.page}); limit {format_bytes(limit)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results = check_site(args.site, pages, args.screenshots)
     print(format_table(results))
+    print(f"\n{weight_summary(results)}")
     failed = sum(1 for r in results if r.problems)
     shots = f"; screenshots in {args.screenshots}" if args.screenshots is not None else ""
     print(f"\nbrowser check: {len(results) - failed} of {len(results)} pages ok, offline, in "
