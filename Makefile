@@ -6,7 +6,6 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-BOOKJS := $(VENV)/share/book-js/.stamp
 NBBUILD := .nbbuild
 LESSONS := $(wildcard lessons/*.md)
 # pip prints a warning per package for local index folders it cannot use; keep the log readable.
@@ -14,7 +13,7 @@ PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true
 
 .PHONY: book test lint unit selfcheck lessons strict-book browser setup clean lab
 
-setup: $(STAMP) $(BOOKJS)
+setup: $(STAMP)
 
 # torch first and pinned (the CPU wheel where one is at hand; on a normal Linux machine the same pin pulls
 # the CUDA build from PyPI). SYSTEM_TORCH=1 uses the torch already installed instead (a GPU image's):
@@ -50,15 +49,9 @@ LAB_ARGS ?=
 lab: $(LABSTAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
-# require.js and the Jupyter widget manager, served with the book (book/_ext/local_widgets.py): pinned npm
-# packages (book/js-packages.txt) unpacked into the venv. Without npm or the registry this prints why and the
-# book loads them from a CDN (its build log says so); the next make tries again.
-$(BOOKJS): book/js-packages.txt tools/fetch_book_js.py $(STAMP)
-	$(PY) tools/fetch_book_js.py book/js-packages.txt $(VENV)/share/book-js
-
 # Sphinx rebuilds only pages whose source changed, so a change in course_lib would leave old outputs:
 # every build starts from a clean _build and executes every page.
-book: $(STAMP) $(BOOKJS)
+book: $(STAMP)
 	rm -rf _build
 	$(VENV)/bin/jupyter-book build . --keep-going
 	@echo "The book: $(CURDIR)/_build/html/index.html"
@@ -90,7 +83,7 @@ lessons: $(STAMP)
 # Markdown lessons, and the lessons excluded from execution there (the other pages still execute).
 # `make book` is the reader's build: it executes every page itself.
 BOOKSTAGE := $(NBBUILD)/book
-strict-book: lessons $(BOOKJS)
+strict-book: lessons
 	rm -rf _build $(BOOKSTAGE) && mkdir -p $(BOOKSTAGE)/lessons
 	cp _config.yml _toc.yml $(BOOKSTAGE)/ && cp -r book $(BOOKSTAGE)/
 	cp $(NBBUILD)/lessons/*.ipynb $(BOOKSTAGE)/lessons/

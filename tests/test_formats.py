@@ -440,6 +440,53 @@ def test_bit_string_and_explain_value():
     assert fp4.code is None and fp4.bits == "-"
 
 
+def test_neighbours_at_the_ends_of_every_format():
+    """The values next to a code: the zeros reach across to the smallest subnormal of the other sign, the
+    largest finite value has inf above it (IEEE) or nothing (saturating formats, E4M3, E8M0), NaN codes have
+    no neighbours, and E8M0's ends (2**-127, 2**127) have nothing beyond them."""
+    tiny = F.get_format("FP16").min_subnormal
+    assert F.neighbours(0x0000, "FP16") == (-tiny, tiny) and F.neighbours(0x8000, "FP16") == (-tiny, tiny)
+    assert F.neighbours(0x3C00, "FP16") == (1 - 2**-11, 1 + 2**-10)
+    assert F.neighbours(0xBC00, "FP16") == (-1 - 2**-10, -1 + 2**-11)
+    assert F.neighbours(0x7BFF, "FP16") == (65472.0, math.inf) and F.neighbours(0xFBFF, "FP16") == (-math.inf, -65472.0)
+    assert F.neighbours(0x7C00, "FP16") == (65504.0, None) and F.neighbours(0xFC00, "FP16") == (None, -65504.0)
+    largest32 = np.finfo(np.float32).max
+    assert F.neighbours(0x7F7F_FFFF, "FP32") == (float(np.nextafter(largest32, np.float32(0))), math.inf)
+    for name, nan_codes in (("FP16", [0x7C01, 0x7E00, 0xFFFF]), ("FP8 E5M2", [0x7D, 0xFF]),
+                            ("FP8 E4M3", [0x7F, 0xFF]), ("E8M0", [0xFF])):
+        for code in nan_codes:
+            assert F.neighbours(code, name) == (None, None), (name, code)
+    assert F.neighbours(0x7E, "FP8 E4M3") == (416.0, None) and F.neighbours(0xFE, "FP8 E4M3") == (None, -416.0)
+    for name in ("FP6 E2M3", "FP6 E3M2", "FP4 E2M1"):
+        f = F.get_format(name)
+        top = 2 ** (f.bits - 1) - 1
+        assert F.neighbours(top, f)[1] is None and F.neighbours(top, f)[0] < f.max_finite
+        assert F.neighbours(2 * top + 1, f)[0] is None
+    assert F.neighbours(0, "E8M0") == (None, 2.0**-126) and F.neighbours(254, "E8M0") == (2.0**126, None)
+    assert F.neighbours(127, "E8M0") == (0.5, 2.0)
+    with pytest.raises(ValueError, match="codes lie in 0..255"):
+        F.neighbours(256, "E8M0")
+    with pytest.raises(TypeError, match="code must be an int"):
+        F.neighbours(1.0, "FP16")
+
+
+def test_neighbours_are_the_adjacent_values_of_the_sorted_grid():
+    """Against all_values: each finite value's neighbours are the next distinct values of the sorted grid
+    (the two zeros count as one value, with the smallest subnormals on either side)."""
+    for f in F.list_formats():
+        if f.bits > 8:
+            continue
+        values = F.all_values(f)
+        grid = np.unique(values[~np.isnan(values)])   # sorted; -0 and 0 merge
+        for code, v in enumerate(values):
+            if math.isnan(v):
+                continue
+            i = int(np.searchsorted(grid, v))
+            below = float(grid[i - 1]) if i > 0 else None
+            above = float(grid[i + 1]) if i + 1 < len(grid) else None
+            assert F.neighbours(code, f) == (below, above), (f.name, code)
+
+
 def test_markdown_tables_hold_every_format():
     table = F.properties_markdown()
     for name in F.FORMATS:

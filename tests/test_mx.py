@@ -564,3 +564,17 @@ def test_skipped_columns_measure_what_an_outlier_does_to_the_others():
     # only the 31 other values of each row's first block share a scale with the outlier
     blocks = mx.block_error(act, mx.BlockScaling("e2m1", 32, mode="rceil"), skip_columns=(0,))
     assert blocks.relative_error < others.relative_error / 2
+
+
+def test_nvfp4_refuses_a_tensor_too_small_for_its_fp32_tensor_scale_and_errors_span_fp32():
+    from course_lib.mx import BlockScaling, block_error
+
+    nvfp4 = BlockScaling(element="e2m1", scale_format="e4m3", block=16, tensor_scale=True)
+    with pytest.raises(ValueError, match="too small for an FP32 tensor scale"):
+        nvfp4.quantize(torch.full((1, 16), 1e-37))
+    # the error of a block of huge (or tiny) values: FP32 norms would give NaN (or 0)
+    mx_rule = BlockScaling(element="e2m1", block=32)
+    for magnitude in (2.0**100, 2.0**-100):   # exact scalings: the same error, if the norms can hold it
+        x = torch.linspace(1, 2, 32).reshape(1, 32) * magnitude
+        rel = block_error(x, mx_rule).relative_error
+        assert math.isfinite(rel) and rel == pytest.approx(block_error(x / magnitude, mx_rule).relative_error, rel=1e-6)

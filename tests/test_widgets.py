@@ -1,55 +1,73 @@
+"""The explorers' plumbing (course_lib.widgets.page): bundling, the HTML an output carries, and mounting in
+a real page (headless Chromium). Each explorer's arithmetic has its own test file, against Python."""
+
+import json
+
 import pytest
 
-from course_lib.widgets import FormatExplorer, explain_value_html, format_explorer
+from course_lib.widgets import Explorer, bundle, format_explorer
+from course_lib.widgets import page as page_module
 
 
-# ipywidgets is an optional extra (the lessons' set-up installs it; a bare GPU image may not have it).
-needs_ipywidgets = pytest.mark.skipif(__import__("importlib").util.find_spec("ipywidgets") is None,
-                                      reason="ipywidgets is not installed")
+def test_bundle_inlines_imports_once_and_drops_exports():
+    source = bundle("format_explorer.js")
+    assert "import " not in source and "\nexport " not in source
+    assert source.count("// ---- codecs.js") == 1 and source.count("// ---- page.js") == 1
+    # dependencies first: the entry comes last
+    assert source.index("// ---- codecs.js") < source.index("// ---- format_explorer.js")
+    assert bundle("codecs.js", expose=("decode", "encode")).endswith("globalThis.courseLib = { decode, encode };")
 
 
-@needs_ipywidgets
-def test_explorer_shows_bits_and_flips_them():
-    e = FormatExplorer(1.0, "FP16")
-    assert e.code == 0x3C00 and "0 01111 0000000000" in e.decoded.value
-    assert len(e.bits_box.children) == 16
-    e.flip(0)
-    assert e.code == 0xBC00 and "<b>-1.0</b>" in e.decoded.value
-    e._buttons[1].value = not e._buttons[1].value  # a click on the first exponent bit
-    assert e.code == 0xFC00 and "-inf" in e.decoded.value
-    with pytest.raises(ValueError, match="has bits 0..15"):
-        e.flip(16)
+def test_bundle_refuses_what_it_cannot_bundle(tmp_path, monkeypatch):
+    monkeypatch.setattr(page_module, "JS_DIR", tmp_path)
+    (tmp_path / "a.js").write_text('import { b } from "./b.js";\nexport function a() { return b(); }\n')
+    (tmp_path / "b.js").write_text('import { a } from "./a.js";\nexport function b() { return 1; }\n')
+    (tmp_path / "c.js").write_text("export default 3;\n")
+    (tmp_path / "d.js").write_text('import x from "./a.js";\n')
+    (tmp_path / "e.js").write_text("export const x = 1;\n")
+    with pytest.raises(ValueError, match="import cycle in the explorer modules: a.js -> b.js -> a.js"):
+        bundle("a.js")
+    with pytest.raises(ValueError, match="c.js:1: export only declarations"):
+        bundle("c.js")
+    with pytest.raises(ValueError, match="d.js:1: write imports as one line"):
+        bundle("d.js")
+    with pytest.raises(ValueError, match="no explorer module 'nope.js'"):
+        bundle("nope.js")
+    with pytest.raises(TypeError, match="entry must be a file name"):
+        bundle(3)
+    with pytest.raises(ValueError, match="not a JavaScript identifier"):
+        bundle("e.js", expose=("x; alert(1)",))
 
 
-@needs_ipywidgets
-def test_explorer_follows_number_and_format():
-    e = FormatExplorer(0.1)
-    e.number.value = "65520"
-    assert "inf" in e.decoded.value and "FP8 E4M3" in e.table.value
-    e.picker.value = "FP8 E4M3"
-    assert e.code == 0x7E and "448" in e.decoded.value
-    e.number.value = "abc"
-    assert "is not a number" in e.table.value
-    assert format_explorer().children
+def test_explorer_html_carries_its_config_safely():
+    e = Explorer("format_explorer.js", {"value": "</script><script>alert(1)</script>", "x": 0.1}, "t")
+    markup = e._repr_html_()
+    config = markup.split('class="course-explorer-config">')[1].split("</script>")[0]
+    assert "</" not in config and json.loads(config)["value"].startswith("</script>")
+    assert json.loads(config)["x"] == 0.1
+    assert markup.count('<script type="module">') == 1 and "needs JavaScript" in markup
+    with pytest.raises(ValueError, match="must be finite numbers"):
+        Explorer("format_explorer.js", {"x": [float("inf")]}, "t").html()
 
 
-def test_static_html_table():
-    html = explain_value_html(0.1, ["FP16"])
-    assert "0 01011 1001100110" in html and "0.0999755859375" in html
-    # every cell keeps its content on one line, so a long bit pattern cannot spill into the next column
-    assert html.count("<td") == 5 and html.count("white-space: nowrap") == 10
+def test_format_explorer_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="not among the explorer's formats"):
+        format_explorer(1.0, "FP16", formats=["BF16"])
+    with pytest.raises(ValueError, match="unknown format"):
+        format_explorer(1.0, "FP17")
+    with pytest.raises(TypeError, match="value must be a number"):
+        format_explorer([1.0])
 
 
-@needs_ipywidgets
-def test_delayed_scaling_explorer_follows_its_sliders():
-    import torch
+def test_two_explorers_on_one_page_mount_independently(page_with):
+    page = page_with(format_explorer(1.0).html() + format_explorer(2.0, "BF16").html())
+    page.wait_for_function("() => document.querySelectorAll('.course-explorer[data-mounted]').length === 2")
+    decoded = page.locator("[data-role=decoded]")
+    assert decoded.nth(0).text_content() == "1" and decoded.nth(1).text_content() == "2"
 
-    from course_lib.widgets import DelayedScalingExplorer
-    e = DelayedScalingExplorer(torch.linspace(-1, 1, 64).reshape(8, 8), steps=20, spike_at=5)
-    assert e.image.value[:4] == b"\x89PNG"
-    assert e.run.saturated["current"][5] == 0.0
-    assert e.run.saturated["delayed, max of 16"][5] > 0.5
-    e.margin.value = 8       # 2**8 of headroom absorbs a 50x spike
-    assert e.run.saturated["delayed, max of 16"][5] == 0.0 and "0%" in e.summary.value
-    e.history.value = 2
-    assert "delayed, max of 2" in e.run.saturated
+
+def test_a_failing_start_shows_a_message_in_the_explorer(page_with):
+    markup = Explorer("format_explorer.js", {"format": "FP17"}, "t").html()
+    page = page_with(markup)
+    page.wait_for_selector(".course-explorer-message")
+    assert "this explorer failed to start: unknown format" in page.locator(".course-explorer").text_content()

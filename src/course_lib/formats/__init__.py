@@ -25,7 +25,14 @@ from .codecs import (
     round_to_format,
     spacing,
 )
-from .tables import ValueInFormat, bit_string, explain_value, explain_values_markdown, properties_markdown
+from .tables import (
+    ValueInFormat,
+    bit_string,
+    explain_value,
+    explain_values_markdown,
+    neighbours,
+    properties_markdown,
+)
 from .tf32 import TF32Check, tf32_matmul_check, tf32_rounding_agreement
 
 __all__ = [
@@ -49,6 +56,7 @@ __all__ = [
     "bit_string",
     "ValueInFormat",
     "explain_value",
+    "neighbours",
     "properties_markdown",
     "explain_values_markdown",
     "TF32Check",

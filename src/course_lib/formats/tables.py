@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..tables import MarkdownTable, markdown_table
-from .codecs import FloatFormat, encode, get_format, list_formats, round_to_format
+from .codecs import FloatFormat, decode, encode, get_format, list_formats, round_to_format
 
 
 def bit_string(code: int, fmt: str | FloatFormat) -> str:
@@ -61,6 +61,30 @@ def explain_value(value: float, formats: list[str | FloatFormat] | None = None) 
             abs_err = rel_err = math.nan if not (stored == value) else 0.0
         rows.append(ValueInFormat(f.name, value, stored, code, bits, abs_err, rel_err))
     return rows
+
+
+def neighbours(code: int, fmt: str | FloatFormat) -> tuple[float | None, float | None]:
+    """The values next to code ``code``'s value, ``(below, above)``: the nearest values the format holds
+    (infinities included, NaN not) on each side, or None where there is none. Both zeros have the smallest
+    subnormals of either sign as neighbours. The rounding bin of the value ends halfway to each (beside
+    infinity: at the overflow threshold, the largest finite value plus half its spacing)."""
+    f = get_format(fmt)
+    bit_string(code, f)   # the same checks on code: an int within the format's codes
+    code = int(code)
+    magnitudes = 2 ** (f.bits - 1) if f.signed else 2**f.bits
+    magnitude = code % magnitudes
+    # one decode for the code and the codes on either side (clipped to the format's codes; unused there)
+    before, value, after = (float(v) for v in decode(np.array([max(code - 1, 0), code, min(code + 1, 2**f.bits - 1)]), f))
+    if math.isnan(value):
+        return None, None
+    away = after if magnitude + 1 < magnitudes and not math.isnan(after) else None
+    if magnitude > 0:
+        toward = None if math.isnan(before) else before
+    elif f.signed:
+        toward = f.min_subnormal if math.copysign(1.0, value) < 0 else -f.min_subnormal
+    else:
+        toward = None
+    return (away, toward) if math.copysign(1.0, value) < 0 else (toward, away)
 
 
 def _num(x: float) -> str:

@@ -188,6 +188,10 @@ class BlockScaling:
             block_scales = raw.clamp(e4m3.min_normal, e4m3.max_finite).to(torch.float8_e4m3fn).float()
             if self.tensor_scale:
                 ts32 = torch.tensor(tensor_scale, dtype=torch.float32, device=x2.device)
+                if not math.isfinite(float(1.0 / ts32)):
+                    raise ValueError(f"the tensor's largest magnitude, {float(amax.max()):.3g}, is too small for an "
+                                     "FP32 tensor scale: its reciprocal overflows FP32 and every element would be "
+                                     "NaN; multiply the tensor by a power of two first")
                 reciprocal = (1.0 / ts32) / block_scales
                 scales = ts32 * block_scales
             else:
@@ -313,8 +317,9 @@ def block_error(x: torch.Tensor, scaling: BlockScaling, *, label: str | None = N
         keep = torch.ones(x2.shape[1], dtype=torch.bool, device=x2.device)
         keep[list(skip_columns)] = False
         x2, back = x2[:, keep], back[:, keep]
-    norm = float(torch.linalg.vector_norm(x2))
-    rel = float(torch.linalg.vector_norm(back - x2)) / norm if norm > 0 else 0.0
+    # in float64: FP32 squares overflow above about 1.8e19 and vanish below about 1e-23
+    norm = float(torch.linalg.vector_norm(x2.double()))
+    rel = float(torch.linalg.vector_norm(back.double() - x2.double())) / norm if norm > 0 else 0.0
     nonzero = x2 != 0
     flushed = float(((back == 0) & nonzero).sum()) / max(1, int(nonzero.sum()))
     return QuantizationError(label or scaling.label, rel, q.saturated / q.elements.numel(), flushed,

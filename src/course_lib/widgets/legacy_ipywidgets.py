@@ -6,10 +6,10 @@ from __future__ import annotations
 import html
 import math
 
-from .formats import FloatFormat, bit_string, decode, explain_value, get_format, list_formats
-from .gradients import summarize_underflow
-from .plots import plot_delayed_spike
-from .studies.fp8 import delayed_spike
+from ..formats import FloatFormat, bit_string, decode, explain_value, get_format, list_formats
+from ..gradients import summarize_underflow
+from ..plots import plot_delayed_spike
+from ..studies.fp8 import delayed_spike
 
 
 def _fmt_number(x: float, digits: int | None = None) -> str:
