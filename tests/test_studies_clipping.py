@@ -393,3 +393,15 @@ def test_order_facts_other_branches():
     assert facts["ovf_outcome"] == "stepped, and the weights changed"
     odd = CP.order_facts(_order(), _overflow(weights_unchanged=False))
     assert odd["ovf_outcome"] == "skipped the step, yet the weights changed"
+
+
+def test_the_registry_sizes_the_runs_and_a_step_cap_keeps_a_spike():
+    from course_lib.device import SizeProfile
+    from course_lib.experiments import get_experiment
+
+    small = get_experiment("clipping_runs").parameters_for(SizeProfile("small"), "cpu")
+    assert (small["steps"], small["every"], small["width"], small["seeds"]) == C.SIZES["small"][:3] + (C.SIZES["small"][3],)
+    capped = C.clipping_sizes(SizeProfile("small", max_steps=5))
+    assert capped["steps"] == 5 and capped["every"] == 2       # one outlier batch, at step 2
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        C.spiky_clipping_runs(SizeProfile("small"), rules=(C.NO_CLIPPING,), every=0)

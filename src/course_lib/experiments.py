@@ -35,6 +35,7 @@ from .studies.fp8 import (
     lab_block,
     scaling_lab_study,
 )
+from .studies.clipping import SpikyRuns, clipping_sizes, spiky_clipping_runs
 from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
 from .studies.microscaling import MxBlockStudy, block_scaled_training, mx_block_study
 from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
@@ -204,6 +205,16 @@ def _scaler_flight_recording(profile: SizeProfile, device: torch.device, **param
 
 
 # ---- lesson 4: autocast -------------------------------------------------------------------------------
+
+@register("clipping_runs",
+          "An FP16-autocast MLP under GradScaler with planted outlier batches, trained without clipping and with "
+          "global-norm, per-value, per-tensor and adaptive clipping over seeds: loss, skipped steps, scale and "
+          "gradient norms per step, held-out loss (lesson 3).",
+          result_type=SpikyRuns,
+          parameters=lambda profile, device: {**clipping_sizes(profile), "spike_factor": 300.0, "lr": 0.05})
+def _clipping_runs(profile: SizeProfile, device: torch.device, **parameters: Any) -> SpikyRuns:
+    return spiky_clipping_runs(profile, device, **parameters)
+
 
 @register("autocast_trace",
           "Dtypes in and out of every op of the course model's forward and backward under CUDA FP16 "

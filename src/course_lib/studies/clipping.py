@@ -168,15 +168,33 @@ def train_spiky_run(rule: str, seed: int, *, steps: int, spike_steps: Sequence[i
     return {**{k: tuple(v) for k, v in out.items()}, "final": final / eval_batches}
 
 
+def clipping_sizes(profile) -> dict[str, object]:
+    """The runs' sizes for a size profile (:data:`SIZES`): ``steps``, ``every`` (steps between outlier
+    batches), ``width`` and ``seeds``; a profile's ``max_steps`` caps the steps, keeping one spike."""
+    steps, every, width, seeds = profile.pick(small=SIZES["small"], full=SIZES["full"])
+    if profile.max_steps is not None and profile.max_steps < steps:
+        steps = max(3, profile.max_steps)
+        every = max(1, steps // 2)
+    return {"steps": steps, "every": every, "width": width, "seeds": tuple(seeds)}
+
+
 def spiky_clipping_runs(profile, device: torch.device | str = "cpu", *, rules: Sequence[str] = RULES,
                         seeds: Sequence[int] | None = None, thresholds: Mapping[str, float] | None = None,
-                        spike_factor: float = 300.0, lr: float = 0.05) -> SpikyRuns:
-    """Train :func:`train_spiky_run` for every rule and seed, sized by the profile (:data:`SIZES`)."""
+                        spike_factor: float = 300.0, lr: float = 0.05, steps: int | None = None,
+                        every: int | None = None, width: int | None = None) -> SpikyRuns:
+    """Train :func:`train_spiky_run` for every rule and seed, sized by the profile (:func:`clipping_sizes`)
+    unless ``steps``, ``every``, ``width`` or ``seeds`` say otherwise."""
     unknown = [r for r in rules if r not in RULES]
     if unknown or not rules:
         raise ValueError(f"rules must be a non-empty selection of {', '.join(RULES)}; got {list(rules)!r}")
-    steps, every, width, default_seeds = profile.pick(small=SIZES["small"], full=SIZES["full"])
-    seeds = tuple(default_seeds if seeds is None else seeds)
+    sizes = clipping_sizes(profile)
+    steps = sizes["steps"] if steps is None else steps
+    every = sizes["every"] if every is None else every
+    width = sizes["width"] if width is None else width
+    for name, value in (("steps", steps), ("every", every), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    seeds = tuple(sizes["seeds"] if seeds is None else seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise ValueError(f"seeds must be a non-empty sequence of ints, got {seeds!r}")
     spike_factor = check_positive("spike_factor", spike_factor)
