@@ -289,6 +289,21 @@ def test_wide_figures_get_text_that_reads_at_the_column_size():
     plt.close("all")
 
 
+def test_no_figure_text_is_smaller_than_the_floor():
+    import matplotlib.pyplot as plt
+
+    from course_lib.plots.style import MIN_FONT_POINTS, finish_figure
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([1, 2], label="a line")
+    ax.legend(fontsize=6)
+    note = ax.text(0, 0, "a note", fontsize=7)
+    title = ax.set_title("a title", fontsize=12)
+    finish_figure(fig)
+    assert ax.get_legend().get_texts()[0].get_fontsize() == MIN_FONT_POINTS == note.get_fontsize()
+    assert title.get_fontsize() == 12   # larger text is left alone
+
+
 def test_roofline_labels_nearby_operations_once():
     from course_lib.bench import OpCost
 

@@ -65,11 +65,28 @@ def scale_text_to_column(fig: Figure, column_inches: float = COLUMN_INCHES) -> f
     return factor
 
 
+# The smallest text a figure may carry, in points at the column's width: a legend or a note set smaller read
+# at about 6 px on the page.
+MIN_FONT_POINTS = 8.0
+
+
+def enforce_min_font(fig: Figure, points: float = MIN_FONT_POINTS) -> int:
+    """Raise every text of ``fig`` smaller than ``points`` to ``points``; returns how many were raised."""
+    raised = 0
+    for text in fig.findobj(match=Text):
+        if isinstance(text, Text) and text.get_text() and float(text.get_fontsize()) < points:
+            text.set_fontsize(points)
+            raised += 1
+    return raised
+
+
 def finish_figure(fig: Figure) -> Figure:
     """Lay out and detach from pyplot: the caller displays or glues the figure; Jupyter's inline backend
     must not show it a second time at the end of the cell, and no figure piles up in pyplot's registry.
-    Text is enlarged for figures wider than the book's column (:func:`scale_text_to_column`); the figure's
-    dpi is set to :data:`FIGURE_DPI`, which the notebook's PNG uses."""
+    No text is smaller than :data:`MIN_FONT_POINTS`, and text is enlarged for figures wider than the book's
+    column (:func:`scale_text_to_column`); the figure's dpi is set to :data:`FIGURE_DPI`, which the
+    notebook's PNG uses."""
+    enforce_min_font(fig)
     scale_text_to_column(fig)
     fig.tight_layout()
     plt.close(fig)
