@@ -11,6 +11,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -168,7 +169,7 @@ def train_spiky_run(rule: str, seed: int, *, steps: int, spike_steps: Sequence[i
     return {**{k: tuple(v) for k, v in out.items()}, "final": final / eval_batches}
 
 
-def clipping_sizes(profile) -> dict[str, object]:
+def clipping_sizes(profile) -> dict[str, Any]:
     """The runs' sizes for a size profile (:data:`SIZES`): ``steps``, ``every`` (steps between outlier
     batches), ``width`` and ``seeds``; a profile's ``max_steps`` caps the steps, keeping one spike."""
     steps, every, width, seeds = profile.pick(small=SIZES["small"], full=SIZES["full"])
@@ -188,12 +189,13 @@ def spiky_clipping_runs(profile, device: torch.device | str = "cpu", *, rules: S
     if unknown or not rules:
         raise ValueError(f"rules must be a non-empty selection of {', '.join(RULES)}; got {list(rules)!r}")
     sizes = clipping_sizes(profile)
-    steps = sizes["steps"] if steps is None else steps
-    every = sizes["every"] if every is None else every
-    width = sizes["width"] if width is None else width
-    for name, value in (("steps", steps), ("every", every), ("width", width)):
+    chosen_sizes = {"steps": steps, "every": every, "width": width}
+    for name, value in chosen_sizes.items():
+        value = sizes[name] if value is None else value
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+        chosen_sizes[name] = value
+    steps, every, width = (int(chosen_sizes[k] or 0) for k in ("steps", "every", "width"))
     seeds = tuple(sizes["seeds"] if seeds is None else seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise ValueError(f"seeds must be a non-empty sequence of ints, got {seeds!r}")

@@ -8,16 +8,20 @@ compare what the page then shows with what Python computes.
 
 from __future__ import annotations
 
-from . import blocks, formats
+from . import blocks, delayed_scaling, formats, loss_scale
 from .blocks import block_explorer
 from .formats import format_explorer
-from .legacy_ipywidgets import delayed_scaling_explorer, loss_scale_explorer
+from .loss_scale import loss_scale_explorer
+from .delayed_scaling import delayed_scaling_explorer
 from .page import Explorer, bundle
 
 # the name each explorer mounts under (its JS module, without .js) -> its in-page check
 CHECKS = {
     "format_explorer": formats.check_in_page,
     "block_explorer": blocks.check_in_page,
+    "loss_scale_explorer": loss_scale.check_in_page,
+    "delayed_scaling_explorer": delayed_scaling.check_in_page,
 }
 
-__all__ = ["CHECKS", "Explorer", "bundle", "block_explorer", "format_explorer", "loss_scale_explorer", "delayed_scaling_explorer"]
+__all__ = ["CHECKS", "Explorer", "bundle", "block_explorer", "delayed_scaling_explorer", "format_explorer",
+           "loss_scale_explorer"]
