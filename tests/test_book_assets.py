@@ -20,15 +20,17 @@ def _extension(name="local_mathjax", folder="book/_ext"):
 
 def test_mathjax_is_copied_into_the_html_build_and_pages_point_at_it(tmp_path):
     ext = _extension()
-    app = SimpleNamespace(builder=SimpleNamespace(format="html"), config=SimpleNamespace(mathjax_path="https://cdn"),
-                          outdir=str(tmp_path))
+    app = SimpleNamespace(builder=SimpleNamespace(format="html"), outdir=str(tmp_path),
+                          config=SimpleNamespace(mathjax_path="https://cdn", mathjax3_config={"tex": {"tags": "ams"}}))
     ext._use_local_copy(app)
-    assert app.config.mathjax_path == "mathjax/tex-chtml.js"
+    # the loader and the components the book uses, not the combined file with its menu; other settings kept
+    assert app.config.mathjax_path == "mathjax/startup.js"
+    assert app.config.mathjax3_config == {"tex": {"tags": "ams"}, "loader": {"load": ext.COMPONENTS}}
     ext._copy(app, None)
     copied = tmp_path / "_static" / "mathjax"
-    assert (copied / "tex-chtml.js").stat().st_size > 100_000
+    assert all((copied / f"{c}.js").stat().st_size > 1000 for c in ["startup", *ext.COMPONENTS])
     assert list((copied / "output" / "chtml" / "fonts" / "woff-v2").glob("MathJax_Main-Regular.woff"))
-    latex = SimpleNamespace(builder=SimpleNamespace(format="latex"), config=SimpleNamespace(mathjax_path="x"),
+    latex = SimpleNamespace(builder=SimpleNamespace(format="latex"), config=SimpleNamespace(mathjax_path="x", mathjax3_config=None),
                             outdir=str(tmp_path / "latex"))
     ext._use_local_copy(latex)
     ext._copy(latex, None)
