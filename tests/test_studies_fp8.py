@@ -124,10 +124,10 @@ def spike_run(spike_at: int = 2, keys=("current", "delayed, max of 2", "delayed,
 
 
 def test_spike_facts_reads_the_history_length_from_the_recipe():
-    # a history of 2 covers the step after the spike only (0.125), not step 4 (0.5)
+    # a history of 2 holds the spike's amax for the two steps after it (3 and 4: 0.125 and 0.5), not step 5
     assert fp8_prose.spike_facts(spike_run()) == {
         "spike_factor": 50.0, "spike_at": 2, "spike_sat_delayed": 50.0, "spike_err_delayed": 75.0,
-        "spike_err_current": 3.0, "spike_sat_current": 0.0, "spike_after_max": 12.5, "spike_before": 6.25}
+        "spike_err_current": 3.0, "spike_sat_current": 0.0, "spike_after_max": 50.0, "spike_before": 6.25}
 
 
 def test_spike_facts_refuses_a_spike_without_neighbours_or_a_max_history():
@@ -453,3 +453,14 @@ def test_ratio_text_keeps_two_significant_digits_below_a_tenth():
     assert [fp8_prose.ratio_text(r) for r in (1.234, 0.1, 0.0031, 0.000456)] == ["1.23", "0.10", "0.0031", "0.00046"]
     with pytest.raises(ValueError, match="positive"):
         fp8_prose.ratio_text(0.0)
+
+
+def test_the_spikes_amax_stays_in_the_history_for_exactly_history_steps():
+    from course_lib.fp8 import DelayedScaling
+
+    recipe = DelayedScaling("e4m3", amax_history_len=2, amax_compute_algo="max")
+    scales = []
+    for amax in (1.0, 1.0, 50.0, 1.0, 1.0, 1.0):     # the spike at step 2
+        scales.append(recipe.current_scale)           # the scale step t casts with
+        recipe.observe(amax)
+    assert [s == scales[2] for s in scales[3:]] == [False, False, True]   # steps 3 and 4 use the spike's amax

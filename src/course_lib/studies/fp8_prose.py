@@ -92,7 +92,7 @@ def spike_facts(spike: SpikeRun) -> dict[str, object]:
     history = int(key.removeprefix("delayed, max of "))
     if not 1 <= at < len(spike.amax) - 1:
         raise ValueError(f"the spike (step {at}) needs a step before and after it in {len(spike.amax)} steps")
-    after = spike.relative_error[key][at + 1: at + history]
+    after = spike.relative_error[key][at + 1: at + history + 1]   # the steps whose history holds the spike
     return {"spike_factor": spike.factor, "spike_at": at,
             "spike_sat_delayed": 100 * spike.saturated[key][at],
             "spike_err_delayed": 100 * spike.relative_error[key][at],
