@@ -493,6 +493,10 @@ def test_markdown_tables_hold_every_format():
         assert f"| {name} |" in table
     assert "65504" in table
     assert "0 01111 0000000000" in F.explain_values_markdown([1.0], ["FP16"])
+    labelled = F.explain_values_markdown([1 / 3], ["FP16"], labels=["1/3"])
+    assert str(labelled).splitlines()[2].startswith("| 1/3 | FP16 |")
+    with pytest.raises(ValueError, match="1 labels for 2 values"):
+        F.explain_values_markdown([1.0, 2.0], ["FP16"], labels=["one"])
 
 
 def test_tf32_agreement_helper_detects_the_rounding_rule():

@@ -127,9 +127,9 @@ def test_facts_of_a_run_whose_workers_hid_the_preparation():
                                    "them, once per pass over the data (each `iter(loader)` starts them afresh unless "
                                    "the loader has `persistent_workers=True`); at 9.5 ms saved per step, that is paid "
                                    "back within 4 steps.")
-    assert facts["dl_compute_where"] == ("The compute ran on 1 of this machine's 2 cores, leaving the others to the "
+    assert facts["dl_compute_where"] == ("The compute ran on 1 of this machine's 2 cores, leaving the other core to the "
                                          "workers, as a GPU that computes leaves the host's cores free.")
-    assert facts["dl_pinning"] == ("Asked for `pin_memory=True` here, `DataLoader` warned \"'pin_memory' argument is "
+    assert facts["dl_pinning"] == ("Asked explicitly for `pin_memory=True` (the experiment does, to show what happens), `DataLoader` warned \"'pin_memory' argument is "
                                    "set as true but no accelerator is found, then device pinned memory won't be "
                                    "used.\" and handed back unpinned batches.")
     with pytest.raises(TypeError, match="expected a DataLoading result"):
@@ -152,7 +152,7 @@ def test_where_the_compute_ran_and_what_the_loader_pinned():
                                                                         "host's cores to the workers.")
     assert D.compute_placement(_overlap(threads=2)) == ("The compute ran on all 2 of this machine's cores, leaving "
                                                         "the workers none of their own.")
-    assert D.pinning_phrase(LoaderPinning("", True)) == ("Asked for `pin_memory=True` here, `DataLoader` handed back "
+    assert D.pinning_phrase(LoaderPinning("", True)) == ("Asked explicitly for `pin_memory=True` (the experiment does, to show what happens), `DataLoader` handed back "
                                                          "pinned batches.")
     assert D.pinning_phrase(LoaderPinning("", False)).endswith("gave no warning and handed back unpinned batches.")
 
@@ -161,7 +161,7 @@ def test_where_the_compute_ran_and_what_the_loader_pinned():
 
 def test_the_overlap_table_has_every_time_in_ms():
     assert D.overlap_table(_on_cpu()).splitlines() == [
-        "| time | median (ms) | runs' medians (ms) |", "|---|---|---|",
+        "| time | median (ms) | range of the runs' medians (ms) |", "|---|---|---|",
         "| prepare one batch, alone | 10.0 | 9.0 to 11.0 |", "| compute one step, alone | 9.5 | 9.0 to 10.0 |",
         "| one step, 0 workers | 20.0 | 19.0 to 21.0 |", "| one step, 2 workers | 10.5 | 10.0 to 11.0 |",
         "| first batch, 0 workers | 11.0 | 10.0 to 12.0 |", "| first batch, 2 workers | 40.0 | 38.0 to 45.0 |"]

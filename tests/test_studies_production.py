@@ -473,6 +473,7 @@ def test_the_accumulation_exercise_measures_what_its_solution_says():
     facts = P.undivided_accumulation_facts(task, 4, torch.bfloat16)
     assert facts["ex_acc_grad_ratio"] == pytest.approx(4.0, rel=1e-3)     # the sum of 4 micro-batch gradients
     assert facts["ex_acc_error_times"] > 100                               # far beyond autocast's rounding
+    assert facts["ex_acc_error_pct"] == pytest.approx(300, rel=0.05)       # 4 times the gradient: off by 3 times
     assert 0 < facts["ex_acc_adamw_change_pct"] < 1                        # AdamW barely notices
     # the same loop as the test's own: the library's loop keeps the same gradients
     _, _, _, own = _accumulate(divide=False)

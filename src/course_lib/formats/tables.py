@@ -107,13 +107,21 @@ def properties_markdown(formats=None) -> MarkdownTable:
         for f in fmts])
 
 
-def explain_values_markdown(values, formats=None) -> MarkdownTable:
-    """A Markdown table of :func:`explain_value` for several numbers (the static explorer)."""
+def explain_values_markdown(values, formats=None, labels=None) -> MarkdownTable:
+    """A Markdown table of :func:`explain_value` for several numbers (the static explorer). ``labels``: how
+    to name each number in the first column (e.g. ``"1/3"``, which 0.333333 would misstate); default: the
+    number itself, to six significant digits."""
+    values = list(values)
+    if labels is None:
+        labels = [_num(float(v)) for v in values]
+    labels = [str(label) for label in labels]
+    if len(labels) != len(values):
+        raise ValueError(f"{len(labels)} labels for {len(values)} values")
     rows = []
-    for v in values:
+    for v, label in zip(values, labels):
         for r in explain_value(v, formats):
             rel = "-" if math.isnan(r.rel_error) else f"{r.rel_error:.2e}"
             stored = "NaN" if math.isnan(r.stored) else _num(r.stored)
-            rows.append((_num(v), r.format, f"`{r.bits}`", stored, rel))
+            rows.append((label, r.format, f"`{r.bits}`", stored, rel))
     return markdown_table(("number", "format", "bits (sign exponent mantissa)", "stored value", "relative error"),
                           rows)

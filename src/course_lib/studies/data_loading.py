@@ -75,7 +75,7 @@ def overlap_table(result: DataLoading) -> MarkdownTable:
     rows = [("prepare one batch, alone", o.seconds.prepare), ("compute one step, alone", o.seconds.compute)]
     rows += [(f"one step, {w} workers", o.seconds.step[w]) for w in o.workers]
     rows += [(f"first batch, {w} workers", o.seconds.first_batch[w]) for w in o.workers]
-    return markdown_table(["time", "median (ms)", "runs' medians (ms)"],
+    return markdown_table(["time", "median (ms)", "range of the runs' medians (ms)"],
                           [(name, f"{1e3 * statistics.median(v):.1f}", _ms_range(v)) for name, v in rows])
 
 
@@ -115,16 +115,20 @@ def compute_placement(overlap: WorkerOverlap) -> Prose:
     threads, cores = overlap.compute_threads, overlap.host_cores
     if threads >= cores:
         return Prose(f"The compute ran on all {cores} of this machine's cores, leaving the workers none of their own.")
-    return Prose(f"The compute ran on {threads} of this machine's {cores} cores, leaving the others to the "
+    rest = cores - threads
+    left = "the other core" if rest == 1 else f"the other {rest} cores"
+    return Prose(f"The compute ran on {threads} of this machine's {cores} cores, leaving {left} to the "
                  "workers, as a GPU that computes leaves the host's cores free.")
 
 
 def pinning_phrase(pinning: LoaderPinning) -> Prose:
     """What ``DataLoader(pin_memory=True)`` did here: pinned the batch, or warned and handed it back unpinned."""
     if pinning.pinned:
-        return Prose("Asked for `pin_memory=True` here, `DataLoader` handed back pinned batches.")
+        return Prose("Asked explicitly for `pin_memory=True` (the experiment does, to show what happens), "
+                     "`DataLoader` handed back pinned batches.")
     warned = f'warned "{pinning.warning}" and' if pinning.warning else "gave no warning and"
-    return Prose(f"Asked for `pin_memory=True` here, `DataLoader` {warned} handed back unpinned batches.")
+    return Prose(f"Asked explicitly for `pin_memory=True` (the experiment does, to show what happens), `DataLoader` "
+                 f"{warned} handed back unpinned batches.")
 
 
 def loading_facts(result: DataLoading) -> dict[str, object]:

@@ -40,11 +40,24 @@ def _index_of(scales: Sequence[float], scale: float, what: str) -> int:
 
 # ---- what a scale does to the gradients ---------------------------------------------------------------
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+
+
+def power_of_two_text(exponent: int) -> str:
+    """``2`` with ``exponent`` as superscript digits (2\u00b9\u2076), for prose that a glued number cannot
+    put inside a formula."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int):
+        raise TypeError(f"exponent must be an int, got {type(exponent).__name__}")
+    return "2" + str(exponent).translate(_SUPERSCRIPT)
+
+
 def sweep_facts(sweep: ScaleSweep, init_scale: float, tolerance: float = 0.005) -> dict[str, object]:
     """Percent of non-zero gradients that survive (``survive_*``) and survive as normal numbers
     (``normal_*``) at scale 1, at ``init_scale`` (GradScaler's starting scale) and at the best scale; the
     log2 ends of the plateaus within ``tolerance`` (a fraction) of the best (``plateau_lo``/``_hi``,
-    ``normal_lo``/``_hi``), and ``init_scale_log2``. Both 1 and ``init_scale`` must be swept scales."""
+    ``normal_lo``/``_hi``), and ``init_scale_log2``; the same as text with superscripts (``plateau_range``,
+    ``normal_range``: "2\u2075 to 2\u00b2\u2076"; ``normal_best_at``, the scale of the best normal share;
+    ``init_scale_text``). Both 1 and ``init_scale`` must be swept scales."""
     at_1 = _index_of(sweep.scales, 1.0, "scale")
     at_init = _index_of(sweep.scales, init_scale, "init_scale")
     plateau_lo, plateau_hi = sweep.plateau(tolerance)
@@ -61,6 +74,13 @@ def sweep_facts(sweep: ScaleSweep, init_scale: float, tolerance: float = 0.005) 
         "normal_lo": int(math.log2(normal_lo)),
         "normal_hi": int(math.log2(normal_hi)),
         "normal_best": max(sweep.survive_normal) * 100,
+        "plateau_range": Prose(f"{power_of_two_text(int(math.log2(plateau_lo)))} to "
+                               f"{power_of_two_text(int(math.log2(plateau_hi)))}"),
+        "normal_range": Prose(f"{power_of_two_text(int(math.log2(normal_lo)))} to "
+                              f"{power_of_two_text(int(math.log2(normal_hi)))}"),
+        "normal_best_at": Prose(power_of_two_text(int(math.log2(
+            sweep.scales[max(range(len(sweep.scales)), key=lambda i: sweep.survive_normal[i])])))),
+        "init_scale_text": Prose(power_of_two_text(int(round(math.log2(init_scale))))),
     }
 
 

@@ -338,7 +338,8 @@ def undivided_accumulation_facts(task: TinyRegression, accumulation_steps: int, 
     """The accumulation exercise, measured: the loop run with and without dividing each micro-batch's loss,
     from the same initial weights. Facts: ``ex_acc_grad_ratio`` (the undivided gradient's norm over the
     divided one's at the first boundary), ``ex_acc_error_times`` (:func:`check_accumulation`'s error of the
-    undivided run against FP32, in multiples of autocast's own rounding), ``ex_acc_adamw_change_pct`` (the
+    undivided run against FP32, in multiples of autocast's own rounding; ``ex_acc_error_pct``: the same error in
+    percent of the largest full-batch gradient entry, as the lesson's table reports it), ``ex_acc_adamw_change_pct`` (the
     largest difference between the two runs' total weight updates under AdamW, in percent of the largest
     update)."""
     start = {k: v.clone() for k, v in task.fresh()[0].state_dict().items()}
@@ -356,6 +357,7 @@ def undivided_accumulation_facts(task: TinyRegression, accumulation_steps: int, 
     update = max(float((after_divided[k] - start[k]).abs().max()) for k in start)
     change = max(float((after_undivided[k] - after_divided[k]).abs().max()) for k in start)
     return {"ex_acc_grad_ratio": ratio, "ex_acc_error_times": check.accumulated_error / check.autocast_error,
+            "ex_acc_error_pct": 100 * check.accumulated_error / check.largest_gradient,
             "ex_acc_adamw_change_pct": 100 * change / update}
 
 
