@@ -33,6 +33,9 @@ def test_bundle_refuses_what_it_cannot_bundle(tmp_path, monkeypatch):
         bundle("d.js")
     with pytest.raises(ValueError, match="no explorer module 'nope.js'"):
         bundle("nope.js")
+    (tmp_path / "f.js").write_text('import { x } from "./e.js";\nconst x2 = 1;\nconst x = 2;\n')
+    with pytest.raises(ValueError, match="f.js:3: 'x' is declared at top level in e.js too"):
+        bundle("f.js")
     with pytest.raises(TypeError, match="entry must be a file name"):
         bundle(3)
     with pytest.raises(ValueError, match="not a JavaScript identifier"):

@@ -16,6 +16,7 @@ from course_lib.widgets import bundle
 from course_lib.widgets.blocks import (
     BLOCK_FORMATS,
     BLOCK_SIZE,
+    OUTLIER_LOG2_MAX,
     QuantizedBlock,
     block_explorer,
     block_format,
@@ -240,8 +241,8 @@ def test_fp32_top_binade_gets_the_specs_scale():
     assert quantize_block([3.4e38] + [1.0] * 31, "MXFP8 RCEIL").scale_codes == (120 + 127,)
 
 
-def _explorer_page(page_with, **kwargs):
-    page = page_with(block_explorer(**kwargs).html())
+def _explorer_page(page_with, width=1000, **kwargs):
+    page = page_with(block_explorer(**kwargs).html(), width=width)
     page.wait_for_selector("[data-role=summary][data-scale-codes]")
     return page
 
@@ -370,7 +371,22 @@ def test_the_constructor_refuses_bad_arguments():
     # tensors, arrays and lists alike; the values arrive in FP32
     explorer = block_explorer(torch.full((4, 8), 0.1), outlier=3.0)
     assert explorer.config["values"][0] == float(np.float32(0.1)) and explorer.config["outlier"] == "3"
-    assert block_explorer(np.ones(32)).config["outlier"] == "10"
+    assert block_explorer(np.ones(32)).config["outlier"] == "2"
+    assert block_explorer([0.0] * 32).config["outlier"] == "1"
+    assert block_explorer([F32_MAX] * 32).config["outlier"] == "2.86e+38"   # 2**127.75: the slider's top
+
+
+def test_the_outlier_starts_at_twice_the_blocks_largest_value_so_few_values_flush():
+    values = default_block()
+    start = float(block_explorer(values).config["outlier"])
+    assert start == float(f"{2 * max(abs(v) for v in values):.3g}")
+    for name in BLOCK_FORMATS:        # the scale moves at most a binade or two from the block's own
+        natural = quantize_block(values, name)
+        at_start = _python(values, 5, str(start), name)
+        dragged = _python(values, 5, str(100 * start), name)
+        assert at_start.flushed <= natural.flushed + 5, name
+        if "FP4" in name:             # E2M1's few binades: dragging it 100x up flushes many more
+            assert dragged.flushed > at_start.flushed + 5, name
 
 
 def test_quantize_block_refuses_what_the_library_refuses():
@@ -400,3 +416,105 @@ def test_check_in_page_passes_a_working_explorer_and_fails_a_dead_one(page_with)
     page = page_with('<div class="course-explorer" data-explorer="block_explorer"></div>')
     problems = check_in_page(page.locator(".course-explorer").first, explorer.config, timeout_ms=300)
     assert len(problems) == 1 and "no format selector" in problems[0]
+
+
+def test_the_slider_stops_where_every_stored_value_is_still_finite(page_with):
+    """The slider's top (and the drag's), 2**127.75: in every format the outlier's stored value is finite and
+    so is the error; just above it MXFP4 RCEIL stores 4 * 2**126 = 2**128, inf."""
+    values = default_block()
+    page = _explorer_page(page_with, format="MXFP4 RCEIL")
+    slider = page.locator("[data-role=outlier-slider]")
+    assert float(slider.get_attribute("max")) == OUTLIER_LOG2_MAX
+    slider.focus()
+    page.keyboard.press("End")
+    for name in BLOCK_FORMATS:
+        page.select_option("[data-role=format]", name)
+        want = _assert_shows(page, values, 5, name)
+        assert all(math.isfinite(d) for d in want.dequantised), name
+        text = page.locator("[data-role=summary]").inner_text()
+        assert "inf" not in text and "infinite" not in text, (name, text)
+    assert page.locator("[data-role=outlier]").input_value() == f"{2.0**OUTLIER_LOG2_MAX:.3g}"
+    over = _python(values, 5, str(2.0 ** (OUTLIER_LOG2_MAX + 0.0625)), "MXFP4 RCEIL")
+    assert over.dequantised[5] == math.inf           # why the slider stops there
+
+
+def test_a_stored_value_that_overflows_fp32_is_explained_not_shown_as_inf_percent(page_with):
+    values = default_block()
+    page = _explorer_page(page_with, format="MXFP4 RCEIL")
+    page.fill("[data-role=outlier]", "3.4e38")
+    want = _assert_shows(page, values, 5, "MXFP4 RCEIL")
+    assert want.dequantised[5] == math.inf           # the library overflows too: 4 * 2**126 = 2**128
+    whole = page.locator("[data-role=summary] [data-role=whole]").inner_text()
+    assert "infinite: element 5's stored value, 4 × 2126, is beyond FP32's largest value" in whole, whole
+    text = page.locator("[data-role=summary]").inner_text()
+    assert "inf%" not in text and "The 31 values beside the outlier: relative error 100%" in text
+
+
+def test_the_summary_leads_with_the_other_values_and_names_the_ratio(page_with):
+    values = default_block()
+    for name in ("MXFP4 RCEIL", "NVFP4"):
+        page = _explorer_page(page_with, format=name)
+        page.fill("[data-role=outlier]", "1e4")
+        want = _assert_shows(page, values, 5, name)
+        others = page.locator("[data-role=summary] [data-role=others]").inner_text()
+        assert others.startswith(f"The 31 values beside the outlier: relative error {_approx(100 * want.other_error)}%; "
+                                 f"{want.flushed} of 31 non-zero values flushed to 0"), others
+        whole = page.locator("[data-role=summary] [data-role=whole]").inner_text()
+        assert whole.startswith("All 32 values: ‖error‖ / ‖block‖ = ") and "dominated by the outlier" in whole
+        assert "for the block" not in page.locator("[data-role=summary]").inner_text()
+    # a small outlier: the ratio is not the outlier's, and the page does not say it is
+    page.fill("[data-role=outlier]", "0.01")
+    assert "dominated" not in page.locator("[data-role=summary] [data-role=whole]").inner_text()
+
+
+def _approx(x: float) -> str:
+    """page.js's approx(x) for errors between 1e-4 and 1e6: three significant digits."""
+    return f"{float(f'{x:.3g}'):g}"
+
+
+def test_the_details_table_fits_the_column_and_marks_flushed_rows(page_with):
+    values = default_block()
+    page = _explorer_page(page_with, width=750, format="NVFP4")
+    page.fill("[data-role=outlier]", "1e4")
+    want = _assert_shows(page, values, 5, "NVFP4")
+    page.locator("details summary").click()
+    grid = page.locator("[data-role=elements]")
+    assert grid.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+    client, scroll = grid.evaluate("e => [e.clientWidth, e.scrollWidth]")
+    assert scroll <= client, (scroll, client)       # fits a 750 px page without scrolling
+    heads = grid.locator("th").all_text_contents()
+    assert heads == ["element", "value (FP32)", "value / scale", "code (bits)", "element value", "stored value"]
+    rows = grid.locator("tbody tr")
+    states = [rows.nth(i).get_attribute("data-state") for i in range(BLOCK_SIZE)]
+    flushed = [v != 0 and d == 0 for v, d in zip(want.values, want.dequantised)]
+    assert [s == "flushed" for s in states] == flushed and sum(flushed) == want.flushed
+    for i in range(BLOCK_SIZE):
+        stored = rows.nth(i).locator("td").nth(5).inner_text()
+        assert stored.endswith(" ×") == flushed[i], (i, stored)
+
+
+def _contrast(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    def luminance(rgb):
+        c = [v / 255 for v in rgb]
+        c = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+    la, lb = sorted((luminance(a), luminance(b)))
+    return (lb + 0.05) / (la + 0.05)
+
+
+def test_the_outlier_reads_on_light_and_dark_and_the_code_row_is_explained(page_with):
+    page = _explorer_page(page_with, format="MXFP4 RCEIL")
+    for value in ("3", "-3"):
+        page.fill("[data-role=outlier]", value)
+        page.wait_for_selector(f'[data-role=summary][data-outlier-text="{value}"]')
+        fill = page.locator("[data-role=plot] rect[data-index='5']").get_attribute("fill")
+        rgb = tuple(int(fill[i:i + 2], 16) for i in (1, 3, 5))
+        assert _contrast(rgb, (255, 255, 255)) >= 3 and _contrast(rgb, (41, 49, 61)) >= 3, (value, fill)
+    label = page.locator("[data-role=plot] text", has_text="outlier")
+    assert label.get_attribute("fill") == "currentColor"
+    code = page.locator("[data-role=code-label]")
+    assert code.text_content().startswith("code(hex)")
+    assert "8 is −0" in code.locator("title").text_content()
+    assert "8 is −0" in page.locator("[data-role=code-legend]").text_content()
+    page.select_option("[data-role=format]", "MXFP8 FLOOR")
+    assert "80 is −0" in page.locator("[data-role=code-legend]").text_content()

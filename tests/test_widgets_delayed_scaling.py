@@ -7,6 +7,7 @@ the book check's check_in_page."""
 import json
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -43,7 +44,8 @@ def js_page(chromium):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.set_content("<!doctype html><html><body></body></html>")
-    page.add_script_tag(content=bundle("delayed_scaling_explorer.js", expose=("runSpike", "decodeValues", "castStats", "getFormat")),
+    page.add_script_tag(content=bundle("delayed_scaling_explorer.js", expose=("runSpike", "decodeValues", "castStats", "getFormat",
+                                                                              "ticks", "tickText")),
                         type="module")
     page.wait_for_function("() => globalThis.courseLib")
     yield page
@@ -216,9 +218,58 @@ def test_controls_redraw_with_pythons_numbers(page_with, activation):
     saturated = reference["recipes"]["delayed, max of 1"]["saturated"][14]
     assert delayed.nth(2).text_content() == f"{100 * saturated:.2f}%"
     assert page.locator("[data-role=chart] svg path").count() == 9     # three recipes in three panels
+    # the before-the-spike columns: error and flushed share per recipe, the flushed share with three decimals
+    # always (0 too: "0.000%", never a "0%" beside "0.00519%")
+    for name, series in reference["recipes"].items():
+        cells = root.locator(f"tr[data-recipe='{name}'] td")
+        quiet_flushed = sum(series["flushed"][:14]) / 14
+        assert cells.nth(6).text_content() == f"{100 * quiet_flushed:.3f}%"
 
 
-@pytest.mark.parametrize("text, says", [("", "type a number"), ("abc", "is not a number"), ("0", "must lie between"),
+def test_the_flushed_column_has_one_format_zero_included(page_with, activation):
+    page = page_with(delayed_scaling_explorer(activation, max_values=1024, margin=6).html())
+    column = page.locator("[data-role=table] tbody tr td:nth-child(7)").all_text_contents()
+    assert len(column) == 3 and all(re.fullmatch(r"\d+\.\d{3}%", c) for c in column), column
+    assert any(c != "0.000%" for c in column), column     # this activation flushes its tiny channel
+    page = page_with(delayed_scaling_explorer(torch.linspace(0.5, 2.0, 4096).reshape(64, 64)).html())
+    column = page.locator("[data-role=table] tbody tr td:nth-child(7)").all_text_contents()
+    assert column == ["0.000%"] * 3        # nothing flushes: zero in the same format
+
+
+def test_every_log_axis_has_two_labelled_ticks_at_least(js_page):
+    """ticks() on a log axis: powers of ten, 2 and 5 between them, and where a range holds fewer than two
+    of those (0.0178 to 0.0316, the relative error at margin 6), round linear steps; always two or more, in
+    range, and with distinct labels."""
+    rng = random.Random(3)
+    quarter = [(10 ** (a / 4), 10 ** (b / 4)) for a in range(-40, 40, 3) for b in range(a + 1, a + 50, 2)]
+    spans = quarter + [(lo, lo * 10 ** rng.uniform(0.25, 12)) for lo in (10 ** rng.uniform(-9, 6) for _ in range(300))]
+    got = js_page.evaluate("(spans) => spans.map(([lo, hi]) => { const t = courseLib.ticks(lo, hi, true);"
+                           " return [t, t.map(courseLib.tickText)]; })", spans)
+    for (lo, hi), (t, labels) in zip(spans, got):
+        assert len(t) >= 2 and len(set(labels)) == len(labels), (lo, hi, labels)
+        assert all(lo * (1 - 1e-9) <= v <= hi * (1 + 1e-9) for v in t), (lo, hi, t)
+        assert len(t) <= 12, (lo, hi, labels)
+    short = js_page.evaluate("() => courseLib.ticks(10 ** -1.75, 10 ** -1.5, true).map(courseLib.tickText)")
+    assert short == ["0.02", "0.025", "0.03"]
+    assert js_page.evaluate("() => [0.0025, 0.001, 20000, 0.5].map(courseLib.tickText)") == ["2.5e-3", "1e-3", "2e4", "0.5"]
+
+
+def test_the_rendered_panels_label_two_ticks_at_least(page_with, activation):
+    page = page_with(delayed_scaling_explorer(activation, max_values=1024).html())
+    root = page.locator(".course-explorer")
+    count = """() => [...document.querySelectorAll('[data-role=chart] svg rect')].map((r) => {
+      const y0 = +r.getAttribute('y'), y1 = y0 + +r.getAttribute('height');
+      return [...document.querySelectorAll('[data-role=chart] svg text[text-anchor=end]')]
+        .filter((t) => +t.getAttribute('y') >= y0 - 1 && +t.getAttribute('y') <= y1 + 5).length; })"""
+    for margin in range(11):
+        page.wait_for_selector(f"[data-role=chart][data-margin='{margin}']")
+        assert all(n >= 2 for n in page.evaluate(count)), (margin, page.evaluate(count))
+        root.locator("[data-role=margin]").press("ArrowRight")
+
+
+@pytest.mark.parametrize("text, says", [("", "type the spike's factor, e.g. 50"),
+                                        ("abc", '"abc" is not a number: write it like 50, 0.5 or 1e3'),
+                                        ("x-2", "write it like 50, 0.5 or 1e3"), ("0", "must lie between"),
                                         ("-3", "must lie between"), ("1e7", "must lie between"),
                                         ("1e400", "beyond float64"), ("nan", "must lie between")])
 def test_a_bad_factor_shows_a_message_and_keeps_the_chart(page_with, activation, text, says):
@@ -226,7 +277,8 @@ def test_a_bad_factor_shows_a_message_and_keeps_the_chart(page_with, activation,
     root = page.locator(".course-explorer")
     before = shown(root)
     root.locator("[data-role=factor]").fill(text)
-    assert says in root.locator("[data-role=message]").text_content()
+    message = root.locator("[data-role=message]").text_content()
+    assert says in message and "-2.5" not in message     # no hint that a factor could be negative
     assert shown(root) == before
     root.locator("[data-role=factor]").fill("20")
     assert root.locator("[data-role=message]").text_content() == ""

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 from course_lib import formats as F
-from course_lib.widgets.formats import check_in_page, format_explorer
+from course_lib.widgets.formats import STORED_DIGITS, check_in_page, format_explorer
 from course_lib.widgets.page import bundle
 
 NAMES = list(F.FORMATS)
 EXPOSE = ("decode", "roundToFormat", "encode", "bitString", "explainValue", "neighbours", "roundingBin",
-          "overflowThreshold", "parseNumber", "codeKind")
+          "overflowThreshold", "parseNumber", "codeKind", "describeKind", "formatNote", "storedCell", "STORED_DIGITS")
 ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero")
 OVERFLOWS = ("inf", "saturate", "nan")
 
@@ -410,6 +410,63 @@ def test_code_kinds_on_every_code(js, name):
     assert agree.all()
 
 
+def test_stored_cells_round_long_values_and_keep_the_exact_one(js, values):
+    """The table's stored-value cell (storedCell) on each format's stored values of its test values: the
+    exact value in data-exact; whole when it has at most STORED_DIGITS significant digits, else rounded to
+    them (toPrecision's rounding, ties away from zero) with "…" after it and the exact text as its tooltip."""
+    assert js.evaluate("() => courseLib.STORED_DIGITS") == STORED_DIGITS
+    rng = np.random.default_rng(5)
+    shortened = 0
+    for f in F.list_formats():
+        x = rng.choice(values[f.name], 3_000, replace=False)
+        stored = unique(F.round_to_format(x if f.has_nan else x[~np.isnan(x)], f))
+        cells = js.evaluate("""(text) => [...courseTest.floats(text)].map((x) => { const td = courseLib.storedCell(x);
+            return [td.textContent, td.dataset.exact, td.title, td.dataset.role]; })""", to_text(stored))
+        agree = []
+        for value, (text, exact, title, role) in zip(stored.tolist(), cells):
+            rounded = significant(value, STORED_DIGITS) if math.isfinite(value) else value
+            if same_float(rounded, value) or value == 0:
+                shown_right = text == exact and title == ""
+            else:
+                shown_right = (text.endswith("…") and shown_number(text[:-1]) == rounded
+                               and title == f"exactly {exact}")
+            agree.append(role == "stored" and same_float(shown_number(exact), value) and shown_right)
+            shortened += text.endswith("…")
+        agree = np.array(agree)
+        count("storedCell", f.name, agree)
+        assert agree.all(), [(v, c) for v, c, a in zip(stored.tolist(), cells, agree) if not a][:5]
+    assert shortened > 1_000   # FP32's values, mostly, and the narrow formats' subnormals
+
+
+def test_the_largest_codes_say_what_overflow_does_in_their_own_sign(js):
+    """The readout of the largest finite code of each sign: "larger numbers and inf saturate to it" or
+    "from 65520 up, numbers round to inf", and for the negative one "more negative numbers and -inf" and
+    "from -65520 down ... -inf"; the thresholds are Python's (max_finite + half a step), read back."""
+    for f in F.list_formats():
+        for sign in (1.0, -1.0) if f.signed else (1.0,):
+            code = int(F.encode(np.array([sign * f.max_finite]), f)[0])
+            text = js.evaluate("([code, name]) => courseLib.describeKind(code, name)", [code, f.name])
+            first = "largest finite: " if sign > 0 else "most negative finite: "
+            assert text.startswith(first), (f.name, sign, text)
+            if f.overflow == "saturate":
+                assert text == first + ("larger numbers and inf" if sign > 0 else "more negative numbers and -inf") + \
+                    " saturate to it", (f.name, text)
+                continue
+            number, direction, beyond = text.removeprefix(first).removeprefix("from ").split(" ", 2)
+            assert float(number) == sign * threshold(f), (f.name, text)
+            assert direction == ("up," if sign > 0 else "down,"), (f.name, text)
+            want = ("inf" if sign > 0 else "-inf") if f.has_inf else "NaN"
+            assert beyond == f"numbers round to {want}", (f.name, text)
+
+
+def test_format_notes_count_bits_in_the_singular_for_one(js):
+    for f in F.list_formats():
+        note = js.evaluate("(name) => courseLib.formatNote(name)", f.name)
+        plural = "" if f.mantissa_bits == 1 else "s"
+        assert f", {f.mantissa_bits} mantissa bit{plural}" in note and "1 mantissa bits" not in note, note
+    assert "1 mantissa bit." in js.evaluate("() => courseLib.formatNote('FP4 E2M1')")
+
+
 VALID_TEXTS = ["3.14159", "1e-45", "-0", ".5", "5.", "1E3", "inf", "-Infinity", "nan", "+inf", "INF", " 2.5 ",
                "0", "-0.0", "1e-8", "65520", "6e-8", "1.7976931348623157e308", "2.2250738585072014e-308",
                "4.9406564584124654e-324", "2.4703282292062328e-324", "9007199254740993", "0.1", "1e+3", "-.25e-2",
@@ -469,11 +526,26 @@ def test_parse_number_agrees_with_float_and_refuses_what_it_cannot_read(js):
 
 # ---- the explorer in a page ------------------------------------------------------------------------
 
-def three_digits(x: float) -> float:
-    """x to three significant digits, ties away from zero, as page.js's approx (toPrecision) rounds it."""
+def significant(x: float, digits: int = 3) -> float:
+    """x to ``digits`` significant digits, ties away from zero, as toPrecision rounds it (page.js's approx,
+    the table's long stored values)."""
     with localcontext() as context:
-        context.prec, context.rounding = 3, ROUND_HALF_UP
+        context.prec, context.rounding = digits, ROUND_HALF_UP
         return float(+Decimal(x))
+
+
+def assert_stored_cell(cell, stored: float, context) -> None:
+    """A stored-value cell: the exact value in data-exact; shown whole when it has at most STORED_DIGITS
+    significant digits, else rounded to them with "…" after, the exact text in the tooltip."""
+    exact = cell.get_attribute("data-exact")
+    assert same_bits(shown_number(exact), stored), (context, exact, stored)
+    text = cell.inner_text().strip()
+    rounded = significant(stored, STORED_DIGITS) if math.isfinite(stored) else stored
+    if same_float(rounded, stored) or stored == 0:
+        assert text == exact and not cell.get_attribute("title"), (context, text, exact)
+    else:
+        assert text.endswith("…") and shown_number(text[:-1]) == rounded, (context, text, rounded)
+        assert cell.get_attribute("title") == f"exactly {exact}", context
 
 
 def shown_number(text: str) -> float:
@@ -489,12 +561,12 @@ def assert_rows_equal_python(page, typed: str, names):
             assert cell == {"bits": "-", "stored": "no code (no NaN)", "abs-error": "-", "rel-error": "-"}, (typed, row)
             continue
         assert cell["bits"] == row.bits, (typed, row)
-        assert same_bits(shown_number(cell["stored"]), row.stored), (typed, row, cell)
+        assert_stored_cell(tr.locator("[data-role=stored]"), row.stored, (typed, row))
         for role, want in (("abs-error", row.abs_error), ("rel-error", row.rel_error)):
             if math.isnan(want):
                 assert cell[role] == "-", (typed, row, cell)
             else:
-                assert shown_number(cell[role]) == three_digits(want), (typed, row, cell)
+                assert shown_number(cell[role]) == significant(want), (typed, row, cell)
 
 
 def test_typed_numbers_show_what_python_computes(page_with):
@@ -523,9 +595,12 @@ def test_flipped_bits_decode_as_python_decodes(page_with, name):
     page.wait_for_selector("[data-mounted] [data-role=bits] button")
     page.locator("[data-role=format]").select_option(name)
     code = int(F.encode(np.array([1.0]), f)[0])
+    flipped = page.locator("[data-role=readout] [data-role=flipped]")
+    assert flipped.count() == 0
     positions = list(range(f.bits)) + list(range(f.bits - 1, -1, -3))
     for position in positions:
         page.locator(f"[data-role=bits] button[data-position='{position}']").click()
+        assert flipped.inner_text() == "(bits flipped: the table above still shows 1, the typed number)"
         code = flip(code, position, f.bits)
         assert page.locator("[data-role=code]").inner_text() == F.bit_string(code, f)
         assert same_bits(shown_number(page.locator("[data-role=decoded]").inner_text()),
@@ -533,6 +608,7 @@ def test_flipped_bits_decode_as_python_decodes(page_with, name):
         assert page.locator("[data-role=kind]").get_attribute("data-kind") == python_kinds([code], f)[0], (name, code)
     # the largest finite value and beyond: each format's own rule
     page.locator("[data-role=number]").fill("1e300")
+    assert flipped.count() == 0   # a new number: its own code again
     kind = page.locator("[data-role=kind]")
     if f.has_inf:
         assert kind.get_attribute("data-kind") == "+infinity"
@@ -576,6 +652,8 @@ def test_bad_input_shows_a_message_and_the_explorer_keeps_working(page_with):
         assert number.get_attribute("aria-invalid") == "true"
         assert page.locator("[data-role=values]").inner_text() == table   # still 2.5's
         page.locator("[data-role=bits] button").first.click()              # the bits still flip
+        assert page.locator("[data-role=flipped]").inner_text() == \
+            "(bits flipped: the table above still shows 2.5, the last number read)"
     page.locator("[data-role=format]").select_option("BF16")
     assert page.locator("[data-role=code]").inner_text() == F.bit_string(int(F.encode(2.5, "BF16")), "BF16")
     number.fill("-7")
@@ -590,9 +668,23 @@ def test_an_explorer_that_starts_from_bad_text_says_so_and_still_flips_bits(page
     assert page.locator("[data-role=values]").inner_text() == ""
     page.locator("[data-role=bits] button[data-position='1']").click()
     assert page.locator("[data-role=code]").inner_text() == "0 1000 000"
+    assert page.locator("[data-role=flipped]").count() == 0   # no number read: the table is empty
     assert page.locator("[data-role=decoded]").inner_text() == "2"
     page.locator("[data-role=format]").select_option("FP16")
     assert page.locator("[data-role=code]").inner_text() == "0 00000 0000000000"
+
+
+def test_the_table_fits_the_books_column_and_scrolls_if_it_ever_does_not(page_with):
+    """In a 686 px box (the book's column at a 750 px window) the table fits for everyday numbers, rounded
+    stored values (FP32's) and long subnormals alike; its wrapper scrolls sideways should a font be wider."""
+    page = page_with(f"<div style='width: 686px'>{format_explorer(0.1).html()}</div>", width=750)
+    page.wait_for_selector("[data-mounted] [data-role=values] table")
+    values = page.locator("[data-role=values]")
+    assert values.evaluate("(e) => getComputedStyle(e).overflowX") == "auto"
+    for typed in ("0.1", "3.14159", "-1e9", "-6e-8", "-65519.99", "1e-40"):
+        page.locator("[data-role=number]").fill(typed)
+        width, room = values.evaluate("(e) => [e.querySelector('table').offsetWidth, e.clientWidth]")
+        assert width <= room, (typed, width, room)
 
 
 def test_a_few_formats_in_a_chosen_order(page_with):
@@ -630,10 +722,14 @@ def test_check_in_page_reports_wrong_numbers(page_with):
     # a second listener, after the explorer's, spoils what it shows
     page.evaluate("""() => document.querySelector('[data-role=number]').addEventListener('input', () => {
         document.querySelector('tr[data-format="BF16"] [data-role=stored]').textContent = '3.14';
+        document.querySelector('tr[data-format="FP32"] [data-role=stored]').dataset.exact = '-3.14159';
+        document.querySelector('tr[data-format="TF32"] [data-role=stored]').textContent = '-3.14160156250…';
         document.querySelector('[data-role=decoded]').textContent = '1'; })""")
     problems = check_in_page(root, config)
-    assert len(problems) == 2, problems
-    assert problems[0].startswith("BF16: -3.14159 shows stored value 3.14") and "readout shows value 1" in problems[1]
+    assert len(problems) == 4, problems
+    assert problems[0].startswith("FP32: -3.14159 has exact stored value '-3.14159'")
+    assert problems[1].startswith("TF32: -3.14159 shows stored value -3.14160156250…")   # whole, not rounded
+    assert problems[2].startswith("BF16: -3.14159 shows stored value 3.14") and "readout shows value 1" in problems[3]
 
 
 def test_check_in_page_reports_a_missing_explorer(page_with):

@@ -6,13 +6,16 @@ controls, bad input, and the book check's check_in_page."""
 import math
 import struct
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
+from matplotlib.colors import to_hex, to_rgb
 
 from course_lib.formats import get_format, list_formats
 from course_lib.gradients import capture_gradients, sweep_loss_scale
 from course_lib.models import DeepMLP, regression_batch
+from course_lib.plots import plot_scale_sweep
 from course_lib.widgets.loss_scale import (
     CLASSES,
     check_in_page,
@@ -64,7 +67,7 @@ def js_page(chromium):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.set_content("<!doctype html><html><body></body></html>")
-    page.add_script_tag(content=bundle("loss_scale_explorer.js", expose=("sharesAt", "classify", "parseScale")),
+    page.add_script_tag(content=bundle("loss_scale_explorer.js", expose=("sharesAt", "classify", "parseScale", "COLOURS")),
                         type="module")
     page.wait_for_function("() => globalThis.courseLib")
     yield page
@@ -184,6 +187,7 @@ def test_bad_scale_text_shows_a_message_and_keeps_the_last_scale(page_with, grad
     root = page.locator(".course-explorer")
     root.locator("[data-role=scale-text]").fill(text)
     assert says in root.locator("[data-role=message]").text_content()
+    assert root.locator("[data-role=message]").text_content().endswith("; still showing 2^5")
     assert root.locator("[data-role=readout]").get_attribute("data-log2") == "5"
     root.locator("[data-role=scale-text]").fill("64")
     assert root.locator("[data-role=message]").text_content() == ""
@@ -236,3 +240,57 @@ def test_refuses_bad_arguments(gradients):
     # half-precision gradients are read exactly, as float64
     half = gradients[:500].half()
     assert loss_scale_explorer(half).config["nonzero"] == int((half != 0).sum())
+
+
+def rgb(colour: str) -> str:
+    """A colour as the page's computed style writes it."""
+    return "rgb({}, {}, {})".format(*(round(255 * c) for c in to_rgb(colour)))
+
+
+def test_colours_are_the_lessons_figures(js_page, gradients, page_with):
+    """The bar and the table's swatches colour each class as lesson 3's figure (plot_scale_sweep) draws its
+    line: normal, flushed, overflow and survive (all); subnormal, which the figure does not draw, in a colour
+    none of its lines use."""
+    sweep = sweep_loss_scale(gradients[:2000], [2.0**k for k in range(-2, 3)], "FP16")
+    figure = plot_scale_sweep(sweep)
+    lines = {line.get_label(): to_hex(line.get_color()) for line in figure.axes[0].get_lines()}
+    plt.close(figure)
+    colours = {kind: to_hex(c) for kind, c in js_page.evaluate("() => courseLib.COLOURS").items()}
+    assert colours["normal"] == lines["survive as normal numbers (full precision)"]
+    assert colours["flushed"] == lines["flushed to zero"]
+    assert colours["overflow"] == lines["overflow"]
+    assert colours["survive"] == lines["survive (all)"]
+    assert colours["subnormal"] not in lines.values()
+    page = page_with(loss_scale_explorer(gradients, "FP16").html())
+    root = page.locator(".course-explorer")
+    for kind in (*CLASSES, "survive"):
+        swatch = root.locator(f"tr[data-class={kind}] td span").first
+        assert swatch.evaluate("(e) => getComputedStyle(e).backgroundColor") == rgb(colours[kind]), kind
+    bar = root.locator("[data-role=bar] span")
+    shown = [bar.nth(i).evaluate("(e) => getComputedStyle(e).backgroundColor") for i in range(bar.count())]
+    assert shown == [rgb(colours[kind]) for kind in ("flushed", "subnormal", "normal", "overflow")]
+
+
+def test_the_largest_scale_fits_its_box_and_spent_buttons_are_greyed(page_with, gradients):
+    page = page_with(loss_scale_explorer(gradients, "FP16", start=40).html(), width=750)
+    root = page.locator(".course-explorer")
+    typed = root.locator("[data-role=scale-text]")
+    assert typed.input_value() == "1099511627776"   # 2^40, every digit in view
+    assert typed.evaluate("(e) => e.scrollWidth <= e.clientWidth")
+    opacity = "(e) => Number(getComputedStyle(e).opacity)"
+    assert root.locator("[data-role=double]").is_disabled() and root.locator("[data-role=double]").evaluate(opacity) < 0.6
+    assert root.locator("[data-role=halve]").evaluate(opacity) == 1
+
+
+@pytest.mark.parametrize("fmt", SIGNED)
+def test_the_footer_says_where_flushing_starts(js_page, page_with, gradients, fmt):
+    """The footer's flush edge is half the format's smallest subnormal: at it a value flushes (the tie rounds
+    to even, zero), just above it it survives as a subnormal."""
+    page = page_with(loss_scale_explorer(gradients[:500], fmt).html())
+    text = page.locator("[data-role=limits]").text_content()
+    edge = get_format(fmt).min_subnormal / 2
+    shown = text.split("at most half the smallest subnormal, ", 1)[1].split(" ", 1)[0]
+    assert float(shown) == edge, (fmt, text)
+    above = float(np.nextafter(edge, math.inf))
+    assert js_page.evaluate("([a, b, fmt]) => [courseLib.classify(a, 0, fmt), courseLib.classify(b, 0, fmt)]",
+                            [edge, above, fmt]) == ["flushed", "subnormal"]

@@ -35,6 +35,9 @@ BLOCK_FORMATS: dict[str, BlockScaling] = {
 }
 
 DEFAULT_SEED = 0
+# the top of the outlier's slider (and of a drag), log2 of its magnitude, as js/block_explorer.js has it: every
+# stored value stays finite in FP32 below it (MXFP4 RCEIL stores about 2**127.81 and up as 4 * 2**126 = inf)
+OUTLIER_LOG2_MAX = 127.75
 
 
 def default_block() -> list[float]:
@@ -140,7 +143,8 @@ def block_explorer(values: Any = None, *, outlier_index: int = 5, outlier: float
 
     ``values``: 32 finite numbers (a list, array or tensor; rounded to FP32), default :func:`default_block`.
     ``outlier_index``: the element that is the outlier (0..31). ``outlier``: its starting value (default:
-    10 times the largest magnitude among the other values, to three significant digits; it replaces
+    twice the block's largest magnitude as given (at most 2**127.75), to three significant digits, so that the explorer
+    starts with few values flushed and dragging the outlier up shows the damage grow; it replaces
     ``values[outlier_index]``). ``format``: one of :data:`BLOCK_FORMATS`. NVFP4 treats the 32 values as two
     blocks of 16 under one FP32 tensor scale (this module's docstring says why)."""
     name = block_format(format)
@@ -150,8 +154,8 @@ def block_explorer(values: Any = None, *, outlier_index: int = 5, outlier: float
         raise ValueError("values must be finite numbers within FP32's range (about 3.4e38): the block formats "
                          "cannot scale inf or NaN")
     if outlier is None:
-        others = torch.cat([x[:outlier_index], x[outlier_index + 1:]]).abs().max()
-        start = float(f"{10 * float(others):.3g}") if float(others) > 0 else 1.0
+        largest = float(x.abs().max())
+        start = float(f"{min(2 * largest, 2.0**OUTLIER_LOG2_MAX):.3g}") if largest > 0 else 1.0
     else:
         if isinstance(outlier, bool) or not isinstance(outlier, (int, float)):
             raise TypeError(f"outlier must be a number, not {type(outlier).__name__}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 
 from ..formats import FloatFormat, bit_string, decode, encode, explain_value, get_format, list_formats
 from .page import Explorer
@@ -17,6 +18,9 @@ from .page import Explorer
 # explorer already starts from the first
 _PROBES = ("-3.14159", "6e-8")
 _WAIT_S = 2.0   # the explorer redraws as the input event fires; a slow page gets this long
+# significant digits the table shows of a stored value (js/format_explorer.js's STORED_DIGITS; the test checks
+# they agree): a longer value is shown rounded with "…" after it, its exact text in data-exact and a tooltip
+STORED_DIGITS = 12
 
 
 def format_explorer(value: float | str = 0.1, format: str = "FP16", formats=None) -> Explorer:
@@ -49,6 +53,28 @@ def _same(shown: str, expected: float) -> bool:
     return value == expected and math.copysign(1.0, value) == math.copysign(1.0, expected)
 
 
+def _rounded(x: float, digits: int = STORED_DIGITS) -> float:
+    """``x`` rounded to ``digits`` significant digits, ties away from zero, as JavaScript's toPrecision rounds
+    (from the exact value of the double)."""
+    with localcontext() as context:
+        context.prec, context.rounding = digits, ROUND_HALF_UP
+        return float(+Decimal(x))
+
+
+def _same_stored(shown: str, expected: float) -> bool:
+    """Whether the table's stored-value text is ``expected``: its exact text, or (ending in "…") ``expected``
+    rounded to STORED_DIGITS significant digits, where that rounding changed it."""
+    if not shown.endswith("…"):
+        return _same(shown, expected)
+    if not math.isfinite(expected) or expected == 0:
+        return False
+    try:
+        value = float(shown[:-1])
+    except ValueError:
+        return False
+    return value == _rounded(expected) != expected
+
+
 def _close(shown: str, expected: float) -> bool:
     """Whether an error the page shows to three significant digits (or "-" for none) is ``expected``."""
     if math.isnan(expected):
@@ -65,7 +91,8 @@ def check_in_page(root, config: dict) -> list[str]:
 
     ``root``: a Playwright Locator for the explorer's ``div.course-explorer``; ``config``: the configuration
     it carries (:func:`format_explorer`'s). Types a number into it, waits for the table to change, and
-    compares every row (bits, stored value, errors) and the readout of the selected format (its code and
+    compares every row (bits, stored value: the exact one in data-exact and the one shown, rounded to
+    STORED_DIGITS digits where longer; errors) and the readout of the selected format (its code and
     value) with :func:`course_lib.formats.explain_value`, :func:`~course_lib.formats.encode` and
     :func:`~course_lib.formats.decode`. A table that does not change is a problem: the explorer renders but
     does not respond."""
@@ -93,9 +120,12 @@ def check_in_page(root, config: dict) -> list[str]:
                 continue
             shown = {role: cells.locator(f"[data-role={role}]").inner_text().strip()
                      for role in ("bits", "stored", "abs-error", "rel-error")}
+            stored_exact = cells.locator("[data-role=stored]").get_attribute("data-exact") or ""
             if shown["bits"] != row.bits:
                 problems.append(f"{row.format}: {typed} shows bits {shown['bits']}, Python's are {row.bits}")
-            if not _same(shown["stored"], row.stored):
+            if not _same(stored_exact, row.stored):
+                problems.append(f"{row.format}: {typed} has exact stored value {stored_exact!r}, Python's is {row.stored!r}")
+            if not _same_stored(shown["stored"], row.stored):
                 problems.append(f"{row.format}: {typed} shows stored value {shown['stored']}, Python's is {row.stored!r}")
             for role, expected in (("abs-error", row.abs_error), ("rel-error", row.rel_error)):
                 if not _close(shown[role], expected):

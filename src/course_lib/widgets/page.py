@@ -27,6 +27,8 @@ JS_DIR = Path(__file__).with_name("js")
 _IMPORT = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([\w-]+\.js)";\s*$')
 _EXPORT_DECLARATION = re.compile(r"^export (?=(async )?function |const |let |class )")
 _OTHER_EXPORT = re.compile(r"^export\b")
+# a top-level declaration (the bundle puts every module in one scope: two with one name break the script)
+_TOP_LEVEL = re.compile(r"^(?:export )?(?:async )?(?:function\*?|const|let|class)\s+([A-Za-z_$][\w$]*)")
 
 
 def _module_source(name: str) -> str:
@@ -46,6 +48,7 @@ def bundle(entry: str, *, expose: tuple[str, ...] = ()) -> str:
         raise TypeError(f"entry must be a file name such as 'format_explorer.js', not {type(entry).__name__}")
     done: list[str] = []
     parts: list[str] = []
+    declared: dict[str, str] = {}   # top-level name -> the module that declares it
 
     def add(name: str, chain: tuple[str, ...]) -> None:
         if name in chain:
@@ -61,6 +64,12 @@ def bundle(entry: str, *, expose: tuple[str, ...] = ()) -> str:
             if line.startswith("import "):
                 raise ValueError(f"{name}:{number}: write imports as one line, "
                                  f'import {{ a, b }} from "./file.js"; got {line!r}')
+            top = _TOP_LEVEL.match(line)
+            if top:
+                if top.group(1) in declared and declared[top.group(1)] != name:
+                    raise ValueError(f"{name}:{number}: {top.group(1)!r} is declared at top level in "
+                                     f"{declared[top.group(1)]} too; the bundle shares one scope, rename one")
+                declared[top.group(1)] = name
             if _EXPORT_DECLARATION.match(line):
                 line = line[len("export "):]
             elif _OTHER_EXPORT.match(line):

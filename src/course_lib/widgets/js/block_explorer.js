@@ -3,7 +3,7 @@
 // library computes in FP32 (torch), so every FP32 step here is rounded with Math.fround, and the element
 // and scale roundings are codecs.js's. tests/test_widgets_blocks.py checks it against the library bit for bit.
 import { getFormat, roundToFormat, encode, bitString, pow2, binade } from "./codecs.js";
-import { make, table, exact, approx, parseNumber } from "./page.js";
+import { make, exact, approx, parseNumber } from "./page.js";
 
 export const BLOCK_SIZE = 32;
 const E8M0_BIAS = 127;
@@ -105,7 +105,7 @@ export function quantizeBlock(values, name, outlierIndex = -1) {
   const elements = scaled.map((s) => roundToFormat(clamp(s, -big, big), f));
   const dequantised = elements.map((e, i) => f32(e * scales[blockOf(i)]));
   return {
-    name, spec, values: x, amaxes, exponents, blockScales, scales, scaleCodes, tensorScale, scaled, elements, dequantised,
+    name, spec, outlierIndex, values: x, amaxes, exponents, blockScales, scales, scaleCodes, tensorScale, scaled, elements, dequantised,
     elementCodes: elements.map((e) => encode(e, f)),
     saturated: scaled.map((s) => Math.abs(s) >= boundary),
     flushed: x.map((v, i) => v !== 0 && dequantised[i] === 0),
@@ -127,9 +127,11 @@ function svg(tag, attributes = {}, ...children) {
   return node;
 }
 
-const WIDTH = 720, HEIGHT = 268, LEFT = 52, RIGHT = 8, TOP = 14, PLOT = 200;
+const WIDTH = 720, HEIGHT = 282, LEFT = 52, RIGHT = 8, TOP = 14, PLOT = 200;
 const SLOT = (WIDTH - LEFT - RIGHT) / BLOCK_SIZE;
-const COLOURS = { positive: "#6baed6", negative: "#fd8d3c", outlier: "#08519c", outlierNegative: "#a63603",
+// the outlier's blue and orange: darker than the other bars', and at least 3:1 against both the book's light
+// background (white: 4.2 and 4.3) and its dark one (rgb(41, 49, 61): 3.2 and 3.1)
+const COLOURS = { positive: "#6baed6", negative: "#fd8d3c", outlier: "#3182bd", outlierNegative: "#d94801",
   stored: "currentColor", flushed: "#d62728", saturated: "#9467bd", band: "rgba(116, 196, 118, 0.25)", axis: "#888",
   grid: "rgba(128, 128, 128, 0.3)" };   // readable on the book's light and dark backgrounds
 
@@ -138,7 +140,10 @@ function powerLabel(k) {
   return svg("text", {}, "2", svg("tspan", { dy: -5, "font-size": 8, text: String(k) }));
 }
 
-function signedLog2(v) { return v === 0 ? -Infinity : Math.log2(Math.abs(v)); }
+// The slider's and the drag's top, log2 of the outlier: 2**127.75 (about 2.86e38) keeps every stored value
+// finite in FP32; above about 2**127.81 MXFP4 RCEIL stores the outlier as 4 * 2**126 = 2**128, which is inf.
+export const OUTLIER_LOG2_MAX = 127.75;
+const OUTLIER_LOG2_MIN = -30;
 
 /** Axis range (log2 of magnitudes) that shows every value, stored value and the scale's range. */
 function axisRange(result) {
@@ -149,6 +154,58 @@ function axisRange(result) {
   let lo = Math.floor(Math.min(...logs)) - 1, hi = Math.ceil(Math.max(...logs)) + 3;
   if (hi - lo < 12) lo = hi - 12;
   return [lo, hi];
+}
+
+/** A relative error as a percentage; "infinite" where a stored value overflowed FP32 (never "inf%"). */
+function errorText(error) {
+  return Number.isFinite(error) ? `${approx(100 * error)}%` : "infinite";
+}
+
+/** The sentence on all 32 values' error: ||error|| / ||block||, with the outlier's part in it named, and any
+ *  stored value that overflowed FP32 (an element times its scale at 2**128 or beyond) said so. */
+function wholeText(result) {
+  const x = result.values;
+  const norm = x.reduce((s, v) => s + v * v, 0);     // float64: no overflow for FP32 values
+  const index = result.outlierIndex;
+  const share = norm > 0 && index >= 0 ? x[index] * x[index] / norm : 0;
+  const parts = [`All ${BLOCK_SIZE} values: ‖error‖ / ‖block‖ = ${errorText(result.relativeError)}`];
+  const overflowed = result.dequantised.findIndex((d) => !Number.isFinite(d));
+  if (overflowed >= 0) {
+    const b = Math.floor(overflowed / result.spec.block);
+    const scale = result.exponents ? [" × 2", make("sup", { text: String(result.exponents[b]) })] : [` × ${exact(result.scales[b])}`];
+    parts.push(`: element ${overflowed}'s stored value, ${exact(result.elements[overflowed])}`, ...scale,
+      ", is beyond FP32's largest value (about 3.4e38) and overflows to inf; the outlier is too close to FP32's top for this scale.");
+  } else if (share >= 0.5) {
+    parts.push(`, a ratio dominated by the outlier (it is ${approx(100 * share)}% of ‖block‖²), so it says little about the others.`);
+  } else {
+    parts.push(".");
+  }
+  return parts;
+}
+
+/** The details table: one row per element; a flushed or saturated element's row tinted, its stored value
+ *  marked (× flushed to 0, ⊤ saturated). */
+function elementTable(result, index) {
+  const f = getFormat(result.spec.element);
+  const head = ["element", "value (FP32)", "value / scale", "code (bits)", "element value", "stored value"];
+  const rows = result.values.map((v, i) => {
+    const state = result.flushed[i] ? "flushed" : result.saturated[i] ? "saturated" : "";
+    const marker = make("b", { text: state === "flushed" ? " ×" : state === "saturated" ? " ⊤" : "", dataset: { role: "marker" } });
+    if (state) marker.style.color = state === "flushed" ? COLOURS.flushed : COLOURS.saturated;
+    const stored = make("td", { className: "num", title: state === "flushed" ? "flushed to 0" : state === "saturated" ?
+      `saturated: clamped at ${f.name}'s largest value, ${exact(f.maxFinite)}` : "" }, approx(result.dequantised[i], 5), marker);
+    const row = make("tr", { dataset: { index: String(i), state } },
+      make("td", { text: String(i) + (i === index ? " outlier" : ""), style: i === index ? "font-weight: 600" : "" }),
+      make("td", { className: "num", text: approx(v, 5) }), make("td", { className: "num", text: approx(result.scaled[i], 5) }),
+      make("td", {}, make("code", { text: bitString(result.elementCodes[i], f) })),
+      make("td", { className: "num", text: exact(result.elements[i]) }), stored);
+    if (state) row.style.background = state === "flushed" ? "rgba(214, 39, 40, 0.12)" : "rgba(148, 103, 189, 0.15)";
+    return row;
+  });
+  return make("div", {},
+    make("p", { className: "note", text: `Stored value: element value × scale. × (red row): flushed to 0; ⊤ (purple row): saturated, ` +
+      `clamped at ${f.name}'s largest value, ${exact(f.maxFinite)}. Code: ${f.bits} bits, sign first.` }),
+    make("table", {}, make("thead", {}, make("tr", {}, ...head.map((h) => make("th", { text: h })))), make("tbody", {}, ...rows)));
 }
 
 export function mount(root, config) {
@@ -163,7 +220,7 @@ export function mount(root, config) {
     ...names.map((n) => make("option", { value: n, text: LABELS[n], selected: n === config.format })));
   const box = make("input", { type: "text", value: String(config.outlier), spellcheck: false,
     ariaLabel: `value of element ${index}, the outlier`, dataset: { role: "outlier" } });
-  const slider = make("input", { type: "range", min: -30, max: 128, step: 0.25, value: 0,
+  const slider = make("input", { type: "range", min: OUTLIER_LOG2_MIN, max: OUTLIER_LOG2_MAX, step: 0.25, value: 0,
     ariaLabel: "log2 of the outlier's magnitude", dataset: { role: "outlier-slider" } });
   const message = make("p", { className: "course-explorer-message", role: "status", style: "margin: 0.2em 0",
     dataset: { role: "message" } });
@@ -171,13 +228,13 @@ export function mount(root, config) {
     "data-role": "plot", style: `max-width:${WIDTH}px; font-family:sans-serif; font-size:11px` });
   const summary = make("div", { className: "readout", dataset: { role: "summary" } });
   const details = make("details", {}, make("summary", { text: "each element: value, code, stored value" }));
-  const grid = make("div", { dataset: { role: "elements" } });
+  const grid = make("div", { dataset: { role: "elements" }, style: "overflow-x: auto; max-width: 100%" });
   details.append(grid);
 
   const outlierText = (v) => String(Number(v.toPrecision(3)));
 
   function syncSlider(v) {
-    slider.value = String(v === 0 ? slider.min : clamp(Math.round(Math.log2(Math.abs(v)) * 4) / 4, -30, 128));
+    slider.value = String(v === 0 ? slider.min : clamp(Math.round(Math.log2(Math.abs(v)) * 4) / 4, OUTLIER_LOG2_MIN, OUTLIER_LOG2_MAX));
   }
 
   function draw(result) {
@@ -207,8 +264,14 @@ export function mount(root, config) {
       nodes.push(label);
     }
     nodes.push(svg("line", { x1: LEFT, x2: WIDTH - RIGHT, y1: bottom, y2: bottom, stroke: COLOURS.axis }));
-    nodes.push(svg("text", { x: 4, y: bottom + 16, fill: COLOURS.axis, text: "code" }));
     const hexWidth = Math.ceil(f.bits / 4);
+    const hex = (code) => code.toString(16).padStart(hexWidth, "0");
+    const minusZero = hex(2 ** (f.bits - 1));      // the sign bit alone: -0
+    const codeHelp = `each element's ${f.bits}-bit ${f.name} code in hexadecimal: ${hex(0)} is +0, ${minusZero} is −0 ` +
+      `(the sign bit alone: a negative value rounded to zero), ${hex(encode(f.maxFinite, f))} is the largest, ${exact(f.maxFinite)}. ` +
+      "Red: the value was flushed to 0; purple: saturated. Hover a code for its bits.";
+    nodes.push(svg("text", { x: LEFT - 6, y: bottom + 14, "text-anchor": "end", fill: COLOURS.axis, "font-size": 10,
+      "data-role": "code-label" }, "code", svg("tspan", { x: LEFT - 6, dy: 11, text: "(hex)" }), svg("title", { text: codeHelp })));
     for (let i = 0; i < BLOCK_SIZE; i++) {
       const v = result.values[i], stored = result.dequantised[i];
       const cx = LEFT + (i + 0.5) * SLOT;
@@ -236,7 +299,7 @@ export function mount(root, config) {
       nodes.push(svg("text", { x: cx, y: bottom + 16, "text-anchor": "middle", "font-family": "monospace", "font-size": 10,
         fill: result.flushed[i] ? COLOURS.flushed : result.saturated[i] ? COLOURS.saturated : "currentColor",
         "data-role": "code", "data-index": i, "data-code": result.elementCodes[i], "data-dequantised": exact(stored),
-        "data-state": state, text: result.elementCodes[i].toString(16).padStart(hexWidth, "0") }, svg("title", { text: title })));
+        "data-state": state, text: hex(result.elementCodes[i]) }, svg("title", { text: title })));
     }
     // the outlier's handle: drag it up or down (or use the slider and the text box)
     const hv = result.values[index];
@@ -250,12 +313,15 @@ export function mount(root, config) {
       nodes.push(svg("line", { x1: LEFT + (index + 0.5) * SLOT - 8, x2: LEFT + (index + 0.5) * SLOT + 8, y1: sy, y2: sy,
         stroke: result.saturated[index] ? COLOURS.saturated : COLOURS.stored, "stroke-width": 2.5, "pointer-events": "none" }));
     }
-    nodes.push(svg("text", { x: LEFT + (index + 0.5) * SLOT, y: bottom + 30, "text-anchor": "middle", fill: COLOURS.outlier, text: "outlier" }));
-    const legend = svg("text", { x: LEFT, y: HEIGHT - 4, fill: COLOURS.axis },
+    nodes.push(svg("text", { x: LEFT + (index + 0.5) * SLOT, y: bottom + 30, "text-anchor": "middle", fill: "currentColor",
+      "font-weight": "bold", text: "outlier" }));
+    const legend = svg("text", { x: LEFT, y: HEIGHT - 18, fill: COLOURS.axis },
       "bars: |value| (blue +, orange −) · tick: stored value · ",
       svg("tspan", { fill: COLOURS.flushed, text: "× / red: flushed to 0" }), " · ",
       svg("tspan", { fill: COLOURS.saturated, text: "purple: saturated" }), " · green: what the scale can hold");
-    nodes.push(legend);
+    nodes.push(legend, svg("text", { x: LEFT, y: HEIGHT - 4, fill: COLOURS.axis, "data-role": "code-legend" },
+      `code: the element's ${f.bits} bits in hex; ${minusZero} is −0 (the sign bit alone), what a negative value flushed to 0 keeps`,
+      svg("title", { text: codeHelp })));
     picture.replaceChildren(...nodes);
   }
 
@@ -304,16 +370,15 @@ export function mount(root, config) {
     const saturated = result.saturated.filter(Boolean).length;
     summary.replaceChildren(
       make("p", {}, ...scaleText(result)),
-      make("p", {}, `Relative error: ${approx(100 * result.relativeError)}% for the block, `,
-        make("b", { text: `${approx(100 * result.otherError)}%` }), ` for the ${BLOCK_SIZE - 1} values beside the outlier; `,
-        make("b", { text: `${flushedOthers} of ${others}` }), ` non-zero values beside it flushed to 0 (below the dashed line: half of ${f.minSubnormal} × scale); ${saturated} saturated.`));
+      make("p", { dataset: { role: "others" } }, `The ${BLOCK_SIZE - 1} values beside the outlier: relative error `,
+        make("b", { text: errorText(result.otherError) }), "; ",
+        make("b", { text: `${flushedOthers} of ${others}` }), ` non-zero values flushed to 0 (below the dashed line: half of ${f.minSubnormal} × scale); ` +
+        `${saturated} saturated.`),
+      make("p", { dataset: { role: "whole" } }, ...wholeText(result)));
     Object.assign(summary.dataset, { scaleCodes: result.scaleCodes.join(","), error: exact(result.relativeError),
       otherError: exact(result.otherError), flushed: String(result.flushed.filter(Boolean).length),
       saturated: String(saturated), outlierText: box.value });
-    const rows = result.values.map((v, i) => [String(i) + (i === index ? " (outlier)" : ""), approx(v, 5),
-      approx(result.scaled[i], 5), make("code", { text: bitString(result.elementCodes[i], f) }), exact(result.elements[i]),
-      approx(result.dequantised[i], 5), result.flushed[i] ? "flushed to 0" : result.saturated[i] ? "saturated" : ""]);
-    grid.replaceChildren(table(["element", "value (FP32)", "value / scale", "code", "element", "stored value", ""], rows));
+    grid.replaceChildren(elementTable(result, index));
   }
 
   // dragging the outlier: its height is log2 of its magnitude on the plot's axis (frozen while dragging)
@@ -321,7 +386,7 @@ export function mount(root, config) {
     const box_ = picture.getBoundingClientRect();
     const svgY = (event.clientY - box_.top) * HEIGHT / box_.height;
     const [lo, hi] = axis;
-    const log = clamp(hi - (svgY - TOP) * (hi - lo) / PLOT, -149, 127.99);
+    const log = clamp(hi - (svgY - TOP) * (hi - lo) / PLOT, -149, OUTLIER_LOG2_MAX);
     const sign = last && (last.values[index] < 0 || Object.is(last.values[index], -0)) ? -1 : 1;
     box.value = outlierText(sign * 2 ** log);
     show();

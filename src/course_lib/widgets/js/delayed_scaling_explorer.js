@@ -118,6 +118,31 @@ export function summarize(run, spikeAt) {
   });
 }
 
+/** A flushed share (0..1) as a percentage with three decimals, zero included ("0.000%", "0.005%"), as the
+ *  lesson's exercise prints it. */
+export function flushedText(share) {
+  return `${(100 * share).toFixed(3)}%`;
+}
+
+const FACTOR_NOTATION = /^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$/;   // page.js's parseNumber's notation
+
+/** Why the factor's text is not a factor in `range` ([lo, hi]), or undefined: page.js's parseNumber, with
+ *  hints that suit a factor (positive, no sign). */
+export function factorError(text, range) {
+  const t = String(text).trim();
+  if (t === "") return "type the spike's factor, e.g. 50";
+  if (!FACTOR_NOTATION.test(t) && !/^[+-]?(inf|infinity|nan)$/i.test(t)) {
+    return `"${t.slice(0, 40)}" is not a number: write it like 50, 0.5 or 1e3`;
+  }
+  const parsed = parseNumber(t);
+  if (parsed.error !== undefined) return parsed.error;
+  const [lo, hi] = range;
+  if (!(parsed.value >= lo && parsed.value <= hi)) {
+    return `the spike's factor must lie between ${lo} and ${hi} (a factor of 1 is no spike), got ${t}`;
+  }
+  return undefined;
+}
+
 const STYLE = [{ colour: "#0072B2", dash: "" }, { colour: "#D55E00", dash: "6 3" }, { colour: "#AA4499", dash: "2 2" }];
 
 function slider(role, label, min, max, value, unit) {
@@ -172,7 +197,7 @@ export function mount(root, config) {
         make("td", { className: "num", text: `${approx(100 * r.error)}%` }),
         make("td", { className: "num", text: cell(r.worstAfter, (v) => `${approx(100 * v)}%`) }),
         make("td", { className: "num", text: cell(r.quietError, (v) => `${approx(100 * v)}%`) }),
-        make("td", { className: "num", text: cell(r.quietFlushed, (v) => `${approx(100 * v)}%`) }))))));
+        make("td", { className: "num", text: cell(r.quietFlushed, flushedText) }))))));
     const series = (key, transform = (v) => v, format = undefined) => names.map((name, j) => ({
       name, ...STYLE[j], values: run.recipes[name][key].map(transform), format }));
     chart.replaceChildren(lineChart({
@@ -189,12 +214,7 @@ export function mount(root, config) {
   }
 
   function readFactor() {
-    const parsed = parseNumber(factor.value);
-    const [lo, hi] = config.factorRange;
-    let error = parsed.error;
-    if (error === undefined && !(parsed.value >= lo && parsed.value <= hi)) {
-      error = `the spike's factor must lie between ${lo} and ${hi} (a factor of 1 is no spike), got ${factor.value.trim()}`;
-    }
+    const error = factorError(factor.value, config.factorRange);
     if (error !== undefined) {
       message.textContent = `${error}; the chart still shows ×${settings.factor}`;
       factor.setAttribute("aria-invalid", "true");
@@ -202,7 +222,7 @@ export function mount(root, config) {
     }
     message.textContent = "";
     factor.removeAttribute("aria-invalid");
-    settings.factor = parsed.value;
+    settings.factor = parseNumber(factor.value).value;
     return true;
   }
 

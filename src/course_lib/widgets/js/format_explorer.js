@@ -28,7 +28,8 @@ function fieldsOf(f) {
 export function formatNote(fmt) {
   const f = getFormat(fmt);
   const ones = (n) => "1".repeat(n);
-  const layout = `${f.signed ? "1 sign, " : "no sign, "}${f.exponentBits} exponent (bias ${f.bias}), ${f.mantissaBits} mantissa bits`;
+  const layout = `${f.signed ? "1 sign, " : "no sign, "}${f.exponentBits} exponent (bias ${f.bias}), ` +
+    `${f.mantissaBits} mantissa bit${f.mantissaBits === 1 ? "" : "s"}`;
   if (f.specials === "ieee") {
     return `${f.name}: ${layout}. IEEE: exponent ${ones(f.exponentBits)} holds ±inf (mantissa 0) and NaN; ` +
       `numbers from ±${exact(overflowThreshold(f))} round to ±inf.`;
@@ -45,14 +46,21 @@ export function formatNote(fmt) {
     `saturate to ±${exact(f.maxFinite)}; NaN has no code.`;
 }
 
-/** A sentence on code `code`: its kind, and what rounds to or saturates at it. */
-function describeKind(code, f) {
+/** A sentence on code `code`: its kind, and what rounds to or saturates at it (in the code's own sign). */
+export function describeKind(code, fmt) {
+  const f = getFormat(fmt);
   const kind = codeKind(code, f);
   if (kind === "subnormal") return "subnormal (exponent field 0: no implicit leading 1)";
   if (kind === "largest") {
-    if (f.overflow === "saturate") return "largest finite: larger numbers and inf saturate to it";
-    const beyond = f.overflow === "inf" ? "inf" : "NaN";
-    return `largest finite: from ${exact(overflowThreshold(f))} up, numbers round to ${beyond}`;
+    const negative = decode(code, f) < 0;
+    if (f.overflow === "saturate") {
+      return negative ? "most negative finite: more negative numbers and -inf saturate to it"
+        : "largest finite: larger numbers and inf saturate to it";
+    }
+    const threshold = overflowThreshold(f);
+    const beyond = f.overflow === "inf" ? exact(negative ? -Infinity : Infinity) : "NaN";
+    return `${negative ? "most negative" : "largest"} finite: from ${exact(negative ? -threshold : threshold)} ` +
+      `${negative ? "down" : "up"}, numbers round to ${beyond}`;
   }
   if (kind === "smallest") return `smallest value (${f.name} has no zero): smaller positive numbers round up to it`;
   if (kind === "NaN") {
@@ -70,6 +78,23 @@ function binText(code, f) {
   return `${bin.lowIn ? "[" : "("}${low}, ${high}${bin.highIn ? "]" : ")"}`;
 }
 
+export const STORED_DIGITS = 12;   // the narrow formats' values of everyday numbers in full (0.0999755859375), and the table fits ~680 px
+
+/** A stored value for the table: its shortest exact text when that has at most STORED_DIGITS significant
+ *  digits, else the value rounded to them (as toPrecision rounds: ties away from zero), in the same notation,
+ *  and "…"; the exact text goes in a tooltip and in data-exact either way, for readers and check_in_page. */
+export function storedCell(x) {
+  const full = exact(x);
+  const cell = make("td", { className: "num", dataset: { role: "stored", exact: full } });
+  const rounded = Number.isFinite(x) ? Number(x.toPrecision(STORED_DIGITS)) : x;
+  if (!Number.isFinite(x) || rounded === x) cell.textContent = full;   // -0, inf, NaN and short values
+  else {
+    cell.textContent = `${exact(rounded)}…`;
+    cell.title = `exactly ${full}`;
+  }
+  return cell;
+}
+
 /** The code's fields as coloured spans "s eeeee mmmmmmmmmm" (bitString's text). */
 function fieldSpans(bits, f) {
   const names = FIELDS.filter((name) => name !== "sign" || f.signed).filter((name) => name !== "mantissa" || f.mantissaBits);
@@ -81,10 +106,11 @@ export function mount(root, config) {
   let format = getFormat(config.format ?? "FP16");
   let code = 0;
   let current = null;   // the last number read
+  let flipped = false;  // whether the bits shown are the reader's flips, not the code of `current`
   const number = make("input", { type: "text", value: String(config.value ?? "0.1"), ariaLabel: "a number",
     spellcheck: false, dataset: { role: "number" } });
   const message = make("p", { className: "course-explorer-message format-message", dataset: { role: "message" }, role: "status" });
-  const values = make("div", { dataset: { role: "values" } });
+  const values = make("div", { className: "format-table-wrap", dataset: { role: "values" } });
   const picker = make("select", { ariaLabel: "format whose bits to flip", dataset: { role: "format" } },
     ...formats.map((f) => make("option", { value: f.name, text: f.name })));
   const note = make("p", { className: "note", dataset: { role: "note" } });
@@ -117,6 +143,11 @@ export function mount(root, config) {
         "numbers in ", make("span", { text: binText(code, format), dataset: { role: "bin" } }),
         value === 0 ? " round to a zero of their own sign" : " round to it"));
     }
+    if (flipped && current !== null) {
+      lines.push(make("div", { className: "note", dataset: { role: "flipped" },
+        text: `(bits flipped: the table above still shows ${exact(current)}, the ` +
+          `${number.hasAttribute("aria-invalid") ? "last number read" : "typed number"})` }));
+    }
     readout.replaceChildren(...lines);
   }
 
@@ -124,6 +155,7 @@ export function mount(root, config) {
     // bit 0 is the leftmost (most significant); codes can exceed 2**31, so no bitwise operators
     const weight = 2 ** (format.bits - 1 - position);
     code = Math.floor(code / weight) % 2 === 1 ? code - weight : code + weight;
+    flipped = true;
     showCode();
   }
 
@@ -133,7 +165,7 @@ export function mount(root, config) {
       const cells = [
         make("td", { text: r.format }),
         make("td", { dataset: { role: "bits" } }, none ? "-" : make("code", {}, ...fieldSpans(r.bits, formats[i]))),
-        make("td", { className: "num", text: none ? "no code (no NaN)" : exact(r.stored), dataset: { role: "stored" } }),
+        none ? make("td", { className: "num", text: "no code (no NaN)", dataset: { role: "stored" } }) : storedCell(r.stored),
         make("td", { className: "num", text: Number.isNaN(r.absError) ? "-" : approx(r.absError), dataset: { role: "abs-error" } }),
         make("td", { className: "num", text: Number.isNaN(r.relError) ? "-" : approx(r.relError), dataset: { role: "rel-error" } }),
       ];
@@ -148,6 +180,7 @@ export function mount(root, config) {
   }
 
   function show(x) {
+    flipped = false;
     showValues(x);
     note.textContent = formatNote(format);
     if (Number.isNaN(x) && !format.hasNan) {

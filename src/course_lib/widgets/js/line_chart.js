@@ -12,20 +12,14 @@ function svg(tag, attributes = {}, ...children) {
 }
 
 /** Tick values for an axis from lo to hi: powers of ten (with 2 and 5 between them when the range spans
- *  under two decades) on a log axis, round steps on a linear one. */
+ *  under two decades; every second or third power where it spans many) on a log axis, round steps on a linear one. A log axis too short for two of those
+ *  (0.0178 to 0.0316 holds only 0.02) gets round linear steps instead (0.02, 0.025, 0.03), so that every
+ *  axis has at least two labelled ticks to read a scale from. */
 export function ticks(lo, hi, log) {
   if (!(hi > lo)) return [lo];
   if (log) {
-    const first = Math.floor(Math.log10(lo)), last = Math.ceil(Math.log10(hi));
-    const mantissas = last - first <= 2 ? [1, 2, 5] : [1];
-    const out = [];
-    for (let e = first; e <= last; e++) {
-      for (const m of mantissas) {
-        const v = m * 10 ** e;
-        if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) out.push(v);
-      }
-    }
-    return out.length ? out : [lo, hi];
+    const decades = logTicks(lo, hi);
+    return decades.length >= 2 ? decades : ticks(lo, hi, false).filter((v) => v > 0);
   }
   const raw = (hi - lo) / 4;
   const magnitude = 10 ** Math.floor(Math.log10(raw));
@@ -35,12 +29,29 @@ export function ticks(lo, hi, log) {
   return out;
 }
 
-/** A tick's text: 0.001 as "1e-3", 20000 as "2e4", plain between 0.01 and 9999. */
+function logTicks(lo, hi) {
+  const first = Math.floor(Math.log10(lo)), last = Math.ceil(Math.log10(hi));
+  const mantissas = last - first <= 2 ? [1, 2, 5] : [1];
+  const every = Math.ceil((last - first + 1) / 7);   // over 7 decades: every second (or third) one labelled
+  const out = [];
+  for (let e = first; e <= last; e++) {
+    if (((e % every) + every) % every) continue;   // keep 1 = 10**0 among them
+    for (const m of mantissas) {
+      const v = m * 10 ** e;
+      if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) out.push(v);
+    }
+  }
+  return out;
+}
+
+/** A tick's text, to three significant digits: 0.001 as "1e-3", 0.0025 as "2.5e-3", 20000 as "2e4", plain
+ *  between 0.01 and 9999. */
 export function tickText(v) {
   if (v === 0) return "0";
-  const a = Math.abs(v);
-  if (a >= 0.01 && a < 1e4) return String(Number(v.toPrecision(3)));
-  return v.toExponential(0).replace("e+", "e");
+  const rounded = Number(v.toPrecision(3));
+  const a = Math.abs(rounded);
+  if (a >= 0.01 && a < 1e4) return String(rounded);
+  return rounded.toExponential().replace("e+", "e");
 }
 
 /** An SVG element: `panels` stacked, each {label, log, min?, max?, series: [{name, colour, dash, values}]}

@@ -48,7 +48,10 @@ export function sharesAt(config, log2Scale) {
   return { counts, flushed, subnormal, overflow, survive, normal: survive - subnormal };
 }
 
-const COLOURS = { flushed: "#999999", subnormal: "#56B4E9", normal: "#009E73", overflow: "#D55E00" };
+// Lesson 3's figure's colours (course_lib.plots.loss_scaling.plot_scale_sweep; the test reads them off the
+// figure): normal, flushed, overflow and "survive (all)" as its lines are drawn; subnormal, which the figure
+// does not draw (survive minus normal), in the lighter blue of the same palette.
+export const COLOURS = { flushed: "#E69F00", subnormal: "#56B4E9", normal: "#0072B2", overflow: "#CC79A7", survive: "#009E73" };
 const LABELS = {
   normal: "survive as normal numbers", subnormal: "survive as subnormals (fewer significant bits)",
   flushed: "flush to zero", overflow: "overflow",
@@ -97,7 +100,7 @@ export function mount(root, config) {
   const double = make("button", { type: "button", text: "×2", title: "double the scale", dataset: { role: "double" } });
   const typed = make("input", { type: "text", value: scaleText(k), ariaLabel: "loss scale",
     spellcheck: false, dataset: { role: "scale-text" } });
-  typed.style.width = "8em";
+  typed.style.width = "11em";   // 2^40 = 1099511627776 in full
   const message = make("p", { className: "course-explorer-message", dataset: { role: "message" }, role: "status" });
   const readout = make("p", { className: "readout", dataset: { role: "readout" } });
   const bar = make("div", { dataset: { role: "bar" }, ariaHidden: "true" });
@@ -137,7 +140,7 @@ export function mount(root, config) {
     };
     rows.replaceChildren(
       ...CLASSES.map((c) => row(c, LABELS[c], s[c], s.counts[c], COLOURS[c])),
-      row("survive", "survive in all (normal + subnormal)", s.survive, s.counts.normal + s.counts.subnormal, null));
+      row("survive", "survive in all (normal + subnormal)", s.survive, s.counts.normal + s.counts.subnormal, COLOURS.survive));
     rows.lastChild.style.fontWeight = "600";
   }
 
@@ -155,18 +158,21 @@ export function mount(root, config) {
   typed.addEventListener("input", () => {
     const parsed = parseScale(typed.value, lo, hi);
     if (parsed.error !== undefined) {
-      message.textContent = parsed.error;
+      message.textContent = `${parsed.error}; still showing 2^${k}`;
       typed.setAttribute("aria-invalid", "true");
       return;
     }
     go(parsed.log2, true);
   });
-  const zeros = config.zeros ? `; ${config.zeros.toLocaleString("en-US")} gradients that are exactly zero are left out` : "";
+  const zeros = config.zeros ? ` ${config.zeros.toLocaleString("en-US")} gradients that are exactly zero are left out.` : "";
+  const noInf = f.hasInf ? "" : ` (no infinity: values that ${f.hasNan ? "round" : "lie"} beyond the largest finite value ` +
+    "count as overflow, saturated or not)";
   root.append(
     make("label", {}, `loss scale 2^${lo} … 2^${hi}: `, slider), halve, " ", double, " ",
     make("label", {}, " or type one: ", typed), message, readout, bar, grid,
-    make("p", { text: `${f.name}: largest finite ${exact(f.maxFinite)}, smallest normal ${exact(f.minNormal)}, ` +
-      `smallest subnormal ${exact(f.minSubnormal)}` +
-      `${f.hasInf ? "" : ` (no infinity: values that ${f.hasNan ? "round" : "lie"} beyond the largest finite value count as overflow, saturated or not)`}${zeros}.` }));
+    make("p", { dataset: { role: "limits" }, text: `${f.name}: largest finite ${exact(f.maxFinite)}, smallest normal ` +
+      `${exact(f.minNormal)}, smallest subnormal ${exact(f.minSubnormal)}${noInf}. A gradient g flushes to zero when ` +
+      `|g × scale| is at most half the smallest subnormal, ${exact(f.minSubnormal / 2)} (that tie rounds to even: ` +
+      `zero).${zeros}` }));
   show();
 }

@@ -11,6 +11,7 @@ const CSS = `
 .course-explorer input, .course-explorer select, .course-explorer button { font-size: inherit;
   color: inherit; background: var(--pst-color-background, #fff); border: 1px solid var(--pst-color-border, #999);
   border-radius: 4px; padding: 0.1em 0.3em; }
+.course-explorer button:disabled { opacity: 0.4; cursor: not-allowed; }
 .course-explorer table { border-collapse: collapse; margin: 0.4em 0; }
 .course-explorer th, .course-explorer td { white-space: nowrap; padding: 0.1em 0.8em 0.1em 0; text-align: left; }
 .course-explorer td.num { font-variant-numeric: tabular-nums; }
@@ -23,6 +24,9 @@ const CSS = `
 .format-bits .sign, .format-table .sign { background: #f4c7c3; color: #000; }
 .format-bits .exponent, .format-table .exponent { background: #c6dbef; color: #000; }
 .format-bits .mantissa, .format-table .mantissa { background: #c7e9c0; color: #000; }
+.format-table-wrap { overflow-x: auto; max-width: 100%; }
+.course-explorer .format-table { font-size: 0.88em; }
+.course-explorer .format-table th, .course-explorer .format-table td { padding-right: 0.6em; }
 .format-table td code span { padding: 0 1px; border-radius: 2px; }
 .format-table tr.selected td { font-weight: 600; }
 .format-table tbody tr { cursor: pointer; }
