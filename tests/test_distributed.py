@@ -415,3 +415,19 @@ def test_worker_on_gpus_joins_nccl_on_its_own_gpu(monkeypatch):
     with pytest.raises(Joined):
         D.run_worker([D.DistRun("x", collective_timeout_s=30)], size="small", backend="auto", out=None, max_steps=None)
     assert calls == {"device": torch.device("cuda", 1), "init": ("nccl", 30.0)}
+
+
+def test_held_bytes_count_the_fp32_gradient_of_master_weights():
+    from types import SimpleNamespace
+
+    from course_lib.distributed import worker
+
+    p = torch.zeros(10, dtype=torch.bfloat16)
+    p.grad = torch.zeros(10, dtype=torch.bfloat16)
+    m = torch.zeros(10)
+    m.grad = torch.zeros(10)
+    state = SimpleNamespace(params=[p], masters=[m], optimizer=SimpleNamespace(state={}))
+    assert worker._held_bytes(state) == {"parameters": 20, "gradients": 20 + 40, "optimizer_state": 0,
+                                          "master_weights": 40}
+    plain = SimpleNamespace(params=[p], masters=None, optimizer=SimpleNamespace(state={}))
+    assert worker._held_bytes(plain)["gradients"] == 20 and worker._held_bytes(plain)["master_weights"] == 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from course_lib import device as device_rng
 from course_lib import monitor as mon
 from course_lib.monitor import recovery
 from course_lib.studies import monitoring as monitoring_studies
@@ -509,17 +510,17 @@ def test_step_was_skipped_refuses_what_it_cannot_read(before, after, error):
 
 def test_rng_states_without_cuda_hold_the_cpu_state_only():
     torch.manual_seed(3)
-    saved = recovery.rng_states()
+    saved = device_rng.rng_states()
     first = torch.rand(3)
     torch.rand(5)
-    recovery.restore_rng_states(saved)
+    device_rng.restore_rng_states(saved)
     assert torch.equal(torch.rand(3), first)
     if not torch.cuda.is_available():
         assert saved["cuda_rng"] is None
         with pytest.raises(ValueError, match="CUDA is not in use"):
-            recovery.restore_rng_states({**saved, "cuda_rng": [torch.zeros(4, dtype=torch.uint8)]})
+            device_rng.restore_rng_states({**saved, "cuda_rng": [torch.zeros(4, dtype=torch.uint8)]})
     with pytest.raises(ValueError, match="'rng'"):
-        recovery.restore_rng_states({"cuda_rng": None})
+        device_rng.restore_rng_states({"cuda_rng": None})
 
 
 def test_a_rollback_restores_the_cuda_random_state_of_the_last_good_checkpoint(tmp_path, monkeypatch):

@@ -172,3 +172,18 @@ def test_step_optimizers_runs_after_unscale_between_unscaling_and_clipping():
     result = step_optimizers(scaler, [opt], clip_norm=1.0, after_unscale=lambda o: seen.append(w.grad.clone()))
     assert torch.equal(seen[0], torch.tensor([3.0, 4.0]))       # already unscaled, not yet clipped
     assert result.ran == (True,) and result.grad_norms == (5.0,)
+
+
+def test_a_checkpoint_keeps_the_cuda_random_states_where_cuda_is_in_use(monkeypatch):
+    """TrainState's checkpoint holds every random state a resumed run draws from: the CPU's, and each CUDA
+    device's where CUDA is in use (torch's queries replaced here); loading it sets them back."""
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.tensor([7], dtype=torch.uint8)])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    state, _ = _state("fp32", 2)
+    saved = state.state_dict()
+    assert [int(t) for t in saved["cuda_rng"]] == [7]
+    state.load_state_dict(saved)
+    assert len(restored) == 1 and int(restored[0][0]) == 7

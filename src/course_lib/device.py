@@ -199,3 +199,34 @@ def describe_hardware(device: torch.device | str | None = None) -> HardwareInfo:
         native_bf16=bf16, native_fp16=fp16, profile=profile, torch_version=torch.__version__,
         cuda_version=cuda_version,
     )
+
+
+# ---- random states -------------------------------------------------------------------------------------
+
+def _cuda_in_use() -> bool:
+    # feature-detected: a torch without these functions, or without a GPU, has no CUDA random state to keep;
+    # before CUDA is initialised nothing has drawn from its generators
+    return (hasattr(torch.cuda, "get_rng_state_all") and hasattr(torch.cuda, "set_rng_state_all")
+            and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def rng_states() -> dict:
+    """The random states a rollback restores: ``"rng"``, the CPU generator's (a byte tensor), and
+    ``"cuda_rng"``, every CUDA device's (``torch.cuda.get_rng_state_all()``, one byte tensor per device), or
+    None where CUDA is not in use. Dropout masks and random sampling on a GPU draw from the CUDA generators,
+    so a rolled-back GPU run repeats its draws only with them restored too."""
+    return {"rng": torch.random.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if _cuda_in_use() else None}
+
+
+def restore_rng_states(saved: dict) -> None:
+    """Set the CPU generator, and the CUDA generators where ``saved`` holds them, to what :func:`rng_states`
+    returned."""
+    if not isinstance(saved, dict) or "rng" not in saved:
+        raise ValueError("saved must be a dict with the CPU random state under 'rng' (from rng_states())")
+    cuda = saved.get("cuda_rng")
+    if cuda is not None and not _cuda_in_use():
+        raise ValueError("the checkpoint holds CUDA random states, but CUDA is not in use here")
+    torch.random.set_rng_state(saved["rng"])
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .data import BatchSampler
+from .device import restore_rng_states, rng_states
 from .hardware import capability_unsupported_reason, gpu_compute_capability, tf32_matmuls
 from .models import course_setup
 
@@ -185,7 +186,7 @@ class TrainState:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "masters": None if self.masters is None else [m.detach().clone() for m in self.masters],
-                "step": self.step, "recipe": self.recipe.name, "rng": torch.random.get_rng_state()}
+                "step": self.step, "recipe": self.recipe.name, **rng_states()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("recipe") != self.recipe.name:
@@ -199,7 +200,7 @@ class TrainState:
                 for m, saved in zip(self.masters, state["masters"]):
                     m.copy_(saved)
         self.step = int(state["step"])
-        torch.random.set_rng_state(state["rng"])
+        restore_rng_states({"rng": state["rng"], "cuda_rng": state.get("cuda_rng")})   # older checkpoints: CPU only
 
 
 def save_checkpoint(state: TrainState, path: str | Path) -> Path:

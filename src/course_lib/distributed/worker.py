@@ -276,9 +276,12 @@ def _held_bytes(state) -> dict[str, int]:
 
     opt_state = [v for s in state.optimizer.state.values() for v in s.values()
                  if isinstance(v, torch.Tensor) and v.dim() > 0]
-    return {"parameters": nbytes(state.params), "gradients": nbytes(p.grad for p in state.params),
-            "optimizer_state": nbytes(opt_state),
-            "master_weights": nbytes(state.masters) if state.masters is not None else 0}
+    masters = state.masters if state.masters is not None else []
+    # bf16_master keeps an FP32 gradient on each master beside the BF16 one (memory.bytes_per_parameter
+    # counts it under gradients too)
+    return {"parameters": nbytes(state.params),
+            "gradients": nbytes(p.grad for p in state.params) + nbytes(m.grad for m in masters),
+            "optimizer_state": nbytes(opt_state), "master_weights": nbytes(masters)}
 
 
 class _AfterBackward:
