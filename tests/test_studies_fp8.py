@@ -464,3 +464,21 @@ def test_the_spikes_amax_stays_in_the_history_for_exactly_history_steps():
         scales.append(recipe.current_scale)           # the scale step t casts with
         recipe.observe(amax)
     assert [s == scales[2] for s in scales[3:]] == [False, False, True]   # steps 3 and 4 use the spike's amax
+
+
+def test_spike_gains_are_the_studys_and_lie_in_their_range():
+    from course_lib.studies import fp8 as S
+
+    gains = S.spike_gains(40, seed=0)
+    lo, hi = S.SPIKE_GAINS
+    assert len(gains) == 40 and all(lo <= g <= hi for g in gains) and gains == S.spike_gains(40, seed=0)
+    assert gains != S.spike_gains(40, seed=1)
+    tensor = torch.ones(2, 2)
+    run = S.delayed_spike(tensor, steps=40, spike_at=15, factor=50.0)
+    # the amax of each step is the gain (times the spike's factor at the spike), to the float32 product
+    assert [a / (50.0 if t == 15 else 1.0) for t, a in enumerate(run.amax)] == pytest.approx(gains, rel=1e-6)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        S.spike_gains(0)
+    assert fp8_prose.spike_gain_facts((0.8, 1.2)) == {"spike_gain_lo": 0.8, "spike_gain_hi": 1.2}
+    with pytest.raises(ValueError, match="0 < lo <= hi"):
+        fp8_prose.spike_gain_facts((1.2, 0.8))

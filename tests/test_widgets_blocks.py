@@ -180,8 +180,8 @@ def test_the_page_quantises_every_block_as_the_library_does(library_page):
                     and got["blockScales"] == _pack(want.scales) and got["tensorScale"] == _hex(want.tensor_scale)
                     and got["saturated"] == want.saturated and got["flushed"] == want.flushed)
             # the error: the page sums in float64; the same sum of the library's values agrees to 1e-12, and
-            # the library's own block_error (FP32 norms in torch) to FP32 rounding where its FP32 squares
-            # neither overflow nor underflow
+            # the library's own block_error (FP32 dequantisation, float64 norms) to FP32 rounding, checked on
+            # the blocks of ordinary magnitude
             error, other = _from_hex(got["error"]), _from_hex(got["otherError"])
             same = same and _close(error, _float64_error(want, None), 1e-12) and _close(other, _float64_error(want, index), 1e-12)
             amax = max(abs(x) for x in want.values)

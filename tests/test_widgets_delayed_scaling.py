@@ -1,6 +1,6 @@
 """Lesson 7's delayed-scaling explorer (course_lib.widgets.delayed_scaling, js/delayed_scaling_explorer.js):
 the subsample it embeds, the page's per-step amaxes, scales, saturated and flushed shares against
-delayed_spike's (float64 bits) and its relative errors against torch's (1e-5: torch sums the norm's squares
+delayed_spike's (float64 bits) and its relative errors against torch's (1e-5: the library dequantises
 in float32) and against a float64 recomputation (1e-12), over many settings; the controls, bad input, and
 the book check's check_in_page."""
 

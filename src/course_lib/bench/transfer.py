@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from .matmul import matmul_operands
+from .timing import HostTimer, time_function
 
 # (source memory, non_blocking) of each copy timed
 COPY_KINDS = {"pageable": ("pageable", False), "pageable, non_blocking": ("pageable", True),
@@ -126,16 +127,9 @@ class HostToDevice:
 
 def _median_seconds(fn: Callable[[], object], samples: int, warmup: int, sync: Callable[[], None],
                     clock: Callable[[], float]) -> float:
-    """Median seconds of ``fn()`` from a synchronised start to a synchronised end."""
-    times = []
-    for i in range(warmup + samples):
-        sync()
-        began = clock()
-        fn()
-        sync()
-        if i >= warmup:
-            times.append(clock() - began)
-    return statistics.median(times)
+    """Median seconds of ``fn()`` from a synchronised start to a synchronised end (the course's harness)."""
+    timer = HostTimer(clock=clock, synchronize=sync)
+    return time_function(fn, warmup=warmup, min_repeats=samples, max_repeats=samples, timer=timer).median
 
 
 def _copy_seconds(sources: list[torch.Tensor], device: torch.device, non_blocking: bool, samples: int, warmup: int,

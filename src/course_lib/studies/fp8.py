@@ -138,17 +138,29 @@ class SpikeRun:
     relative_error: dict[str, tuple[float, ...]]
 
 
+SPIKE_GAINS = (0.8, 1.2)   # the range of delayed_spike's step-to-step gain
+
+
+def spike_gains(steps: int, seed: int = 0) -> list[float]:
+    """:func:`delayed_spike`'s gain per step: uniform in :data:`SPIKE_GAINS`, drawn in float32 from ``seed``
+    (the explorer of lesson 7 replays these same gains)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = SPIKE_GAINS
+    return [float(g) for g in lo + (hi - lo) * torch.rand(steps, generator=gen)]
+
+
 def delayed_spike(tensor: torch.Tensor, *, steps: int = 40, spike_at: int = 15, factor: float = 50.0,
                   amax_history_len: int = 16, margin: int = 0, fmt: str = "e4m3", seed: int = 0) -> SpikeRun:
     """Feed ``steps`` tensors through current and delayed scaling: step *t* is ``tensor`` times a gently
-    varying gain (0.8..1.2, from ``seed``), and step ``spike_at`` is also multiplied by ``factor`` (a loss
+    varying gain (:func:`spike_gains`), and step ``spike_at`` is also multiplied by ``factor`` (a loss
     spike's activations). Delayed scaling runs with ``amax_compute_algo`` "max" and "most_recent"."""
     if not 0 <= spike_at < steps:
         raise ValueError(f"spike_at must lie in 0..{steps - 1}, got {spike_at}")
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"factor must be a positive number, got {factor!r}")
-    gen = torch.Generator().manual_seed(seed)
-    gains = 0.8 + 0.4 * torch.rand(steps, generator=gen)
+    gains = spike_gains(steps, seed)
     recipes: dict[str, ScalingRecipe] = {
         "current": CurrentScaling(fmt),
         f"delayed, max of {amax_history_len}": DelayedScaling(fmt, amax_history_len=amax_history_len,
@@ -162,7 +174,7 @@ def delayed_spike(tensor: torch.Tensor, *, steps: int = 40, spike_at: int = 15, 
     amaxes = []
     base = as_2d(tensor).detach().float()
     for t in range(steps):
-        x = base * float(gains[t]) * (factor if t == spike_at else 1.0)
+        x = base * gains[t] * (factor if t == spike_at else 1.0)
         amaxes.append(float(x.abs().max()))
         for name, recipe in recipes.items():
             e = quantization_error(x, recipe)

@@ -81,6 +81,15 @@ def outlier_facts(sweep: OutlierSweep, block: int) -> dict[str, object]:
             "out_col_1e5": 100 * flushed["per column (channel), E4M3"][i5]}
 
 
+def spike_gain_facts(gains: tuple[float, float]) -> dict[str, object]:
+    """The range of the spike study's step-to-step gain (``studies.fp8.SPIKE_GAINS``) as ``spike_gain_lo``
+    and ``spike_gain_hi``."""
+    lo, hi = gains
+    if not 0 < lo <= hi:
+        raise ValueError(f"gains must be a range (lo, hi) with 0 < lo <= hi, got {gains!r}")
+    return {"spike_gain_lo": lo, "spike_gain_hi": hi}
+
+
 def spike_facts(spike: SpikeRun) -> dict[str, object]:
     """Delayed scaling (history reduced by "max") against current scaling at an amax spike: percent
     saturated and relative error (percent) at the spike, the worst error over the history that follows

@@ -66,7 +66,7 @@ class QuantizedBlock:
     element's bit pattern and value in the element format; ``dequantised``: element times its block's scale
     (times the tensor scale), in FP32. ``saturated``: how many elements the clamp at the element format's
     largest value changed; ``flushed``: how many non-zero values became 0. ``relative_error``: the block's
-    relative L2 error, :func:`~course_lib.mx.block_error` (FP32 norms in torch); ``other_error``: the same
+    relative L2 error, :func:`~course_lib.mx.block_error` (FP32 dequantisation, float64 norms, in torch); ``other_error``: the same
     without the outlier (``nan`` when no outlier was named)."""
 
     format: str
@@ -201,8 +201,8 @@ def check_in_page(root, config: dict, *, timeout_ms: float = 5000) -> list[str]:
         return [f"block explorer: no format selector or outlier box to use ({type(error).__name__}: {error})"]
     finite = [abs(v) for i, v in enumerate(values) if i != index and math.isfinite(v)]
     amax = max(finite, default=0.0)
-    # a new outlier far above the others (so the scale must change), well inside FP32 so that the library's
-    # FP32 norms do not overflow (see quantize_block)
+    # a new outlier far above the others (so the scale must change), well inside FP32 so that its stored
+    # value cannot overflow (MXFP4 RCEIL stores amax near 2**128 as inf)
     target = amax * 2.0**20 if 0 < amax < 1e6 else (amax * 2.0**-20 if amax > 0 else 1000.0)
     text = f"{target:.3g}"
     if text == box.input_value():       # already showing it: waiting for it would prove nothing

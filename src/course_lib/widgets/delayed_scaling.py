@@ -8,8 +8,8 @@ recent", :class:`course_lib.fp8.DelayedScaling`), the same FP32 products and sat
 tensor of the course model has too many values to embed, so the explorer takes a deterministic subsample
 (every k-th value, plus the largest magnitude, so every step's amax, and so every scale, is the whole
 tensor's), and :func:`spike_reference` runs the Python on that same subsample. The scales, the saturated
-and flushed shares agree exactly; the relative error to about 1e-6, because torch sums the float32 squares
-of its norm in float32 (in its own order), where the page sums them exactly in float64
+and flushed shares agree exactly; the relative error to about 2e-8, because the library dequantises in
+float32 before it takes the (float64) norms, where the page works in float64 throughout
 (tests/test_widgets_delayed_scaling.py measures both against a float64 recomputation).
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..fp8 import DelayedScaling, amax_to_scale, as_2d, fp8_format
-from ..studies.fp8 import delayed_spike
+from ..studies.fp8 import SPIKE_GAINS, delayed_spike, spike_gains
 from .page import Explorer
 
 HISTORY_MAX = 64    # the history slider's top
@@ -64,12 +64,6 @@ def subsample(tensor: torch.Tensor, max_values: int) -> torch.Tensor:
     return flat[index].clone()
 
 
-def _gains(steps: int, seed: int) -> list[float]:
-    # delayed_spike's gains, drawn the same way (tests compare the amaxes they give with delayed_spike's)
-    gen = torch.Generator().manual_seed(seed)
-    return [float(g) for g in 0.8 + 0.4 * torch.rand(steps, generator=gen)]
-
-
 def delayed_scaling_explorer(tensor: torch.Tensor, *, steps: int = 40, spike_at: int = 15, factor: float = 50.0,
                              amax_history_len: int = 16, margin: int = 0, fmt: str = "e4m3", seed: int = 0,
                              max_values: int = 4096) -> Explorer:
@@ -90,12 +84,12 @@ def delayed_scaling_explorer(tensor: torch.Tensor, *, steps: int = 40, spike_at:
     amax = float(values.abs().max())
     if amax == 0:
         raise ValueError("tensor is all zeros: there is nothing to scale")
-    if amax * 1.2 * FACTOR_RANGE[1] >= FLOAT32_MAX:
+    if amax * SPIKE_GAINS[1] * FACTOR_RANGE[1] >= FLOAT32_MAX:
         raise ValueError(f"tensor's largest magnitude, {amax:g}, times a spike of up to {FACTOR_RANGE[1]:g} would "
                          "overflow float32")
     data = base64.b64encode(values.numpy().astype("<f4").tobytes()).decode("ascii")
     config = {"format": name, "values": data, "count": values.numel(), "of": as_2d(tensor).numel(),
-              "gains": _gains(steps, seed), "seed": seed, "steps": steps, "spikeAt": spike_at, "factor": factor,
+              "gains": spike_gains(steps, seed), "gainRange": list(SPIKE_GAINS), "seed": seed, "steps": steps, "spikeAt": spike_at, "factor": factor,
               "history": amax_history_len, "margin": margin, "historyMax": HISTORY_MAX, "marginMax": MARGIN_MAX,
               "factorRange": list(FACTOR_RANGE)}
     return Explorer("delayed_scaling_explorer.js", config, "Delayed scaling explorer")
@@ -133,7 +127,7 @@ def spike_reference(config: dict, *, spike_at: int, factor: float, amax_history_
                         for name in run.saturated}}
 
 
-ERROR_TOLERANCE = 1e-5   # relative: torch's float32 norm against the page's float64 one (see the module's doc)
+ERROR_TOLERANCE = 1e-5   # relative: the library's float32 dequantisation against the page's float64 (module doc)
 
 
 def compare_with_reference(shown: dict, expected: dict, what: str = "delayed-scaling explorer") -> list[str]:

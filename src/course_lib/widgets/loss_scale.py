@@ -22,7 +22,7 @@ import numbers
 import numpy as np
 import torch
 
-from ..formats import get_format
+from ..formats import get_format, spacing
 from ..gradients import summarize_underflow
 from .page import Explorer
 
@@ -35,7 +35,7 @@ def rounding_edges(fmt) -> tuple[float, ...]:
     subnormal, the midpoint between the largest subnormal and the smallest normal, the largest finite value
     and the midpoint above it. All derived from the format's limits, none typed in."""
     f = get_format(fmt)
-    half_spacing_at_max = 2.0 ** (math.floor(math.log2(f.max_finite)) - f.mantissa_bits) / 2
+    half_spacing_at_max = float(spacing(np.array([f.max_finite]), f)[0]) / 2
     return tuple(sorted({f.min_subnormal / 2, f.min_normal - f.min_subnormal / 2, f.max_finite,
                          f.max_finite + half_spacing_at_max}))
 
@@ -90,7 +90,7 @@ def _check_log2(name: str, k) -> int:
         raise TypeError(f"{name} must be an integer power of two's exponent, got {type(k).__name__} {k!r}")
     if not -LOG2_LIMIT <= k <= LOG2_LIMIT:
         raise ValueError(f"{name} must lie in -{LOG2_LIMIT}..{LOG2_LIMIT} (a scale of 2**{k} is beyond any "
-                         "gradient's range), got {k}")
+                         f"gradient's range), got {k}")
     return int(k)
 
 

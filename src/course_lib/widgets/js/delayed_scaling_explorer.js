@@ -233,7 +233,7 @@ export function mount(root, config) {
   root.append(
     make("div", {}, history.node, margin.node), make("div", {}, spikeAt.node, make("label", {}, "spike ×", factor)),
     message, summary, tableBox, chart,
-    make("p", { text: `${f.name}; ${config.steps} steps, each the tensor times a gain in 0.8..1.2. Computed in this page ` +
+    make("p", { text: `${f.name}; ${config.steps} steps, each the tensor times a gain in ${config.gainRange[0]}..${config.gainRange[1]}. Computed in this page ` +
       (config.count === config.of ? `on all ${config.of.toLocaleString("en-US")} of the tensor's values.` :
         `on ${config.count.toLocaleString("en-US")} of the tensor's ${config.of.toLocaleString("en-US")} values ` +
         "(every k-th, and the largest, so the amax and the scales are the whole tensor's).") }));
