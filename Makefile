@@ -11,7 +11,7 @@ LESSONS := $(wildcard lessons/*.md)
 # pip prints a warning per package for local index folders it cannot use; keep the log readable.
 PIPQUIET := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: book test lint unit selfcheck lessons strict-book browser setup clean lab
+.PHONY: book test lint unit selfcheck lessons strict-book browser setup clean lab gpu-wheels gpu-session
 
 setup: $(STAMP)
 
@@ -99,6 +99,34 @@ strict-book: lessons
 # then instead (.ci/run sets it). On the book already built: make -o lessons -o strict-book browser
 browser: strict-book
 	$(PY) tools/browser_check.py _build/html --toc _toc.yml --screenshots _build/screenshots
+
+# A GPU machine: `make gpu-session` records the next parts of `python -m course_lib.gpu_session plan` (every
+# registered experiment, then every lesson's wall time at the full profile) into results/; run it again, on
+# this machine or a fresh one with the new records committed, until the plan says every part is done. On a
+# GPU image with its own torch: make gpu-session SYSTEM_TORCH=1.
+gpu-session: $(STAMP)
+	$(PY) -m course_lib.gpu_session run --next
+
+# An offline GPU machine with Python 3.12 and torch (no internet): `make gpu-wheels` here downloads into .whl/
+# (ignored) the wheels the recording and the lessons need beyond such an image (torchao, and jupytext, nbclient,
+# ipykernel and myst-nb with what they import; the image has torch, numpy, matplotlib, ml-dtypes, tensorboard).
+# There, without a venv:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#   PYTHONPATH=/tmp/site:src python3 -m course_lib.gpu_session run --next
+GPU_WHEELS := torchao==0.18.0 myst-nb==1.4.0 docutils==0.21.2 jupytext==1.19.6 mdit-py-plugins==0.7.0 nbclient==0.11.0 \
+  nbformat==5.11.1 fastjsonschema==2.22.3 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+  referencing==0.37.0 rpds-py==2026.9.1 jupyter-client==8.10.0 jupyter-core==5.9.1 platformdirs==4.14.8 \
+  pyzmq==27.3.0 tornado==6.6.1 traitlets==5.16.1 ipykernel==6.31.0 comm==0.2.3 debugpy==1.8.22 \
+  matplotlib-inline==0.2.2 nest-asyncio==1.6.0 ipython==9.18.1 ipython-pygments-lexers==1.1.1 jedi==0.20.1 \
+  parso==0.8.7 pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 stack-data==0.6.3 \
+  asttokens==3.0.2 executing==2.3.0 pure-eval==0.2.4
+GPU_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+  manylinux1_x86_64
+gpu-wheels: $(STAMP)
+	rm -rf .whl && mkdir -p .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  $(addprefix --platform ,$(GPU_PLATFORMS)) -d .whl $(GPU_WHEELS) 2>&1 | $(PIPQUIET)
+	@du -sh .whl
 
 clean:
 	rm -rf _build $(NBBUILD) .pytest_cache

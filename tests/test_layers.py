@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "memory": 2, "overflow": 2, "reduction": 2,
     "data": 3, "models": 3, "train": 3, "distributed": 3,
     "studies": 4, "experiments": 4, "plots": 4, "checkup": 4, "selfcheck": 4, "record": 4, "widgets": 4,
-    "exercises": 4, "glue": 4,
+    "exercises": 4, "glue": 4, "gpu_session": 4,
     # submodules that sit on another layer than their package
     "monitor.recovery": 3,      # rolls a run back and resumes it: drives the training loop
     "distributed.reduce": 2,    # the ring simulation and the reduction variants: arithmetic only

@@ -1,11 +1,16 @@
-"""The status page's table of lessons executed by nbmake (course_lib.record.executed_notebooks_markdown), from
-notebooks written by hand with nbclient's timing metadata."""
+"""course_lib.record: the status page's table of lessons executed by nbmake (executed_notebooks_markdown), from
+notebooks written by hand with nbclient's timing metadata; and ``--param KEY=JSON`` on a fake registered
+experiment."""
 
 import json
+from dataclasses import dataclass
 
 import pytest
 
-from course_lib.record import executed_notebooks_markdown
+import course_lib.experiments as E
+from course_lib.device import SizeProfile
+from course_lib.record import executed_notebooks_markdown, main, parse_overrides
+from course_lib.results import load_records
 
 
 def _cell(start, end, outputs=()):
@@ -48,3 +53,67 @@ def test_source_commit_prefers_the_environment_then_git(monkeypatch):
     monkeypatch.delenv(GIT_COMMIT_ENV_VAR)
     commit = source_commit()   # this checkout is a git repository: a 40-hex commit, maybe +dirty
     assert len(commit.removesuffix("+dirty")) == 40 and int(commit.removesuffix("+dirty"), 16) >= 0
+
+
+# ---- python -m course_lib.record --param KEY=JSON ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ladder:
+    rungs: tuple[str, ...]
+    steps: int
+
+
+def _ladder(profile, device, *, rungs, steps, **extra):
+    assert isinstance(rungs, tuple), "a JSON list arrives as the tuple the registry gives"
+    return Ladder(rungs=rungs, steps=steps)
+
+
+@pytest.fixture
+def ladder(monkeypatch):
+    exp = E.Experiment("ladder", "a fake ladder", _ladder, Ladder,
+                       lambda profile, device: {"rungs": ("tiny", "small"), "steps": profile.pick(small=3, full=9)})
+    monkeypatch.setitem(E.EXPERIMENTS, "ladder", exp)
+    return exp
+
+
+def test_overrides_are_checked_against_the_study(ladder):
+    small = SizeProfile("small")
+    assert parse_overrides(ladder, ['rungs=["gpt2-small"]', "steps=5"], small, "cpu") == {
+        "rungs": ("gpt2-small",), "steps": 5}
+    with pytest.raises(ValueError, match=r"'ladder' has no parameter 'rung'; its parameters: rungs, steps"):
+        parse_overrides(ladder, ['rung=["x"]'], small, "cpu")
+    with pytest.raises(ValueError, match="is not JSON"):
+        parse_overrides(ladder, ["rungs=[gpt2]"], small, "cpu")
+    with pytest.raises(ValueError, match="takes KEY=JSON"):
+        parse_overrides(ladder, ["rungs"], small, "cpu")
+    with pytest.raises(ValueError, match="given twice"):
+        parse_overrides(ladder, ["steps=1", "steps=2"], small, "cpu")
+
+
+def test_a_study_without_that_keyword_refuses_it(monkeypatch):
+    exp = E.Experiment("plain", "no parameters", lambda profile, device: Ladder((), 0), Ladder)
+    with pytest.raises(ValueError, match="'plain' has no parameter 'steps'; its parameters: none"):
+        parse_overrides(exp, ["steps=1"], SizeProfile("small"), "cpu")
+
+
+def test_a_record_keeps_the_overridden_parameters(ladder, tmp_path, capsys):
+    code = main(["ladder", "--out", str(tmp_path), "--allow-cpu", "--size", "small", "--param", 'rungs=["gpt2-small"]'])
+    assert code == 0
+    (record,) = load_records(results_dir=tmp_path)
+    assert record.parameters["rungs"] == ["gpt2-small"] and record.parameters["steps"] == 3
+    assert record.parameters["overrides"] == {"rungs": ["gpt2-small"]}
+    assert record.values["result"] == {"rungs": ["gpt2-small"], "steps": 3}
+    assert "--param 'rungs=[\"gpt2-small\"]'" in record.provenance.command
+    # without --param the record says nothing of overrides
+    assert main(["ladder", "--out", str(tmp_path / "plain"), "--allow-cpu", "--size", "small"]) == 0
+    assert "overrides" not in load_records(results_dir=tmp_path / "plain")[0].parameters
+
+
+def test_param_needs_exactly_one_experiment(ladder, tmp_path, capsys):
+    assert main(["ladder", "autocast_trace", "--allow-cpu", "--out", str(tmp_path), "--param", "steps=1"]) == 2
+    assert main(["--all", "--allow-cpu", "--out", str(tmp_path), "--param", "steps=1"]) == 2
+    assert main(["ladder", "--allow-cpu", "--out", str(tmp_path), "--param", "nope=1"]) == 2
+    err = capsys.readouterr().err
+    assert "name exactly one experiment" in err and "has no parameter 'nope'" in err
+    assert not list(tmp_path.iterdir())

@@ -9,6 +9,7 @@ figure or table function draws the live run and the recorded one. Records are ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.data_loading import DataLoading, data_loading
+from .studies.lesson_times import LessonTimes, lesson_times, lesson_times_parameters
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
 from .studies.formats import TrainingMagnitudes, measure_training_magnitudes
 from .studies.fp8 import (
@@ -139,9 +141,14 @@ def run_experiment(name: str, profile: SizeProfile, device: torch.device | str) 
     return get_experiment(name).run(profile, device)
 
 
-def record_output(name: str, profile: SizeProfile, device: torch.device | str) -> ExperimentOutput:
-    """Run a registered experiment for a record: its parameters (with the profile's name) and values."""
+def record_output(name: str, profile: SizeProfile, device: torch.device | str, *,
+                  overrides: dict[str, Any] | None = None) -> ExperimentOutput:
+    """Run a registered experiment for a record: its parameters (with the profile's name) and values.
+    ``overrides`` replace some of the registry's parameters (``record --param``; checked by the caller)."""
     exp = get_experiment(name)
+    if overrides:
+        base = exp.parameters
+        exp = dataclasses.replace(exp, parameters=lambda p, d: {**base(p, d), **overrides})
     parameters = {"profile": profile.name, **exp.parameters_for(profile, device)}
     return ExperimentOutput(parameters=to_jsonable(parameters), values={"result": exp.run(profile, device)})
 
@@ -437,3 +444,14 @@ def _data_parallel(profile: SizeProfile, device: torch.device) -> DataParallelSt
           "(lesson 10).", result_type=ReductionStudy)
 def _reduction_precision(profile: SizeProfile, device: torch.device) -> ReductionStudy:
     return reduction_precision_study(profile, device)
+
+
+# ---- the book: how long each lesson takes -------------------------------------------------------------
+
+@register("lesson_times",
+          "Wall time of executing each lesson as a notebook at the size profile (COURSE_SIZE in the kernel), "
+          "whether every cell ran, and where a failing lesson stopped (the GPU session times a few lessons "
+          "per record).", result_type=LessonTimes, parameters=lesson_times_parameters, requires_cuda=True)
+def _lesson_times(profile: SizeProfile, device: torch.device, *, lessons: tuple[str, ...],
+                  limit_s: float) -> LessonTimes:
+    return lesson_times(profile, device, lessons=lessons, limit_s=limit_s)

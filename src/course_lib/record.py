@@ -5,15 +5,19 @@ Usage::
     python -m course_lib.record EXPERIMENT [EXPERIMENT ...] --out results/
     python -m course_lib.record --all --out results/
     python -m course_lib.record --list
+    python -m course_lib.record scale_ladder --param 'rungs=["gpt2-small"]' --out results/
 
 Each experiment writes ``results/<experiment>__<device>__<date>.json`` and the raw log of the run beside
 it. Records are for real hardware measurements: on a machine without a GPU the command refuses unless
-``--allow-cpu`` is given (the tests use that, writing into a temporary folder).
+``--allow-cpu`` is given (the tests use that, writing into a temporary folder). ``--param KEY=JSON`` runs one
+experiment with one of its parameters changed from the registry's; the record's parameters hold the value it ran
+with and, under ``overrides``, what the command changed.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import io
 import json
 import shlex
@@ -24,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .device import SizeProfile, describe_hardware, select_device
-from .experiments import EXPERIMENTS, get_experiment, record_output
+from .experiments import EXPERIMENTS, Experiment, get_experiment, record_output
 from .tables import MarkdownTable, markdown_table
 from .results import Record, capture_provenance, load_records, save_record, to_jsonable
 
@@ -40,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow recording on a CPU (for tests; course records come from GPUs)")
     p.add_argument("--max-steps", type=int, default=None, metavar="N",
                    help="cap every training run at N steps (smoke runs and tests; not for course records)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=JSON",
+                   help="run with the registry's parameter KEY set to the JSON value (repeatable; one experiment "
+                        "only), e.g. --param 'rungs=[\"gpt2-small\"]'")
     p.add_argument("--all", action="store_true", help="run every registered experiment this device can run")
     p.add_argument("--list", action="store_true", help="list the registered experiments and exit")
     return p
@@ -78,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         print("--max-steps must be a positive number of steps", file=sys.stderr)
         return 2
     profile = SizeProfile(args.size, forced=True, max_steps=args.max_steps)
+    overrides: dict = {}
+    if args.param:
+        if args.all or len(args.experiments) != 1:
+            print("--param changes one experiment's parameters: name exactly one experiment", file=sys.stderr)
+            return 2
+        try:
+            overrides = parse_overrides(get_experiment(args.experiments[0]), args.param, profile, device)
+        except ValueError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
     command = " ".join(["python -m course_lib.record", *map(shlex.quote, argv)])
     status = 0
     for index, name in enumerate(args.experiments, 1):
@@ -93,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         provenance = capture_provenance(command, device)
         start = time.perf_counter()
         try:
-            output = record_output(name, profile, device)
+            output = record_output(name, profile, device, overrides=overrides)
         except Exception:  # record nothing for a failed run, but keep going with the others
             say("FAILED:\n" + traceback.format_exc())
             status = 1
@@ -103,12 +120,46 @@ def main(argv: list[str] | None = None) -> int:
         say("parameters: " + json.dumps(to_jsonable(output.parameters)))
         say("values: " + json.dumps(to_jsonable(output.values)))
         capped = {"max_steps": args.max_steps} if args.max_steps is not None else {}
+        changed = {"overrides": to_jsonable(overrides)} if overrides else {}
         record = Record(experiment=name, parameters={**output.parameters, "size": args.size,
-                                                     "seconds": elapsed, **capped},
+                                                     "seconds": elapsed, **capped, **changed},
                         values=output.values, provenance=provenance)
         path = save_record(record, args.out, log_text=log.getvalue())
         print(f"wrote {path}", flush=True)
     return status
+
+
+def parse_overrides(exp: Experiment, items: list[str], profile: SizeProfile, device) -> dict:
+    """``KEY=JSON`` items as parameter overrides for ``exp``: each KEY must be a keyword the study takes or a
+    parameter the registry gives it at ``profile``, each value JSON; a JSON list stands for a tuple where the
+    registry's value is one. ``ValueError`` naming what does not fit."""
+    registry = exp.parameters_for(profile, device)
+    taken = [q.name for q in list(inspect.signature(exp.study).parameters.values())[2:]
+             if q.kind in (q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+    allowed = sorted(set(taken) | set(registry))
+    overrides: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--param takes KEY=JSON, got {item!r}")
+        if key not in allowed:
+            raise ValueError(f"{exp.name!r} has no parameter {key!r}; its parameters: {', '.join(allowed) or 'none'}")
+        if key in overrides:
+            raise ValueError(f"--param {key} is given twice")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--param {key}: {text!r} is not JSON ({exc.msg}); quote strings, e.g. "
+                             f"{key}='\"text\"'") from None
+        if isinstance(value, list) and isinstance(registry.get(key), tuple):
+            value = tuple(value)
+        overrides[key] = value
+    try:
+        inspect.signature(exp.study).bind(profile, device, **{**registry, **overrides})
+    except TypeError as exc:
+        raise ValueError(f"{exp.name!r} does not take these parameters: {exc}") from None
+    return overrides
 
 
 def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTable:

@@ -1,0 +1,241 @@
+"""The GPU session (course_lib.gpu_session): the plan against the registry and the committed records, estimates
+and resumption read from records, and `run` on a GPU faked by monkeypatching torch's CUDA queries, with the
+experiment runner stubbed (it writes a record as `python -m course_lib.record` would; nothing real runs)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import course_lib.experiments as E
+import course_lib.gpu_session as G
+from course_lib.results import Provenance, Record, load_records, save_record
+from course_lib.studies.lesson_times import LessonTimes, lesson_names, lesson_times, lesson_times_parameters
+
+H200 = "NVIDIA H200"
+_clock = iter(range(10**6))
+
+
+def _record(experiment, seconds, *, device=H200, overrides=None, lessons=None, size="full", device_type="cuda"):
+    gpu = device_type == "cuda"
+    minute = next(_clock)
+    prov = Provenance(device_name=device, device_type=device_type, torch_version="2.11.0",
+                      date=f"2026-12-01T{minute // 60 % 24:02d}:{minute % 60:02d}:00+00:00",
+                      command=f"python -m course_lib.record {experiment}", git_commit="abc", python_version="3.12.3",
+                      compute_capability="9.0" if gpu else None, cuda_version="13.0" if gpu else None)
+    values = {"result": {"profile": size, "device_type": device_type,
+                         "lessons": [{"lesson": n, "seconds": s, "passed": True, "code_cells": 1}
+                                     for n, s in (lessons or {}).items()]}}
+    parameters = {"profile": size, "size": size, "seconds": seconds,
+                  **({"overrides": overrides} if overrides else {})}
+    return Record(experiment=experiment, parameters=parameters, values=values, provenance=prov)
+
+
+def _save(folder, *records):
+    for r in records:
+        save_record(r, folder, log_text="log\n")
+    return load_records(results_dir=folder)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The registry with lesson_times in it, as the snippet in the report registers it."""
+    if "lesson_times" not in E.EXPERIMENTS:
+        monkeypatch.setitem(E.EXPERIMENTS, "lesson_times", E.Experiment(
+            "lesson_times", "lesson wall times", lesson_times, LessonTimes, lesson_times_parameters,
+            requires_cuda=True))
+    return E.EXPERIMENTS
+
+
+def test_the_plan_covers_every_registered_experiment_and_lesson(registered):
+    records = load_records()   # the committed records: estimates come from their durations
+    lessons = lesson_names()
+    parts = G.plan_parts(lessons, records)
+    assert G.plan_problems(parts, records, sorted(registered), lessons) == []
+    # the experiment parts keep their H100 durations inside a part
+    first = G.estimate(G.Step("convergence_parity"), records)
+    assert first.source.startswith("NVIDIA") and first.seconds > 60
+
+
+def test_a_new_experiment_unplanned_is_a_problem(registered, monkeypatch):
+    lessons = lesson_names()
+    records = load_records()
+    parts = G.plan_parts(lessons, records)
+    names = [*registered, "scale_ladder"]
+    assert G.plan_problems(parts, records, names, lessons) == [
+        "experiment 'scale_ladder' is registered but neither planned nor skipped"]
+    assert G.plan_problems(parts, records, names, lessons, skipped={"scale_ladder": "needs 8 GPUs"}) == []
+    assert G.plan_problems(parts, records, names, lessons, skipped={"scale_ladder": " "}) == [
+        "experiment 'scale_ladder' is skipped without a reason"]
+    assert G.plan_problems(parts, records, [*registered], lessons, skipped={"fp8_training": "x"}) == [
+        "experiment 'fp8_training' is both planned and skipped"]
+    # pieces of one experiment with different overrides are fine; the same piece twice is not
+    ladder = [G.Part(90, (G.Step("scale_ladder", {"rungs": ["a"]}),)), G.Part(91, (G.Step("scale_ladder", {"rungs": ["b"]}),))]
+    assert G.plan_problems([*parts, *ladder], records, names, lessons) == []
+    twice = [*parts, *ladder, G.Part(92, (G.Step("scale_ladder", {"rungs": ["a"]}),))]
+    assert G.plan_problems(twice, records, names, lessons) == ['step scale_ladder {"rungs": ["a"]} is planned more than once']
+    assert G.plan_problems([*parts, *ladder], records, [*registered], lessons) == [
+        "experiment 'scale_ladder' is planned but not registered"]
+
+
+def test_lessons_are_each_timed_once_and_parts_stay_under_the_limit(registered):
+    records = load_records()
+    parts = G.plan_parts(["01_a", "02_b", "03_c", "04_d"], records)
+    lesson_parts = [p for p in parts if p.steps[0].experiment == "lesson_times"]
+    assert [list(p.steps[0].overrides["lessons"]) for p in lesson_parts] == [["01_a", "02_b", "03_c"], ["04_d"]]
+    assert G.plan_problems(parts, records, sorted(registered), ["01_a", "02_b", "03_c"]) == [
+        "'04_d' is timed but is no lesson"]
+    assert G.plan_problems(parts, records, sorted(registered), ["01_a", "02_b", "03_c", "04_d", "05_e"]) == [
+        "lesson '05_e' is not timed"]
+    again = [*parts, G.Part(99, (G.lesson_step(["02_b"]),))]
+    assert G.plan_problems(again, records, sorted(registered), ["01_a", "02_b", "03_c", "04_d"]) == [
+        "lesson '02_b' is timed 2 times"]
+    slow = [G.Part(1, tuple(G.Step(n) for n in ("a", "b", "c", "d")))]
+    assert G.plan_problems(slow, [], ["a", "b", "c", "d"], []) == ["part 1 is estimated at 720 s, over 540 s"]
+    # a lesson estimated over the limit gets a part of its own, which is not a problem of the plan
+    alone = [G.Part(1, (G.lesson_step(["01_a"]),))]
+    long = _record("lesson_times", 900.0, overrides={"lessons": ["01_a"]}, lessons={"01_a": 900.0})
+    assert G.plan_problems(alone, [long], ["lesson_times"], ["01_a"]) == []
+
+
+def test_estimates_come_from_records_this_gpus_first(tmp_path):
+    records = _save(tmp_path, _record("fp8_training", 300.0, device="NVIDIA H100 80GB HBM3"),
+                    _record("fp8_training", 200.0),
+                    _record("fp8_training", 10.0, size="small"),
+                    _record("fp8_training", 5.0, device="cpu", device_type="cpu"),
+                    _record("scale_ladder", 400.0, overrides={"rungs": ["big"]}),
+                    _record("lesson_times", 99.0, overrides={"lessons": ["01_a", "02_b"]},
+                            lessons={"01_a": 30.0, "02_b": 60.0}))
+    assert G.estimate(G.Step("fp8_training"), records, H200) == G.Estimate(200.0, H200)
+    assert G.estimate(G.Step("fp8_training"), records, "NVIDIA H100 80GB HBM3").seconds == 300.0
+    assert G.estimate(G.Step("mx_training"), records, H200) == G.Estimate(G.DEFAULT_STEP_S, "default")
+    assert G.estimate(G.Step("scale_ladder", {"rungs": ["big"]}), records).seconds == 400.0
+    assert G.estimate(G.Step("scale_ladder", {"rungs": ["small"]}), records).source == "default"
+    both = G.estimate(G.lesson_step(["02_b", "03_c"]), records, H200)
+    assert both == G.Estimate(60.0 + G.DEFAULT_LESSON_S, f"{H200}, default")
+    # packing by those estimates: 30 + 60 s fit with default-estimated lessons up to the limit
+    parts = G.plan_parts(["01_a", "02_b", "03_c", "04_d", "05_e"], records, H200)
+    assert [list(p.steps[0].overrides["lessons"]) for p in parts[len(G.EXPERIMENT_PARTS):]] == [
+        ["01_a", "02_b", "03_c", "04_d"], ["05_e"]]
+
+
+def test_done_is_read_from_this_gpus_full_size_records(tmp_path):
+    records = _save(tmp_path, _record("fp8_training", 1.0, device="NVIDIA H100 80GB HBM3"),
+                    _record("mx_training", 1.0, size="small"),
+                    _record("data_loading", 1.0),
+                    _record("scale_ladder", 1.0, overrides={"rungs": ["a"]}),
+                    _record("lesson_times", 1.0, overrides={"lessons": ["01_a"]}, lessons={"01_a": 1.0}))
+    assert G.pending(G.Step("data_loading"), records, H200) is None
+    assert G.pending(G.Step("fp8_training"), records, H200) == G.Step("fp8_training")   # another GPU's
+    assert G.pending(G.Step("mx_training"), records, H200) == G.Step("mx_training")     # small size
+    assert G.pending(G.Step("data_loading"), records, None) == G.Step("data_loading")  # no GPU here
+    assert G.pending(G.Step("scale_ladder", {"rungs": ["a"]}), records, H200) is None
+    assert G.pending(G.Step("scale_ladder", {"rungs": ["b"]}), records, H200) is not None
+    # a lessons step: only the lessons not yet timed on this GPU, whichever record timed them
+    assert G.pending(G.lesson_step(["01_a", "02_b"]), records, H200) == G.lesson_step(["02_b"])
+    assert G.pending(G.lesson_step(["01_a"]), records, H200) is None
+    text = G.plan_text([G.Part(1, (G.Step("data_loading"), G.Step("fp8_training")))], records, H200)
+    assert text.splitlines()[:4] == [f"GPU: {H200}", "part 1: about 0.0 min, 1/2 steps done",
+                                     f"  [done] data_loading: 1 s ({H200})",
+                                     "  [to do] fp8_training: 1 s (NVIDIA H100 80GB HBM3)"]
+
+
+def test_a_step_runs_as_a_record_command():
+    step = G.Step("scale_ladder", {"rungs": ("gpt2-small",), "steps": 5})
+    assert step.record_args("out") == ["scale_ladder", "--out", "out", "--param", 'rungs=["gpt2-small"]',
+                                       "--param", "steps=5"]
+    assert step.label == 'scale_ladder rungs=["gpt2-small"] steps=5'
+    with pytest.raises(ValueError, match="names an experiment"):
+        G.Step("")
+    with pytest.raises(TypeError, match="mapping"):
+        G.Step("x", [("a", 1)])
+
+
+def _fake_runner(calls, *, fail=()):
+    """Stands in for `python -m course_lib.record ARGS`: writes the record it would, with the estimate's time."""
+    def run(args, timeout_s):
+        calls.append(args)
+        name, out = args[0], args[2]
+        if name in fail:
+            return 1
+        overrides = {a.split("=", 1)[0]: json.loads(a.split("=", 1)[1]) for a in args[4::2] if "=" in a}
+        lessons = {n: 10.0 for n in overrides.get("lessons", [])}
+        save_record(_record(name, 12.0, overrides=overrides, lessons=lessons), out, log_text="log\n")
+        return 0
+    return run
+
+
+def test_run_part_stops_before_a_step_past_the_budget(tmp_path):
+    calls, now = [], [0.0]
+    part = G.Part(1, (G.Step("a"), G.Step("b"), G.Step("c")))
+
+    def runner(args, timeout_s):
+        now[0] += G.DEFAULT_STEP_S   # each step takes its estimate
+        assert timeout_s == pytest.approx(500 - now[0] + G.DEFAULT_STEP_S)
+        return _fake_runner(calls)(args, timeout_s)
+
+    said = []
+    status = G.run_part(part, results=tmp_path / "results", out=tmp_path / "out", device_name=H200, budget_s=500,
+                        runner=runner, say=said.append, clock=lambda: now[0])
+    assert status == "stopped" and [c[0] for c in calls] == ["a", "b"]
+    assert said[-1] == "stopping before c: about 180 s, 140 s left of the budget"
+    # the next call resumes: a and b are done, c runs
+    now[0] = 0.0
+    assert G.run_part(part, results=tmp_path / "results", out=tmp_path / "out", device_name=H200, budget_s=500,
+                      runner=runner, say=said.append, clock=lambda: now[0]) == "done"
+    assert [c[0] for c in calls] == ["a", "b", "c"] and said[-3:-1] == ["done already: a", "done already: b"]
+
+
+def test_a_failing_step_does_not_stop_the_others(tmp_path):
+    calls = []
+    part = G.Part(1, (G.Step("a"), G.Step("b")))
+    status = G.run_part(part, results=tmp_path, out=tmp_path, device_name=H200, budget_s=500,
+                        runner=_fake_runner(calls, fail={"a"}), say=lambda line: None)
+    assert status == "failed" and [c[0] for c in calls] == ["a", "b"]
+    assert G.run_part(part, results=tmp_path, out=tmp_path, device_name=H200, budget_s=500,
+                      runner=lambda a, t: 124, say=lambda line: None) == "stopped"
+
+
+@pytest.fixture
+def fake_h200(monkeypatch):
+    """torch's CUDA queries answering as an H200 would (the pattern of tests/test_cuda_branches.py)."""
+    props = SimpleNamespace(name=H200, major=9, minor=0, total_memory=141 << 30, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+
+
+def test_run_next_records_every_part_then_says_so(registered, fake_h200, monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(G, "run_record", _fake_runner(calls))
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    _save(results, _record("convergence_parity", 400.0))   # done in an earlier session on this GPU
+    assert G.main(["run", "--next", "--results", str(results), "--out", str(out)]) == 0
+    names = [c[0] for c in calls]
+    assert "convergence_parity" not in names and names[:2] == ["tf32_matmul_rounding", "autocast_trace"]
+    assert sorted(set(names)) == sorted(set(registered) - {"convergence_parity"})
+    timed = [lesson for c in calls if c[0] == "lesson_times" for lesson in json.loads(c[4].split("=", 1)[1])]
+    assert timed == list(lesson_names())
+    assert capsys.readouterr().out.splitlines()[-1] == f"parts with something left on {H200}: 0"
+    assert G.main(["run", "--next", "--results", str(results), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"every part is done on {H200}"
+    assert G.main(["plan", "--results", str(results), "--out", str(out)]) == 0
+    assert "0/" not in capsys.readouterr().out
+
+
+def test_run_one_part_and_refusals(registered, fake_h200, monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setattr(G, "run_record", _fake_runner(calls, fail={"fp8_scaling_lab"}))
+    assert G.main(["run", "--part", "3", "--results", str(tmp_path)]) == 1
+    assert [c[0] for c in calls] == [s.experiment for s in G.EXPERIMENT_PARTS[2]]
+    assert G.main(["run", "--part", "99", "--results", str(tmp_path)]) == 2
+    assert "--part must be 1.." in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert G.main(["run", "--next", "--results", str(tmp_path)]) == 2
+    assert "refusing to run on a CPU" in capsys.readouterr().err
