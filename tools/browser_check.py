@@ -109,6 +109,10 @@ def weight_problem(result: PageResult, limit: int = PAGE_WEIGHT_LIMIT) -> str | 
     return f"page weighs {format_bytes(result.weight)}, above the {format_bytes(limit)} limit; heaviest: {heaviest}"
 
 
+# Pages Sphinx writes beside the toc's: the search box opens search.html on every page.
+SPHINX_PAGES = ("search.html",)
+
+
 def pages_from_toc(toc: Path) -> list[str]:
     """The HTML pages of a Jupyter Book ``_toc.yml``, in its order (``root`` first)."""
     import yaml
@@ -416,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n*** browser check SKIPPED: {reason} ***"
               + ("\n*** BROWSER_CHECK_REQUIRED is set: failing ***" if required else "") + "\n", flush=True)
         return 1 if required else 0
-    pages = pages_from_toc(args.toc)
+    pages = pages_from_toc(args.toc) + list(SPHINX_PAGES)
     missing = [p for p in pages if not (args.site / p).is_file()]
     if missing:
         print(f"browser check: pages of {args.toc} missing from {args.site}: {', '.join(missing)}")
