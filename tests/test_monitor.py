@@ -285,6 +285,7 @@ def test_the_lesson_experiments_run_small():
         monitoring_studies.overflow_recovery(profile, steps=8, fault_at=8)
     cost = monitoring_studies.monitor_overhead(profile, steps=2, rounds=2)
     assert set(cost.seconds) == {0, 1, 10} and all(v > 0 for v in cost.seconds.values())
+    assert cost.transfers_per_sample == 1.0       # the statistics reach the host once per sampled step
     assert all(len(v) == 2 for v in cost.rounds.values())
     assert cost.noise() == abs(cost.rounds[0][1] / cost.rounds[0][0] - 1)
     lo, hi = cost.overhead_range(1)

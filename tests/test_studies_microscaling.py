@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from course_lib import mx
+from course_lib.device import size_profile
 from course_lib.fp8 import QuantizationError
 from course_lib.glue import Prose
 from course_lib.studies import microscaling as ms
@@ -421,3 +422,22 @@ def test_exercise_facts():
         "ex_rceil_scale": 0.5, "ex_rceil_values": "1, -3, 0, 1.5", "ex_floor_scale": 0.5,
         "ex_floor_values": "1, -3, 0, 1.5", "ex_bits_mxfp8": 8.25, "ex_saving": 16 / 4.5, "ex_bf16_gb": 14.0,
         "ex_nvfp4_gb": 3.9375}
+
+
+def test_emulation_cost_ratio_is_the_median_round_and_its_range():
+    cost = ms.EmulationCost("nvfp4", "bf16_autocast", {"bf16_autocast": (1.0, 2.0, 1.0), "nvfp4": (3.0, 4.0, 5.0)},
+                         {"bf16_autocast": ((1.0, 1.0),) * 3, "nvfp4": ((3.0, 3.0),) * 3})
+    assert cost.round_ratios() == [3.0, 2.0, 5.0] and cost.ratio == 3.0 and cost.ratio_range == (2.0, 5.0)
+
+
+def test_emulation_step_ratio_times_both_recipes_in_every_round():
+    cost = ms.emulation_step_ratio(size_profile("cpu"), "cpu", rounds=2, budget_s=0.01)
+    assert set(cost.seconds) == {"nvfp4", "bf16_autocast"} and all(len(v) == 2 for v in cost.seconds.values())
+    assert all(q25 <= q75 for v in cost.quartiles.values() for q25, q75 in v)
+    assert cost.ratio > 0 and cost.ratio_range[0] <= cost.ratio <= cost.ratio_range[1]
+    with pytest.raises(ValueError, match="rounds"):
+        ms.emulation_step_ratio(size_profile("cpu"), rounds=0)
+    with pytest.raises(ValueError, match="baseline"):
+        ms.emulation_step_ratio(size_profile("cpu"), baseline="nvfp4")
+    with pytest.raises(ValueError, match="unknown block-scaled recipe"):
+        ms.emulation_step_ratio(size_profile("cpu"), recipe="fp4")

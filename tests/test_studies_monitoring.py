@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from course_lib.checkup import Checkup
 from course_lib.glue import Prose
@@ -275,13 +276,13 @@ def test_overhead_phrase_for_each_verdict(cost, every, phrase):
     assert P.overhead_phrase(cost, every, run="the run") == phrase
 
 
-def _record(seconds, rounds=None):
+def _record(seconds, rounds=None, transfers=None):
     prov = Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
                       compute_capability="9.0")
     values = {"seconds": seconds} if rounds is None else {"seconds": seconds, "rounds": rounds}
     record = Record("monitor_overhead", {}, values, prov)
     result = M.MonitorOverhead({int(k): v for k, v in seconds.items()},
-                               {int(k): tuple(v) for k, v in (rounds or {}).items()})
+                               {int(k): tuple(v) for k, v in (rounds or {}).items()}, transfers)
     return RecordedResult(record, result)
 
 
@@ -291,21 +292,41 @@ REC = _record({"0": 0.04, "1": 0.09, "10": 0.044})
 def test_recorded_overhead_facts_with_and_without_a_record():
     facts = P.recorded_overhead_facts([REC])
     assert facts["gpu_cost"] == (
-        "On a GPU the balance changes. Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.0 ms "
+        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.0 ms "
         "a step without a monitor, 90.0 ms watched every step (+125%) and 44.0 ms every 10 steps (+10%). The record "
         "keeps one median per setting and not its rounds, so it cannot say how much of the +10% every 10 steps is "
-        "noise. The statistics themselves run on the GPU, but each parameter's shares come back to the host, one "
-        "synchronisation per parameter, so the GPU cannot run ahead of Python on a sampled step (the record does "
-        "not separate that from the arithmetic). Sample every 10 steps or less often.")
+        "noise. This record is of the monitor as it was before this page's: it brought every parameter's "
+        "statistics back to the host one `float()` at a time, about six per parameter, each a wait for the GPU, so "
+        "the GPU could not run ahead of Python on a sampled step (the record does not separate that from the "
+        "arithmetic). The monitor on this page computes them where the gradients are and moves them to the host "
+        "once per sampled step; until a record of it says what that leaves, sample every 10 steps or less often.")
     assert facts["gpu_cost_short"] == ("; +10% recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size "
-                                       "model, a median whose noise the record does not keep")
-    assert facts["gpu_cost_every1"] == " (every step made the step 2.2x as long there)"
+                                       "model (the monitor before it batched its statistics), a median whose noise "
+                                       "the record does not keep")
+    assert facts["gpu_cost_every1"] == (" (every step made the step 2.2x as long there (the monitor before it "
+                                        "batched its statistics))")
+    assert P.before_batching(REC)
+    batched = _record({"0": 0.04, "1": 0.046, "10": 0.0405}, transfers=1.0)
+    assert not P.before_batching(batched)
+    new = P.recorded_overhead_facts([batched])
+    assert new["gpu_cost"].endswith("(+1%). The record keeps one median per setting and not its rounds, so it "
+                                    "cannot say how much of the +1% every 10 steps is noise. The statistics run on "
+                                    "the GPU and came back to the host in 1 transfer per sampled step there.")
+    assert new["gpu_cost_every1"] == " (every step made the step 1.1x as long there)"
+    assert "before" not in new["gpu_cost_short"]
     none = P.recorded_overhead_facts([])
-    assert none["gpu_cost"].startswith("On a GPU the statistics run on the GPU") and "measure it there" in none["gpu_cost"]
+    assert none["gpu_cost"].startswith("On a GPU the statistics run on the GPU and come back to the host once per "
+                                       "sampled step") and "measure it there" in none["gpu_cost"]
     assert none["gpu_cost_short"] == "" and none["gpu_cost_every1"] == ""
     assert all(isinstance(v, Prose) for v in (*facts.values(), *none.values()))
     with pytest.raises(ValueError, match=r"intervals \[1\]"):
         P.recorded_step_seconds(_record({"0": 1.0, "10": 1.0}))
+
+
+def test_the_live_timing_note_labels_a_cpu_run_as_such():
+    assert P.live_timing_note("cpu").startswith("These are CPU timings of the small model")
+    assert "GPU's overhead" in P.live_timing_note(torch.device("cpu"))
+    assert P.live_timing_note("cuda:0") == "These are timings on this page's CUDA device, at this page's model size."
 
 
 def test_recorded_overhead_facts_judge_a_record_that_kept_its_rounds():
@@ -313,8 +334,8 @@ def test_recorded_overhead_facts_judge_a_record_that_kept_its_rounds():
     rec = _record({"0": 0.04, "1": 0.09, "10": 0.044}, {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})
     facts = P.recorded_overhead_facts([rec])
     assert ("(+10%). Its unmonitored loop moved by a median 2% between rounds: every 10 steps is beyond the timing "
-            "noise in every round there. The statistics") in facts["gpu_cost"]
-    assert facts["gpu_cost_short"].endswith("with the full-size model, beyond the timing noise in every round "
+            "noise in every round there. This record") in facts["gpu_cost"]
+    assert facts["gpu_cost_short"].endswith("batched its statistics), beyond the timing noise in every round "
                                             "(noise 2%)")
     quiet = _record({"0": 0.04, "1": 0.09, "10": 0.0404}, {"0": [0.04, 0.0408], "1": [0.09, 0.09],
                                                            "10": [0.0404, 0.0404]})
@@ -370,7 +391,12 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
                           "without an error under it here, one whose gradient is NaN raised; FP16 overflows to inf.")
     assert rows[3][1] == ("Every step: +25% here, beyond the timing noise in every round; every 10 steps: +5%, within "
                           "the timing noise (the unmonitored loop alone moved by a median 10% between rounds). Recorded on NVIDIA "
-                          "H100 80GB HBM3 (sm 9.0): +125% and +10%, medians whose noise the record does not keep.")
+                          "H100 80GB HBM3 (sm 9.0) with the monitor before it batched its statistics: +125% and +10%, "
+                          "medians whose noise the record does not keep.")
+    batched = P.errata_rows(FWD, _demo(), COST, [_record({"0": 0.04, "1": 0.05, "10": 0.041}, transfers=1.0)],
+                            inf_raises=False, nan_raises=True)
+    assert batched[3][1].endswith("Recorded on NVIDIA H100 80GB HBM3 (sm 9.0): +25% and +2%, medians whose noise the "
+                                  "record does not keep.")
     other = P.errata_rows(M.NanHunt("fc", "nan", None, None, 1, 1, 1), _demo(), COST, [],
                           inf_raises=True, nan_raises=False)
     assert other[0][1].endswith("reported as nothing, the backward function at the loss; the locator named nothing.")

@@ -4,7 +4,8 @@
   a plain loop calls :meth:`~GradientHealthMonitor.after_backward` and
   :meth:`~GradientHealthMonitor.after_step`). Every ``every`` steps it measures, per parameter, the share
   of gradient values that are zero, that would flush to zero or land in the subnormals of the training
-  dtype at the current loss scale, the non-finite count and the norm; every step it records the loss, the
+  dtype at the current loss scale, the non-finite count and the norm (all computed on the gradients'
+  device and brought to the host in one transfer per sampled step); every step it records the loss, the
   scale and whether the step was skipped (in a plain loop with its own ``GradScaler``,
   :func:`step_was_skipped` reads that from the scale before and after ``scaler.update()``). Thresholds raise
   named :class:`Alert` s.
@@ -27,6 +28,7 @@ from .health import (
     MonitorLog,
     Thresholds,
     gradient_stats,
+    gradient_stats_many,
     step_was_skipped,
 )
 from .locator import NonFiniteLocator, NonFiniteReport, TensorSummary, anomaly_mode_raises
@@ -37,6 +39,7 @@ __all__ = [
     "Thresholds",
     "GradientStats",
     "gradient_stats",
+    "gradient_stats_many",
     "Alert",
     "MonitorLog",
     "GradientHealthMonitor",

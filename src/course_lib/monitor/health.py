@@ -66,23 +66,58 @@ def gradient_stats(name: str, grad: torch.Tensor, fmt: str | FloatFormat, scale:
     """Classify the values of ``grad`` (a true gradient) as they would be stored in ``fmt`` after
     multiplying by ``scale`` (round to nearest even; the same classes as
     :func:`course_lib.gradients.summarize_underflow`, by comparison with the rounding boundaries, in float64)."""
+    return gradient_stats_many([(name, grad)], fmt, scale)[0]
+
+
+def gradient_stats_many(named: list[tuple[str, torch.Tensor]] | tuple[tuple[str, torch.Tensor], ...],
+                        fmt: str | FloatFormat, scale: float = 1.0) -> tuple[GradientStats, ...]:
+    """:func:`gradient_stats` of each ``(name, grad)``, computed on the gradients' device and brought to the
+    host in one transfer per device (one ``tolist()`` of a ``[gradients, 6]`` float64 tensor: five counts,
+    exact below 2**53, and the norm), so that a GPU waits for the host once per call, not once per statistic.
+    The same arithmetic as one gradient at a time, so the same values bit for bit."""
     f = get_format(fmt)
-    a = grad.detach().abs().double().flatten()
-    n = a.numel()
-    if n == 0:
-        return GradientStats(name, 0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
-    finite = torch.isfinite(a)
-    non_finite = int(n - finite.sum())
-    a = torch.where(finite, a, 0.0)
-    x = a * float(scale)
+    for name, grad in named:
+        if not isinstance(grad, torch.Tensor):
+            raise TypeError(f"the gradient of {name!r} must be a tensor, got {type(grad).__name__}")
+    results: dict[int, GradientStats] = {}
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (name, grad) in enumerate(named):
+        if grad.numel() == 0:
+            results[i] = GradientStats(name, 0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+        else:
+            by_device.setdefault(grad.device, []).append(i)
+    for indices in by_device.values():
+        rows = _device_statistics([named[i][1] for i in indices], f, float(scale)).tolist()   # the one transfer
+        for i, row in zip(indices, rows):
+            name, n = named[i][0], named[i][1].numel()
+            non_finite, zero, flush, subnormal, overflow, norm = row
+            results[i] = GradientStats(name, n, zero / n, flush / n, subnormal / n, overflow / n, int(non_finite),
+                                       norm)
+    return tuple(results[i] for i in range(len(named)))
+
+
+def _device_statistics(grads: list[torch.Tensor], f: FloatFormat, scale: float) -> torch.Tensor:
+    """``[len(grads), 6]`` float64 on the gradients' device: per gradient its counts and
+    the L2 norm of its finite values (counts of non-finite, zero, flushed, subnormal and overflowing
+    values, in this order). The elementwise classes run once over all gradients concatenated; the
+    norms per gradient, as one gradient alone would take them (a reduction's order depends on its input)."""
+    finite_abs, finite = [], []
+    for grad in grads:
+        a = grad.detach().abs().double().flatten()
+        ok = torch.isfinite(a)
+        finite.append(ok)
+        finite_abs.append(torch.where(ok, a, 0.0))
+    norms = torch.stack([torch.linalg.vector_norm(a) for a in finite_abs])
+    a, ok = torch.cat(finite_abs), torch.cat(finite)
+    x = a * scale
     half_sub = f.min_subnormal / 2                      # at or below: rounds to zero (a tie goes to even, 0)
     top = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2    # at or above: rounds past max
-    zero = finite & (a == 0)
-    flush = (a > 0) & (x <= half_sub)
-    subnormal = (x > half_sub) & (x < f.min_normal - half_sub)
     overflow = x >= top if f.has_inf or f.has_nan else torch.zeros_like(x, dtype=torch.bool)
-    return GradientStats(name, n, float(zero.sum()) / n, float(flush.sum()) / n, float(subnormal.sum()) / n,
-                         float(overflow.sum()) / n, non_finite, float(torch.linalg.vector_norm(a)))
+    classes = torch.stack([~ok, ok & (a == 0), (a > 0) & (x <= half_sub),
+                           (x > half_sub) & (x < f.min_normal - half_sub), overflow])
+    # integer counts: exact in any order of summation
+    counts = torch.stack([c.sum(1) for c in classes.split([g.numel() for g in grads], dim=1)])
+    return torch.cat([counts.double(), norms[:, None]], 1)
 
 
 @dataclass(frozen=True)
@@ -163,6 +198,7 @@ class GradientHealthMonitor:
         self._raised: set[tuple[str, str | None]] = set()
         self._skipped_run = 0
         self._pending: list[tuple[str, int, float]] = []
+        self.host_transfers = 0   # device-to-host copies of statistics so far: one per sampled step and device
         self._grad_outputs: dict[str, torch.Tensor] = {}
         self._handles: list = []
         if activations:
@@ -211,13 +247,17 @@ class GradientHealthMonitor:
             self.log.gradients.append(())
             return ()
         t = self.thresholds
-        stats = []
         self._pending = []
-        for name, p in self.params:
-            if p.grad is None:
-                continue
-            s = gradient_stats(name, p.grad.float() / scale, self.format, scale)
-            stats.append(s)
+        # every parameter's and output gradient's statistics in one batch: one transfer to the host per
+        # device, not one per statistic (each of which would make the host wait for the GPU)
+        named = [(name, p.grad.float() / scale) for name, p in self.params if p.grad is not None]
+        n_params = len(named)
+        # activation gradients carry the loss scale as they are: classify them as stored
+        named += [(f"{name}:grad_output", g.float() / scale) for name, g in self._grad_outputs.items()]
+        self.host_transfers += len({g.device for _, g in named if g.numel()})
+        stats = gradient_stats_many(named, self.format, scale)
+        for s in stats[:n_params]:
+            name = s.name
             if s.non_finite:
                 # an overflow the scaler will skip is the scaler working; alert in after_step only if the
                 # step went ahead with it
@@ -229,10 +269,7 @@ class GradientHealthMonitor:
             if nonzero > 0 and s.flush / nonzero >= t.underflow_fraction:
                 self._alert(step, "underflow", name, f"{name}: {100 * s.flush / nonzero:.0f}% of the non-zero "
                             f"gradient would flush to zero in {self.format.name} at scale {scale:g} (step {step})")
-        for name, g in self._grad_outputs.items():
-            # activation gradients carry the loss scale as they are: classify them as stored
-            s = gradient_stats(f"{name}:grad_output", g.float() / scale, self.format, scale)
-            stats.append(s)
+        for s in stats[n_params:]:
             nonzero = 1.0 - s.zero
             if nonzero > 0 and s.flush / nonzero >= t.underflow_fraction:
                 self._alert(step, "underflow", s.name, f"{s.name}: {100 * s.flush / nonzero:.0f}% of the non-zero "

@@ -54,7 +54,7 @@ from .blocks import (
     unpack_fp4,
 )
 from .linear import BLOCK_RECIPES, BlockLinear, BlockRecipe, block_recipe, convert_to_block_scaled
-from .nvfp4 import HADAMARD_SIZE, hadamard_matrix, random_hadamard, random_signs
+from .nvfp4 import HADAMARD_SIZE, hadamard_groups, hadamard_matrix, random_hadamard, random_hadamard_matrix, random_signs
 
 __all__ = [
     "MX_ELEMENTS",
@@ -74,6 +74,8 @@ __all__ = [
     "hadamard_matrix",
     "random_signs",
     "random_hadamard",
+    "random_hadamard_matrix",
+    "hadamard_groups",
     "BlockRecipe",
     "block_recipe",
     "BLOCK_RECIPES",

@@ -311,7 +311,8 @@ def block_error(x: torch.Tensor, scaling: BlockScaling, *, label: str | None = N
     ``skip_columns``: columns quantised with the rest but left out of the error and flushed share (to see
     what an outlier channel does to the *other* values)."""
     x2 = as_2d(x, "x").detach().float()
-    q = scaling.quantize(x2, generator=torch.Generator().manual_seed(0) if scaling.stochastic else None)
+    gen = torch.Generator(device=x2.device).manual_seed(0) if scaling.stochastic else None
+    q = scaling.quantize(x2, generator=gen)
     back = q.dequantize()
     if skip_columns:
         keep = torch.ones(x2.shape[1], dtype=torch.bool, device=x2.device)
@@ -333,6 +334,10 @@ def stochastic_round(x: torch.Tensor, element: str, *, generator: torch.Generato
     it; NaN raises ``ValueError`` for an element format without NaN (FP6, FP4)."""
     if not isinstance(generator, torch.Generator):
         raise TypeError("stochastic_round needs a torch.Generator")
+    if torch.device(generator.device) != x.device:
+        # drawing on one device and copying to another is slow (the host draws every bit of a GPU tensor)
+        raise ValueError(f"the generator is on {generator.device} but the tensor on {x.device}: draw on the "
+                         f"tensor's device, torch.Generator(device={str(x.device)!r}).manual_seed(seed)")
     f = element_format(element)
     if not f.has_nan and bool(torch.isnan(x).any()):
         raise ValueError(f"{f.name} has no NaN: cannot round NaN into it; find where it comes from first")
@@ -340,7 +345,7 @@ def stochastic_round(x: torch.Tensor, element: str, *, generator: torch.Generato
     lo = round_magnitude32(a, f, "toward_zero")          # the neighbour at or below, on the grid
     binade = (lo.view(torch.int32) >> 23) - 127
     ulp = ((binade.clamp(min=f.min_exponent) - f.mantissa_bits + 127) << 23).view(torch.float32)
-    u = torch.rand(a.shape, generator=generator, device=generator.device).to(x.device)
+    u = torch.rand(a.shape, generator=generator, device=x.device)
     # up by one spacing with probability (a - lo) / spacing; a value on the grid never moves
     out = torch.where(u * ulp < a - lo, lo + ulp, lo)
     return torch.copysign(out, x.float())

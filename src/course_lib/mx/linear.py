@@ -10,7 +10,7 @@ from torch import nn
 
 from ..fp8 import QuantizedLinear, replace_linears
 from .blocks import BlockScaling
-from .nvfp4 import HADAMARD_SIZE, random_hadamard, random_signs
+from .nvfp4 import HADAMARD_SIZE, hadamard_groups, random_hadamard_matrix, random_signs
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class _BlockLinearFunction(torch.autograd.Function):
         r = layer.recipe
         g = grad_out.float()
         grad_scaling = replace(r.gradient, stochastic=r.stochastic_gradients)
-        gen = layer.generator if r.stochastic_gradients else None
+        gen = layer.generator_for(g.device) if r.stochastic_gradients else None
         # grad_x = g @ w reduces over the output features: g along its rows, w along its columns
         gq = grad_scaling.quantize(g, generator=gen).dequantize()
         if r.weight.block_rows == r.weight.block:
@@ -104,7 +104,7 @@ class _BlockLinearFunction(torch.autograd.Function):
         # grad_w = g.T @ x reduces over the tokens: both along the token dimension
         g_t, x_t = g.t().contiguous(), x2.t().contiguous()
         if r.hadamard:
-            g_t, x_t = random_hadamard(g_t, layer.signs), random_hadamard(x_t, layer.signs)
+            g_t, x_t = hadamard_groups(g_t, layer.hadamard), hadamard_groups(x_t, layer.hadamard)
         gq_t = grad_scaling.quantize(g_t, generator=gen).dequantize()
         xq_t = r.activation.quantize(x_t).dequantize()
         grad_w = gq_t @ xq_t.t()
@@ -120,8 +120,21 @@ class BlockLinear(QuantizedLinear):
                  seed: int = 0):
         super().__init__(in_features, out_features, bias)
         self.recipe = block_recipe(recipe)
-        self.generator = torch.Generator().manual_seed(seed)
-        self.register_buffer("signs", random_signs(HADAMARD_SIZE, seed), persistent=False)
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+        signs = random_signs(HADAMARD_SIZE, seed)
+        self.register_buffer("signs", signs, persistent=False)
+        # diag(signs) @ H, built once; a buffer, so it moves with the layer
+        self.register_buffer("hadamard", random_hadamard_matrix(signs), persistent=False)
+
+    def generator_for(self, device: torch.device | str) -> torch.Generator:
+        """The layer's stochastic-rounding generator on ``device``, seeded with the layer's seed when first
+        asked for: the random bits are drawn where the gradient is (a GPU's generator on a GPU), and a run
+        with the same seed on the same kind of device draws the same ones."""
+        device = torch.device(device)
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[device]
 
     def _product(self, x2: torch.Tensor) -> torch.Tensor:
         return _BlockLinearFunction.apply(x2, self.weight, self)

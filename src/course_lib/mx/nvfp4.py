@@ -31,12 +31,26 @@ def random_hadamard(x: torch.Tensor, signs: torch.Tensor, *, inverse: bool = Fal
     ``len(signs)``: each group ``v`` becomes ``v @ diag(signs) @ H`` (``inverse``: ``v @ H @ diag(signs)``).
     Orthogonal, so applied to both inputs of a product that reduces over this dimension it leaves the
     product unchanged, while it spreads an outlier over its group before quantisation."""
-    n = signs.numel()
+    return hadamard_groups(x, random_hadamard_matrix(signs, device=x.device, inverse=inverse))
+
+
+def random_hadamard_matrix(signs: torch.Tensor, *, device: torch.device | str | None = None,
+                           inverse: bool = False) -> torch.Tensor:
+    """``diag(signs) @ H`` (``inverse``: its transpose), FP32 on ``device``: row ``i`` of ``H`` times
+    ``signs[i]``, which is what the product with a diagonal matrix computes, exactly (entries ±1/sqrt(n))."""
+    if not isinstance(signs, torch.Tensor) or signs.dim() != 1:
+        raise ValueError("signs must be a 1-D tensor of ±1")
+    signs = signs.to(device=device, dtype=torch.float32)
+    m = signs[:, None] * hadamard_matrix(signs.numel(), device=signs.device)
+    return m.t() if inverse else m
+
+
+def hadamard_groups(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """Every group of ``n = len(matrix)`` consecutive values along the last dimension of ``x`` times
+    ``matrix`` (``[n, n]``), in FP32, as one batched product: ``x`` viewed as ``[..., groups, n]`` @ ``matrix``
+    (no loop over the groups)."""
+    n = matrix.shape[0]
     if x.shape[-1] % n:
         raise ValueError(f"the last dimension ({x.shape[-1]}) must be a multiple of the transform size {n}")
-    signs = signs.to(device=x.device, dtype=torch.float32)
-    m = torch.diag(signs) @ hadamard_matrix(n, device=x.device)
-    if inverse:
-        m = m.t()
     groups = x.float().reshape(*x.shape[:-1], x.shape[-1] // n, n)
-    return (groups @ m).reshape(x.shape)
+    return (groups @ matrix.to(device=x.device, dtype=torch.float32)).reshape(x.shape)

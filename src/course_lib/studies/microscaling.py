@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..bench import time_function
 from ..formats import all_values
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
 from ..glue import Prose
+from ..models import course_setup
 from ..mx.blocks import (
     BlockScaling,
     BlockTensor,
@@ -24,7 +26,7 @@ from ..mx.blocks import (
 )
 from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
-from ..train import RECIPES
+from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
 from .fp8_prose import BASELINE, listed, loss_differences
 # the pieces study lives in its own module; lesson 8 reaches its table and facts through this one
@@ -148,6 +150,68 @@ def block_scaled_training(profile, device: torch.device | str = "cpu", *,
                                                                             seed=seed, lr=lr), recipes, seeds)
     return Fp8Training(tuple(recipes), tuple(seeds), n_steps, 16, curves)
 
+
+
+@dataclass(frozen=True)
+class EmulationCost:
+    """What an emulated block-scaled training step costs: per recipe (``baseline`` and ``recipe``), the
+    median seconds of one optimizer step of the course model in each round (rounds alternate the two, so a
+    change in the machine's load reaches both), and each round's timing quartiles (``q25``, ``q75``)."""
+
+    recipe: str
+    baseline: str
+    seconds: dict[str, tuple[float, ...]]
+    quartiles: dict[str, tuple[tuple[float, float], ...]]
+
+    def round_ratios(self) -> list[float]:
+        """Per round, the emulated step's median time over the baseline's (a ratio)."""
+        return [e / b for e, b in zip(self.seconds[self.recipe], self.seconds[self.baseline])]
+
+    @property
+    def ratio(self) -> float:
+        """The median of :meth:`round_ratios` (the upper one of an even count)."""
+        ratios = sorted(self.round_ratios())
+        return ratios[len(ratios) // 2]
+
+    @property
+    def ratio_range(self) -> tuple[float, float]:
+        """The lowest and highest single round's ratio: how far the timing moved between rounds."""
+        ratios = self.round_ratios()
+        return min(ratios), max(ratios)
+
+
+def emulation_step_ratio(profile, device: torch.device | str = "cpu", *, recipe: str = "nvfp4",
+                         baseline: str = "bf16_autocast", rounds: int = 3, budget_s: float = 1.0,
+                         seed: int = 0) -> EmulationCost:
+    """Time one optimizer step of the course model (:func:`course_lib.train.train`, one step per call, with
+    :func:`course_lib.bench.time_function`) with its linear layers block-scaled by ``recipe`` (exact
+    emulation, :func:`convert_to_block_scaled`) and under the plain precision recipe ``baseline``, in
+    ``rounds`` alternating rounds of about ``budget_s`` seconds each. A benchmark, not a test: on a CPU both
+    run on the same cores and the ratio says nothing about a GPU's."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    if baseline not in RECIPES:
+        raise ValueError(f"baseline must be a precision recipe ({', '.join(RECIPES)}), got {baseline!r}")
+    block_recipe(recipe)
+    device = torch.device(device)
+    setup = course_setup(profile, device, steps=None, default_steps=(10**6, 10**6), seed=seed)
+    states = {}
+    for name in (baseline, recipe):
+        model = setup.model(seed)
+        if name == recipe:
+            convert_to_block_scaled(model, recipe, seed=seed)
+        precision = get_recipe(baseline if name == baseline else "fp32", device)
+        states[name] = TrainState(model, precision, TrainConfig(steps=setup.steps), device)
+    seconds: dict[str, list[float]] = {baseline: [], recipe: []}
+    quartiles: dict[str, list[tuple[float, float]]] = {baseline: [], recipe: []}
+    for r in range(rounds):
+        for name, state in states.items():
+            timing = time_function(lambda state=state: train(state, setup.sampler, steps=1), device=device,
+                                   warmup=2 if r == 0 else 1, budget_s=budget_s, min_repeats=3)
+            seconds[name].append(timing.median)
+            quartiles[name].append((timing.q25, timing.q75))
+    return EmulationCost(recipe, baseline, {k: tuple(v) for k, v in seconds.items()},
+                         {k: tuple(v) for k, v in quartiles.items()})
 
 # the outlier channel of "activation + outlier" is left out of its measures: the other channels are the question
 OUTLIER_SKIP: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}

@@ -214,6 +214,9 @@ class MonitorOverhead:
 
     seconds: dict[int, float]
     rounds: dict[int, tuple[float, ...]] = field(default_factory=dict)   # per round, the block's mean step
+    # the monitor's device-to-host transfers per sampled step (one since it batches its statistics); None
+    # in records of the earlier monitor, which brought each statistic back on its own, about six per parameter
+    transfers_per_sample: float | None = None
 
     def overhead(self, every: int) -> float:
         return self.seconds[every] / self.seconds[0] - 1.0
@@ -258,13 +261,16 @@ def monitor_overhead(profile, device: torch.device | str = "cpu", *, everies=(1,
     state = TrainState(model, get_recipe("fp32", device), TrainConfig(steps=setup.steps), device)
     train(state, setup.sampler, steps=2)   # warm-up
     samples: dict[int, list[float]] = {0: [], **{e: [] for e in everies}}
+    transfers, sampled = 0, 0
     for _ in range(rounds):
         for every in (0, *everies):
             watch = GradientHealthMonitor(model, every=every) if every else None
             h = train(state, setup.sampler, steps=steps, monitor=watch)
             samples[every].append(sum(h.step_seconds) / len(h.step_seconds))
+            if watch is not None:
+                transfers, sampled = transfers + watch.host_transfers, sampled + len(watch.log.sampled_steps)
     return MonitorOverhead({k: sorted(v)[len(v) // 2] for k, v in samples.items()},
-                           {k: tuple(v) for k, v in samples.items()})
+                           {k: tuple(v) for k, v in samples.items()}, transfers / sampled if sampled else None)
 
 
 @dataclass(frozen=True)

@@ -174,15 +174,32 @@ def _has_rounds(recorded: RecordedResult) -> bool:
     return len(rounds.get(0, ())) >= 2 and all(len(rounds.get(k, ())) >= 1 for k in (1, 10))
 
 
+def before_batching(recorded: RecordedResult) -> bool:
+    """Whether a ``monitor_overhead`` record measured the earlier monitor, which brought each statistic of each
+    parameter back to the host with its own ``float()`` (about six per parameter): records that do not say
+    how many transfers the monitor made per sampled step."""
+    return recorded.result.transfers_per_sample is None
+
+
+def live_timing_note(device: torch.device | str) -> Prose:
+    """What the live overhead run timed: a CPU (labelled as such, never a GPU's number) or this page's GPU."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return Prose("These are CPU timings of the small model on a shared machine, where a statistic's trip to "
+                     "the host costs nothing: they say nothing about a GPU's overhead.")
+    return Prose(f"These are timings on this page's {kind.upper()} device, at this page's model size.")
+
+
 def recorded_overhead_facts(records: Sequence[RecordedResult]) -> dict[str, object]:
     """Lesson 9's phrases on the monitor's cost on a GPU, from the first recorded ``monitor_overhead`` run
-    (milliseconds per step and percent over none, judged against the record's noise where it kept its rounds),
-    or what to measure when there is no record."""
+    (milliseconds per step and percent over none, judged against the record's noise where it kept its rounds,
+    and whether it measured the monitor before it batched its statistics), or what to measure when there is
+    no record."""
     if not records:
         return {
-            "gpu_cost": Prose("On a GPU the statistics run on the GPU, but each parameter's shares come back to "
-                              "the host, a synchronisation per parameter, so measure it there (`monitor_overhead` "
-                              "below) before choosing an interval."),
+            "gpu_cost": Prose("On a GPU the statistics run on the GPU and come back to the host once per sampled "
+                              "step, where the host waits for the GPU: measure it there (`monitor_overhead` below) "
+                              "before choosing an interval."),
             "gpu_cost_short": Prose(""),
             "gpu_cost_every1": Prose(""),
         }
@@ -198,16 +215,28 @@ def recorded_overhead_facts(records: Sequence[RecordedResult]) -> dict[str, obje
         judged = (f"Its unmonitored loop moved by a median {100 * noise:.0f}% between rounds: every 10 steps is "
                   f"{_judged(rec.result, 10)} there.")
         short = f"{_judged(rec.result, 10)} (noise {100 * noise:.0f}%)"
+    old = before_batching(rec)
+    if old:
+        how = ("This record is of the monitor as it was before this page's: it brought every parameter's "
+               "statistics back to the host one `float()` at a time, about six per parameter, each a wait for the "
+               "GPU, so the GPU could not run ahead of Python on a sampled step (the record does not separate that "
+               "from the arithmetic). The monitor on this page computes them where the gradients are and moves "
+               "them to the host once per sampled step; until a record of it says what that leaves, sample every 10 "
+               "steps or less often.")
+        era = " (the monitor before it batched its statistics)"
+    else:
+        n = rec.result.transfers_per_sample
+        how = (f"The statistics run on the GPU and came back to the host in {n:g} transfer"
+               f"{'' if n == 1 else 's'} per sampled step there.")
+        era = ""
     return {
         "gpu_cost": Prose(
-            f"On a GPU the balance changes. Recorded on {rec.label} with the full-size model: "
-            f"{1e3 * s[0]:.1f} ms a step without a monitor, {1e3 * s[1]:.1f} ms watched every step "
-            f"({_signed(100 * o1)}) and {1e3 * s[10]:.1f} ms every 10 steps ({_signed(100 * o10)}). {judged} The "
-            "statistics themselves run on the GPU, but each parameter's shares come back to the host, one "
-            "synchronisation per parameter, so the GPU cannot run ahead of Python on a sampled step (the record "
-            "does not separate that from the arithmetic). Sample every 10 steps or less often."),
-        "gpu_cost_short": Prose(f"; {_signed(100 * o10)} recorded on {rec.label} with the full-size model, {short}"),
-        "gpu_cost_every1": Prose(f" (every step made the step {s[1] / s[0]:.1f}x as long there)"),
+            f"Recorded on {rec.label} with the full-size model: {1e3 * s[0]:.1f} ms a step without a monitor, "
+            f"{1e3 * s[1]:.1f} ms watched every step ({_signed(100 * o1)}) and {1e3 * s[10]:.1f} ms every 10 steps "
+            f"({_signed(100 * o10)}). {judged} {how}"),
+        "gpu_cost_short": Prose(f"; {_signed(100 * o10)} recorded on {rec.label} with the full-size model{era}, "
+                                f"{short}"),
+        "gpu_cost_every1": Prose(f" (every step made the step {s[1] / s[0]:.1f}x as long there{era})"),
     }
 
 
@@ -308,7 +337,8 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
         r1, r10 = s[1] / s[0] - 1, s[10] / s[0] - 1
         judged = ("medians whose noise the record does not keep" if not _has_rounds(records[0]) else
                   f"every 10 steps {_judged(records[0].result, 10)} (noise {100 * records[0].result.noise():.0f}%)")
-        recorded = f" Recorded on {records[0].label}: {_signed(100 * r1)} and {_signed(100 * r10)}, {judged}."
+        era = " with the monitor before it batched its statistics" if before_batching(records[0]) else ""
+        recorded = f" Recorded on {records[0].label}{era}: {_signed(100 * r1)} and {_signed(100 * r10)}, {judged}."
     return [
         ("`detect_anomaly` shows where a NaN came from.",
          f"Only from the backward pass. A NaN made in `{forward.layer}`'s forward output was reported as "
