@@ -39,7 +39,13 @@ from .studies.fp8 import (
 )
 from .studies.clipping import SpikyRuns, clipping_sizes, spiky_clipping_runs
 from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
-from .studies.microscaling import MxBlockStudy, block_scaled_training, mx_block_study
+from .studies.microscaling import (
+    EmulationCost,
+    MxBlockStudy,
+    block_scaled_training,
+    emulation_step_ratio,
+    mx_block_study,
+)
 from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
 from .studies.performance import (
     MatmulThroughput,
@@ -392,6 +398,16 @@ def _mx_block_study(profile: SizeProfile, device: torch.device) -> MxBlockStudy:
               "steps": profile.pick(small=25, full=400)})
 def _mx_training(profile: SizeProfile, device: torch.device, **parameters: Any) -> Fp8Training:
     return block_scaled_training(profile, device, **parameters)
+
+
+@register("mx_emulation_cost",
+          "Seconds per optimizer step of the course model with NVFP4 linear layers (exact emulation) against "
+          "BF16 autocast, alternated over rounds, and their ratio (lesson 8; the target on a GPU: at most 3x).",
+          result_type=EmulationCost,
+          parameters=lambda profile, device: {"rounds": profile.pick(small=3, full=5),
+                                              "budget_s": profile.pick(small=1.0, full=3.0)})
+def _mx_emulation_cost(profile: SizeProfile, device: torch.device, **parameters: Any) -> EmulationCost:
+    return emulation_step_ratio(profile, device, **parameters)
 
 
 # ---- lesson 9: monitoring and debugging ---------------------------------------------------------------

@@ -88,7 +88,7 @@ EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
     (Step("model_magnitudes"), Step("clipping_runs"), Step("bf16_update_stagnation")),  # 106, new, new
     (Step("data_loading"), Step("reduction_precision")),                                # new, new
     (Step("data_parallel"), Step("mx_block_study")),                                    # new, new
-    (Step("fp8_training"),),                                                            # new
+    (Step("fp8_training"), Step("mx_emulation_cost")),                                  # new, new
     (Step("mx_training"),),                                                             # new
 )
 
