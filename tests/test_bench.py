@@ -281,3 +281,40 @@ def test_lesson6_experiments_run_on_the_cpu_at_small_size():
     assert mem.activation_sweep.recipe == "bf16_autocast"
     prof = run_experiment("profiled_step", SizeProfile("small"), "cpu")
     assert [s.recipe for s in prof.steps] == ["fp32", "bf16_autocast", "fp16_autocast_scaler"]
+
+
+# ---- the ladder's FLOP and step-time models ---------------------------------------------------------------
+
+def test_gpt_matmul_parameters_are_the_linear_weights_of_the_module():
+    from course_lib.bench.roofline import gpt_matmul_parameters
+
+    for cfg in (MODELS.GPTConfig(), MODELS.GPTConfig(d_model=128, n_layers=3, n_heads=4, mlp_ratio=2, tied_head=True)):
+        model = MODELS.build_gpt(cfg)
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        assert gpt_matmul_parameters(cfg.d_model, cfg.n_layers, cfg.vocab_size, cfg.mlp_ratio) == linear
+    with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+        gpt_matmul_parameters(64, 2, 0)
+
+
+def test_roofline_step_time_is_three_passes_of_flops_when_compute_bound():
+    from course_lib.bench.roofline import roofline_step_seconds
+
+    d, h, layers, t, b, v, n = 256, 4, 2, 128, 8, 512, 2_000_000
+    kw = dict(n_params=n, bytes_per_element=2)
+    ops = B.transformer_op_costs(d, h, t, b, bytes_per_element=2)
+    forward = layers * sum(o.flops for o in ops if o.name != "AdamW step") + 2 * b * t * d * v + 5 * b * t * v
+    # with unlimited bandwidth every op runs at the peak: time is FLOPs over peak
+    assert roofline_step_seconds(d, h, layers, t, b, v, matmul_tflops=100.0, bandwidth_gbs=1e12, **kw) == \
+        pytest.approx((3 * forward + 12 * n) / 100e12)
+    slow = roofline_step_seconds(d, h, layers, t, b, v, matmul_tflops=100.0, bandwidth_gbs=1000.0, **kw)
+    assert slow > (3 * forward + 12 * n) / 100e12     # memory-bound ops take longer
+    fused = roofline_step_seconds(d, h, layers, t, b, v, matmul_tflops=100.0, bandwidth_gbs=1000.0, attention="sdpa", **kw)
+    assert fused < slow                               # no scores written and read
+    fp8 = roofline_step_seconds(d, h, layers, t, b, v, matmul_tflops=100.0, linear_tflops=200.0, bandwidth_gbs=1e12, **kw)
+    assert fp8 < roofline_step_seconds(d, h, layers, t, b, v, matmul_tflops=100.0, bandwidth_gbs=1e12, **kw)
+    for bad, match in (({"attention": "flash"}, "attention must be"), ({"matmul_tflops": 0}, "matmul_tflops"),
+                       ({"n_params": 0}, "n_params")):
+        args = dict(matmul_tflops=100.0, bandwidth_gbs=1000.0, **kw)
+        args.update(bad)
+        with pytest.raises(ValueError, match=match):
+            roofline_step_seconds(d, h, layers, t, b, v, **args)

@@ -64,21 +64,22 @@ def test_a_new_experiment_unplanned_is_a_problem(registered, monkeypatch):
     lessons = lesson_names()
     records = load_records()
     parts = G.plan_parts(lessons, records)
-    names = [*registered, "scale_ladder"]
+    names = [*registered, "a_new_experiment"]
     assert G.plan_problems(parts, records, names, lessons) == [
-        "experiment 'scale_ladder' is registered but neither planned nor skipped"]
-    assert G.plan_problems(parts, records, names, lessons, skipped={"scale_ladder": "needs 8 GPUs"}) == []
-    assert G.plan_problems(parts, records, names, lessons, skipped={"scale_ladder": " "}) == [
-        "experiment 'scale_ladder' is skipped without a reason"]
+        "experiment 'a_new_experiment' is registered but neither planned nor skipped"]
+    assert G.plan_problems(parts, records, names, lessons, skipped={"a_new_experiment": "needs 8 GPUs"}) == []
+    assert G.plan_problems(parts, records, names, lessons, skipped={"a_new_experiment": " "}) == [
+        "experiment 'a_new_experiment' is skipped without a reason"]
     assert G.plan_problems(parts, records, [*registered], lessons, skipped={"fp8_training": "x"}) == [
         "experiment 'fp8_training' is both planned and skipped"]
     # pieces of one experiment with different overrides are fine; the same piece twice is not
     ladder = [G.Part(90, (G.Step("scale_ladder", {"rungs": ["a"]}),)), G.Part(91, (G.Step("scale_ladder", {"rungs": ["b"]}),))]
-    assert G.plan_problems([*parts, *ladder], records, names, lessons) == []
+    assert G.plan_problems([*parts, *ladder], records, registered, lessons) == []
     twice = [*parts, *ladder, G.Part(92, (G.Step("scale_ladder", {"rungs": ["a"]}),))]
-    assert G.plan_problems(twice, records, names, lessons) == ['step scale_ladder {"rungs": ["a"]} is planned more than once']
-    assert G.plan_problems([*parts, *ladder], records, [*registered], lessons) == [
-        "experiment 'scale_ladder' is planned but not registered"]
+    assert G.plan_problems(twice, records, registered, lessons) == ['step scale_ladder {"rungs": ["a"]} is planned more than once']
+    unregistered = [*parts, G.Part(93, (G.Step("not_registered"),))]
+    assert G.plan_problems(unregistered, records, [*registered], lessons) == [
+        "experiment 'not_registered' is planned but not registered"]
 
 
 def test_lessons_are_each_timed_once_and_parts_stay_under_the_limit(registered):
@@ -118,7 +119,8 @@ def test_estimates_come_from_records_this_gpus_first(tmp_path):
     assert both == G.Estimate(60.0 + G.DEFAULT_LESSON_S, f"{H200}, default")
     # packing by those estimates: 30 + 60 s fit with default-estimated lessons up to the limit
     parts = G.plan_parts(["01_a", "02_b", "03_c", "04_d", "05_e"], records, H200)
-    assert [list(p.steps[0].overrides["lessons"]) for p in parts[len(G.EXPERIMENT_PARTS):]] == [
+    lesson_parts = parts[len(G.EXPERIMENT_PARTS):len(parts) - len(G.RERECORD_PARTS)]
+    assert [list(p.steps[0].overrides["lessons"]) for p in lesson_parts] == [
         ["01_a", "02_b", "03_c", "04_d"], ["05_e"]]
 
 
@@ -218,7 +220,9 @@ def test_run_next_records_every_part_then_says_so(registered, fake_h200, monkeyp
     _save(results, _record("convergence_parity", 400.0))   # done in an earlier session on this GPU
     assert G.main(["run", "--next", "--results", str(results), "--out", str(out)]) == 0
     names = [c[0] for c in calls]
-    assert "convergence_parity" not in names and names[:2] == ["tf32_matmul_rounding", "autocast_trace"]
+    assert "convergence_parity" not in names and names[:2] == ["scale_ladder", "scale_ladder"]
+    # what no GPU has recorded comes first, the lessons next, what an H100 recorded before last
+    assert names.index("mx_training") < names.index("lesson_times") < names.index("tf32_matmul_rounding")
     assert sorted(set(names)) == sorted(set(registered) - {"convergence_parity"})
     timed = [lesson for c in calls if c[0] == "lesson_times" for lesson in json.loads(c[4].split("=", 1)[1])]
     assert timed == list(lesson_names())
@@ -231,7 +235,7 @@ def test_run_next_records_every_part_then_says_so(registered, fake_h200, monkeyp
 
 def test_run_one_part_and_refusals(registered, fake_h200, monkeypatch, tmp_path, capsys):
     calls = []
-    monkeypatch.setattr(G, "run_record", _fake_runner(calls, fail={"fp8_scaling_lab"}))
+    monkeypatch.setattr(G, "run_record", _fake_runner(calls, fail={"scale_ladder"}))
     assert G.main(["run", "--part", "3", "--results", str(tmp_path)]) == 1
     assert [c[0] for c in calls] == [s.experiment for s in G.EXPERIMENT_PARTS[2]]
     assert G.main(["run", "--part", "99", "--results", str(tmp_path)]) == 2

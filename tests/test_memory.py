@@ -154,3 +154,55 @@ def test_a_freed_weight_copy_whose_memory_an_activation_reuses_is_not_a_weight_c
         with torch.autocast("cpu", dtype=torch.bfloat16):
             acts, copies, _ = M.saved_tensor_bytes(model, lambda: model(x).float().sum())
         assert (acts, copies) == (32 * 32 * 2, 0)  # the ReLU's output, saved by the ReLU and the head
+
+
+# ---- the activation-bytes model against the counted saved tensors ------------------------------------------
+
+def _counted(cfg, batch, seq_len, dtype):
+    from course_lib.models import build_gpt
+
+    model = build_gpt(cfg)
+    gen = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen) for _ in range(2))
+
+    def forward():
+        if dtype is None:
+            return model(x, y)[1]
+        with torch.autocast("cpu", dtype=dtype):
+            return model(x, y)[1]
+    return M.saved_tensor_bytes(model, forward)[:2]
+
+
+@pytest.mark.parametrize("attention", ["explicit", "sdpa"])
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(64, 2, 2, 64, 256, 2, 64, 4), (128, 3, 4, 64, 256, 3, 48, 2)])
+def test_activation_model_is_exact_against_the_counted_step(attention, dtype, shape):
+    from course_lib.models import GPTConfig
+
+    d, layers, heads, context, vocab, batch, t, ratio = shape
+    cfg = GPTConfig(d_model=d, n_layers=layers, n_heads=heads, context=context, vocab_size=vocab,
+                    mlp_ratio=ratio, attention=attention)
+    activations, copies = _counted(cfg, batch, t, dtype)
+    e = None if dtype is None else 2
+    assert activations == M.activation_bytes(batch=batch, seq_len=t, d_model=d, n_heads=heads, n_layers=layers,
+                                             vocab_size=vocab, mlp_ratio=ratio, attention=attention, autocast_bytes=e)
+    assert copies == (0 if e is None else M.autocast_weight_copy_bytes(d_model=d, n_layers=layers, vocab_size=vocab,
+                                                                       mlp_ratio=ratio))
+
+
+def test_activation_model_cuda_softmax_rule_and_bad_input():
+    shape = dict(batch=2, seq_len=64, d_model=64, n_heads=2, n_layers=1, vocab_size=256)
+    cpu = M.activation_bytes(autocast_bytes=2, **shape)
+    cuda = M.activation_bytes(autocast_bytes=2, device_type="cuda", **shape)
+    assert cuda - cpu == 2 * 2 * 64 * 64 * 4          # the FP32 softmax output CUDA autocast keeps besides
+    assert M.activation_bytes(device_type="cuda", **shape) == M.activation_bytes(**shape)   # FP32: no difference
+    sdpa = M.activation_bytes(attention="sdpa", **shape)
+    assert sdpa < M.activation_bytes(**shape)          # no scores stored
+    with pytest.raises(ValueError, match="attention must be"):
+        M.activation_bytes(attention="flash", **shape)
+    with pytest.raises(ValueError, match="autocast_bytes"):
+        M.activation_bytes(autocast_bytes=3, **shape)
+    with pytest.raises(ValueError, match="device_type"):
+        M.activation_bytes(device_type="tpu", **shape)
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        M.activation_bytes(**{**shape, "batch": 0})

@@ -78,3 +78,68 @@ def test_config_validation_and_profiles():
     with pytest.raises(ValueError, match="positive int"):
         GPTConfig(n_layers=0)
     assert gpt_config_for(SizeProfile("small")).d_model < gpt_config_for(SizeProfile("full")).d_model
+
+
+# ---- fused attention, tied head, the analytic parameter count ---------------------------------------------
+
+def test_sdpa_attention_matches_the_explicit_path_in_fp32():
+    from dataclasses import replace
+
+    cfg = GPTConfig(d_model=128, n_layers=2, n_heads=4, context=32)
+    explicit, fused = build_gpt(cfg, seed=3), build_gpt(replace(cfg, attention="sdpa"), seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(explicit.parameters(), fused.parameters()))  # same weights
+    x = torch.randint(0, cfg.vocab_size, (3, 20), generator=torch.Generator().manual_seed(0))
+    (la, loss_a), (lb, loss_b) = explicit(x, x), fused(x, x)
+    torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-5)
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), pb in zip(explicit.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # the fused path really is another computation, not the same ops: its forward has no softmax op
+    ops = []
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with Spy():
+        fused(x)
+    assert not any("_softmax" in o for o in ops)
+
+
+def test_the_explicit_path_is_the_default_and_unchanged():
+    cfg = GPTConfig(d_model=64, n_layers=1, n_heads=2, context=16)
+    assert cfg.attention == "explicit" and cfg.tied_head is False
+    model = build_gpt(cfg, seed=0)
+    x = torch.arange(12).reshape(2, 6) % cfg.vocab_size
+    attn = model.blocks[0].attn
+    h = model.blocks[0].ln1(model.tok_emb(x) + model.pos_emb(torch.arange(6)))
+    q, k, v = attn.qkv(h).split(64, dim=2)
+    q, k, v = (z.view(2, 6, 2, 32).transpose(1, 2) for z in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(32)
+    scores = scores.masked_fill(~torch.tril(torch.ones(6, 6, dtype=torch.bool)), float("-inf"))
+    expected = attn.proj((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(2, 6, 64))
+    assert torch.equal(attn(h), expected)   # bit for bit: the written-out attention, as before
+
+
+def test_config_attention_and_tied_head_validation_and_old_records():
+    from course_lib.jsonable import from_jsonable
+
+    with pytest.raises(ValueError, match="'explicit', 'sdpa'.*'flash'"):
+        GPTConfig(attention="flash")
+    with pytest.raises(ValueError, match="tied_head must be a bool"):
+        GPTConfig(tied_head=1)
+    old = {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64, "vocab_size": 256, "mlp_ratio": 4}
+    assert from_jsonable(GPTConfig, old) == GPTConfig()   # a record written before the fields loads
+
+
+@pytest.mark.parametrize("cfg", [GPTConfig(), GPTConfig(d_model=128, n_layers=3, n_heads=4, context=48, mlp_ratio=2),
+                                 GPTConfig(d_model=192, n_layers=2, n_heads=3, vocab_size=320, tied_head=True)])
+def test_parameter_count_from_the_shape_matches_the_module(cfg):
+    from course_lib.models import count_parameters
+
+    model = build_gpt(cfg)
+    assert count_parameters(model)[0] == cfg.parameter_count()
+    if cfg.tied_head:
+        assert model.head.weight is model.tok_emb.weight   # one tensor, counted once
+        untied = build_gpt(GPTConfig(d_model=192, n_layers=2, n_heads=3, vocab_size=320))
+        assert count_parameters(untied)[0] - count_parameters(model)[0] == 320 * 192

@@ -24,6 +24,7 @@ from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.data_loading import DataLoading, data_loading
+from .studies.ladder import ScaleLadder, ladder_sizes, scale_ladder
 from .studies.lesson_times import LessonTimes, lesson_times, lesson_times_parameters
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
 from .studies.formats import TrainingMagnitudes, measure_training_magnitudes
@@ -301,6 +302,17 @@ def _training_throughput(profile: SizeProfile, device: torch.device, **parameter
           result_type=TrainingMemory, legacy=_legacy_whole)
 def _training_memory(profile: SizeProfile, device: torch.device) -> TrainingMemory:
     return training_memory(profile, device)
+
+
+@register("scale_ladder",
+          "Step time (median, quartiles), tokens/s, MFU against one reference peak (a GPU's dense BF16 datasheet "
+          "peak), compile time and peak memory of the course model (small, full) and GPT-2 small/medium/large "
+          "shapes per recipe (FP32, TF32, BF16 and FP16 autocast, FP8 tensorwise and rowwise via torchao), eager "
+          "and compiled, beside the FLOP, byte and roofline models' predictions for every rung; the full ladder "
+          "is recorded in pieces (studies.ladder.LADDER_PIECES) (lesson 6).",
+          result_type=ScaleLadder, parameters=ladder_sizes)
+def _scale_ladder(profile: SizeProfile, device: torch.device, **parameters: Any) -> ScaleLadder:
+    return scale_ladder(profile, device, **parameters)
 
 
 @register("profiled_step",

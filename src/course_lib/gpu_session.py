@@ -31,6 +31,7 @@ from .device import describe_hardware, select_device
 from .experiments import EXPERIMENTS
 from .jsonable import to_jsonable
 from .results import Record, load_records
+from .studies.ladder import LADDER_PIECES
 from .studies.lesson_times import LESSON_TARGET_S, lesson_names
 
 PART_LIMIT_S = 540.0          # a part fits one 10-minute command with a minute to spare
@@ -76,20 +77,25 @@ def lesson_step(lessons: Sequence[str]) -> Step:
 
 
 # The experiment parts, by their H100 records' durations (seconds in brackets; "new" has no record yet and
-# counts DEFAULT_STEP_S). To record an experiment in pieces, give one step per piece with its overrides, e.g.
-# Step("scale_ladder", {"rungs": ["gpt2-small"]}) in one part and Step("scale_ladder", {"rungs": [...]}) in
-# another. The lessons follow, packed into parts by plan_parts.
+# counts DEFAULT_STEP_S). An experiment recorded in pieces has one step per piece, with its overrides (the model
+# ladder: studies.ladder.LADDER_PIECES). First what no GPU has recorded yet (issue 20's ladder, FP8 and
+# emulation costs, then the experiments with no record), then the lessons (packed into parts by plan_parts),
+# then RERECORD_PARTS: the experiments recorded on an H100 before, again on this GPU.
 EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
+    *(tuple(Step("scale_ladder", piece) for piece in LADDER_PIECES[i:i + 2])
+      for i in range(0, len(LADDER_PIECES), 2)),                                       # new, new
+    (Step("mx_emulation_cost"), Step("monitor_overhead"), Step("fp8_linear_speed")),    # new, 34, 12
+    (Step("fp8_training"), Step("bf16_update_stagnation")),                             # new, new
+    (Step("mx_training"),),                                                             # new
+    (Step("mx_block_study"), Step("data_loading"), Step("clipping_runs")),              # new, new, new
+    (Step("data_parallel"), Step("reduction_precision")),                               # new, new
+)
+RERECORD_PARTS: tuple[tuple[Step, ...], ...] = (
     (Step("convergence_parity"), Step("tf32_matmul_rounding"), Step("autocast_trace"),  # 418, 1, 7
-     Step("profiled_step"), Step("training_memory"), Step("fp8_linear_speed"),          # 9, 9, 12
-     Step("monitor_overhead")),                                                         # 34
+     Step("profiled_step"), Step("training_memory")),                                   # 9, 9
     (Step("underflow_statistics"), Step("scaler_flight_recording"), Step("matmul_throughput")),  # 306, 160, 52
     (Step("fp8_scaling_lab"), Step("training_throughput"), Step("monitor_faults")),    # 225, 204, 62
-    (Step("model_magnitudes"), Step("clipping_runs"), Step("bf16_update_stagnation")),  # 106, new, new
-    (Step("data_loading"), Step("reduction_precision")),                                # new, new
-    (Step("data_parallel"), Step("mx_block_study")),                                    # new, new
-    (Step("fp8_training"), Step("mx_emulation_cost")),                                  # new, new
-    (Step("mx_training"),),                                                             # new
+    (Step("model_magnitudes"),),                                                        # 106
 )
 
 # registered experiments the GPU session leaves out, with the reason (none so far)
@@ -159,7 +165,8 @@ def pending(step: Step, records: Sequence[Record], device_name: str | None) -> S
 def plan_parts(lessons: Sequence[str], records: Sequence[Record], device_name: str | None = None,
                *, limit_s: float = PART_LIMIT_S) -> list[Part]:
     """The experiment parts, then ``lessons`` packed in order into parts of at most ``limit_s`` estimated
-    seconds (a lesson estimated above the limit gets a part of its own)."""
+    seconds (a lesson estimated above the limit gets a part of its own), then the parts that record again
+    what an H100 recorded before."""
     groups: list[list[str]] = []
     used = limit_s
     for lesson in lessons:
@@ -169,7 +176,7 @@ def plan_parts(lessons: Sequence[str], records: Sequence[Record], device_name: s
             used = 0.0
         groups[-1].append(lesson)
         used += seconds
-    parts = [*EXPERIMENT_PARTS, *((lesson_step(g),) for g in groups)]
+    parts = [*EXPERIMENT_PARTS, *((lesson_step(g),) for g in groups), *RERECORD_PARTS]
     return [Part(i, tuple(steps)) for i, steps in enumerate(parts, 1)]
 
 

@@ -159,3 +159,58 @@ def estimate_training_memory(n_params: float, recipe: str) -> dict[str, float]:
     out = {k: float(v) * float(n_params) for k, v in per.items()}
     out["total"] = sum(out.values())
     return out
+
+
+# ---- the activation-bytes model --------------------------------------------------------------------------
+
+def _positive_ints(**values: Any) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_layers: int, vocab_size: int,
+                     mlp_ratio: int = 4, attention: str = "explicit", autocast_bytes: int | None = None,
+                     device_type: str = "cpu") -> int:
+    """Bytes the course model's forward pass saves for backward (what :func:`saved_tensor_bytes` counts as
+    activations), from its shape: ``batch`` sequences of ``seq_len`` tokens, ``attention`` ``"explicit"``
+    (scores stored) or ``"sdpa"`` (fused: a log-sum-exp per row instead), in FP32 (``autocast_bytes`` None)
+    or under a 16-bit autocast (``autocast_bytes=2``).
+
+    Per block, with ``r = batch * seq_len`` rows and ``f = mlp_ratio * d_model``: the two layer norms'
+    FP32 inputs (``2 r d``) and their mean and reciprocal deviation (``4 r`` floats); in the compute dtype
+    the inputs of the four linear layers (``3d + f`` per row), Q, K and V (``3d``) and GELU's input
+    (``f``); explicit attention keeps the softmax's output (``batch * n_heads * seq_len**2``; under CUDA
+    autocast softmax runs in FP32 and the product with V keeps a 16-bit copy of it too: 6 bytes, on a CPU
+    2) and the inverted causal mask (``seq_len**2`` bools). Outside the blocks: the final norm's input and
+    statistics, the head's input, the FP32 log-softmax of the logits (``r * vocab_size``), the int64 token
+    ids, positions and targets. Exact against :func:`saved_tensor_bytes` on a CPU; the CUDA softmax rule
+    is torch's autocast op list (lesson 4's H100 trace: ``_softmax`` returns FP32), and a fused CUDA kernel may keep its output as well (``r * d`` more)."""
+    _positive_ints(batch=batch, seq_len=seq_len, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                   vocab_size=vocab_size, mlp_ratio=mlp_ratio)
+    if attention not in ("explicit", "sdpa"):
+        raise ValueError(f"attention must be 'explicit' or 'sdpa', got {attention!r}")
+    if autocast_bytes not in (None, 2):
+        raise ValueError(f"autocast_bytes must be None (FP32) or 2 (a 16-bit autocast), got {autocast_bytes!r}")
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    r, d, t, f = batch * seq_len, d_model, seq_len, mlp_ratio * d_model
+    e = 4 if autocast_bytes is None else autocast_bytes
+    block = 2 * r * d * 4 + 4 * r * 4 + (6 * d + 2 * f) * r * e
+    if attention == "explicit":
+        score_bytes = 4 if autocast_bytes is None else (4 + e if device_type == "cuda" else e)
+        block += batch * n_heads * t * t * score_bytes + t * t
+    else:
+        block += batch * n_heads * t * 4
+    outside = r * d * 4 + 2 * r * 4 + r * d * e + r * vocab_size * 4 + 8 * (2 * r + t) + 4
+    return n_layers * block + outside
+
+
+def autocast_weight_copy_bytes(*, d_model: int, n_layers: int, vocab_size: int, mlp_ratio: int = 4,
+                               autocast_bytes: int = 2) -> int:
+    """Bytes of the low-precision weight copies autocast saves for backward: every linear layer's weight
+    matrix (four per block and the output head) at ``autocast_bytes`` per element."""
+    _positive_ints(d_model=d_model, n_layers=n_layers, vocab_size=vocab_size, mlp_ratio=mlp_ratio,
+                   autocast_bytes=autocast_bytes)
+    d = d_model
+    return autocast_bytes * (n_layers * (4 * d * d + 2 * d * mlp_ratio * d) + vocab_size * d)

@@ -2,7 +2,9 @@
 
 Attention is written out (``q @ k.T``, softmax, ``@ v``) rather than fused, so that every op a lesson
 talks about (matmul, softmax, layer norm, cross-entropy) is a visible op that autocast and hooks see.
-Dimensions are multiples of 64, the shapes tensor cores like.
+``GPTConfig(attention="sdpa")`` swaps in ``torch.nn.functional.scaled_dot_product_attention`` (fused, the
+scores never stored) for the model-size ladder of lesson 6; ``tied_head=True`` shares the output layer's
+weight with the token embedding, as GPT-2 does. Dimensions are multiples of 64, the shapes tensor cores like.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from .data import VOCAB_SIZE, BatchSampler, load_corpus
 from .device import SizeProfile
 
 
+ATTENTION_KINDS = ("explicit", "sdpa")
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Shape of :class:`TinyGPT`. ``d_model`` must be a multiple of 64 and of ``n_heads``."""
@@ -28,6 +33,8 @@ class GPTConfig:
     context: int = 64
     vocab_size: int = VOCAB_SIZE
     mlp_ratio: int = 4
+    attention: str = "explicit"   # one of ATTENTION_KINDS
+    tied_head: bool = False       # the output layer reuses the token embedding's weight (GPT-2)
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "context", "vocab_size", "mlp_ratio"):
@@ -38,6 +45,20 @@ class GPTConfig:
             raise ValueError(f"d_model must be a multiple of 64, got {self.d_model}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"GPTConfig.attention must be one of {', '.join(map(repr, ATTENTION_KINDS))}, "
+                             f"got {self.attention!r}")
+        if not isinstance(self.tied_head, bool):
+            raise ValueError(f"GPTConfig.tied_head must be a bool, got {self.tied_head!r}")
+
+    def parameter_count(self) -> int:
+        """Trainable parameters of a :class:`TinyGPT` of this shape, counted from the shape alone: the
+        embeddings, per block ``(4 + 2 * mlp_ratio) * d**2`` weights plus ``(9 + mlp_ratio) * d`` biases and
+        norm parameters, the final norm, and the output layer unless it is tied to the embedding."""
+        d, f = self.d_model, self.mlp_ratio * self.d_model
+        block = 4 * d * d + 2 * d * f + 4 * d + f + d + 4 * d   # qkv+proj, fc+out, their biases, two norms
+        head = 0 if self.tied_head else self.vocab_size * d
+        return self.vocab_size * d + self.context * d + self.n_layers * block + 2 * d + head
 
 
 def gpt_config_for(profile: SizeProfile) -> GPTConfig:
@@ -53,6 +74,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
+        self.fused = cfg.attention == "sdpa"
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         mask = torch.tril(torch.ones(cfg.context, cfg.context, dtype=torch.bool))
@@ -62,6 +84,9 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            return self.proj(y)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.n_heads))
         scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
         attn = F.softmax(scores, dim=-1)
@@ -95,6 +120,8 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
+        if cfg.tied_head:
+            self.head.weight = self.tok_emb.weight
 
     @staticmethod
     def _init(module: nn.Module) -> None:

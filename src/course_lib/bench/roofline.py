@@ -133,3 +133,59 @@ def roofline_rows(d_model: int, n_heads: int, context: int, batch: int, *, peak_
                                 "compute" if h.intensity >= ridge_h else "memory",
                                 "compute" if lo.intensity >= ridge_l else "memory", th, tl))
     return tuple(rows)
+
+
+def gpt_matmul_parameters(d_model: int, n_layers: int, vocab_size: int, mlp_ratio: int = 4) -> int:
+    """Weights that take part in a matrix product per token of a GPT: four projections per block
+    (``(4 + 2 * mlp_ratio) * d**2``) and the output head (``d * vocab_size``, tied to the embedding or
+    not: its product runs either way). Biases, norms and embedding look-ups are left out (no matmul). The
+    ``N`` of :func:`model_flops_per_token` for a model whose head counts."""
+    for name, v in (("d_model", d_model), ("n_layers", n_layers), ("vocab_size", vocab_size),
+                    ("mlp_ratio", mlp_ratio)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return n_layers * (4 + 2 * mlp_ratio) * d_model * d_model + d_model * vocab_size
+
+
+_LINEARS = ("QKV projection", "output projection", "MLP up", "MLP down")
+_ATTENTION = ("attention scores QK^T", "softmax", "attention @ V")
+
+
+def _seconds(op: OpCost, tflops: float, bandwidth_gbs: float) -> float:
+    return op.flops / (attainable_tflops(op.intensity, tflops, bandwidth_gbs) * 1e12)
+
+
+def roofline_step_seconds(d_model: int, n_heads: int, n_layers: int, seq_len: int, batch: int, vocab_size: int, *,
+                          n_params: int, matmul_tflops: float, bandwidth_gbs: float, bytes_per_element: int,
+                          linear_tflops: float | None = None, attention: str = "explicit",
+                          mlp_ratio: int = 4) -> float:
+    """The roofline's time (seconds) of one training step of a GPT: every operation of
+    :func:`transformer_op_costs` in each of ``n_layers`` blocks, the output head's product and the
+    cross-entropy, each at its attainable throughput (``matmul_tflops``, or ``linear_tflops`` for the four
+    projections, e.g. FP8's peak; ``bandwidth_gbs``), times 3 for forward and backward (a product's
+    backward is two products; an elementwise op's backward reads about twice what its forward does), plus
+    AdamW over ``n_params`` FP32 parameters. ``attention="sdpa"``: the scores, softmax and ``@ V`` are one
+    fused kernel that moves only Q, K, V and the output. No launch or framework overhead: a lower bound."""
+    if attention not in ("explicit", "sdpa"):
+        raise ValueError(f"attention must be 'explicit' or 'sdpa', got {attention!r}")
+    if isinstance(n_params, bool) or not isinstance(n_params, int) or n_params < 1:
+        raise ValueError(f"n_params must be a positive int, got {n_params!r}")
+    for name, v in (("matmul_tflops", matmul_tflops), ("bandwidth_gbs", bandwidth_gbs),
+                    ("linear_tflops", matmul_tflops if linear_tflops is None else linear_tflops)):
+        if not (isinstance(v, (int, float)) and v > 0):
+            raise ValueError(f"{name} must be a positive number, got {v!r}")
+    ops = transformer_op_costs(d_model, n_heads, seq_len, batch, bytes_per_element=bytes_per_element,
+                               mlp_ratio=mlp_ratio)
+    e, rows = bytes_per_element, batch * seq_len
+    block = [o for o in ops if o.name != "AdamW step" and not (attention == "sdpa" and o.name in _ATTENTION)]
+    if attention == "sdpa":
+        block.append(OpCost("fused attention", sum(o.flops for o in ops if o.name in _ATTENTION),
+                            4 * rows * d_model * e))
+    forward = n_layers * sum(_seconds(o, linear_tflops if (linear_tflops and o.name in _LINEARS) else matmul_tflops,
+                                      bandwidth_gbs) for o in block)
+    head = OpCost("output head", matmul_flops(rows, vocab_size, d_model),
+                  (rows * d_model + d_model * vocab_size + rows * vocab_size) * e)
+    loss = OpCost("cross-entropy", 5 * rows * vocab_size, rows * vocab_size * (e + 4))
+    forward += _seconds(head, matmul_tflops, bandwidth_gbs) + _seconds(loss, matmul_tflops, bandwidth_gbs)
+    adamw = OpCost("AdamW step", 12 * n_params, 7 * n_params * 4)
+    return 3 * forward + _seconds(adamw, matmul_tflops, bandwidth_gbs)

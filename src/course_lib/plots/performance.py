@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from ..bench import attainable_tflops
 from .style import FORMAT_COLOURS, finish_figure
@@ -204,4 +205,57 @@ def plot_activation_sweep(sweep) -> Figure:
         ax.set_ylabel("activations saved for backward (MiB)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    return finish_figure(fig)
+
+
+_LADDER_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16_autocast": "#0072B2", "fp16_autocast_scaler": "#D55E00",
+                   "fp8_tensorwise": "#CC79A7", "fp8_rowwise": "#009E73"}
+_LADDER_LABELS = {"fp32": "FP32", "tf32": "TF32", "bf16_autocast": "BF16 autocast", "fp16_autocast_scaler": "FP16 autocast",
+                  "fp8_tensorwise": "FP8 tensorwise", "fp8_rowwise": "FP8 rowwise"}
+
+
+def plot_scale_ladder(ladder, *, devices=None) -> Figure:
+    """Tokens per second (top) and MFU (bottom) against parameters, log axes, one column per device of the
+    ladder's predictions (``devices``: a subset, in order). Lines: the roofline's prediction per recipe
+    (dashed, a bound without launch overhead); filled markers: measured runs (circles eager, squares
+    compiled), drawn only in the column of the device that measured them. ``ladder``: a ``ScaleLadder``."""
+    devices = list(devices) if devices is not None else ladder.predicted_devices()
+    if not devices:
+        raise ValueError("the ladder has no predictions to draw")
+    unknown = [d for d in devices if d not in ladder.predicted_devices()]
+    if unknown:
+        raise ValueError(f"no predictions for {unknown}; the ladder predicts {ladder.predicted_devices()}")
+    fig, axes = plt.subplots(2, len(devices), figsize=(8.5 if len(devices) == 1 else 11, 7.5), squeeze=False,
+                             sharex=True)
+    params = {r.name: r.n_params for r in ladder.rungs}
+    for col, device in enumerate(devices):
+        top, bottom = axes[0][col], axes[1][col]
+        for recipe, colour in _LADDER_COLOURS.items():
+            preds = sorted((params[p.rung], p.tokens_per_second, p.mfu) for p in ladder.predictions
+                           if p.device == device and p.recipe == recipe)
+            if preds:
+                xs, rates, mfus = zip(*preds)
+                top.plot(xs, rates, "--", color=colour, lw=1.3, label=f"{_LADDER_LABELS[recipe]} (predicted)")
+                bottom.plot(xs, [100 * m for m in mfus], "--", color=colour, lw=1.3)
+            if device != ladder.own_prediction_device:
+                continue
+            for compiled, marker in ((False, "o"), (True, "s")):
+                runs = [r for r in ladder.runs if r.recipe == recipe and r.compiled == compiled]
+                if runs:
+                    top.plot([params[r.rung] for r in runs], [ladder.tokens_per_second(r) for r in runs], marker, color=colour, ms=8,
+                             label=f"{_LADDER_LABELS[recipe]}, {'compiled' if compiled else 'eager'} (measured)")
+                    bottom.plot([params[r.rung] for r in runs], [100 * ladder.mfu(r) for r in runs], marker, color=colour, ms=8)
+        kind = "measured here and predicted" if device == ladder.own_prediction_device else "predicted only"
+        top.set_title(f"{device}\n({kind})", fontsize=10)
+        top.set_ylabel("tokens per second (log)")
+        bottom.set_ylabel("MFU, % of the reference peak (log)")
+        bottom.set_xlabel("parameters (log)")
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.grid(alpha=0.3, which="both")
+        handles, labels = top.get_legend_handles_labels()
+        bottom.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
+                      frameon=False)
     return finish_figure(fig)

@@ -1,0 +1,202 @@
+"""Lesson 6's sentences and tables about the model ladder (``scale_ladder``): where mixed precision starts to pay,
+from the measured runs, and what the roofline predicts for the rungs that did not run; recorded GPU ladders
+merged per device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..glue import Prose
+from ..results import RecordedResult, describe_records
+from ..tables import MarkdownTable, markdown_table
+from .ladder import LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
+
+RECIPE_LABELS = {"fp32": "FP32", "tf32": "TF32", "bf16_autocast": "BF16", "fp16_autocast_scaler": "FP16",
+                 "fp8_tensorwise": "FP8 tensorwise", "fp8_rowwise": "FP8 rowwise"}
+
+RECORD_COMMAND = ("python -m course_lib.record scale_ladder --param 'rungs=[\"course_small\", \"course_full\", "
+                  "\"gpt2_small\"]' --param 'compile_modes=[false]' --out results/")
+
+
+def _check(ladder: ScaleLadder) -> None:
+    if not isinstance(ladder, ScaleLadder):
+        raise TypeError(f"expected a ScaleLadder, got {type(ladder).__name__}")
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:,.3g}" if seconds < 1 else f"{1e3 * seconds:,.0f}"
+
+
+def baseline_recipe(ladder: ScaleLadder) -> str:
+    """The recipe BF16 is compared with: TF32 where it ran (FP32's storage on tensor cores), else FP32."""
+    _check(ladder)
+    return "tf32" if any(r.recipe == "tf32" for r in ladder.runs) else "fp32"
+
+
+def bf16_speedups(ladder: ScaleLadder, *, compiled: bool = False) -> dict[str, float]:
+    """Per measured rung (in ladder order), the baseline's median step time over BF16 autocast's
+    (:func:`baseline_recipe`; above 1: BF16 is faster), for ``compiled`` runs or eager ones."""
+    base = baseline_recipe(ladder)
+    out = {}
+    for rung in ladder.measured_rungs():
+        b, m = ladder.run_of(rung, base, compiled), ladder.run_of(rung, "bf16_autocast", compiled)
+        if b is not None and m is not None:
+            out[rung] = b.median_step_seconds / m.median_step_seconds
+    return out
+
+
+def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, margin: float = 1.1) -> Prose:
+    """Where mixed precision starts to pay, from the measured runs: the smallest rung from which BF16 autocast
+    is at least ``margin`` times faster than the baseline at every larger measured rung, and the rungs where
+    it only ties (within ``margin`` either way) or loses."""
+    if not margin > 1:
+        raise ValueError(f"margin must exceed 1, got {margin!r}")
+    ratios = bf16_speedups(ladder, compiled=compiled)
+    base = RECIPE_LABELS[baseline_recipe(ladder)]
+    mode = "compiled" if compiled else "eager"
+    if not ratios:
+        return Prose(f"No rung ran both BF16 autocast and {base} ({mode}) on {ladder.device_name}.")
+    listed = ", ".join(f"{rung} {r:.2f}x" for rung, r in ratios.items())
+    text = f"Measured on {ladder.device_name} ({mode}), BF16 autocast's speed over {base}'s: {listed}."
+    names = list(ratios)
+    start = next((i for i in range(len(names)) if all(ratios[n] >= margin for n in names[i:])), None)
+    ties = [n for n in names if 1 / margin < ratios[n] < margin]
+    loses = [n for n in names if ratios[n] <= 1 / margin]
+    if start is None:
+        text += f" Mixed precision does not pay at any rung measured here (by {margin:g}x or more)."
+    else:
+        text += f" Mixed precision starts to pay at {names[start]} ({ratios[names[start]]:.2f}x)."
+    if ties:
+        text += f" BF16 only ties {base} (within {margin:g}x) at {', '.join(ties)}."
+    if loses:
+        text += f" BF16 is slower than {base} at {', '.join(loses)}."
+    if base == "FP32" and ladder.device == "cpu":
+        text += " TF32 does not exist on a CPU, so FP32 is the baseline here."
+    return Prose(text)
+
+
+def predicted_speedups(ladder: ScaleLadder, device: str, over: str = "tf32") -> dict[str, float]:
+    """Per rung, the roofline's BF16 autocast speed over ``over`` on ``device`` (predicted step times)."""
+    _check(ladder)
+    out = {}
+    for rung in ladder.rungs:
+        b, m = ladder.prediction(device, rung.name, over), ladder.prediction(device, rung.name, "bf16_autocast")
+        if b is not None and m is not None:
+            out[rung.name] = b.step_seconds / m.step_seconds
+    return out
+
+
+def predicted_verdict(ladder: ScaleLadder, device: str) -> Prose:
+    """What the roofline predicts for BF16 against TF32 (FP32 where the device has no TF32) on ``device``,
+    rung by rung, and that it is a bound with no launch or framework overhead."""
+    over = "tf32" if predicted_speedups(ladder, device, "tf32") else "fp32"
+    ratios = predicted_speedups(ladder, device, over)
+    if not ratios:
+        raise ValueError(f"the ladder has no BF16 and {over} predictions for {device!r}")
+    listed = ", ".join(f"{rung} {r:.2f}x" for rung, r in ratios.items())
+    return Prose(f"The roofline predicts BF16 autocast's speed over {RECIPE_LABELS[over]}'s on the {device}: {listed}. "
+                 f"It counts FLOPs and bytes only, no kernel launches or framework overhead, so it is the most mixed "
+                 f"precision can buy at each size; a measured ratio below it says that launches and memory-bound "
+                 f"operations, not matrix products, set the step time.")
+
+
+def where_it_ran(ladder: ScaleLadder) -> Prose:
+    """Which rungs ran on which device, which are predictions and for which devices, and what was skipped."""
+    _check(ladder)
+    measured = ladder.measured_rungs()
+    others = [d for d in ladder.predicted_devices() if d != ladder.own_prediction_device]
+    predicted = [r.name for r in ladder.rungs if r.name not in measured]
+    text = (f"Measured here on {ladder.device_name}: {', '.join(measured) or 'no rung'}. ")
+    if predicted:
+        text += (f"{', '.join(predicted)} did not run here: for them every number is a prediction of the FLOP, byte "
+                 f"and roofline models" + (f" for the {', '.join(others)} (datasheet peaks)" if others else "") + ". ")
+    if ladder.device == "cpu":
+        text += ("These are CPU timings and no GPU's; TF32 does not exist on a CPU (it is a mode of NVIDIA tensor "
+                 "cores). ")
+    reasons = dict.fromkeys(f"{RECIPE_LABELS[s.recipe]}: {s.reason}" for s in ladder.skipped)
+    if reasons:
+        text += "Skipped: " + "; ".join(reasons) + "."
+    return Prose(text.strip())
+
+
+def measured_table(ladder: ScaleLadder) -> MarkdownTable:
+    """One row per measured run: step time (median, quartiles), tokens/s, MFU against the reference peak,
+    compile time, and on a GPU the allocator's peak beside the byte model's prediction; skipped ones say why."""
+    _check(ladder)
+    rows = []
+    for run in ladder.runs:
+        rung = ladder.rung(run.rung)
+        q25, q75 = run.step_quartiles
+        predicted = ladder.prediction(ladder.own_prediction_device, run.rung, run.recipe)
+        rows.append((run.rung, f"{rung.n_params / 1e6:,.1f}", RECIPE_LABELS[run.recipe],
+                     "compiled" if run.compiled else "eager", f"{_ms(run.median_step_seconds)} ({_ms(q25)}-{_ms(q75)})",
+                     f"{ladder.tokens_per_second(run):,.0f}", f"{100 * ladder.mfu(run):.2g}%",
+                     "-" if run.compile_seconds is None else f"{run.compile_seconds:.1f}",
+                     "-" if run.peak_memory_bytes is None else f"{run.peak_memory_bytes / 2**30:.2f}",
+                     "-" if predicted is None else f"{predicted.memory_bytes / 2**30:.2f}"))
+    for skip in ladder.skipped:
+        rows.append((skip.rung, f"{ladder.rung(skip.rung).n_params / 1e6:,.1f}", RECIPE_LABELS[skip.recipe],
+                     "compiled" if skip.compiled else "eager", "skipped", "-", "-", "-", "-", skip.reason))
+    return markdown_table(("rung", "params (M)", "recipe", "mode", "measured step ms (quartiles)", "tokens/s",
+                           "MFU", "compile s", "measured peak GiB", "predicted GiB"), rows)
+
+
+def predicted_table(ladder: ScaleLadder, device: str) -> MarkdownTable:
+    """Per rung, the roofline's step time (ms) and MFU per recipe on ``device`` and the byte model's memory of
+    BF16 autocast (GiB): predictions only ("-": the device lacks the recipe's dtype)."""
+    _check(ladder)
+    rows = []
+    for rung in ladder.rungs:
+        cells = []
+        for recipe in LADDER_RECIPES:
+            p = ladder.prediction(device, rung.name, recipe)
+            cells.append("-" if p is None else f"{_ms(p.step_seconds)} ({100 * p.mfu:.0f}%)")
+        bf16 = ladder.prediction(device, rung.name, "bf16_autocast")
+        rows.append((rung.name, f"{rung.n_params / 1e6:,.1f}", f"{rung.tokens_per_step:,}", *cells,
+                     "-" if bf16 is None else f"{bf16.memory_bytes / 2**30:.1f}"))
+    return markdown_table(("rung", "params (M)", "tokens/step", *(f"{RECIPE_LABELS[r]} ms (MFU)" for r in LADDER_RECIPES),
+                           "BF16 GiB"), rows)
+
+
+def merged_records(records: Sequence[RecordedResult]) -> dict[str, tuple[ScaleLadder, list[RecordedResult]]]:
+    """Recorded ladders (newest first, as ``recorded_results`` gives them) merged per device name, the latest
+    record winning per (rung, recipe, mode); each with the records it came from."""
+    by_device: dict[str, list[RecordedResult]] = {}
+    for rec in records:
+        if not isinstance(rec.result, ScaleLadder):
+            raise TypeError(f"expected recorded ScaleLadder results, got {type(rec.result).__name__}")
+        by_device.setdefault(rec.result.device_name, []).append(rec)
+    return {name: (merge_ladders([r.result for r in reversed(recs)]), recs) for name, recs in by_device.items()}
+
+
+def recorded_ladder_block(records: Sequence[RecordedResult]) -> Prose:
+    """The recorded GPU ladders, one part per device: where mixed precision starts to pay there (eager and
+    compiled), the measured table and the records' provenance; with no record, the command that makes one."""
+    merged = merged_records(records)
+    if not merged:
+        return Prose("No GPU record of `scale_ladder` exists yet, so every GPU number above is a prediction. To "
+                     "record it on a GPU, one part of at most ten minutes per call, for example:\n\n```bash\n"
+                     + RECORD_COMMAND + "\n```\n\nthen each rung alone with `--param 'compile_modes=[true]'` (compilation takes "
+                     "most of the time), and `gpt2_medium` and `gpt2_large` eager the same way.")
+    parts = []
+    for name, (ladder, recs) in merged.items():
+        parts.append(f"**Recorded on {name}.** " + mixed_precision_verdict(ladder) + " "
+                     + mixed_precision_verdict(ladder, compiled=True) + "\n\n" + measured_table(ladder).rstrip("\n")
+                     + "\n\n" + describe_records(recs))
+    return Prose("\n\n".join(parts))
+
+
+def ladder_facts(ladder: ScaleLadder, device: str) -> dict[str, object]:
+    """The lesson's glued facts: where the ladder ran, the measured and the predicted verdicts (for
+    ``device``), the reference peak, and the parameter counts of the smallest and largest rung (millions)."""
+    _check(ladder)
+    return {"ladder_where": where_it_ran(ladder), "ladder_verdict": mixed_precision_verdict(ladder),
+            "ladder_predicted": predicted_verdict(ladder, device), "ladder_reference": Prose(ladder.reference_source),
+            "ladder_reference_tflops": ladder.reference_tflops,
+            "ladder_params_small": ladder.rungs[0].n_params / 1e6, "ladder_params_large": ladder.rungs[-1].n_params / 1e6,
+            "ladder_device": Prose(device)}
+
+
+def run_label(run: LadderRun) -> str:
+    """``"BF16, compiled"``: a run's recipe and mode, as figures and tables name it."""
+    return f"{RECIPE_LABELS[run.recipe]}, {'compiled' if run.compiled else 'eager'}"

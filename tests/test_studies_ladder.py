@@ -1,0 +1,215 @@
+"""The model ladder (studies.ladder), its prose (studies.ladder_prose) and its figure."""
+
+import dataclasses
+
+import matplotlib
+import pytest
+import torch
+
+from course_lib.bench.roofline import gpt_matmul_parameters, model_flops_per_token
+from course_lib.device import SizeProfile
+from course_lib.jsonable import from_jsonable, to_jsonable
+from course_lib.models import TinyGPT
+from course_lib.plots.performance import plot_scale_ladder
+from course_lib.studies import ladder as LADDER
+from course_lib.studies import ladder_prose as PROSE
+
+matplotlib.use("Agg")
+SMALL = SizeProfile("small")
+
+
+@pytest.fixture(scope="module")
+def small_ladder():
+    """The study at its small registry size, run once."""
+    return LADDER.scale_ladder(SMALL, "cpu", **LADDER.ladder_sizes(SMALL, "cpu"))
+
+
+@pytest.mark.parametrize("sdpa", [False, True])
+def test_rung_parameters_counted_from_the_module_match_the_shape(sdpa):
+    expected = {"gpt2_small": 124_475_904}   # GPT-2 small with its vocabulary padded to 50,304 and a tied head
+    for name in LADDER.RUNGS:
+        facts = LADDER.rung_facts(name, sdpa=sdpa)
+        cfg = LADDER.rung_config(name, sdpa=sdpa)
+        assert facts.n_params == cfg.parameter_count()
+        assert facts.n_params == expected.get(name, facts.n_params)
+        with torch.device("meta"):
+            model = TinyGPT(cfg)
+        linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        assert facts.matmul_params == linear == gpt_matmul_parameters(cfg.d_model, cfg.n_layers, cfg.vocab_size)
+        assert facts.flops_per_token == model_flops_per_token(linear, cfg.n_layers, cfg.d_model, cfg.context)
+        assert facts.attention == ("sdpa" if sdpa else "explicit")
+    sizes = [LADDER.rung_facts(n).n_params for n in LADDER.RUNGS]
+    assert sizes == sorted(sizes) and 7e8 < sizes[-1] < 8e8
+
+
+def test_the_small_registry_run_measures_what_the_cpu_runs_and_says_why_not_the_rest(small_ladder):
+    ladder = small_ladder
+    params = LADDER.ladder_sizes(SMALL, "cpu")
+    assert ladder.measured_rungs() == ["course_small"]
+    ran = {(r.recipe, r.compiled) for r in ladder.runs}
+    skipped = {(s.recipe, s.compiled): s.reason for s in ladder.skipped}
+    assert ran | set(skipped) == {(r, c) for r in LADDER.LADDER_RECIPES for c in params["compile_modes"]}
+    assert not ran & set(skipped)                          # nothing silently dropped, nothing twice
+    assert {"fp32", "bf16_autocast", "fp16_autocast_scaler"} <= {r for r, _ in ran}
+    assert "CPU has no TF32" in skipped[("tf32", False)]
+    for run in ladder.runs:
+        assert len(run.step_seconds) == params["steps"] and run.peak_memory_bytes is None
+        assert ladder.tokens_per_second(run) == pytest.approx(16 * 64 / run.median_step_seconds)
+        assert 0 < ladder.mfu(run) < 1 and run.compile_seconds is None
+    # every rung predicted for the H200 and for this CPU, kept apart from the measurements
+    assert "H200 SXM" in ladder.predicted_devices() and ladder.own_prediction_device.startswith("this CPU")
+    for rung in LADDER.RUNGS:
+        assert ladder.prediction("H200 SXM", rung, "tf32") is not None
+        assert ladder.prediction(ladder.own_prediction_device, rung, "tf32") is None   # no TF32 on a CPU
+    assert "best matmul throughput measured on this CPU" in ladder.reference_source
+    assert from_jsonable(LADDER.ScaleLadder, to_jsonable(ladder)) == ladder
+
+
+def test_predictions_follow_the_models():
+    rung = LADDER.rung_facts("gpt2_small", sdpa=True)
+    h200 = {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5, "fp8": 1979.0}
+    preds = {r: LADDER.predict(rung, r, "H200 SXM", tflops=h200, bandwidth_gbs=4800.0, reference_tflops=989.5)
+             for r in LADDER.LADDER_RECIPES}
+    assert preds["fp32"].step_seconds > preds["tf32"].step_seconds > preds["bf16_autocast"].step_seconds \
+        > preds["fp8_tensorwise"].step_seconds
+    p = preds["bf16_autocast"]
+    assert p.tokens_per_second == pytest.approx(8 * 1024 / p.step_seconds)
+    assert p.mfu == pytest.approx(p.tokens_per_second * rung.flops_per_token / 989.5e12)
+    # memory: 16 bytes per parameter with AdamW, the activations and the 16-bit weight copies
+    assert p.memory_bytes > 16 * rung.n_params and preds["fp32"].memory_bytes > 16 * rung.n_params
+    assert LADDER.predict(rung, "tf32", "CPU", tflops={"fp32": 1.0, "bf16": 2.0}, bandwidth_gbs=10.0,
+                          reference_tflops=2.0) is None
+
+
+def test_recipe_reasons_and_bad_input(monkeypatch):
+    assert LADDER.base_recipe("fp8_rowwise") == "bf16_autocast"
+    assert "TF32" in LADDER.recipe_unsupported_reason("tf32", "cpu")
+    assert LADDER.recipe_unsupported_reason("fp32", "cpu") is None
+    # FP8 slower than BF16 (emulated) is a reason with the measured ratio; faster, the recipe runs
+    slow = LADDER.capability_probe("cpu")
+    assert "emulated" in LADDER.recipe_unsupported_reason("fp8_tensorwise", "cpu")
+    fast = dataclasses.replace(slow, tflops={**slow.tflops, "fp8": 2 * slow.tflops["bf16"]})
+    monkeypatch.setattr(LADDER, "capability_probe", lambda device: fast)
+    assert LADDER.recipe_unsupported_reason("fp8_tensorwise", "cpu") is None
+    for kwargs, match in (({"rungs": ("gpt3",)}, "unknown rung"), ({"recipes": ("int8",)}, "unknown recipe"),
+                          ({"rungs": "course_small"}, "not one string"), ({"steps": 0}, "steps must be"),
+                          ({"compile_modes": ()}, "compile_modes"), ({"predict_for": ("A9000",)}, "datasheet GPU")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            LADDER.scale_ladder(SMALL, "cpu", **kwargs)
+
+
+def test_fp8_converter_swaps_every_linear_but_the_head():
+    model = LADDER.build_gpt(LADDER.rung_config("course_small"))
+    LADDER.float8_converter("fp8_rowwise")(model)
+    kinds = {name: type(m).__name__ for name, m in model.named_modules() if "Linear" in type(m).__name__}
+    assert kinds.pop("head") == "Linear" and kinds and set(kinds.values()) == {"Float8Linear"}
+    with pytest.raises(ValueError, match="unknown FP8 recipe"):
+        LADDER.float8_converter("bf16_autocast")
+
+
+def test_random_batches_are_seeded_next_token_pairs():
+    a, b = LADDER.random_batches(100, 2, 8, "cpu", seed=1), LADDER.random_batches(100, 2, 8, "cpu", seed=1)
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b))
+    (x, y), _ = a
+    assert x.shape == y.shape == (2, 8) and int(x.max()) < 100
+    assert not torch.equal(a[0][0], a[1][0])
+
+
+# ---- the CUDA-only branches, with torch's CUDA queries replaced --------------------------------------------
+
+def test_reference_peak_on_a_gpu_is_its_dense_bf16_datasheet_peak(monkeypatch):
+    class Props:
+        name = "NVIDIA H200"
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    peak, source = LADDER.reference_peak(torch.device("cuda"))
+    assert peak == 989.5 and "H200 SXM" in source and "BF16" in source
+    Props.name = "NVIDIA Unknown"
+    with pytest.raises(ValueError, match="no datasheet BF16 peak for NVIDIA Unknown"):
+        LADDER.reference_peak(torch.device("cuda"))
+
+
+def test_peak_allocated_bytes_reads_and_resets_the_allocator_on_a_gpu(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("peak", device)) or 12345)
+    cuda = torch.device("cuda")
+    assert LADDER.peak_allocated_bytes(cuda, reset=True) is None
+    assert LADDER.peak_allocated_bytes(cuda) == 12345
+    assert calls == [("reset", cuda), ("peak", cuda)]
+    assert LADDER.peak_allocated_bytes(torch.device("cpu")) is None
+
+
+# ---- merging records, the prose, the figure -----------------------------------------------------------------
+
+def _synthetic(step_ms: dict, *, device_name="GPU X", stamp=0.0) -> LADDER.ScaleLadder:
+    """A ladder whose (rung, recipe) runs take the given milliseconds (``stamp`` added, to tell ladders apart)."""
+    rungs = tuple(LADDER.rung_facts(n) for n in LADDER.RUNGS)
+    runs = tuple(LADDER.LadderRun(rung, recipe, False, (1e-3 * (ms + stamp),) * 3, 2e-3 * ms)
+                 for (rung, recipe), ms in step_ms.items())
+    preds = tuple(LADDER.LadderPrediction("GPU X", r.name, recipe, 1e-3, 1e6, 0.5, 1e9)
+                  for r in rungs for recipe in ("tf32", "bf16_autocast"))
+    return LADDER.ScaleLadder("cuda", device_name, rungs, runs, (), 989.5, "datasheet", preds, "GPU X")
+
+
+def test_merge_keeps_the_latest_run_per_rung_and_recipe():
+    old = _synthetic({("course_full", "tf32"): 24.0, ("course_full", "bf16_autocast"): 24.0}, stamp=0.0)
+    new = _synthetic({("course_full", "tf32"): 24.0, ("gpt2_small", "tf32"): 80.0}, stamp=1.0)
+    merged = LADDER.merge_ladders([old, new])
+    assert merged.run_of("course_full", "tf32").median_step_seconds == pytest.approx(25e-3)     # the newer
+    assert merged.run_of("course_full", "bf16_autocast").median_step_seconds == pytest.approx(24e-3)  # kept
+    assert merged.measured_rungs() == ["course_full", "gpt2_small"]
+    with pytest.raises(ValueError, match="different devices"):
+        LADDER.merge_ladders([old, _synthetic({}, device_name="GPU Y")])
+    with pytest.raises(ValueError, match="no ladders"):
+        LADDER.merge_ladders([])
+
+
+def test_verdict_says_where_mixed_precision_starts_to_pay_and_where_it_ties():
+    ms = {("course_small", "tf32"): 5.0, ("course_small", "bf16_autocast"): 5.1,
+          ("course_full", "tf32"): 24.4, ("course_full", "bf16_autocast"): 24.1,
+          ("gpt2_small", "tf32"): 90.0, ("gpt2_small", "bf16_autocast"): 50.0,
+          ("gpt2_medium", "tf32"): 250.0, ("gpt2_medium", "bf16_autocast"): 130.0}
+    ladder = _synthetic(ms)
+    assert PROSE.baseline_recipe(ladder) == "tf32"
+    assert PROSE.bf16_speedups(ladder)["gpt2_small"] == pytest.approx(1.8)
+    text = PROSE.mixed_precision_verdict(ladder)
+    assert "starts to pay at gpt2_small (1.80x)" in text
+    assert "only ties TF32 (within 1.1x) at course_small, course_full" in text
+    # a rung that pays, followed by one that does not, is no start
+    worse = _synthetic({**ms, ("gpt2_medium", "bf16_autocast"): 250.0})
+    assert "starts to pay at" not in PROSE.mixed_precision_verdict(worse)
+    assert "does not pay at any rung" in PROSE.mixed_precision_verdict(worse)
+    assert "No rung ran both" in PROSE.mixed_precision_verdict(ladder, compiled=True)
+    with pytest.raises(ValueError, match="margin must exceed 1"):
+        PROSE.mixed_precision_verdict(ladder, margin=1.0)
+
+
+def test_the_cpu_page_says_what_ran_and_what_is_predicted(small_ladder):
+    facts = PROSE.ladder_facts(small_ladder, "H200 SXM")
+    where = facts["ladder_where"]
+    assert "Measured here on" in where and "course_small" in where
+    assert "gpt2_large" in where and "prediction" in where and "H200 SXM" in where
+    assert "TF32 does not exist on a CPU" in where
+    assert "FP32 is the baseline" in facts["ladder_verdict"]
+    assert "roofline predicts" in facts["ladder_predicted"] and "gpt2_large" in facts["ladder_predicted"]
+    table = PROSE.measured_table(small_ladder)
+    assert table.count("\n") == 2 + len(small_ladder.runs) + len(small_ladder.skipped)
+    assert "skipped" in table
+    predicted = PROSE.predicted_table(small_ladder, "H200 SXM")
+    assert predicted.count("\n") == 2 + len(LADDER.RUNGS)
+    assert "python -m course_lib.record scale_ladder" in PROSE.recorded_ladder_block([])
+
+
+def test_plot_draws_measured_marks_only_where_they_were_measured(small_ladder):
+    fig = plot_scale_ladder(small_ladder)
+    devices = small_ladder.predicted_devices()
+    assert len(fig.axes) == 2 * len(devices)
+    own = devices.index(small_ladder.own_prediction_device)
+    for col in range(len(devices)):
+        top = fig.axes[col]          # subplots fill row by row: the top row first
+        markers = [line for line in top.get_lines() if line.get_linestyle() == "None"]
+        assert len(markers) == (len({(r.recipe, r.compiled) for r in small_ladder.runs}) if col == own else 0)
+        assert top.get_xscale() == top.get_yscale() == "log"
+    with pytest.raises(ValueError, match="no predictions for"):
+        plot_scale_ladder(small_ladder, devices=["B300"])
