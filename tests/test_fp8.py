@@ -589,3 +589,106 @@ def test_scaled_mm_unsupported_reason_is_measured():
     assert _hardware.scaled_mm_unsupported_reason("cpu") == _hardware._scaled_mm_runs("cpu")
     assert _hardware.scaled_mm_unsupported_reason("cpu", row_scales=True) == ROWWISE_WHY_NOT
     assert _hardware.scaled_mm_unsupported_reason(torch.device("cpu"), row_scales=True) == ROWWISE_WHY_NOT
+
+
+# ---- the accelerator path: whole-tensor casts, no host read-back, BF16 in and out --------------------------
+
+VECTOR_RECIPES = [fp8.CurrentScaling("e4m3"), fp8.CurrentScaling("e5m2"), fp8.RowwiseScaling(axis=-1),
+                  fp8.RowwiseScaling(axis=0), fp8.BlockwiseScaling(block=(1, 16)),
+                  fp8.BlockwiseScaling(block=(16, 1)), fp8.BlockwiseScaling(block=(16, 16)), fp8.StaticScaling()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("recipe", VECTOR_RECIPES, ids=repr)
+def test_whole_tensor_casts_equal_the_chunked_ones_bit_for_bit(monkeypatch, recipe, dtype):
+    x = (torch.randn(96, 160, generator=torch.Generator().manual_seed(3)) * 50).to(dtype)
+    x[5, 7] = 1e6    # saturates the blocks without their own scale
+    monkeypatch.setattr(fp8_casts, "_CHUNK", 256)   # many chunks, rows split inside a block too
+    chunked = recipe.quantize(x)
+    chunked_amax = fp8.block_amax(x, recipe.block_for(tuple(x.shape)))
+
+    def no_slicing(*args):
+        raise AssertionError("the accelerator path sliced the tensor")
+
+    monkeypatch.setattr(fp8_casts, "on_accelerator", lambda device: True)   # what a GPU tensor gets
+    monkeypatch.setattr(fp8_casts, "_row_slices", no_slicing)
+    whole = recipe.quantize(x)
+    assert torch.equal(whole.data.view(torch.uint8), chunked.data.view(torch.uint8))
+    assert torch.equal(whole.scales, chunked.scales)
+    assert torch.equal(fp8.block_amax(x, recipe.block_for(tuple(x.shape))), chunked_amax)
+
+
+def test_whole_tensor_saturating_cast_equals_the_chunked_one(monkeypatch):
+    x = torch.randn(40, 100, generator=torch.Generator().manual_seed(1)) * 300
+    monkeypatch.setattr(fp8_casts, "_CHUNK", 64)
+    chunked = {fmt: fp8.cast_saturating(x, fmt, 7.0) for fmt in ("e4m3", "e5m2")}
+    monkeypatch.setattr(fp8_casts, "on_accelerator", lambda device: True)
+    for fmt, codes in chunked.items():
+        assert torch.equal(fp8.cast_saturating(x, fmt, 7.0).view(torch.uint8), codes.view(torch.uint8))
+
+
+def test_on_accelerator_is_the_device_type():
+    assert fp8_casts.on_accelerator("cpu") is False
+    assert fp8_casts.on_accelerator(torch.device("cuda", 0)) is True
+    assert fp8_casts.on_accelerator("meta") is True
+
+
+def test_finite_check_on_an_accelerator_is_queued_not_read_back(monkeypatch):
+    monkeypatch.setattr(fp8_casts, "on_accelerator", lambda device: True)
+    queued = []
+    real = torch._assert_async
+    monkeypatch.setattr(torch, "_assert_async", lambda flag, msg: queued.append((flag.clone(), msg)))
+    # a host read-back of the flag would call Tensor.__bool__ (or .item()); on a GPU that waits for the queue
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda self: pytest.fail("the check read the flag back"))
+    bad = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
+    fp8.check_finite_amax(torch.tensor([[1.0]]))
+    fp8.check_finite_amax(bad)
+    assert [bool(flag.item() != 0) for flag, _ in queued] == [True, False]
+    assert queued[1][1] == fp8_casts.NONFINITE_MESSAGE
+    monkeypatch.undo()
+    # the real asynchronous assertion fails, on the CPU at once, with the same message
+    monkeypatch.setattr(fp8_casts, "on_accelerator", lambda device: True)
+    with pytest.raises(RuntimeError, match="inf or NaN"):
+        fp8.CurrentScaling().quantize(torch.tensor([1.0, float("inf")]))
+    assert real is torch._assert_async
+    # a torch without it checks synchronously, as on the CPU
+    monkeypatch.delattr(torch, "_assert_async")
+    with pytest.raises(ValueError, match="inf or NaN"):
+        fp8.check_finite_amax(bad)
+
+
+@pytest.mark.parametrize("backend", ["simulated", "scaled_mm"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp", "blockwise"])
+def test_bf16_in_and_out_is_the_fp32_layer_rounded_to_bf16(recipe, backend):
+    if backend == "scaled_mm" and recipe == "blockwise":
+        pytest.skip("_scaled_mm takes no block scales")
+    if backend == "scaled_mm" and recipe != "tensorwise" and ROWWISE_WHY_NOT is not None:
+        pytest.skip(ROWWISE_WHY_NOT)
+    torch.manual_seed(0)
+    base = torch.nn.Linear(64, 48, bias=False)
+    x = torch.randn(32, 64).bfloat16()
+    with torch.backends.mkldnn.flags(enabled=False):
+        layers = [fp8.Fp8Linear.from_linear(base, recipe=recipe, backend=backend, block=16, io_dtype=io)
+                  for io in (None, torch.bfloat16)]
+        plain, bf16 = (fp8_studies.output_and_gradients(layer, x, loss=lambda y: (y.float() ** 2).sum())
+                       for layer in layers)
+    assert plain[0].dtype == bf16[0].dtype == torch.bfloat16
+    assert bf16[1].dtype == torch.bfloat16 and bf16[2].dtype == torch.float32
+    for a, b in zip(plain, bf16):
+        assert torch.equal(a, b)
+
+
+def test_bf16_io_adds_the_bias_in_bf16_and_validates():
+    torch.manual_seed(0)
+    base = torch.nn.Linear(32, 16)
+    layer = fp8.Fp8Linear.from_linear(base, io_dtype=torch.bfloat16)
+    x = torch.randn(4, 8, 32)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (4, 8, 16)
+    no_bias = fp8.Fp8Linear.from_linear(torch.nn.Linear(32, 16, bias=False), io_dtype=torch.bfloat16)
+    with torch.no_grad():
+        no_bias.weight.copy_(base.weight)
+    assert torch.equal(y, no_bias(x) + base.bias.detach().bfloat16())
+    assert "io_dtype=torch.bfloat16" in repr(layer)
+    with pytest.raises(ValueError, match="io_dtype"):
+        fp8.Fp8Linear(32, 16, io_dtype=torch.float16)

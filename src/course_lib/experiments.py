@@ -38,6 +38,7 @@ from .studies.fp8 import (
     lab_block,
     scaling_lab_study,
 )
+from .studies.fp8_speed import Fp8CompiledSpeed, compiled_speed_parameters, fp8_compiled_speed
 from .studies.clipping import SpikyRuns, clipping_sizes, spiky_clipping_runs
 from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
 from .studies.microscaling import (
@@ -363,6 +364,16 @@ def _fp8_speed_legacy(parameters: dict, values: dict) -> dict[str, Any]:
 def _fp8_linear_speed(profile: SizeProfile, device: torch.device, *, sizes: tuple[int, ...],
                       budget_s: float) -> Fp8LinearSpeed:
     return fp8_linear_speed(sizes, device, budget_s=budget_s)
+
+
+@register("fp8_compiled_speed",
+          "Forward+backward time of BF16 against torchao float8 (tensorwise, rowwise) square linear layers "
+          "(4096-8192 wide, 16384 tokens) and a Llama-like block (width 4096, 8192 tokens), under torch.compile "
+          "on a GPU (eager on a CPU), with the course's FP8 layer eager beside them and the roofline's "
+          "predicted ratio per shape (lesson 7).",
+          result_type=Fp8CompiledSpeed, parameters=compiled_speed_parameters)
+def _fp8_compiled_speed(profile: SizeProfile, device: torch.device, **parameters: Any) -> Fp8CompiledSpeed:
+    return fp8_compiled_speed(device, **parameters)
 
 
 @register("fp8_training",

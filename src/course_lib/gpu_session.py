@@ -84,7 +84,8 @@ def lesson_step(lessons: Sequence[str]) -> Step:
 EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
     *(tuple(Step("scale_ladder", piece) for piece in LADDER_PIECES[i:i + 2])
       for i in range(0, len(LADDER_PIECES), 2)),                                       # new, new
-    (Step("mx_emulation_cost"), Step("monitor_overhead"), Step("fp8_linear_speed")),    # new, 34, 12
+    (Step("fp8_compiled_speed"), Step("fp8_linear_speed")),                             # new, 12
+    (Step("mx_emulation_cost"), Step("monitor_overhead")),                              # new, 34
     (Step("fp8_training"), Step("bf16_update_stagnation")),                             # new, new
     (Step("mx_training"),),                                                             # new
     (Step("mx_block_study"), Step("data_loading"), Step("clipping_runs")),              # new, new, new

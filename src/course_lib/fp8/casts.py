@@ -13,7 +13,15 @@ from ..formats import get_format
 AMAX_FLOOR = 1e-12   # torchao's EPS: the smallest amax a scale is computed from
 
 
-_CHUNK = 1 << 18     # elements per chunk when casting: keeps the FP32 temporary in cache
+_CHUNK = 1 << 18     # elements per chunk when casting on a CPU: keeps the FP32 temporary in cache
+
+
+def on_accelerator(device: torch.device | str) -> bool:
+    """Whether FP8 casts on ``device`` run whole-tensor and without waiting on the host (any device but the
+    CPU). A GPU runs one kernel per operation over the whole tensor: slicing it into ``_CHUNK`` pieces would
+    launch hundreds of small kernels from a Python loop, and a finite check that reads a flag back to the host
+    would stall every quantize. On the CPU, the cache-sized chunks are faster. Both give the same bits."""
+    return torch.device(device).type != "cpu"
 
 
 def fp8_format(fmt: str) -> str:
@@ -62,11 +70,11 @@ def native_cast_saturates(fmt: str, device: torch.device | str = "cpu") -> bool:
 def cast_saturating(x: torch.Tensor, fmt: str, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """``x * scale`` (one scale for the whole tensor) cast to FP8: round to nearest even, saturate at ±max.
 
-    The product is formed in FP32 in chunks, so a large tensor needs no FP32 temporary of its own size
-    (allocating one costs more than the cast itself)."""
+    The product is formed in FP32. On a CPU it goes in chunks, so a large tensor needs no FP32 temporary of
+    its own size (allocating one costs more than the cast itself); on an accelerator in one pass (same bits)."""
     dtype, big = fp8_dtype(fmt), fp8_max(fmt)
     clamp_free = native_cast_saturates(fmt, x.device)
-    if x.numel() <= _CHUNK:
+    if x.numel() <= _CHUNK or on_accelerator(x.device):
         y = x.float() * scale   # in FP32, as torchao does: a BF16 product would round before the cast
         return (y if clamp_free else y.clamp_(-big, big)).to(dtype)
     flat = x.reshape(-1)
@@ -100,14 +108,15 @@ def _row_slices(rows: int, cols: int, br: int):
 
 
 def cast_blocks(x2: torch.Tensor, scales: torch.Tensor, block: tuple[int, int], fmt: str) -> Fp8Tensor:
-    """Cast a 2-D tensor with one scale per block, a cache-sized slice of rows at a time."""
+    """Cast a 2-D tensor with one scale per block: on a CPU a cache-sized slice of rows at a time, on an
+    accelerator in one pass (see :func:`on_accelerator`)."""
     rows, cols = x2.shape
     br, bc = block
     if (br, bc) == (rows, cols):
         return Fp8Tensor(cast_saturating(x2, fmt, scales.reshape(())), scales, (br, bc), fmt)
     dtype, big = fp8_dtype(fmt), fp8_max(fmt)
     clamp_free = native_cast_saturates(fmt, x2.device)
-    if rows * cols <= _CHUNK:
+    if rows * cols <= _CHUNK or on_accelerator(x2.device):
         y = x2.float() * expand_blocks(scales, block, (rows, cols))
         return Fp8Tensor((y if clamp_free else y.clamp_(-big, big)).to(dtype), scales, (br, bc), fmt)
     out = torch.empty((rows, cols), dtype=dtype, device=x2.device)
@@ -191,11 +200,26 @@ def as_2d(x: torch.Tensor, what: str = "x") -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-def check_finite_amax(amax: torch.Tensor) -> None:
-    """Refuse a tensor whose block amaxes show an inf or a NaN."""
-    if not bool(torch.isfinite(amax).all()):
-        raise ValueError("the tensor holds inf or NaN: a scale computed from it would be 0 or NaN, and every "
-                         "value would quantise to 0 or NaN (find the overflow first; lesson 9)")
+NONFINITE_MESSAGE = ("the tensor holds inf or NaN: a scale computed from it would be 0 or NaN, and every value "
+                     "would quantise to 0 or NaN (find the overflow first; lesson 9)")
+
+
+def check_finite_amax(amax: torch.Tensor, message: str = NONFINITE_MESSAGE) -> None:
+    """Refuse a tensor whose block amaxes show an inf or a NaN, with ``message`` (the caller's words for what
+    a non-finite value means there).
+
+    On the CPU: ValueError, at once. On an accelerator (:func:`on_accelerator`) the check must not read a
+    flag back to the host, which would wait for every kernel queued so far in each quantize: it is queued
+    as ``torch._assert_async`` where this torch has it, and fails at a later synchronisation with a
+    RuntimeError carrying the same message (on CUDA it also ends the process's CUDA context, as any device
+    assertion does: an inf reaching an FP8 cast is a bug to find, not a state to recover from). A torch
+    without it falls back to the synchronous check."""
+    finite = torch.isfinite(amax).all()
+    if on_accelerator(amax.device) and hasattr(torch, "_assert_async"):
+        torch._assert_async(finite, message)
+        return
+    if not bool(finite):
+        raise ValueError(message)
 
 
 def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
@@ -205,8 +229,8 @@ def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     if (br, bc) == (rows, cols):
         lo, hi = torch.aminmax(x)
         return torch.maximum(-lo, hi).float().reshape(1, 1)
-    if rows * cols <= _CHUNK:
-        tiles = x.abs().view(rows // br, br, cols // bc, bc)
+    if rows * cols <= _CHUNK or on_accelerator(x.device):
+        tiles = x.abs().reshape(rows // br, br, cols // bc, bc)
         return (tiles.amax(dim=3) if bc > 1 else tiles.squeeze(3)).amax(dim=1).float()
     out = torch.full((rows // br, cols // bc), 0.0, dtype=torch.float32, device=x.device)
     buffer = torch.empty(min(rows * cols, max(_CHUNK, cols)), dtype=x.dtype, device=x.device)

@@ -144,12 +144,14 @@ def linear_scaling(recipe: str, *, block: int = 128) -> LinearScaling:
 
 
 class _Fp8LinearFunction(torch.autograd.Function):
+    # out_dtype: the dtype of the output and of the input gradient (FP32 for the FP32 shell; BF16 for a layer
+    # with BF16 inputs and outputs, as _scaled_mm writes it); the weight gradient is always FP32, the master's
     @staticmethod
-    def forward(ctx, x2, weight, scaling: LinearScaling, backend: str):
+    def forward(ctx, x2, weight, scaling: LinearScaling, backend: str, out_dtype: torch.dtype):
         xq = scaling.x.quantize(x2)
         wq = scaling.w.quantize(weight)
-        out = fp8_matmul(xq, wq.t(), backend=backend)
-        ctx.scaling, ctx.backend = scaling, backend
+        out = fp8_matmul(xq, wq.t(), backend=backend, out_dtype=out_dtype)
+        ctx.scaling, ctx.backend, ctx.out_dtype = scaling, backend, out_dtype
         ctx.xq, ctx.wq = xq, wq
         ctx.save_for_backward(x2, weight)
         return out
@@ -158,18 +160,20 @@ class _Fp8LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         x2, weight = ctx.saved_tensors
         s, backend = ctx.scaling, ctx.backend
-        g = grad_out.float()
+        # the codes do not depend on the gradient's dtype (every cast scales in FP32), so a BF16 gradient is
+        # quantised as it comes, without an FP32 copy
+        g = grad_out if grad_out.dtype == torch.bfloat16 else grad_out.float()
         gq = s.g.quantize(g)
         # grad_x = g @ w: the weight scaled along columns (reused when one scale serves both products)
         wq = ctx.wq if s.w_for_grad_x is s.w else s.w_for_grad_x.quantize(weight)
-        grad_x = fp8_matmul(gq, wq, backend=backend)
+        grad_x = fp8_matmul(gq, wq, backend=backend, out_dtype=ctx.out_dtype)
         if s.grad_weight_high_precision:
-            grad_w = g.t() @ x2.float()
+            grad_w = g.float().t() @ x2.float()
         else:
             gq_w = gq if s.g_for_grad_w is s.g else s.g_for_grad_w.quantize(g)
             xq_w = ctx.xq if s.x_for_grad_w is s.x else s.x_for_grad_w.quantize(x2)
             grad_w = fp8_matmul(gq_w.t(), xq_w, backend=backend)
-        return grad_x.to(x2.dtype), grad_w.to(weight.dtype), None, None
+        return grad_x.to(x2.dtype), grad_w.to(weight.dtype), None, None, None
 
 
 _Q = TypeVar("_Q", bound="QuantizedLinear")
@@ -229,22 +233,42 @@ def replace_linears(model: nn.Module, make, *, skip: tuple[str, ...] = (),
 class Fp8Linear(QuantizedLinear):
     """A drop-in ``nn.Linear`` whose three matrix products (forward, grad input, grad weight) take FP8
     operands scaled by an FP8 training ``recipe`` (see :func:`linear_scaling`). Weights stay in FP32 (the
-    master copy); the bias is added in FP32. Output dtype: the input's."""
+    master copy).
+
+    ``io_dtype=None`` (default): the input is converted to FP32 first, the products write FP32, the bias is
+    added in FP32, and the output takes the input's dtype. ``io_dtype=torch.bfloat16``: what a real FP8
+    recipe does with BF16 activations: the input is cast to FP8 straight from BF16 (the same codes: every
+    cast scales in FP32), the products write BF16 (``_scaled_mm``'s ``out_dtype``), the bias is added in
+    BF16, the output and the input gradient are BF16 (the weight gradient stays FP32). Without a bias its
+    output is the default layer's, rounded to BF16, bit for bit."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, recipe: str = "tensorwise",
-                 backend: str = "simulated", block: int = 128):
+                 backend: str = "simulated", block: int = 128, io_dtype: torch.dtype | None = None):
         if backend not in ("simulated", "scaled_mm"):
             raise ValueError(f"backend must be 'simulated' or 'scaled_mm', got {backend!r}")
+        if io_dtype not in (None, torch.bfloat16):
+            raise ValueError(f"io_dtype must be None (FP32 inside) or torch.bfloat16, got {io_dtype!r}")
         super().__init__(in_features, out_features, bias)
-        self.recipe, self.backend, self.block = recipe, backend, block
+        self.recipe, self.backend, self.block, self.io_dtype = recipe, backend, block, io_dtype
         self.scaling = linear_scaling(recipe, block=block)
 
     def _product(self, x2: torch.Tensor) -> torch.Tensor:
-        return _Fp8LinearFunction.apply(x2, self.weight, self.scaling, self.backend)
+        return _Fp8LinearFunction.apply(x2, self.weight, self.scaling, self.backend, torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.io_dtype is None:
+            return super().forward(x)
+        x2 = x.reshape(-1, x.shape[-1]).to(self.io_dtype)
+        with torch.autocast(x.device.type, enabled=False):
+            out = _Fp8LinearFunction.apply(x2, self.weight, self.scaling, self.backend, self.io_dtype)
+            if self.bias is not None:
+                out = out + self.bias.to(self.io_dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
+        io = "" if self.io_dtype is None else f", io_dtype={self.io_dtype}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, recipe={self.recipe!r}, "
-                f"backend={self.backend!r}")
+                f"backend={self.backend!r}{io}")
 
 
 def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise", *, backend: str = "simulated",

@@ -23,6 +23,7 @@ from .fp8 import (
     ScalingLab,
     SpikeRun,
 )
+from .fp8_speed import BF16, BF16_EAGER, COURSE_EAGER, LAYER_GROUPS, Fp8CompiledSpeed, Fp8LayerProfile
 
 BASELINE = "bf16_autocast"
 COURSE_LAYER = "FP8 course layer (_scaled_mm, tensorwise, eager)"
@@ -373,6 +374,136 @@ def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
                  "backward, and does not say where the extra time goes; the layer is written for clarity (each "
                  "operand's amax, scale, clamp and cast as separate eager operations), not speed. Profile a layer "
                  f"before concluding anything about FP8 from it (`torch.profiler`, lesson 6). {torchao}")
+
+
+# ---- where the course layer's time goes; torchao compiled --------------------------------------------
+
+def layer_profile_table(profile: Fp8LayerProfile) -> MarkdownTable:
+    """The course layer's profiled self time per group (us and share), and the BF16 layer's total."""
+    rows = [[g, f"{profile.self_us[g]:,.0f}", f"{100 * profile.share(g):.1f}%"] for g in LAYER_GROUPS]
+    rows.append(["FP8 layer, total", f"{profile.total_us:,.0f}", "100%"])
+    rows.append(["BF16 nn.Linear, total", f"{profile.bf16_us:,.0f}", ""])
+    return markdown_table(["group", "self time (us)", "share of the FP8 layer"], rows)
+
+
+def layer_profile_facts(profile: Fp8LayerProfile) -> dict[str, object]:
+    """The profile's matrix-product share and what the rest (amax, scale, cast, other) takes, in percent;
+    the FP8 layer's profiled time over BF16's; and what that makes the course layer on this device."""
+    if profile.total_us <= 0 or profile.bf16_us <= 0:
+        raise ValueError("the profile recorded no time for one of the layers")
+    slower = profile.total_us / profile.bf16_us
+    matmul = 100 * profile.share("matmul")
+    casting = 100 - matmul
+    if not profile.device.startswith("cuda"):
+        verdict = (f"On this CPU the FP8 products themselves take {matmul:.0f}% of the layer's time: with no FP8 "
+                   "arithmetic, `_scaled_mm` converts the codes back to wider floats first. The amax, scale and "
+                   f"cast steps this breakdown is about take the other {casting:.0f}% with the rest; what they cost "
+                   "on a GPU, only a GPU profile can say.")
+    elif slower > 1:
+        verdict = (f"The course's layer took {slower:.1f} times BF16's kernel time: the matrix products take "
+                   f"{matmul:.0f}% of it, and the amax, scale, cast and other kernels {casting:.0f}%, each a "
+                   "separate pass over memory. It is a **numerics reference** (its codes and products equal "
+                   "torch's and torchao's bit for bit), not a fast layer: for speed, use torchao's "
+                   "`convert_to_float8_training` under `torch.compile`, which fuses the amax and the casts.")
+    else:
+        verdict = (f"The course's layer took {slower:.2f} times BF16's kernel time (the products {matmul:.0f}%, "
+                   f"the amax, scale, cast and other kernels {casting:.0f}%): in this profile it was not slower.")
+    return {"prof_matmul_pct": matmul, "prof_rest_pct": casting, "prof_vs_bf16": slower,
+            "prof_device": profile.device.split(":")[0].upper(), "prof_tokens": profile.tokens,
+            "prof_features": profile.features, "prof_verdict": Prose(verdict)}
+
+
+def _fp8_implementations(speed: Fp8CompiledSpeed) -> list[str]:
+    return [k for k in speed.linear_s if k not in (BF16, BF16_EAGER)]
+
+
+def compiled_speed_table(speed: Fp8CompiledSpeed) -> MarkdownTable:
+    """Per linear size and for the block: BF16's milliseconds, then each FP8 implementation's speed as a
+    multiple of BF16's (above 1: faster) and the roofline's prediction per recipe ("-": not run)."""
+    fp8s = _fp8_implementations(speed)
+    recipes = list(speed.predicted_linear)
+
+    def cells(ratio: Mapping, key) -> list[str]:
+        return [f"{ratio[key]:.2f}" if key in ratio else "-"]
+
+    rows = []
+    for n in speed.sizes:
+        base = speed.linear_s.get(BF16, {})
+        rows.append([f"linear {speed.tokens} x {n} x {n}", f"{1e3 * base[n]:.3f}" if n in base else "-",
+                     *(c for k in fp8s for c in cells(speed.linear_speedup(k), n)),
+                     *(c for r in recipes for c in cells(speed.predicted_linear[r], n))])
+    if speed.block_width:
+        tokens = speed.block_batch * speed.block_seq
+        rows.append([f"Llama block, width {speed.block_width}, {tokens} tokens",
+                     f"{1e3 * speed.block_s[BF16]:.3f}" if BF16 in speed.block_s else "-",
+                     *(f"{r:.2f}" if (r := speed.block_speedup(k)) is not None else "-" for k in fp8s),
+                     *(f"{speed.predicted_block[r]:.2f}" if r in speed.predicted_block else "-" for r in recipes)])
+    header = ["shape", f"{BF16} (ms)", *(f"{k}: x BF16" for k in fp8s),
+              *(f"predicted {r} on {speed.predicted_for}" for r in recipes)]
+    return markdown_table(header, rows)
+
+
+def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
+    """Where FP8 ran faster than BF16 in ``speed`` and where not (by implementation and shape), how it ran
+    (compiled or eager, device), and what a CPU run can say."""
+    faster: list[str] = []
+    slower: list[str] = []
+    for k in _fp8_implementations(speed):
+        for n, r in speed.linear_speedup(k).items():
+            (faster if r > 1 else slower).append(f"{k} at {n} ({r:.2f}x)")
+        if (block := speed.block_speedup(k)) is not None:
+            (faster if block > 1 else slower).append(f"{k} on the block ({block:.2f}x)")
+    if not faster and not slower:
+        raise ValueError("the study timed no FP8 implementation next to BF16")
+    device = speed.device.split(":")[0]
+    if device != "cuda":
+        where = ("This ran on a CPU, which has **no FP8 tensor cores**: its `_scaled_mm` converts the codes back "
+                 "to wider floats and multiplies those, so FP8 can only cost time here, and these timings say "
+                 "nothing about a GPU. ")
+    else:
+        where = ""
+    if faster:
+        shown = f"FP8 was faster than BF16 for {listed(faster)}; it was not for {listed(slower) if slower else 'none'}."
+        if device != "cuda":
+            shown += (" On a CPU a ratio above 1 can only be timing noise (these layers are tiny, and the machine "
+                      "may be shared).")
+    else:
+        shown = f"FP8 was slower than BF16 everywhere it ran: {listed(slower)}."
+    skipped = "".join(f" {k} did not run: {why}." for k, why in speed.skipped.items())
+    return {"cs_device": device.upper(), "cs_mode": Prose(speed.mode), "cs_tokens": speed.tokens,
+            "cs_verdict": Prose(where + shown + skipped), "cs_faster_count": len(faster)}
+
+
+def course_layer_note(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
+    """What the course's FP8 layer is for, from a recorded ``fp8_compiled_speed`` (its eager layer against
+    eager BF16 on a GPU), or, with none recorded, from what is known without one."""
+    if recorded is None or not recorded.linear_speedup(COURSE_EAGER):
+        return Prose("No GPU has timed the course's layer since its casts lost their Python loops and host "
+                     "synchronisations (an `fp8_linear_speed` record predates that): until one does, treat it as a "
+                     "**numerics reference**, exact against torch and torchao, and use torchao for speed.")
+    ratios = recorded.linear_speedup(COURSE_EAGER)
+    lo, hi = min(ratios.values()), max(ratios.values())
+    role = ("a **numerics reference**, not a fast layer: for speed, use torchao" if hi < 1 else
+            "no slower than eager BF16 at some sizes, though torchao compiled remains the layer to train with")
+    return Prose(f"On {label} the course's eager layer ran at {ratio_text(lo)} to {ratio_text(hi)} times eager "
+                 f"BF16's speed: {role}.")
+
+
+def fp8_pays_note(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
+    """What the page may say about "FP8 pays for large layers": a GPU measurement of torchao compiled
+    where one is recorded (which shapes ran faster than BF16), else that it rests on the roofline alone."""
+    if recorded is None:
+        return Prose("No GPU measurement of a fast FP8 layer is recorded yet: that FP8 pays for large layers "
+                     "rests on the roofline's prediction alone.")
+    wins = [f"{k} at {n}" for k in recorded.linear_s if k.startswith("torchao")
+            for n, r in recorded.linear_speedup(k).items() if r > 1]
+    wins += [f"{k} on the block" for k in recorded.block_s if k.startswith("torchao")
+             and (r := recorded.block_speedup(k)) is not None and r > 1]
+    if not wins:
+        return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) were not faster than BF16 at any "
+                     "recorded shape: the prediction that FP8 pays for large layers is not borne out there.")
+    return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) ran faster than BF16 for {listed(wins)}: "
+                 "there the prediction is measured, elsewhere it is not.")
 
 
 # ---- errata and exercises ------------------------------------------------------------------------------
