@@ -349,7 +349,7 @@ def check_nvfp4_value(answer, value: float, block_amax: float, tensor_amax: floa
     x[0, 0], x[0, 1], x[1, 0] = block_amax, value, tensor_amax
     q = BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True).quantize(x)
     truth = float(q.dequantize()[0, 1])
-    ts, bs = q.tensor_scale, float(q.block_scales[0, 0])
+    ts, bs = float(q.tensor_scale), float(q.block_scales[0, 0])
     if answer is None or answer is ...:
         return Feedback(False, "No answer yet: set your value and run the cell again.")
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):

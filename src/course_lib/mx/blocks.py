@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..formats import encode, get_format, narrow_format, native_cast_agrees, pow2, round_magnitude32, round_to_format
-from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
+from ..fp8 import QuantizationError, as_2d, block_amax, check_finite_amax, resolve_block
 
 MX_ELEMENTS = {"e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "e2m3": "FP6 E2M3", "e3m2": "FP6 E3M2",
                "e2m1": "FP4 E2M1"}
@@ -151,7 +151,12 @@ class BlockScaling:
         """Block-scale ``x`` (any rank, treated as 2-D ``[rows, last dim]``; FP32 arithmetic).
 
         Raises ValueError for inf/NaN in ``x`` or blocks that do not tile it, TypeError for a non-float
-        ``x``, and ValueError when ``stochastic`` is set without a ``generator``."""
+        ``x``, and ValueError when ``stochastic`` is set without a ``generator``.
+
+        Nothing is read back to the host: the scales stay tensors, and on an accelerator
+        (:func:`course_lib.fp8.casts.on_accelerator`) the checks of the values (inf/NaN, a tensor scale
+        whose reciprocal overflows) are queued on the device by :func:`course_lib.fp8.check_finite_amax`
+        and fail at a later synchronisation (RuntimeError), where on the CPU they raise ValueError at once."""
         x2 = as_2d(x, "x").detach().float()
         rows, cols = x2.shape
         try:
@@ -163,14 +168,13 @@ class BlockScaling:
                 f"pad it with zeros to {math.ceil(cols / max(self.block, 1)) * max(self.block, 1)} (zeros "
                 "do not change a block's amax) or choose another block size") from None
         amax = block_amax(x2, block)
-        if not bool(torch.isfinite(amax).all()):
-            raise ValueError("the tensor holds inf or NaN: MX and NVFP4 have no way to scale it (an MX block "
-                             "with a NaN gets the NaN scale, every element NaN); find the overflow first")
+        check_finite_amax(amax, "the tensor holds inf or NaN: MX and NVFP4 have no way to scale it (an MX block "
+                                "with a NaN gets the NaN scale, every element NaN); find the overflow first")
         if self.stochastic and generator is None:
             raise ValueError("stochastic rounding needs a torch.Generator (generator=...)")
         f = element_format(self.element)
         big = f.max_finite
-        tensor_scale = 1.0
+        tensor_scale = torch.ones((), device=x2.device)
         if self.scale_format == "e8m0":
             exps = _e8m0_exponents(amax, f, self.mode)
             block_scales = _pow2_f32(exps)
@@ -181,19 +185,18 @@ class BlockScaling:
             raw = amax / big
             if self.tensor_scale:
                 t_amax = amax.max()
-                ts = (t_amax / (e4m3.max_finite * big)) if float(t_amax) > 0 else torch.ones((), device=x2.device)
-                raw = raw / ts
-                tensor_scale = float(ts)
+                # an FP32 0-d tensor, never a Python float: reading it would wait for the device
+                tensor_scale = torch.where(t_amax > 0, t_amax / (e4m3.max_finite * big), 1.0)
+                raw = raw / tensor_scale
             # torchao/NVIDIA: clamp to E4M3's normal range, then round to E4M3 (nearest even)
             block_scales = raw.clamp(e4m3.min_normal, e4m3.max_finite).to(torch.float8_e4m3fn).float()
             if self.tensor_scale:
-                ts32 = torch.tensor(tensor_scale, dtype=torch.float32, device=x2.device)
-                if not math.isfinite(float(1.0 / ts32)):
-                    raise ValueError(f"the tensor's largest magnitude, {float(amax.max()):.3g}, is too small for an "
-                                     "FP32 tensor scale: its reciprocal overflows FP32 and every element would be "
-                                     "NaN; multiply the tensor by a power of two first")
-                reciprocal = (1.0 / ts32) / block_scales
-                scales = ts32 * block_scales
+                inverse = 1.0 / tensor_scale
+                check_finite_amax(inverse, "the tensor's largest magnitude is too small for an FP32 tensor "
+                                           "scale: its reciprocal overflows FP32 and every element would be "
+                                           "NaN; multiply the tensor by a power of two first")
+                reciprocal = inverse / block_scales
+                scales = tensor_scale * block_scales
             else:
                 reciprocal = 1.0 / block_scales
                 scales = block_scales
@@ -208,7 +211,9 @@ class BlockScaling:
         elements: torch.Tensor
         if self.stochastic:
             assert generator is not None
-            elements = stochastic_round(scaled, self.element, generator=generator)
+            # finite and clamped already: stochastic_round's NaN check has nothing to find
+            _check_generator(generator, scaled.device)
+            elements = _stochastic_round_unchecked(scaled, f, generator)
         elif native is not None and native_cast_agrees(f, "saturate", "nearest_even", x2.device):
             elements = scaled.to(native).float()   # torch's FP8 cast rounds the same way
         elif narrow_format(f):
@@ -231,12 +236,13 @@ class BlockTensor:
     the tensor scale). Value of element ``(i, j)``: ``elements[i, j] * scales[i // br, j // bc]``.
 
     ``block_scales``: the stored per-block scales (E8M0 or E4M3 values, or FP32), ``tensor_scale``: the
-    FP32 per-tensor scale (1.0 when there is none)."""
+    FP32 per-tensor scale, a 0-d tensor on the elements' device (1.0 when there is none; ``float()`` it to
+    read it, which waits for the device)."""
 
     elements: torch.Tensor
     scales: torch.Tensor
     block_scales: torch.Tensor
-    tensor_scale: float
+    tensor_scale: torch.Tensor
     block: tuple[int, int]
     scaling: BlockScaling
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -331,16 +337,28 @@ def stochastic_round(x: torch.Tensor, element: str, *, generator: torch.Generato
     """Round each value of ``x`` (FP32, already scaled into the element range) to one of its two neighbours
     in the element format, up with probability equal to its distance from the lower one over the gap: the
     expected result is ``x`` itself (unbiased). Values beyond the format's max (infinities too) saturate to
-    it; NaN raises ``ValueError`` for an element format without NaN (FP6, FP4)."""
+    it; NaN raises ``ValueError`` for an element format without NaN (FP6, FP4) on the CPU, and on an
+    accelerator fails at a later synchronisation (:func:`course_lib.fp8.check_finite_amax`: no host read)."""
+    _check_generator(generator, x.device)
+    f = element_format(element)
+    if not f.has_nan:
+        # |x| clamped to the max is finite exactly where x is not NaN (infinities saturate)
+        check_finite_amax(x.float().abs().clamp(max=f.max_finite),
+                          f"{f.name} has no NaN: cannot round NaN into it; find where it comes from first")
+    return _stochastic_round_unchecked(x, f, generator)
+
+
+def _check_generator(generator, device: torch.device) -> None:
     if not isinstance(generator, torch.Generator):
         raise TypeError("stochastic_round needs a torch.Generator")
-    if torch.device(generator.device) != x.device:
+    if torch.device(generator.device) != device:
         # drawing on one device and copying to another is slow (the host draws every bit of a GPU tensor)
-        raise ValueError(f"the generator is on {generator.device} but the tensor on {x.device}: draw on the "
-                         f"tensor's device, torch.Generator(device={str(x.device)!r}).manual_seed(seed)")
-    f = element_format(element)
-    if not f.has_nan and bool(torch.isnan(x).any()):
-        raise ValueError(f"{f.name} has no NaN: cannot round NaN into it; find where it comes from first")
+        raise ValueError(f"the generator is on {generator.device} but the tensor on {device}: draw on the "
+                         f"tensor's device, torch.Generator(device={str(device)!r}).manual_seed(seed)")
+
+
+def _stochastic_round_unchecked(x: torch.Tensor, f, generator: torch.Generator) -> torch.Tensor:
+    """:func:`stochastic_round` of ``x`` (NaN-free) into the narrow format ``f``, without its checks."""
     a = x.float().abs().clamp(max=f.max_finite)
     lo = round_magnitude32(a, f, "toward_zero")          # the neighbour at or below, on the grid
     binade = (lo.view(torch.int32) >> 23) - 127
