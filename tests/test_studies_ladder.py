@@ -1,6 +1,7 @@
 """The model ladder (studies.ladder), its prose (studies.ladder_prose) and its figure."""
 
 import dataclasses
+import inspect
 
 import matplotlib
 import pytest
@@ -213,3 +214,25 @@ def test_plot_draws_measured_marks_only_where_they_were_measured(small_ladder):
         assert top.get_xscale() == top.get_yscale() == "log"
     with pytest.raises(ValueError, match="no predictions for"):
         plot_scale_ladder(small_ladder, devices=["B300"])
+    # recipes with the same predicted points share one line named for them all; every recipe keeps a name
+    h200 = devices.index("H200 SXM")
+    dashed = [line for line in fig.axes[h200].get_lines() if line.get_linestyle() == "--"]
+    labels = [line.get_label() for line in dashed]
+    assert "BF16 autocast and FP16 autocast (predicted)" in labels
+    assert "FP8 tensorwise and FP8 rowwise (predicted)" in labels
+    assert len({tuple(line.get_ydata()) for line in dashed}) == len(dashed)
+
+
+def test_the_ladder_pieces_cover_every_rung_recipe_and_mode_once():
+    """The GPU session records the ladder in LADDER_PIECES: laid over the registry's full size, together they
+    run every (rung, recipe, compiled) exactly once, and the first piece is the registry's own full size."""
+    full = LADDER.ladder_sizes(SizeProfile("full"), "cpu")
+    assert LADDER.LADDER_PIECES[0] == {}
+    seen = []
+    for piece in LADDER.LADDER_PIECES:
+        assert set(piece) <= set(inspect.signature(LADDER.scale_ladder).parameters)
+        params = {**full, **piece}
+        seen += [(r, recipe, c) for r in params["rungs"] for recipe in params.get("recipes", LADDER.LADDER_RECIPES)
+                 for c in params["compile_modes"]]
+    assert sorted(seen) == sorted((r, recipe, c) for r in LADDER.RUNGS if r != "course_small"
+                                  for recipe in LADDER.LADDER_RECIPES for c in (False, True))

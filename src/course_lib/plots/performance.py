@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..bench import attainable_tflops
 from .style import FORMAT_COLOURS, finish_figure
@@ -230,12 +230,20 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
     params = {r.name: r.n_params for r in ladder.rungs}
     for col, device in enumerate(devices):
         top, bottom = axes[0][col], axes[1][col]
+        predicted = {recipe: sorted((params[p.rung], p.tokens_per_second, p.mfu) for p in ladder.predictions
+                                    if p.device == device and p.recipe == recipe) for recipe in _LADDER_COLOURS}
+        # recipes the roofline cannot tell apart (BF16 and FP16 share a peak on most GPUs, and it knows no FP8
+        # scaling granularity) get one line, named for all of them, instead of lines hidden under each other
+        same: dict[tuple, list[str]] = {}
+        for recipe in _LADDER_COLOURS:
+            if predicted[recipe]:
+                same.setdefault(tuple(predicted[recipe]), []).append(recipe)
         for recipe, colour in _LADDER_COLOURS.items():
-            preds = sorted((params[p.rung], p.tokens_per_second, p.mfu) for p in ladder.predictions
-                           if p.device == device and p.recipe == recipe)
-            if preds:
+            preds = predicted[recipe]
+            if preds and same[tuple(preds)][0] == recipe:
                 xs, rates, mfus = zip(*preds)
-                top.plot(xs, rates, "--", color=colour, lw=1.3, label=f"{_LADDER_LABELS[recipe]} (predicted)")
+                label = " and ".join(_LADDER_LABELS[r] for r in same[tuple(preds)])
+                top.plot(xs, rates, "--", color=colour, lw=1.3, label=f"{label} (predicted)")
                 bottom.plot(xs, [100 * m for m in mfus], "--", color=colour, lw=1.3)
             if device != ladder.own_prediction_device:
                 continue
@@ -255,6 +263,9 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
             ax.set_yscale("log")
             ax.yaxis.set_minor_formatter(NullFormatter())
             ax.grid(alpha=0.3, which="both")
+        # MFU may span less than a decade: label 1, 2 and 5 of each decade, so at least two ticks carry numbers
+        bottom.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         handles, labels = top.get_legend_handles_labels()
         bottom.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
                       frameon=False)

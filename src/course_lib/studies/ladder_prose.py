@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from ..glue import Prose
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
-from .ladder import LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
+from .ladder import LADDER_PIECES, LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
 
 RECIPE_LABELS = {"fp32": "FP32", "tf32": "TF32", "bf16_autocast": "BF16", "fp16_autocast_scaler": "FP16",
                  "fp8_tensorwise": "FP8 tensorwise", "fp8_rowwise": "FP8 rowwise"}
 
-RECORD_COMMAND = ("python -m course_lib.record scale_ladder --param 'rungs=[\"course_small\", \"course_full\", "
-                  "\"gpt2_small\"]' --param 'compile_modes=[false]' --out results/")
+# the first piece of the ladder on a GPU: the registry's full size (LADDER_PIECES[0] overrides nothing)
+RECORD_COMMAND = "python -m course_lib.record scale_ladder --out results/"
 
 
 def _check(ladder: ScaleLadder) -> None:
@@ -174,10 +174,11 @@ def recorded_ladder_block(records: Sequence[RecordedResult]) -> Prose:
     compiled), the measured table and the records' provenance; with no record, the command that makes one."""
     merged = merged_records(records)
     if not merged:
-        return Prose("No GPU record of `scale_ladder` exists yet, so every GPU number above is a prediction. To "
-                     "record it on a GPU, one part of at most ten minutes per call, for example:\n\n```bash\n"
-                     + RECORD_COMMAND + "\n```\n\nthen each rung alone with `--param 'compile_modes=[true]'` (compilation takes "
-                     "most of the time), and `gpt2_medium` and `gpt2_large` eager the same way.")
+        return Prose("No GPU record of `scale_ladder` exists yet, so every GPU number above is a prediction. "
+                     f"On a GPU it is recorded in {len(LADDER_PIECES)} pieces of under ten minutes each (the rungs "
+                     "eager, then each rung compiled: compilation takes most of the time), the first of them:"
+                     "\n\n```bash\n" + RECORD_COMMAND + "\n```\n\nand all of them, resuming where the last "
+                     "command stopped, by `python -m course_lib.gpu_session run --next` (see the end of this page).")
     parts = []
     for name, (ladder, recs) in merged.items():
         parts.append(f"**Recorded on {name}.** " + mixed_precision_verdict(ladder) + " "
