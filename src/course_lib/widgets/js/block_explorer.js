@@ -130,9 +130,10 @@ function svg(tag, attributes = {}, ...children) {
 const WIDTH = 720, HEIGHT = 282, LEFT = 52, RIGHT = 8, TOP = 14, PLOT = 200;
 const SLOT = (WIDTH - LEFT - RIGHT) / BLOCK_SIZE;
 // the outlier's blue and orange: darker than the other bars', and at least 3:1 against both the book's light
-// background (white: 4.2 and 4.3) and its dark one (rgb(41, 49, 61): 3.2 and 3.1)
+// background (white: 4.2 and 4.3) and its dark one (rgb(41, 49, 61): 3.2 and 3.1); the flushed red and the
+// saturated purple too (light surface #f3f4f5: 3.6 and 3.9; dark surface #29313d: 3.3 and 3.1)
 const COLOURS = { positive: "#6baed6", negative: "#fd8d3c", outlier: "#3182bd", outlierNegative: "#d94801",
-  stored: "currentColor", flushed: "#d62728", saturated: "#9467bd", band: "rgba(116, 196, 118, 0.25)", axis: "#888",
+  stored: "currentColor", flushed: "#e8443a", saturated: "#9467bd", band: "rgba(116, 196, 118, 0.25)", axis: "#888",
   grid: "rgba(128, 128, 128, 0.3)" };   // readable on the book's light and dark backgrounds
 
 /** Text for a magnitude's binade: 2^k. */
@@ -199,7 +200,7 @@ function elementTable(result, index) {
       make("td", { className: "num", text: approx(v, 5) }), make("td", { className: "num", text: approx(result.scaled[i], 5) }),
       make("td", {}, make("code", { text: bitString(result.elementCodes[i], f) })),
       make("td", { className: "num", text: exact(result.elements[i]) }), stored);
-    if (state) row.style.background = state === "flushed" ? "rgba(214, 39, 40, 0.12)" : "rgba(148, 103, 189, 0.15)";
+    if (state) row.style.background = state === "flushed" ? "rgba(232, 68, 58, 0.12)" : "rgba(148, 103, 189, 0.15)";
     return row;
   });
   return make("div", {},
