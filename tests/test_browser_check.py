@@ -170,9 +170,13 @@ def test_main_prints_the_table_and_exits_non_zero_on_a_problem(tmp_path, capsys)
     site = tmp_path / "html"
     _plant(site)
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: clean\nchapters:\n  - file: broken_image\n")
+    # Sphinx's search page is checked beside the toc's pages, so a site without it fails at once
+    assert bc.main([str(site), "--toc", str(tmp_path / "_toc.yml")]) == 1
+    assert capsys.readouterr().out.strip().endswith(f"missing from {site}: search.html")
+    (site / "search.html").write_text(_page_html("clean.html"), encoding="utf-8")
     assert bc.main([str(site), "--toc", str(tmp_path / "_toc.yml")]) == 1
     out = capsys.readouterr().out
-    assert "clean.html" in out and "broken_image.html" in out and "FAIL" in out and "1 of 2 pages ok" in out
+    assert "clean.html" in out and "broken_image.html" in out and "FAIL" in out and "2 of 3 pages ok" in out
     assert "page weight: min " in out and "(broken_image.html), max " in out and "(clean.html); limit 3.00 MB" in out
 
 

@@ -16,7 +16,10 @@ TIMING_KEYS = {"seconds", "median_s", "q25_s", "q75_s", "repeats", "tflops", "st
                "self_cpu_time_total", "cpu_time_total", "cuda_time_total", "time_share", "share", "top",
                "cast_share", "table", "peak_memory_bytes", "time_to_target_s",
                "plain_s", "locator_s", "anomaly_s"}   # a NaN hunt's step times (monitor_faults)
-SKIP = {"matmul_throughput", "fp8_linear_speed", "profiled_step", "monitor_overhead"}  # nothing but timings
+# nothing but timings, or numbers derived from a timing (the model ladder's predictions for this CPU rest on its
+# measured matmul throughput, and its skips quote the measured FP8/BF16 ratio)
+SKIP = {"matmul_throughput", "fp8_linear_speed", "profiled_step", "monitor_overhead", "fp8_compiled_speed",
+        "mx_emulation_cost", "scale_ladder"}
 
 
 def _without_timing(value):
