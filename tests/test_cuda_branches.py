@@ -23,8 +23,8 @@ Where each call site is reached (``file:function``, the call -> the test):
 * bench/timing.py:make_timer/CudaEventTimer, ``torch.cuda.Event`` -> test_bench.py::test_cuda_event_timer_converts_milliseconds,
   test_time_function_on_a_gpu_uses_cuda_events
 * studies/performance.py:_mfu_peaks, ``get_device_properties`` -> test_bench.py::test_mfu_peaks_on_a_gpu_come_from_the_datasheet
-* studies/performance.py:profile_training_step, the profiler's self-time field on a GPU (_self_time_attribute) ->
-  test_profiler_self_time_field_on_a_gpu
+* bench/profiling.py:self_time_us and profiler_activities on a GPU (used by studies.performance's
+  profile_training_step and studies.fp8_speed's profile_fp8_layer) -> test_profiler_self_time_field_on_a_gpu
 * train.py:Recipe.unsupported_reason, ``is_available``/``get_device_capability`` ->
   test_train.py::test_recipes_refused_by_compute_capability_not_by_emulated_bf16,
   test_train.py::test_cuda_recipe_without_a_gpu_is_a_clear_error
@@ -73,6 +73,7 @@ import torch
 from course_lib import bench as B
 from course_lib import experiments as EXPERIMENTS
 from course_lib.bench import matmul as BM
+from course_lib.bench import profiling
 from course_lib.studies import performance as PERF
 from course_lib import hardware as HW
 from course_lib import device as D
@@ -254,12 +255,12 @@ def test_profiler_self_time_field_on_a_gpu():
     with torch_profile() as prof:
         torch.ones(4, 4) @ torch.ones(4, 4)
     event = prof.key_averages()[0]
-    assert PERF._self_time_attribute("cpu", event) == "self_cpu_time_total"
-    gpu_field = PERF._self_time_attribute("cuda", event)
-    assert gpu_field == "self_device_time_total"        # torch 2.11 and 2.13 name it so
-    assert isinstance(getattr(event, gpu_field), (int, float))
+    assert profiling.self_time_us(event, "cpu") == float(event.self_cpu_time_total)
+    assert hasattr(event, "self_device_time_total")      # torch 2.11 and 2.13 name the GPU field so
+    assert profiling.self_time_us(event, "cuda") == float(event.self_device_time_total)
     older = SimpleNamespace(self_cuda_time_total=5.0)   # a torch from before the rename
-    assert PERF._self_time_attribute("cuda", older) == "self_cuda_time_total"
+    assert profiling.self_time_us(older, "cuda") == 5.0
+    assert len(profiling.profiler_activities("cuda")) == 2 and len(profiling.profiler_activities("cpu")) == 1
 
 
 # ---- train.py ----------------------------------------------------------------------------------------

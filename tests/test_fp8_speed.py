@@ -13,6 +13,7 @@ import torch
 from matplotlib.figure import Figure
 
 from course_lib import hardware
+from course_lib.bench import profiling
 from course_lib.device import SizeProfile
 from course_lib.fp8.roofline import predict_fp8_linear
 from course_lib.glue import Prose
@@ -65,11 +66,11 @@ def test_operator_groups():
 def test_self_time_is_kernel_time_on_a_gpu_and_cpu_time_elsewhere():
     new = SimpleNamespace(self_device_time_total=7.0, self_cpu_time_total=3.0)
     old = SimpleNamespace(self_cuda_time_total=5.0, self_cpu_time_total=3.0)
-    assert fp8_speed.self_time_us(new, "cuda") == 7.0
-    assert fp8_speed.self_time_us(old, "cuda") == 5.0       # an older torch's field name
-    assert fp8_speed.self_time_us(new, "cpu") == 3.0
-    assert len(fp8_speed.profiler_activities(torch.device("cuda"))) == 2
-    assert len(fp8_speed.profiler_activities(torch.device("cpu"))) == 1
+    assert profiling.self_time_us(new, "cuda") == 7.0
+    assert profiling.self_time_us(old, "cuda") == 5.0       # an older torch's field name
+    assert profiling.self_time_us(new, "cpu") == 3.0
+    assert len(profiling.profiler_activities(torch.device("cuda"))) == 2
+    assert len(profiling.profiler_activities(torch.device("cpu"))) == 1
 
 
 def test_grouping_follows_the_nearest_course_frame():

@@ -5,10 +5,8 @@ each measurement. The sentences and tables the lesson glues from them are in :mo
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..bench import time_function
+from ..bench.profiling import profiler_activities, quiet_native_stderr, self_time_us
 from ..fp8.linear import Fp8Linear
 from ..fp8.roofline import predict_fp8_linear
 from ..hardware import DATASHEET_PEAKS, GPUPeaks, find_gpu_peaks, scaled_mm_unsupported_reason
@@ -42,36 +41,6 @@ def operator_group(op: str, function: str | None) -> str:
     if op in _MATMUL_OPS:
         return "matmul"
     return _GROUP_OF_FUNCTION.get(function or "", "other")
-
-
-def self_time_us(event, device_type: str) -> float:
-    """An operator's self time in microseconds: its kernels' time on a GPU (``self_device_time_total``,
-    ``self_cuda_time_total`` in an older torch), its own CPU time on a CPU."""
-    if device_type == "cuda":
-        value = getattr(event, "self_device_time_total", None)
-        return float(value if value is not None else event.self_cuda_time_total)
-    return float(event.self_cpu_time_total)
-
-
-@contextlib.contextmanager
-def quiet_native_stderr():
-    """Silence file descriptor 2 while the profiler starts and stops (some torch builds log
-    ``profiler_start``/``profiler_stop`` from C++ there, which a notebook would show as output)."""
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def profiler_activities(device: torch.device) -> list:
-    """What the profiler records: CPU operators, and CUDA kernels on a GPU."""
-    from torch.profiler import ProfilerActivity
-
-    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
 
 
 def grouped_self_times(events, device_type: str) -> dict[str, float]:

@@ -3,7 +3,6 @@ per recipe counted byte by byte."""
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,6 +17,7 @@ from ..bench.matmul import (
     measure_matmul,
     torch_timer_matmul_seconds,
 )
+from ..bench.profiling import profiler_activities, quiet_native_stderr, self_time_us
 from ..bench.roofline import RooflineRow, model_flops_per_token, roofline_rows
 from ..data import BatchSampler
 from ..hardware import MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
@@ -208,27 +208,6 @@ def _mfu_peaks(device: torch.device, recipes: Sequence[str]) -> tuple[dict[str, 
             f"the FP32 matmul rate measured on this {device.type.upper()} at n={probe.n}")
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Silence file descriptor 2 while the profiler starts and stops: some torch builds log
-    ``profiler_start``/``profiler_stop`` lines from C++ there, which a notebook would show as output.
-    Python-level errors still propagate as exceptions."""
-    import os
-
-    # fd 2 itself, not sys.stderr.fileno(): in a Jupyter kernel the latter is a copy of the terminal's
-    # stderr, while the C++ code writes to fd 2, which the kernel captures into the notebook
-    fd = 2
-    saved = os.dup(fd)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-        yield
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
-        os.close(devnull)
-
-
 @dataclass(frozen=True)
 class ProfiledStep:
     """The top operators of one training step by self time (microseconds), and the share spent in casts."""
@@ -244,14 +223,6 @@ class ProfiledStep:
         return self.cast_us / self.total_us if self.total_us > 0 else 0.0
 
 
-def _self_time_attribute(device_type: str, event) -> str:
-    """The field of a profiler average that holds an op's self time on ``device_type``: device (kernel)
-    time on a GPU, under its older torch name where ``event`` lacks the newer one; CPU time otherwise."""
-    if device_type != "cuda":
-        return "self_cpu_time_total"
-    return "self_device_time_total" if hasattr(event, "self_device_time_total") else "self_cuda_time_total"
-
-
 def profile_training_step(recipe: str, profile, device: torch.device | str = "cpu", *, top: int = 8,
                           seed: int = 0) -> ProfiledStep:
     """Profile one training step (after two warm-up steps) of the course model with ``torch.profiler``.
@@ -259,21 +230,16 @@ def profile_training_step(recipe: str, profile, device: torch.device | str = "cp
     Times are self times (an op's own time, without the ops it calls): CUDA time on a GPU, CPU time
     otherwise. Casts are ``aten::_to_copy`` and ``aten::copy_``, the ops autocast adds.
     """
-    from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
-
 
     device = torch.device(device)
     r = get_recipe(recipe, device)
     setup = course_setup(profile, device, steps=3, default_steps=(3, 3), seed=seed)
     state = TrainState(setup.model(seed), r, TrainConfig(steps=3), device)
     train(state, setup.sampler, steps=2)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with _quiet_native_stderr(), torch_profile(activities=activities) as prof:
+    with quiet_native_stderr(), torch_profile(activities=profiler_activities(device)) as prof:
         train(state, setup.sampler, steps=1)
-    averages = prof.key_averages()
-    attr = _self_time_attribute(device.type, averages[0])
-    rows = [(e.key, float(getattr(e, attr)), int(e.count)) for e in averages]
+    rows = [(e.key, self_time_us(e, device.type), int(e.count)) for e in prof.key_averages()]
     rows = [row for row in rows if row[1] > 0 and row[0].startswith("aten::")]
     rows.sort(key=lambda row: -row[1])
     total = sum(row[1] for row in rows)
