@@ -67,11 +67,11 @@ def test_a_new_experiment_unplanned_is_a_problem(registered, monkeypatch):
     names = [*registered, "a_new_experiment"]
     assert G.plan_problems(parts, records, names, lessons) == [
         "experiment 'a_new_experiment' is registered but neither planned nor skipped"]
-    assert G.plan_problems(parts, records, names, lessons, skipped={"a_new_experiment": "needs 8 GPUs"}) == []
-    assert G.plan_problems(parts, records, names, lessons, skipped={"a_new_experiment": " "}) == [
+    assert G.plan_problems(parts, records, names, lessons, skipped={**G.SKIPPED, "a_new_experiment": "needs 8 GPUs"}) == []
+    assert G.plan_problems(parts, records, names, lessons, skipped={**G.SKIPPED, "a_new_experiment": " "}) == [
         "experiment 'a_new_experiment' is skipped without a reason"]
-    assert G.plan_problems(parts, records, [*registered], lessons, skipped={"fp8_training": "x"}) == [
-        "experiment 'fp8_training' is both planned and skipped"]
+    assert G.plan_problems(parts, records, [*registered], lessons, skipped={**G.SKIPPED, "fp8_compiled_speed": "x"}) == [
+        "experiment 'fp8_compiled_speed' is both planned and skipped"]
     # pieces of one experiment with different overrides are fine; the same piece twice is not
     ladder = [G.Part(90, (G.Step("scale_ladder", {"rungs": ["a"]}),)), G.Part(91, (G.Step("scale_ladder", {"rungs": ["b"]}),))]
     assert G.plan_problems([*parts, *ladder], records, registered, lessons) == []
@@ -222,8 +222,8 @@ def test_run_next_records_every_part_then_says_so(registered, fake_h200, monkeyp
     names = [c[0] for c in calls]
     assert "convergence_parity" not in names and names[:2] == ["scale_ladder", "scale_ladder"]
     # what no GPU has recorded comes first, the lessons next, what an H100 recorded before last
-    assert names.index("mx_training") < names.index("lesson_times") < names.index("tf32_matmul_rounding")
-    assert sorted(set(names)) == sorted(set(registered) - {"convergence_parity"})
+    assert names.index("data_parallel") < names.index("lesson_times") < names.index("tf32_matmul_rounding")
+    assert sorted(set(names)) == sorted(set(registered) - {"convergence_parity"} - set(G.SKIPPED))
     timed = [lesson for c in calls if c[0] == "lesson_times" for lesson in json.loads(c[4].split("=", 1)[1])]
     assert timed == list(lesson_names())
     assert capsys.readouterr().out.splitlines()[-1] == f"parts with something left on {H200}: 0"
@@ -243,3 +243,43 @@ def test_run_one_part_and_refusals(registered, fake_h200, monkeypatch, tmp_path,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert G.main(["run", "--next", "--results", str(tmp_path)]) == 2
     assert "refusing to run on a CPU" in capsys.readouterr().err
+
+
+def test_a_step_that_overran_or_failed_is_noted_passed_over_by_next_and_retried_by_part(
+        registered, fake_h200, monkeypatch, tmp_path, capsys):
+    """Without the note, every `run --next` would start the same overrunning step again and never reach the
+    parts after it; `--part N` tries it again."""
+    calls = []
+    fake = _fake_runner(calls, fail={"fp8_linear_speed"})
+
+    def runner(args, timeout_s):   # the first ladder piece runs past the budget; fp8_linear_speed fails
+        if args[0] == "scale_ladder" and "--param" not in args:
+            calls.append(args)
+            return 124
+        return fake(args, timeout_s)
+
+    monkeypatch.setattr(G, "run_record", runner)
+    results = tmp_path / "results"
+    results.mkdir()
+    assert G.main(["run", "--next", "--results", str(results)]) == 3          # stopped at the budget
+    notes = G.read_attempts(results)
+    assert [(n["step"], n["device"], n["outcome"]) for n in notes] == [("scale_ladder", H200, "overran")]
+    calls.clear()
+    assert G.main(["run", "--next", "--results", str(results)]) == 1          # went on; one step failed
+    out = capsys.readouterr().out
+    assert "passing over scale_ladder: overran on" in out and "run --part 1 to try it again" in out
+    assert ["scale_ladder"] not in [c[:1] for c in calls if "--param" not in c]
+    assert "lesson_times" in [c[0] for c in calls]                              # the later parts ran
+    assert [n["outcome"] for n in G.read_attempts(results)] == ["overran", "failed (exit 1)"]
+    # nothing else is left: --next says what failed before instead of starting it again
+    assert G.main(["run", "--next", "--results", str(results)]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"every part is done on {H200}, but for 2 step(s)") and "fp8_linear_speed" in last
+    assert G.main(["plan", "--results", str(results)]) == 0
+    assert "[to do; overran on " in capsys.readouterr().out
+    # another GPU has no such note; --part retries here
+    assert G.failed_before(G.Step("scale_ladder"), G.read_attempts(results), "another GPU") is None
+    calls.clear()
+    monkeypatch.setattr(G, "run_record", _fake_runner(calls))
+    assert G.main(["run", "--part", "1", "--results", str(results)]) == 0
+    assert calls[0][0] == "scale_ladder" and "--param" not in calls[0]

@@ -86,9 +86,7 @@ EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
       for i in range(0, len(LADDER_PIECES), 2)),                                       # new, new
     (Step("fp8_compiled_speed"), Step("fp8_linear_speed")),                             # new, 12
     (Step("mx_emulation_cost"), Step("monitor_overhead")),                              # new, 34
-    (Step("fp8_training"), Step("bf16_update_stagnation")),                             # new, new
-    (Step("mx_training"),),                                                             # new
-    (Step("mx_block_study"), Step("data_loading"), Step("clipping_runs")),              # new, new, new
+    (Step("data_loading"), Step("clipping_runs")),                                      # new, new
     (Step("data_parallel"), Step("reduction_precision")),                               # new, new
 )
 RERECORD_PARTS: tuple[tuple[Step, ...], ...] = (
@@ -99,8 +97,21 @@ RERECORD_PARTS: tuple[tuple[Step, ...], ...] = (
     (Step("model_magnitudes"),),                                                        # 106
 )
 
-# registered experiments the GPU session leaves out, with the reason (none so far)
-SKIPPED: dict[str, str] = {}
+# registered experiments the GPU session leaves out, with the reason. These four ran past a 10-minute command at
+# the full profile on the H100 (results/README.md gives the costs measured there); they join the plan once the
+# full profile is re-sized to fit (issue 20: bigger models for fewer steps), or are recorded in pieces.
+_TOO_LONG = "longer than a 10-minute command at the full profile (results/README.md: "
+SKIPPED: dict[str, str] = {
+    "bf16_update_stagnation": _TOO_LONG + "50 of 2000 steps of its four rules took 18 s on an H100)",
+    "fp8_training": _TOO_LONG + "10 of 400 steps of its 18 runs took 61 s on an H100)",
+    "mx_training": _TOO_LONG + "10 steps x 3 seeds of NVFP4 alone took 143 s on an H100, 400 steps are asked for)",
+    "mx_block_study": _TOO_LONG + "more than 470 s alone on an H100)",
+}
+
+# Steps that failed or ran past the budget, one JSON line each, written beside the new records and committed
+# with them: `run --next` passes over a step that did so on this GPU (else every call would start the same
+# step again), and `run --part N` tries it again.
+ATTEMPTS_FILE = "gpu_session_attempts.jsonl"
 
 
 @dataclass(frozen=True)
@@ -217,9 +228,11 @@ def plan_problems(parts: Sequence[Part], records: Sequence[Record], registered: 
     return problems
 
 
-def plan_text(parts: Sequence[Part], records: Sequence[Record], device_name: str | None) -> str:
+def plan_text(parts: Sequence[Part], records: Sequence[Record], device_name: str | None,
+              attempts: Sequence[Mapping[str, Any]] = ()) -> str:
     """The plan as text: per part its estimate and steps, each with its estimate's source and whether the GPU
-    named ``device_name`` has done it."""
+    named ``device_name`` has done it (or failed or overran it before: ``attempts``), then the experiments
+    left out, with the reason."""
     lines = [f"GPU: {device_name or 'none here (nothing counts as done)'}"]
     total = 0.0
     for part in parts:
@@ -230,9 +243,40 @@ def plan_text(parts: Sequence[Part], records: Sequence[Record], device_name: str
         lines.append(f"part {part.number}: about {seconds / 60:.1f} min, {done}/{len(part.steps)} steps done")
         for s, e in zip(part.steps, estimates):
             mark = "done" if pending(s, records, device_name) is None else "to do"
+            before = failed_before(s, attempts, device_name) if mark == "to do" else None
+            mark = f"to do; {before}" if before else mark
             lines.append(f"  [{mark}] {s.label}: {e.seconds:.0f} s ({e.source})")
     lines.append(f"all parts: about {total / 60:.0f} min")
+    lines += [f"left out: {name}: {reason}" for name, reason in SKIPPED.items()]
     return "\n".join(lines)
+
+
+def read_attempts(*folders: Path) -> list[dict[str, Any]]:
+    """Every failed or overrun step noted in :data:`ATTEMPTS_FILE` of ``folders`` (each line once)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for folder in folders:
+        path = folder / ATTEMPTS_FILE
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    seen.setdefault(line, json.loads(line))
+    return list(seen.values())
+
+
+def note_attempt(out: Path, step: Step, device_name: str | None, outcome: str, seconds: float) -> None:
+    """Append to ``out``/:data:`ATTEMPTS_FILE` that ``step`` ``outcome`` ("failed (exit N)" or "overran")
+    on the GPU named ``device_name`` after ``seconds``."""
+    out.mkdir(parents=True, exist_ok=True)
+    line = {"step": step.label, "device": device_name, "outcome": outcome, "seconds": round(seconds, 1),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    with (out / ATTEMPTS_FILE).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def failed_before(step: Step, attempts: Sequence[Mapping[str, Any]], device_name: str | None) -> str | None:
+    """How ``step`` went wrong on the GPU named ``device_name`` before (the latest note), or None."""
+    notes = [a for a in attempts if a.get("step") == step.label and a.get("device") == device_name]
+    return f"{notes[-1]['outcome']} on {notes[-1]['date']}" if notes else None
 
 
 def run_record(args: list[str], timeout_s: float) -> int:
@@ -246,10 +290,13 @@ def run_record(args: list[str], timeout_s: float) -> int:
 
 def run_part(part: Part, *, results: Path, out: Path, device_name: str | None, budget_s: float,
              allow_cpu: bool = False, runner: Callable[[list[str], float], int] | None = None,
-             say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> str:
+             say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+             retry: bool = True) -> str:
     """Run what is pending of ``part`` on the GPU named ``device_name``, each step by ``runner``, writing
-    records into ``out`` (``runner`` defaults to :func:`run_record`); stop before a step estimated to end past ``budget_s``. Returns "done", "failed"
-    (a step exited non-zero; the others still ran) or "stopped" (the budget)."""
+    records into ``out`` (``runner`` defaults to :func:`run_record`); stop before a step estimated to end
+    past ``budget_s``. A step that fails or overruns is noted (:func:`note_attempt`); with ``retry`` False,
+    a step noted before on this GPU is passed over. Returns "done", "failed" (a step exited non-zero or was
+    passed over; the others still ran) or "stopped" (the budget)."""
     start, status = clock(), "done"
     runner = runner if runner is not None else run_record
     for step in part.steps:
@@ -258,18 +305,26 @@ def run_part(part: Part, *, results: Path, out: Path, device_name: str | None, b
         if todo is None:
             say(f"done already: {step.label}")
             continue
+        before = failed_before(step, read_attempts(results, out), device_name)
+        if before is not None and not retry:
+            say(f"passing over {step.label}: {before} (run --part {part.number} to try it again)")
+            status = "failed"
+            continue
         left = budget_s - (clock() - start)
         need = estimate(todo, records, device_name).seconds
         if need > left:
             say(f"stopping before {todo.label}: about {need:.0f} s, {left:.0f} s left of the budget")
             return "stopped"
         say(f"running {todo.label} (about {need:.0f} s)")
+        began = clock()
         code = runner([*todo.record_args(out), *(["--allow-cpu"] if allow_cpu else [])], left)
         if code == 124:
             say(f"stopped {todo.label} at the budget, unrecorded")
+            note_attempt(out, step, device_name, "overran", clock() - began)
             return "stopped"
         if code != 0:
             say(f"FAILED ({code}): {todo.label}")
+            note_attempt(out, step, device_name, f"failed (exit {code})", clock() - began)
             status = "failed"
     return status
 
@@ -313,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = plan_parts(lessons, records, device_name)
     problems = plan_problems(parts, records, sorted(EXPERIMENTS), lessons)
     if args.command == "plan":
-        print(plan_text(parts, records, device_name))
+        print(plan_text(parts, records, device_name, read_attempts(args.results, out)))
         print("\n".join(f"problem: {p}" for p in problems))
         return 1 if problems else 0
     if hw.device_type != "cuda" and not args.allow_cpu:
@@ -322,24 +377,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.part is not None and not 1 <= args.part <= len(parts):
         print(f"--part must be 1..{len(parts)}", file=sys.stderr)
         return 2
-    todo = [p for p in parts if any(pending(s, records, device_name) for s in p.steps)]
+    attempts = read_attempts(args.results, out)
+    todo = [p for p in parts if any(pending(s, records, device_name) and failed_before(s, attempts, device_name)
+                                    is None for s in p.steps)]
     if args.next and not todo:
-        print(f"every part is done on {device_name}")
-        return 0
-    # --next goes on into the following parts while the budget lasts: a short loan does as much as fits
+        passed = [s.label for p in parts for s in p.steps
+                  if pending(s, records, device_name) and failed_before(s, attempts, device_name)]
+        print(f"every part is done on {device_name}" + (
+            f", but for {len(passed)} step(s) that failed or overran before ({ATTEMPTS_FILE}): "
+            + "; ".join(passed) if passed else ""))
+        return 1 if passed else 0
+    # --next goes on into the following parts while the budget lasts: a short loan does as much as fits; it
+    # passes over a step that failed or overran on this GPU before, which --part N tries again
     queue = todo if args.next else [parts[args.part - 1]]
-    start, status = time.monotonic(), "done"
+    start, statuses = time.monotonic(), []
     for part in queue:
         left = args.budget_s - (time.monotonic() - start)
         print(f"part {part.number} of {len(parts)} on {device_name}, {left:.0f} s of the budget left", flush=True)
         status = run_part(part, results=args.results, out=out, device_name=device_name, budget_s=left,
-                          allow_cpu=args.allow_cpu, say=lambda line: print(line, flush=True))
+                          allow_cpu=args.allow_cpu, say=lambda line: print(line, flush=True), retry=not args.next)
         print(f"part {part.number}: {status}", flush=True)
-        if status != "done":
+        statuses.append(status)
+        if status == "stopped":
             break
     left_parts = sum(any(pending(s, _records(args.results, out), device_name) for s in p.steps) for p in parts)
     print(f"parts with something left on {device_name}: {left_parts}")
-    return {"done": 0, "stopped": 3, "failed": 1}[status]
+    return 3 if "stopped" in statuses else 1 if "failed" in statuses else 0
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
