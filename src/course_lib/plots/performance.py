@@ -238,7 +238,7 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         for recipe in _LADDER_COLOURS:
             if predicted[recipe]:
                 same.setdefault(tuple(predicted[recipe]), []).append(recipe)
-        for recipe, colour in _LADDER_COLOURS.items():
+        for j, (recipe, colour) in enumerate(_LADDER_COLOURS.items()):
             preds = predicted[recipe]
             if preds and same[tuple(preds)][0] == recipe:
                 xs, rates, mfus = zip(*preds)
@@ -247,12 +247,18 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
                 bottom.plot(xs, [100 * m for m in mfus], "--", color=colour, lw=1.3)
             if device != ladder.own_prediction_device:
                 continue
+            # measured marks of one rung sit side by side (a few percent apart along the log axis), so that
+            # equal speeds do not hide one recipe's mark under another's
+            shift = 1.12 ** (j - (len(_LADDER_COLOURS) - 1) / 2)
             for compiled, marker in ((False, "o"), (True, "s")):
                 runs = [r for r in ladder.runs if r.recipe == recipe and r.compiled == compiled]
                 if runs:
-                    top.plot([params[r.rung] for r in runs], [ladder.tokens_per_second(r) for r in runs], marker, color=colour, ms=8,
+                    marks = [params[r.rung] * shift for r in runs]
+                    top.plot(marks, [ladder.tokens_per_second(r) for r in runs], marker, color=colour, ms=7,
+                             mec="white", mew=0.8,
                              label=f"{_LADDER_LABELS[recipe]}, {'compiled' if compiled else 'eager'} (measured)")
-                    bottom.plot([params[r.rung] for r in runs], [100 * ladder.mfu(r) for r in runs], marker, color=colour, ms=8)
+                    bottom.plot(marks, [100 * ladder.mfu(r) for r in runs], marker, color=colour, ms=7, mec="white",
+                                mew=0.8)
         kind = "measured here and predicted" if device == ladder.own_prediction_device else "predicted only"
         top.set_title(f"{device}\n({kind})", fontsize=10)
         top.set_ylabel("tokens per second (log)")
@@ -268,5 +274,5 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         handles, labels = top.get_legend_handles_labels()
         bottom.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
-                      frameon=False)
+                      frameon=False, title=f"{device}:", title_fontsize=8)
     return finish_figure(fig)

@@ -22,6 +22,7 @@ from ..bench.matmul import capability_probe, measure_copy_bandwidth
 from ..bench.roofline import gpt_matmul_parameters, model_flops_per_token, roofline_step_seconds
 from ..bench.timing import make_timer, time_function
 from ..device import SizeProfile, describe_hardware
+from ..fp8 import predict_fp8_linear
 from ..hardware import (
     DATASHEET_PEAKS,
     find_gpu_peaks,
@@ -297,9 +298,25 @@ def predict(rung: RungFacts, recipe: str, device: str, *, tflops: dict[str, floa
                                  rung.vocab_size, n_params=rung.n_params, matmul_tflops=other_peak,
                                  linear_tflops=linear_peak, bandwidth_gbs=bandwidth_gbs, bytes_per_element=e,
                                  attention=rung.attention)
+    if recipe in _FP8_RECIPES:
+        step += fp8_cast_seconds(rung, _FP8_RECIPES[recipe], bf16_tflops=other_peak, fp8_tflops=linear_peak,
+                                 bandwidth_gbs=bandwidth_gbs)
     rate = rung.tokens_per_step / step
     return LadderPrediction(device, rung.name, recipe, step, rate, rate * rung.flops_per_token / (reference_tflops * 1e12),
                             predicted_memory_bytes(rung, recipe, device_type))
+
+
+def fp8_cast_seconds(rung: RungFacts, recipe: str, *, bf16_tflops: float, fp8_tflops: float,
+                     bandwidth_gbs: float) -> float:
+    """Seconds a training step spends casting to FP8 around the linear layers that torchao converts (every
+    block's four; the head stays BF16): input, weight and gradient casts of forward and backward, from
+    lesson 7's model (:func:`course_lib.fp8.predict_fp8_linear`, torchao's float8 roofline; ``recipe``:
+    "tensorwise" or "rowwise")."""
+    m, d = rung.tokens_per_step, rung.d_model
+    layer = sum(predict_fp8_linear(m, k, n, bf16_tflops=bf16_tflops, fp8_tflops=fp8_tflops,
+                                   bandwidth_gbs=bandwidth_gbs, recipe=recipe).fp8_cast_s
+                for k, n in ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)))
+    return rung.n_layers * layer
 
 
 def reference_peak(device: torch.device | str) -> tuple[float, str]:
@@ -412,15 +429,19 @@ def _predictions(facts, device: torch.device, device_name: str, reference: float
         probe = capability_probe(device)
         targets.append((f"this CPU ({device_name})", dict(probe.tflops),
                         measure_copy_bandwidth(device, 64 << 20), "cpu"))
+    own = targets[0][0] if targets else None
     for name in predict_for:
         if all(t[0] != name for t in targets):
             gpu = DATASHEET_PEAKS[name]
             targets.append((name, gpu.tflops, gpu.bandwidth_gbs, "cuda"))
     out = []
+    # a datasheet GPU is predicted with fused attention, as the ladder runs on a GPU (LADDER_PIECES); the
+    # measuring device with the attention it ran
+    fused = [rung_facts(f.name, sdpa=True, batch_size=f.batch_size) for f in facts]
     for name, tflops, bandwidth, kind in targets:
         # MFU on a GPU against its own dense BF16 peak; on the measuring CPU against the reference measured here
         ref = reference if kind == "cpu" else (tflops.get("bf16") or max(v for v in tflops.values() if v))
-        for rung in facts:
+        for rung in (facts if name == own else fused):
             for recipe in LADDER_RECIPES:
                 if kind == "cpu" and recipe_unsupported_reason(recipe, device):
                     continue   # an emulated FP8 product's throughput predicts nothing worth drawing

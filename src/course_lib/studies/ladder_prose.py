@@ -59,20 +59,41 @@ def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, marg
     listed = ", ".join(f"{rung} {r:.2f}x" for rung, r in ratios.items())
     text = f"Measured on {ladder.device_name} ({mode}), BF16 autocast's speed over {base}'s: {listed}."
     names = list(ratios)
-    start = next((i for i in range(len(names)) if all(ratios[n] >= margin for n in names[i:])), None)
-    ties = [n for n in names if 1 / margin < ratios[n] < margin]
-    loses = [n for n in names if ratios[n] <= 1 / margin]
-    if start is None:
-        text += f" Mixed precision does not pay at any rung measured here (by {margin:g}x or more)."
+    # a ratio counts only where the two recipes' step-time quartiles do not overlap: otherwise it is noise
+    apart = {n: _quartiles_apart(ladder.run_of(n, baseline_recipe(ladder), compiled),
+                                 ladder.run_of(n, "bf16_autocast", compiled)) for n in names}
+    pays = {n: ratios[n] >= margin and apart[n] for n in names}
+    ties = [n for n in names if not apart[n] or 1 / margin < ratios[n] < margin]
+    loses = [n for n in names if apart[n] and ratios[n] <= 1 / margin]
+    start = next((i for i in range(len(names)) if all(pays[n] for n in names[i:])), None)
+    if len(names) == 1:
+        one = names[0]
+        text += (" One rung ran here, so this run cannot say where along the ladder mixed precision starts "
+                 "to pay: " + (f"at {one} BF16 paid ({ratios[one]:.2f}x, step-time quartiles apart)." if pays[one]
+                               else f"at {one} BF16 was slower than {base}, beyond the step-time quartiles."
+                               if one in loses else f"at {one} BF16 did not pay by {margin:g}x or more beyond the "
+                               "step-time quartiles."))
+        ties = loses = []
+    elif start is None:
+        text += f" Mixed precision does not pay at any rung measured here (by {margin:g}x or more, beyond noise)."
     else:
         text += f" Mixed precision starts to pay at {names[start]} ({ratios[names[start]]:.2f}x)."
     if ties:
-        text += f" BF16 only ties {base} (within {margin:g}x) at {', '.join(ties)}."
+        text += (f" BF16 only ties {base} (within {margin:g}x, or within the step-time quartiles) at "
+                 f"{', '.join(ties)}.")
     if loses:
         text += f" BF16 is slower than {base} at {', '.join(loses)}."
     if base == "FP32" and ladder.device == "cpu":
         text += " TF32 does not exist on a CPU, so FP32 is the baseline here."
     return Prose(text)
+
+
+def _quartiles_apart(a: LadderRun | None, b: LadderRun | None) -> bool:
+    """Whether two runs' step-time quartile ranges do not overlap (one run is faster beyond its noise)."""
+    if a is None or b is None:
+        return False
+    (a25, a75), (b25, b75) = a.step_quartiles, b.step_quartiles
+    return a75 < b25 or b75 < a25
 
 
 def predicted_speedups(ladder: ScaleLadder, device: str, over: str = "tf32") -> dict[str, float]:
@@ -111,11 +132,11 @@ def where_it_ran(ladder: ScaleLadder) -> Prose:
         text += (f"{', '.join(predicted)} did not run here: for them every number is a prediction of the FLOP, byte "
                  f"and roofline models" + (f" for the {', '.join(others)} (datasheet peaks)" if others else "") + ". ")
     if ladder.device == "cpu":
-        text += ("These are CPU timings and no GPU's; TF32 does not exist on a CPU (it is a mode of NVIDIA tensor "
-                 "cores). ")
-    reasons = dict.fromkeys(f"{RECIPE_LABELS[s.recipe]}: {s.reason}" for s in ladder.skipped)
-    if reasons:
-        text += "Skipped: " + "; ".join(reasons) + "."
+        text += "These are CPU timings, not GPU timings; the table below says why TF32 and FP8 did not run here. "
+    if others:
+        text += (f"The predictions for the {', '.join(others)} assume fused attention "
+                 "(`scaled_dot_product_attention`), as the ladder runs on a GPU, and count FP8's casts to and from "
+                 "FP8 around each linear layer (lesson 7's model). ")
     return Prose(text.strip())
 
 
@@ -136,7 +157,7 @@ def measured_table(ladder: ScaleLadder) -> MarkdownTable:
                      "-" if predicted is None else f"{predicted.memory_bytes / 2**30:.2f}"))
     for skip in ladder.skipped:
         rows.append((skip.rung, f"{ladder.rung(skip.rung).n_params / 1e6:,.1f}", RECIPE_LABELS[skip.recipe],
-                     "compiled" if skip.compiled else "eager", "skipped", "-", "-", "-", "-", skip.reason))
+                     "compiled" if skip.compiled else "eager", f"skipped: {skip.reason}", "-", "-", "-", "-", "-"))
     return markdown_table(("rung", "params (M)", "recipe", "mode", "measured step ms (quartiles)", "tokens/s",
                            "MFU", "compile s", "measured peak GiB", "predicted GiB"), rows)
 
@@ -153,9 +174,9 @@ def predicted_table(ladder: ScaleLadder, device: str) -> MarkdownTable:
             cells.append("-" if p is None else f"{_ms(p.step_seconds)} ({100 * p.mfu:.0f}%)")
         bf16 = ladder.prediction(device, rung.name, "bf16_autocast")
         rows.append((rung.name, f"{rung.n_params / 1e6:,.1f}", f"{rung.tokens_per_step:,}", *cells,
-                     "-" if bf16 is None else f"{bf16.memory_bytes / 2**30:.1f}"))
+                     "-" if bf16 is None else f"{bf16.memory_bytes / 2**30:.2g}"))
     return markdown_table(("rung", "params (M)", "tokens/step", *(f"{RECIPE_LABELS[r]} ms (MFU)" for r in LADDER_RECIPES),
-                           "BF16 GiB"), rows)
+                           "peak GiB (BF16)"), rows)
 
 
 def merged_records(records: Sequence[RecordedResult]) -> dict[str, tuple[ScaleLadder, list[RecordedResult]]]:
