@@ -86,7 +86,9 @@ def test_lessons_are_each_timed_once_and_parts_stay_under_the_limit(registered):
     records = load_records()
     parts = G.plan_parts(["01_a", "02_b", "03_c", "04_d"], records)
     lesson_parts = [p for p in parts if p.steps[0].experiment == "lesson_times"]
-    assert [list(p.steps[0].overrides["lessons"]) for p in lesson_parts] == [["01_a", "02_b", "03_c"], ["04_d"]]
+    # never timed, each lesson counts its limit and a kernel's start: two fit a part
+    assert G.DEFAULT_LESSON_S == 250.0
+    assert [list(p.steps[0].overrides["lessons"]) for p in lesson_parts] == [["01_a", "02_b"], ["03_c", "04_d"]]
     assert G.plan_problems(parts, records, sorted(registered), ["01_a", "02_b", "03_c"]) == [
         "'04_d' is timed but is no lesson"]
     assert G.plan_problems(parts, records, sorted(registered), ["01_a", "02_b", "03_c", "04_d", "05_e"]) == [
@@ -121,7 +123,7 @@ def test_estimates_come_from_records_this_gpus_first(tmp_path):
     parts = G.plan_parts(["01_a", "02_b", "03_c", "04_d", "05_e"], records, H200)
     lesson_parts = parts[len(G.EXPERIMENT_PARTS):len(parts) - len(G.RERECORD_PARTS)]
     assert [list(p.steps[0].overrides["lessons"]) for p in lesson_parts] == [
-        ["01_a", "02_b", "03_c", "04_d"], ["05_e"]]
+        ["01_a", "02_b", "03_c"], ["04_d", "05_e"]]
 
 
 def test_done_is_read_from_this_gpus_full_size_records(tmp_path):
