@@ -229,21 +229,47 @@ def test_registry_parameters_compile_on_a_gpu_only():
 
 # ---- prose and figure ------------------------------------------------------------------------------------
 
+def test_speed_classes_call_a_ratio_within_one_percent_of_1_break_even():
+    assert [fp8_speed.speed_class(r) for r in (0.98, 0.99, 1.003, 1.01, 1.02)] == [
+        "slower", "break-even", "break-even", "break-even", "faster"]
+    for bad in (0.0, -1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match="speed ratio"):
+            fp8_speed.speed_class(bad)
+
+
 def test_compiled_speed_table_and_facts():
     table = fp8_prose.compiled_speed_table(speed())
-    assert "| linear 64 x 64 x 64 | 1000.000 | 0.50 | 0.25 | 0.30 |" in table
+    assert table.splitlines()[0] == ("| shape | BF16 eager (ms) | torchao tensorwise: x BF16 eager | course FP8 layer, "
+                                     "tensorwise (eager): x BF16 eager | predicted tensorwise on H100 SXM5: x BF16 |")
+    assert "| 64 tokens, 64→64 features | 1000.000 | 0.50 | 0.25 | 0.30 |" in table
     assert "| Llama block, width 64, 32 tokens | 3000.000 | 0.50 | - | 0.40 |" in table
+    tiny = fp8_prose.compiled_speed_table(speed(linear={BF16: {64: 1.0}, TW: {64: 400.0}}))
+    assert "| 64 tokens, 64→64 features | 1000.000 | 0.0025 |" in tiny      # two significant figures, not 0.00
     facts = fp8_prose.compiled_speed_facts(speed())
-    assert "no FP8 tensor cores" in facts["cs_verdict"] and facts["cs_faster_count"] == 1
+    assert facts["cs_verdict"].startswith("A CPU has **no FP8 tensor cores**") and facts["cs_faster_count"] == 1
+    assert "This ran on a CPU" not in facts["cs_verdict"]
     assert "faster than BF16 for torchao tensorwise at 128 (2.00x)" in facts["cs_verdict"]
     assert "timing noise" in facts["cs_verdict"]
     gpu = fp8_prose.compiled_speed_facts(speed(device="cuda:0", compiled=True, skipped={RW: "no rows (test)"}))
     assert "tensor cores" not in gpu["cs_verdict"] and "noise" not in gpu["cs_verdict"]
     assert "torchao rowwise did not run: no rows (test)." in gpu["cs_verdict"]
-    slow = fp8_prose.compiled_speed_facts(speed(linear={BF16: {64: 1.0}, TW: {64: 2.0}}, block={}))
-    assert "slower than BF16 everywhere it ran: torchao tensorwise at 64 (0.50x)" in slow["cs_verdict"]
+    slow = fp8_prose.compiled_speed_facts(speed(linear={BF16: {64: 1.0}, TW: {64: 400.0}}, block={}))
+    assert "slower than BF16 everywhere it ran: torchao tensorwise at 64 (0.0025x)" in slow["cs_verdict"]
+    even = fp8_prose.compiled_speed_facts(speed(device="cuda", linear={BF16: {64: 1.003, 128: 1.0}, TW: {64: 1.0, 128: 2.0}},
+                                                block={}))
+    assert even["cs_faster_count"] == 0 and "faster than BF16 nowhere" in even["cs_verdict"]
+    assert "broke even (within 1%) for torchao tensorwise at 64 (1.00x)" in even["cs_verdict"]
+    assert "slower for torchao tensorwise at 128 (0.50x)" in even["cs_verdict"]
     with pytest.raises(ValueError, match="no FP8"):
         fp8_prose.compiled_speed_facts(speed(linear={BF16: {64: 1.0}}, block={}))
+
+
+def test_compiled_table_shows_eager_bf16_where_the_course_layer_is_compared_with_it():
+    s = speed(compiled=True, linear={BF16: {64: 1.0}, BF16_EAGER: {64: 2.0}, TW: {64: 0.5}, COURSE_EAGER: {64: 4.0}})
+    header, _, row, *_ = fp8_prose.compiled_speed_table(s).splitlines()
+    assert header.startswith("| shape | BF16 compiled (ms) | BF16 eager (ms) | torchao tensorwise: x BF16 compiled "
+                             "| course FP8 layer, tensorwise (eager): x BF16 eager |")
+    assert row.startswith("| 64 tokens, 64→64 features | 1000.000 | 2000.000 | 2.00 | 0.50 |")
 
 
 def test_what_the_page_may_say_about_fp8_paying():
@@ -252,10 +278,28 @@ def test_what_the_page_may_say_about_fp8_paying():
     assert isinstance(wins, Prose) and "torchao tensorwise at 128" in wins and "an H200" in wins
     none = fp8_prose.fp8_pays_note(speed(device="cuda", linear={BF16: {64: 1.0}, TW: {64: 2.0}}, block={}), "X")
     assert "not faster than BF16 at any recorded shape" in none
+    tie = speed(device="cuda", linear={BF16: {64: 1.005}, TW: {64: 1.0}}, block={})
+    assert "not faster" in fp8_prose.fp8_pays_note(tie, "X")          # break-even is not a win
+    assert fp8_prose.fp8_pays_takeaway(None) == "no GPU has measured that yet"
+    assert fp8_prose.fp8_pays_takeaway(speed(device="cuda"), "X") == "on X torchao compiled beat BF16 at 1 of 3 shapes"
     assert "numerics reference" in fp8_prose.course_layer_note(None)
+    assert "loops" not in fp8_prose.course_layer_note(None) and "this version" in fp8_prose.course_layer_note(None)
     assert "numerics reference" in fp8_prose.course_layer_note(speed(device="cuda"), "X")
     fast = speed(device="cuda", linear={BF16: {64: 1.0}, BF16_EAGER: {64: 2.0}, COURSE_EAGER: {64: 1.0}})
     assert "2.00 to 2.00 times eager BF16's" in fp8_prose.course_layer_note(fast, "X")
+
+
+def test_references_to_the_compiled_section_say_whether_a_gpu_measured():
+    assert fp8_prose.gpu_pointer(None) == "will measure it on a GPU, once recorded"
+    assert fp8_prose.gpu_pointer(None, verb="time") == "will time it on a GPU, once recorded"
+    assert fp8_prose.gpu_pointer(speed(device="cuda"), "an H200", verb="time") == "times it on an H200"
+    with pytest.raises(ValueError, match="verb"):
+        fp8_prose.gpu_pointer(None, verb="measures")
+    assert fp8_prose.linear_record_note(None) == "."
+    older = fp8_prose.linear_record_note("an H100", "2026-11-22T17:48:35")
+    assert older.startswith("; the record above, on an H100,") and "older, slower version" in older
+    # a record taken once the layer cast in one pass says nothing of the kind
+    assert fp8_prose.linear_record_note("an H200", "2026-11-26T09:00:00") == "."
 
 
 def test_compiled_speed_figure():
@@ -267,5 +311,23 @@ def test_compiled_speed_figure():
         left = fig.axes[0]
         assert len(left.get_lines()) >= 3      # two measured FP8 lines, one predicted, the line at 1
         texts = [t for ax in fig.axes for t in ax.texts + [ax.xaxis.label, ax.yaxis.label]]
-        assert all(t.get_fontsize() >= 8 for t in texts)
+        assert all(t.get_fontsize() >= 9 for t in texts if t.get_text())
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        assert len(legends) == 1 and all(t.get_fontsize() >= 9 for t in legends[0].get_texts())
+        fig.canvas.draw()
+        box = legends[0].get_window_extent()
+        for ax in fig.axes[:2]:                    # below both panels, clear of their labels
+            assert box.y1 < ax.get_tightbbox().y0
         plt.close(fig)
+
+
+def test_compiled_speed_figure_keeps_coinciding_markers_apart():
+    s = speed(linear={BF16: {64: 1.0, 128: 1.0}, TW: {64: 2.0, 128: 2.0}, COURSE_EAGER: {64: 2.0, 128: 2.0}})
+    fig = plot_fp8_compiled_speed(s)
+    measured = [line for line in fig.axes[0].get_lines() if line.get_marker() not in ("None", "", None)]
+    assert len(measured) == 2 and measured[0].get_marker() != measured[1].get_marker()
+    xs = [tuple(line.get_xdata()) for line in measured]
+    assert xs[0] != xs[1] and all(abs(a / b - 1) < 0.1 for a, b in zip(*xs))   # nudged, not moved
+    labels = [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
+    assert "Llama block, predicted (H100 SXM5)" in labels
+    plt.close(fig)

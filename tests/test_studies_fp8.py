@@ -315,17 +315,31 @@ MEASURED = {"recorded GPU: _scaled_mm / BF16, one product, no casts": {1024: 0.9
 
 def test_speedup_facts_with_and_without_a_record():
     facts = fp8_prose.speedup_facts(ESTIMATES, MEASURED, gpu())
-    assert facts == {"pred_1k": 0.75, "pred_16k": 2.0, "pred_breakeven": 2048, "rec_mm_8k": "1.82",
+    assert facts == {"pred_1k": 0.75, "pred_16k": 2.0, "pred_breakeven": 2048,
+                     "pred_crossing": "first passes 1 (1.25) at", "rec_mm_8k": "1.82",
                      "rec_mm_small": "0.91 and 1.32", "rec_mm_small_verdict": fp8_prose.small_product_verdict(
                          [0.91, 1.32]),
                      "h100_fp8": 250.0, "h100_bf16_peak": 100.0, "peak_ratio": 2.5}
     none = fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2] + [estimate(16384, 0.9)]}, {}, gpu())
     assert (none["pred_breakeven"], none["rec_mm_8k"], none["rec_mm_small"]) == (None, "not recorded",
                                                                                  "(not recorded)")
+    assert none["pred_crossing"] == "stays below 1 up to"
+    # the H100's model gives 1.003 at 2048: break-even, not "reaches 1"; 0.995 at 1024 is break-even too
+    even = fp8_prose.speedup_facts({"tensorwise": [estimate(512, 0.5), estimate(1024, 0.995), estimate(2048, 1.003),
+                                                   estimate(16384, 2.0)]}, {}, gpu())
+    assert (even["pred_breakeven"], even["pred_crossing"]) == (1024, "breaks even (0.99) at")
     with pytest.raises(ValueError, match="no M = 16384"):
         fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2]}, {}, gpu())
     with pytest.raises(ValueError, match="no BF16 or no FP8"):
         fp8_prose.speedup_facts(ESTIMATES, {}, gpu(fp8=None))
+
+
+def test_crossing_phrase():
+    assert fp8_prose.crossing_phrase(1.003) == "breaks even (1.00) at"
+    assert fp8_prose.crossing_phrase(1.2) == "first passes 1 (1.20) at"
+    assert fp8_prose.crossing_phrase(None) == "stays below 1 up to"
+    with pytest.raises(ValueError, match="below break-even"):
+        fp8_prose.crossing_phrase(0.9)
 
 
 def test_small_product_verdict_counts_the_faster_sizes():
@@ -451,6 +465,8 @@ def test_exercise_facts():
 
 def test_ratio_text_keeps_two_significant_digits_below_a_tenth():
     assert [fp8_prose.ratio_text(r) for r in (1.234, 0.1, 0.0031, 0.000456)] == ["1.23", "0.10", "0.0031", "0.00046"]
+    # two significant digits also where the second is a zero: 0.010 beside 0.0081, not 0.01
+    assert [fp8_prose.ratio_text(r) for r in (0.01, 0.001, 0.0994)] == ["0.010", "0.0010", "0.099"]
     with pytest.raises(ValueError, match="positive"):
         fp8_prose.ratio_text(0.0)
 

@@ -19,7 +19,7 @@ def ratio_text(ratio: float) -> str:
     """A speed ratio for prose: two decimals from 0.1 up, two significant digits below (0.0031, not 0.00)."""
     if not ratio > 0:
         raise ValueError(f"a speed ratio must be positive, got {ratio!r}")
-    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:.2g}"
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:#.2g}"   # "#": 0.010, not 0.01
 
 
 class Prose(str):

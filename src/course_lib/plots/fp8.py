@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator
 
 from .style import TENSOR_COLOUR, finish_figure, fp8_colour, plot_seeded_runs, recipe_colour
@@ -137,37 +138,45 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
 
 def plot_fp8_compiled_speed(speed, *, title: str | None = None) -> Figure:
     """FP8 against BF16 from a :class:`~course_lib.studies.fp8_speed.Fp8CompiledSpeed`: left, each FP8
-    implementation's speed as a multiple of BF16's per square linear layer (markers, measured) beside the
-    roofline's prediction per recipe (dashed lines, no markers); right, the same for the Llama-like block
-    (markers measured, black ticks predicted). Above the line at 1, FP8 is faster."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5.2), width_ratios=[2, 1])
+    implementation's speed as a multiple of BF16's per square linear layer (markers of one shape per
+    implementation, measured, nudged apart along x so that none hides another) beside the roofline's
+    prediction per recipe (dashed lines, no markers); right, the same for the Llama-like block (markers
+    measured, black lines predicted). One legend below both panels. Above the line at 1, FP8 is faster."""
+    fig = plt.figure(figsize=(8.5, 5.8))
+    grid = fig.add_gridspec(2, 2, width_ratios=[2.3, 1], height_ratios=[4, 0.85])
+    left, right, key = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
     names = [k for k in speed.linear_s if not k.startswith("BF16")]
     colours = {name: SPEED_COLOURS[j % len(SPEED_COLOURS)] for j, name in enumerate(
         dict.fromkeys([*(f"torchao {r}" for r in speed.predicted_linear), *names, *speed.block_s]))}
-    markers = ["o", "s", "^", "D"]
+    markers = {name: SPEED_MARKERS[j % len(SPEED_MARKERS)] for j, name in enumerate(dict.fromkeys(
+        [*names, *speed.block_s]))}
     values = [1.0]
     for j, name in enumerate(names):
         ratios = speed.linear_speedup(name)
         ns = sorted(ratios)
         values += [ratios[n] for n in ns]
-        left.plot(ns, [ratios[n] for n in ns], marker=markers[j % 4], color=colours[name], lw=1.5, ms=7,
-                  mfc="none" if j % 2 else colours[name], label=f"{name}, measured")
+        nudge = 2 ** (0.06 * (j - (len(names) - 1) / 2))   # a few percent along the log2 axis
+        left.plot([n * nudge for n in ns], [ratios[n] for n in ns], marker=markers[name], color=colours[name],
+                  lw=1.5, ms=8, mec="white", mew=1.0, label=f"{name}, measured")
     for recipe, predicted in speed.predicted_linear.items():
         ns = sorted(predicted)
         values += [predicted[n] for n in ns]
-        left.plot(ns, [predicted[n] for n in ns], "--", color=colours[f"torchao {recipe}"], lw=1.2,
+        left.plot(ns, [predicted[n] for n in ns], "--", color=colours[f"torchao {recipe}"], lw=1.5,
                   label=f"{recipe}, predicted ({speed.predicted_for})")
     left.set_xscale("log", base=2)
     left.set_xticks(list(speed.sizes), [str(n) for n in speed.sizes])
     left.minorticks_off()
-    left.set_xlabel(f"in = out features (log2), {speed.tokens} tokens")
+    if speed.sizes:
+        lo_n, hi_n = min(speed.sizes), max(speed.sizes)
+        left.set_xlim(lo_n / 2 ** 0.3, hi_n * 2 ** 0.3)
+    left.set_xlabel(f"features in → out, n → n (log2); {speed.tokens} tokens")
     left.set_ylabel("BF16 time / FP8 time (log)")
-    left.set_title("square linear layers", fontsize=9)
+    left.set_title("square linear layers", fontsize=10)
     block = [k for k in speed.block_s if k != "BF16"]
     for j, name in enumerate(block):
         ratio = speed.block_speedup(name)
         values.append(ratio)
-        right.plot([j], [ratio], "o", color=colours[name], ms=9)
+        right.plot([j], [ratio], markers[name], color=colours[name], ms=9, mec="white", mew=1.0)
         recipe = name.removeprefix("torchao ")
         if recipe in speed.predicted_block:
             values.append(speed.predicted_block[recipe])
@@ -175,10 +184,10 @@ def plot_fp8_compiled_speed(speed, *, title: str | None = None) -> Figure:
     if block:
         right.set_xticks(range(len(block)), [b.removeprefix("torchao ") for b in block])
         right.set_xlim(-0.6, len(block) - 0.4)
-        right.set_xlabel("torchao recipe\n(dot: measured; black line: predicted)")
-        right.set_title(f"Llama block, width {speed.block_width}", fontsize=9)
+        right.set_xlabel("torchao recipe")
+        right.set_title(f"Llama block, width {speed.block_width}", fontsize=10)
     else:
-        right.text(0.5, 0.5, "no block timed", ha="center", va="center", transform=right.transAxes)
+        right.text(0.5, 0.5, "no block timed", ha="center", va="center", transform=right.transAxes, fontsize=9)
         right.set_xticks([])
     lo, hi = min(values), max(values)
     for ax in (left, right):
@@ -189,12 +198,18 @@ def plot_fp8_compiled_speed(speed, *, title: str | None = None) -> Figure:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
         ax.grid(alpha=0.3, which="major", axis="y")
-    right.text(1.0, 1.0, " BF16", transform=right.get_yaxis_transform(), va="center", fontsize=8,
+    right.text(1.02, 1.0, "BF16", transform=right.get_yaxis_transform(), va="center", fontsize=9,
                color=TENSOR_COLOUR)
-    left.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=2, frameon=False)
+    handles, labels = left.get_legend_handles_labels()
+    if block and speed.predicted_block:
+        handles.append(Line2D([], [], color="#000000", lw=2))
+        labels.append(f"Llama block, predicted ({speed.predicted_for})")
+    key.axis("off")
+    key.legend(handles, labels, loc="center", ncol=2, fontsize=9, frameon=False)
     fig.suptitle(title or f"FP8 against BF16, forward + backward: {speed.device.split(':')[0].upper()}, "
-                 f"{speed.mode.split(':')[0]} (above 1: FP8 faster)", fontsize=10)
+                 f"{speed.mode.split(':')[0]} (above 1: FP8 faster)", fontsize=11)
     return finish_figure(fig)
 
 
+SPEED_MARKERS = ("o", "s", "^", "D", "v")
 SPEED_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9")

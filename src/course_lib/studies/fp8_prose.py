@@ -23,12 +23,12 @@ from .fp8 import (
     ScalingLab,
     SpikeRun,
 )
-from .fp8_speed import BF16, BF16_EAGER, COURSE_EAGER, LAYER_GROUPS, Fp8CompiledSpeed, Fp8LayerProfile
+from .fp8_speed import (BF16, BF16_EAGER, BREAK_EVEN, COURSE_EAGER, LAYER_GROUPS, Fp8CompiledSpeed, Fp8LayerProfile,
+                        shape_label, speed_class)
 
 BASELINE = "bf16_autocast"
 COURSE_LAYER = "FP8 course layer (_scaled_mm, tensorwise, eager)"
 BF16_LAYER = "BF16 nn.Linear"
-
 
 def format_facts() -> dict[str, object]:
     """Largest finite value, smallest subnormal, epsilon and binades of E4M3 and E5M2
@@ -301,12 +301,26 @@ def speedup_facts(estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
     fp8, bf16 = gpu.peak("fp8"), gpu.peak("bf16")
     if fp8 is None or bf16 is None:
         raise ValueError(f"{gpu.name} lists no BF16 or no FP8 tensor-core peak")
+    crossing = next((e for e in tw if speed_class(e.speedup) != "slower"), None)
     return {"pred_1k": at[1024], "pred_16k": at[16384],
-            "pred_breakeven": next((e.m for e in tw if e.speedup >= 1), None),
+            "pred_breakeven": crossing.m if crossing else None,
+            "pred_crossing": crossing_phrase(crossing.speedup if crossing else None),
             "rec_mm_8k": Prose(f"{rec[8192]:.2f}" if 8192 in rec else "not recorded"),
             "rec_mm_small": _ratio_range([v for n, v in rec.items() if n <= 2048], missing="(not recorded)"),
             "rec_mm_small_verdict": small_product_verdict([v for n, v in rec.items() if n <= 2048]),
             "h100_fp8": fp8, "h100_bf16_peak": bf16, "peak_ratio": fp8 / bf16}
+
+
+def crossing_phrase(ratio: float | None) -> Prose:
+    """How the predicted speedup first stops losing to BF16, before "$M = K = N$ = <size>": "breaks even
+    (1.00) at" for a ratio within :data:`BREAK_EVEN` of 1, "first passes 1 (1.25) at" above that; None (it
+    never does) gives "stays below 1 up to"."""
+    if ratio is None:
+        return Prose("stays below 1 up to")
+    kind = speed_class(ratio)
+    if kind == "slower":
+        raise ValueError(f"{ratio!r} is below break-even; pass the first ratio that is not")
+    return Prose(f"breaks even ({ratio:.2f}) at" if kind == "break-even" else f"first passes 1 ({ratio:.2f}) at")
 
 
 def small_product_verdict(ratios: Sequence[float]) -> Prose:
@@ -397,8 +411,8 @@ def layer_profile_facts(profile: Fp8LayerProfile) -> dict[str, object]:
     if not profile.device.startswith("cuda"):
         verdict = (f"On this CPU the FP8 products themselves take {matmul:.0f}% of the layer's time: with no FP8 "
                    "arithmetic, `_scaled_mm` converts the codes back to wider floats first. The amax, scale and "
-                   f"cast steps this breakdown is about take the other {casting:.0f}% with the rest; what they cost "
-                   "on a GPU, only a GPU profile can say.")
+                   f"cast steps this breakdown is about, and the rest, take the other {casting:.0f}%; what they "
+                   "cost on a GPU, only a GPU profile can say.")
     elif slower > 1:
         verdict = (f"The course's layer took {slower:.1f} times BF16's kernel time: the matrix products take "
                    f"{matmul:.0f}% of it, and the amax, scale, cast and other kernels {casting:.0f}%, each a "
@@ -418,75 +432,125 @@ def _fp8_implementations(speed: Fp8CompiledSpeed) -> list[str]:
 
 
 def compiled_speed_table(speed: Fp8CompiledSpeed) -> MarkdownTable:
-    """Per linear size and for the block: BF16's milliseconds, then each FP8 implementation's speed as a
-    multiple of BF16's (above 1: faster) and the roofline's prediction per recipe ("-": not run)."""
+    """Per linear size and for the block: BF16's milliseconds (and eager BF16's, where the course's eager
+    layer was compared with it), then each FP8 implementation's speed as a multiple of its BF16 baseline's
+    (above 1: faster; two significant figures below 0.1) and the roofline's prediction per recipe ("-": not
+    run)."""
     fp8s = _fp8_implementations(speed)
     recipes = list(speed.predicted_linear)
+    bases = [b for b in (BF16, BF16_EAGER) if b in speed.linear_s or b in speed.block_s]
 
-    def cells(ratio: Mapping, key) -> list[str]:
-        return [f"{ratio[key]:.2f}" if key in ratio else "-"]
+    def ratio(value: float | None) -> str:
+        return ratio_text(value) if value is not None else "-"
+
+    def ms(times: Mapping, key) -> str:
+        return f"{1e3 * times[key]:.3f}" if key in times else "-"
 
     rows = []
     for n in speed.sizes:
-        base = speed.linear_s.get(BF16, {})
-        rows.append([f"linear {speed.tokens} x {n} x {n}", f"{1e3 * base[n]:.3f}" if n in base else "-",
-                     *(c for k in fp8s for c in cells(speed.linear_speedup(k), n)),
-                     *(c for r in recipes for c in cells(speed.predicted_linear[r], n))])
+        rows.append([shape_label(speed.tokens, n), *(ms(speed.linear_s.get(b, {}), n) for b in bases),
+                     *(ratio(speed.linear_speedup(k).get(n)) for k in fp8s),
+                     *(ratio(speed.predicted_linear[r].get(n)) for r in recipes)])
     if speed.block_width:
         tokens = speed.block_batch * speed.block_seq
         rows.append([f"Llama block, width {speed.block_width}, {tokens} tokens",
-                     f"{1e3 * speed.block_s[BF16]:.3f}" if BF16 in speed.block_s else "-",
-                     *(f"{r:.2f}" if (r := speed.block_speedup(k)) is not None else "-" for k in fp8s),
-                     *(f"{speed.predicted_block[r]:.2f}" if r in speed.predicted_block else "-" for r in recipes)])
-    header = ["shape", f"{BF16} (ms)", *(f"{k}: x BF16" for k in fp8s),
-              *(f"predicted {r} on {speed.predicted_for}" for r in recipes)]
+                     *(ms(speed.block_s, b) for b in bases),
+                     *(ratio(speed.block_speedup(k)) for k in fp8s),
+                     *(ratio(speed.predicted_block.get(r)) for r in recipes)])
+    def base_name(b: str) -> str:
+        return "BF16 compiled" if b == BF16 and speed.compiled else "BF16 eager"
+
+    header = ["shape", *(f"{base_name(b)} (ms)" for b in bases),
+              *(f"{k}: x {base_name(speed.baseline(k))}" for k in fp8s),
+              *(f"predicted {r} on {speed.predicted_for}: x BF16" for r in recipes)]
     return markdown_table(header, rows)
 
 
-def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
-    """Where FP8 ran faster than BF16 in ``speed`` and where not (by implementation and shape), how it ran
-    (compiled or eager, device), and what a CPU run can say."""
-    faster: list[str] = []
-    slower: list[str] = []
+def _by_speed(speed: Fp8CompiledSpeed) -> dict[str, list[str]]:
+    """Each FP8 implementation's shapes, as "<implementation> at <n> (<ratio>x)", by :func:`speed_class`."""
+    found: dict[str, list[str]] = {"faster": [], "break-even": [], "slower": []}
     for k in _fp8_implementations(speed):
         for n, r in speed.linear_speedup(k).items():
-            (faster if r > 1 else slower).append(f"{k} at {n} ({r:.2f}x)")
+            found[speed_class(r)].append(f"{k} at {n} ({ratio_text(r)}x)")
         if (block := speed.block_speedup(k)) is not None:
-            (faster if block > 1 else slower).append(f"{k} on the block ({block:.2f}x)")
-    if not faster and not slower:
+            found[speed_class(block)].append(f"{k} on the block ({ratio_text(block)}x)")
+    return found
+
+
+def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
+    """Where FP8 ran faster than BF16 in ``speed``, where it broke even (within :data:`BREAK_EVEN`) and where
+    it was slower (by implementation and shape), how it ran (compiled or eager, device), and what a CPU run
+    can say."""
+    found = _by_speed(speed)
+    faster, even, slower = found["faster"], found["break-even"], found["slower"]
+    if not (faster or even or slower):
         raise ValueError("the study timed no FP8 implementation next to BF16")
     device = speed.device.split(":")[0]
-    if device != "cuda":
-        where = ("This ran on a CPU, which has **no FP8 tensor cores**: its `_scaled_mm` converts the codes back "
-                 "to wider floats and multiplies those, so FP8 can only cost time here, and these timings say "
-                 "nothing about a GPU. ")
+    on_cpu = device != "cuda"
+    where = ("A CPU has **no FP8 tensor cores**: its `_scaled_mm` converts the codes back to wider floats and "
+             "multiplies those, so FP8 can only cost time here, and these timings say nothing about a GPU. "
+             if on_cpu else "")
+    if not faster and not even:
+        shown = f"FP8 was slower than BF16 everywhere it ran: {listed(slower)}."
     else:
-        where = ""
-    if faster:
-        shown = f"FP8 was faster than BF16 for {listed(faster)}; it was not for {listed(slower) if slower else 'none'}."
-        if device != "cuda":
+        parts = [f"FP8 was faster than BF16 for {listed(faster)}" if faster else "FP8 was faster than BF16 nowhere",
+                 f"it broke even (within {100 * BREAK_EVEN:.0f}%) for {listed(even)}" if even else "",
+                 f"it was slower for {listed(slower)}" if slower else ""]
+        shown = "; ".join(p for p in parts if p) + "."
+        if on_cpu and faster:
             shown += (" On a CPU a ratio above 1 can only be timing noise (these layers are tiny, and the machine "
                       "may be shared).")
-    else:
-        shown = f"FP8 was slower than BF16 everywhere it ran: {listed(slower)}."
     skipped = "".join(f" {k} did not run: {why}." for k, why in speed.skipped.items())
     return {"cs_device": device.upper(), "cs_mode": Prose(speed.mode), "cs_tokens": speed.tokens,
             "cs_verdict": Prose(where + shown + skipped), "cs_faster_count": len(faster)}
+
+
+# the day the course layer began to cast in one pass without a host read on a GPU (commit 2903698)
+ONE_PASS_CASTS_SINCE = "2026-11-25"
+
+
+def linear_record_note(label: str | None, date: str = "") -> Prose:
+    """The end of the sentence that introduces the course layer's profile: with an ``fp8_linear_speed``
+    record on ``label``'s GPU shown above, dated ``date`` (ISO), that it timed an older, slower version of
+    the layer when it predates :data:`ONE_PASS_CASTS_SINCE`."""
+    if not label or date[:10] >= ONE_PASS_CASTS_SINCE:
+        return Prose(".")
+    return Prose(f"; the record above, on {label}, was taken with an older, slower version of the layer.")
 
 
 def course_layer_note(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
     """What the course's FP8 layer is for, from a recorded ``fp8_compiled_speed`` (its eager layer against
     eager BF16 on a GPU), or, with none recorded, from what is known without one."""
     if recorded is None or not recorded.linear_speedup(COURSE_EAGER):
-        return Prose("No GPU has timed the course's layer since its casts lost their Python loops and host "
-                     "synchronisations (an `fp8_linear_speed` record predates that): until one does, treat it as a "
-                     "**numerics reference**, exact against torch and torchao, and use torchao for speed.")
+        return Prose("No GPU has timed this version of the layer yet: until one does, treat it as a **numerics "
+                     "reference**, exact against torch and torchao, and use torchao for speed.")
     ratios = recorded.linear_speedup(COURSE_EAGER)
     lo, hi = min(ratios.values()), max(ratios.values())
-    role = ("a **numerics reference**, not a fast layer: for speed, use torchao" if hi < 1 else
+    role = ("a **numerics reference**, not a fast layer: for speed, use torchao"
+            if speed_class(hi) == "slower" else
             "no slower than eager BF16 at some sizes, though torchao compiled remains the layer to train with")
     return Prose(f"On {label} the course's eager layer ran at {ratio_text(lo)} to {ratio_text(hi)} times eager "
                  f"BF16's speed: {role}.")
+
+
+def gpu_pointer(recorded: Fp8CompiledSpeed | None, label: str = "", *, verb: str = "measure") -> Prose:
+    """What the torchao-compiled section does with a claim, after a reference to it: "measures it on
+    <label>" where a GPU run of ``fp8_compiled_speed`` exists, else "will measure it on a GPU, once recorded"
+    (no parentheses: the page puts the phrase in some); ``verb`` is "measure" or "time"."""
+    if verb not in ("measure", "time"):
+        raise ValueError(f"verb must be 'measure' or 'time', got {verb!r}")
+    if recorded is None:
+        return Prose(f"will {verb} it on a GPU, once recorded")
+    return Prose(f"{verb}s it on {label}")
+
+
+def _torchao_wins(recorded: Fp8CompiledSpeed) -> tuple[list[str], int]:
+    """The shapes where a torchao layer ran faster than BF16 (beyond break-even), and how many it ran."""
+    ratios = {f"{k} at {n}": r for k in recorded.linear_s if k.startswith("torchao")
+              for n, r in recorded.linear_speedup(k).items()}
+    ratios.update({f"{k} on the block": r for k in recorded.block_s if k.startswith("torchao")
+                   and (r := recorded.block_speedup(k)) is not None})
+    return [shape for shape, r in ratios.items() if speed_class(r) == "faster"], len(ratios)
 
 
 def fp8_pays_note(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
@@ -495,15 +559,20 @@ def fp8_pays_note(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
     if recorded is None:
         return Prose("No GPU measurement of a fast FP8 layer is recorded yet: that FP8 pays for large layers "
                      "rests on the roofline's prediction alone.")
-    wins = [f"{k} at {n}" for k in recorded.linear_s if k.startswith("torchao")
-            for n, r in recorded.linear_speedup(k).items() if r > 1]
-    wins += [f"{k} on the block" for k in recorded.block_s if k.startswith("torchao")
-             and (r := recorded.block_speedup(k)) is not None and r > 1]
+    wins, _ = _torchao_wins(recorded)
     if not wins:
         return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) were not faster than BF16 at any "
                      "recorded shape: the prediction that FP8 pays for large layers is not borne out there.")
     return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) ran faster than BF16 for {listed(wins)}: "
                  "there the prediction is measured, elsewhere it is not.")
+
+
+def fp8_pays_takeaway(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
+    """:func:`fp8_pays_note` in a clause, for the takeaways."""
+    if recorded is None:
+        return Prose("no GPU has measured that yet")
+    wins, ran = _torchao_wins(recorded)
+    return Prose(f"on {label} torchao compiled beat BF16 at {len(wins)} of {ran} shapes")
 
 
 # ---- errata and exercises ------------------------------------------------------------------------------

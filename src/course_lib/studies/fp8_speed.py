@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,6 +127,25 @@ BF16 = "BF16"
 BF16_EAGER = "BF16 (eager)"
 COURSE_EAGER = "course FP8 layer, tensorwise (eager)"
 TORCHAO_RECIPES = ("tensorwise", "rowwise")
+
+
+BREAK_EVEN = 0.01
+"""A speed ratio within this fraction of 1 (0.99 to 1.01) is break-even: neither faster nor slower."""
+
+
+def speed_class(ratio: float) -> str:
+    """``"faster"``, ``"break-even"`` or ``"slower"`` for a ratio of BF16's time over FP8's (above 1: FP8 is
+    faster); within :data:`BREAK_EVEN` of 1 it is break-even."""
+    if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"a speed ratio must be a positive finite number, got {ratio!r}")
+    if abs(ratio - 1) <= BREAK_EVEN + 1e-12:   # 0.99 and 1.01 themselves, despite binary rounding
+        return "break-even"
+    return "faster" if ratio > 1 else "slower"
+
+
+def shape_label(tokens: int, features: int) -> str:
+    """A square linear layer's shape for a table or an axis: "64 tokens, 128→128 features"."""
+    return f"{tokens} tokens, {features}→{features} features"
 
 
 def torchao_name(recipe: str) -> str:
