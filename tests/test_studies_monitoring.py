@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from course_lib.checkup import Checkup
+from course_lib.device import SizeProfile
 from course_lib.glue import Prose
 from course_lib.monitor import Alert, MatmulStats, MonitorLog, NonFiniteReport, TensorSummary
 from course_lib.monitor.recovery import RecoveryEvent
@@ -208,17 +209,16 @@ def test_from_five_rounds_on_one_burst_of_load_is_tolerated():
     assert one_burst.noise() == pytest.approx(0.01) and min(one_burst.round_overheads(10)) < -0.6
     assert P.overhead_verdict(one_burst, 10) == "cost"
     assert P.overhead_phrase(one_burst, 10, run="the run") == (
-        "cost 5% in the run, above the unmonitored loop's median round-to-round change (1%) in every round but "
-        "at most one")
+        "cost 5.0% in the run, beyond its timing noise of 1.0% in every round but at most one")
     assert "counts as a cost only where it exceeded that median in every round but at most one." in (
         P.overhead_sentence(one_burst))
     two_low = _cost(base, (1.05, 1.06, 1.05, 1.0, 1.05, 1.06))        # and round 3 shows no cost at all
     assert P.overhead_verdict(two_low, 10) == "unresolved"
     assert P.errata_rows(FWD, _demo(), two_low, [], inf_raises=False, nan_raises=True)[3][1].startswith(
-        "Every step: +50% here, beyond the timing noise in every round but at most one; every 10 steps: +4%, beyond "
-        "the timing noise in only 4 of 6 rounds (")
-    # a range that rounds to zero reads +0%, not -0%
-    assert P.overhead_facts(_cost((1.0, 1.0), (0.999, 1.001)))["cost_range10"] == "+0% to +0%"
+        "Every step: +50.0% here, beyond the timing noise in every round but at most one; every 10 steps: +4.0%, "
+        "longer by more than the timing noise in only 4 of 6 rounds (")
+    # a range that rounds to zero reads +0.0%, not -0.0%
+    assert P.overhead_facts(_cost((1.0, 1.05), (0.9996, 1.0504)))["cost_range10"] == "+0.0% to +0.0%"
     # of three rounds, all must clear the noise: here two of three do
     assert P.overhead_verdict(_cost((1.0, 1.01, 1.0), (1.05, 1.06, 1.0)), 10) == "unresolved"
 
@@ -231,56 +231,56 @@ def test_overhead_verdict_needs_the_rounds():
 
 
 def test_overhead_table_and_facts():
+    # the shortest step to four significant figures; the overheads to the sentences' decimals
     assert P.overhead_table(COST).splitlines() == [
-        "| monitor | step (ms) | overhead |", "|---|---|---|", "| none | 8.0 |  |",
-        "| every step | 10.0 | +25.0% |",
-        "| every 10 steps | 8.4 | +5.0% |"]
+        "| monitor | step (ms) | overhead |", "|---|---|---|", "| none | 8.000 |  |",
+        "| every step | 10.000 | +25.0% |",
+        "| every 10 steps | 8.400 | +5.0% |"]
     facts = P.overhead_facts(COST)
     assert facts["cost_every1"] == 100 * (0.010 / 0.008 - 1) and facts["cost_every10"] == 100 * (0.0084 / 0.008 - 1)
     assert facts["cost_noise"] == pytest.approx(10.0)
-    assert facts["cost_range10"] == "-5% to +5%" and facts["cost_range1"] == "+25% to +30%"
+    assert facts["cost_range10"] == "-5.0% to +5.0%" and facts["cost_range1"] == "+25.0% to +30.0%"
     assert facts["cost_sentence"] == (
-        "The unmonitored loop, timed once a round, moved by a median 10% from one round to the next on its own (at "
-        "most 10%): that is this run's noise, and an overhead counts as a cost only where it exceeded that median "
-        "in every round. Single rounds' overheads ranged from +25% to +30% (every step) and from -5% to +5% (every 10 steps). So "
-        "watching every step made the mean step 25% longer: a cost; watching every 10 steps changed the mean step "
-        "time by +5%, within that noise: no cost this run can tell from zero.")
-    assert facts["cost_every10_phrase"] == ("cost nothing this page's run could tell from its timing noise: +5%, "
-                                            "where the unmonitored loop alone moved by a median 10% between rounds")
-    assert all(isinstance(facts[k], Prose) for k in ("cost_sentence", "cost_every10_phrase", "cost_range1"))
+        "The unmonitored loop, timed once a round, moved by a median 10.0% from one round to the next on its own "
+        "(at most 10.0%): that is this run's noise, and an overhead counts as a cost only where it exceeded that "
+        "median in every round. Single rounds' overheads ranged from +25.0% to +30.0% (every step) and from -5.0% to "
+        "+5.0% (every 10 steps). So watching every step made the mean step 25.0% longer: a cost; watching every 10 "
+        "steps changed the mean step time by +5.0%, within that noise: no cost this run can tell from zero.")
+    assert all(isinstance(facts[k], Prose) for k in ("cost_sentence", "cost_range1", "cost_range10"))
     with pytest.raises(ValueError, match=r"intervals \[10\]"):
         P.overhead_facts(M.MonitorOverhead({0: 1.0, 1: 2.0}))
 
 
 def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
     assert P.overhead_sentence(UNRESOLVED).endswith(
-        "watching every 10 steps changed the mean step time by +20%, more than that noise overall but only in 2 of 3 "
-        "rounds (it takes every round): no cost this run can tell from zero.")
+        "from +0.0% to +20.0% (every 10 steps). So watching every step made the mean step 50.0% longer: a cost; "
+        "watching every 10 steps changed the mean step time by +20.0%, more than that noise overall, but the step "
+        "was longer by more than the noise in only 2 of 3 rounds (it takes every round): no cost this run can tell "
+        "from zero.")
     assert P.overhead_sentence(FASTER).endswith(
-        "watching every 10 steps made the mean step 20% shorter, by more than that noise in every round; a monitor "
-        "only adds work, so the machine's load changed during the run.")
+        "watching every 10 steps made the mean step 20.0% shorter, by more than that noise in every round; a "
+        "monitor only adds work, so the machine's load changed during the run.")
     with pytest.raises(ValueError, match="two rounds"):
         P.overhead_sentence(M.MonitorOverhead({0: 1.0, 1: 2.0, 10: 1.0}))
 
 
 @pytest.mark.parametrize("cost, every, phrase", [
-    (COST, 1, "cost 25% in the run, above the unmonitored loop's median round-to-round change (10%) in every round"),
-    (COST, 10, "cost nothing the run could tell from its timing noise: +5%, where the unmonitored loop alone moved "
-               "by a median 10% between rounds"),
-    (UNRESOLVED, 10, "cost nothing the run could tell from its timing noise: +20% overall, but more than the noise "
-                     "(the unmonitored loop's median 5% between rounds) in only 2 of 3 rounds"),
-    (FASTER, 10, "cost nothing measurable in the run: its steps were 20% shorter, more than the timing noise of 1% "
-                 "in every round, which only a change in the machine's load explains"),
+    (COST, 1, "cost 25.0% in the run, beyond its timing noise of 10.0% in every round"),
+    (COST, 10, "cost nothing the run could separate from its timing noise (+5.0%, within the noise of 10.0%)"),
+    (UNRESOLVED, 10, "cost nothing the run could separate from its timing noise (+20.0%, longer by more than the "
+                     "noise of 5.0% in only 2 of 3 rounds)"),
+    (FASTER, 10, "cost nothing measurable in the run (its steps were 20.0% shorter, beyond the timing noise of 1.0% "
+                 "in every round, which only a change in the machine's load explains)"),
 ])
 def test_overhead_phrase_for_each_verdict(cost, every, phrase):
     assert P.overhead_phrase(cost, every, run="the run") == phrase
 
 
-def _record(seconds, rounds=None, transfers=None):
+def _record(seconds, rounds=None, transfers=None, parameters=None):
     prov = Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
                       compute_capability="9.0")
     values = {"seconds": seconds} if rounds is None else {"seconds": seconds, "rounds": rounds}
-    record = Record("monitor_overhead", {}, values, prov)
+    record = Record("monitor_overhead", {"profile": "full"} if parameters is None else parameters, values, prov)
     result = M.MonitorOverhead({int(k): v for k, v in seconds.items()},
                                {int(k): tuple(v) for k, v in (rounds or {}).items()}, transfers)
     return RecordedResult(record, result)
@@ -292,54 +292,128 @@ REC = _record({"0": 0.04, "1": 0.09, "10": 0.044})
 def test_recorded_overhead_facts_with_and_without_a_record():
     facts = P.recorded_overhead_facts([REC])
     assert facts["gpu_cost"] == (
-        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.0 ms "
-        "a step without a monitor, 90.0 ms watched every step (+125%) and 44.0 ms every 10 steps (+10%). The record "
-        "keeps one median per setting and not its rounds, so it cannot say how much of the +10% every 10 steps is "
-        "noise. This record is of the monitor as it was before this page's: it brought every parameter's "
-        "statistics back to the host one `float()` at a time, about six per parameter, each a wait for the GPU, so "
-        "the GPU could not run ahead of Python on a sampled step (the record does not separate that from the "
-        "arithmetic). The monitor on this page computes them where the gradients are and moves them to the host "
-        "once per sampled step; until a record of it says what that leaves, sample every 10 steps or less often.")
-    assert facts["gpu_cost_short"] == ("; +10% recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size "
-                                       "model (the monitor before it batched its statistics), a median whose noise "
-                                       "the record does not keep")
-    assert facts["gpu_cost_every1"] == (" (every step made the step 2.2x as long there (the monitor before it "
-                                        "batched its statistics))")
+        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.00 ms a step without a monitor, "
+        "90.00 ms watched every step (+125.0%) and 44.00 ms every 10 steps (+10.0%). The record keeps one median per "
+        "setting and not its rounds, so it cannot say how much of the +10.0% every 10 steps is noise. This record "
+        "is of the monitor as it was before this page's: it brought each statistic of each parameter back to the "
+        "host with a `float()` of its own (`tests/test_monitor_batched.py` counts them on that code), each a wait "
+        "for the GPU, so the GPU could not run ahead of Python on a sampled step (the record does not separate that "
+        "from the arithmetic). The monitor on this page computes them where the gradients are and moves them to the "
+        "host once per sampled step; until a record of it says what that leaves, sample every 10 steps or less "
+        "often.")
     assert P.before_batching(REC)
     batched = _record({"0": 0.04, "1": 0.046, "10": 0.0405}, transfers=1.0)
     assert not P.before_batching(batched)
     new = P.recorded_overhead_facts([batched])
-    assert new["gpu_cost"].endswith("(+1%). The record keeps one median per setting and not its rounds, so it "
-                                    "cannot say how much of the +1% every 10 steps is noise. The statistics run on "
+    assert new["gpu_cost"].endswith("(+1.2%). The record keeps one median per setting and not its rounds, so it "
+                                    "cannot say how much of the +1.2% every 10 steps is noise. The statistics run on "
                                     "the GPU and came back to the host in 1 transfer per sampled step there.")
-    assert new["gpu_cost_every1"] == " (every step made the step 1.1x as long there)"
-    assert "before" not in new["gpu_cost_short"]
+    # the model size comes from the record's profile
+    small = P.recorded_overhead_facts([_record({"0": 0.04, "1": 0.09, "10": 0.044}, parameters={"profile": "small"})])
+    assert small["gpu_cost"].startswith("Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the 'small' profile's model:")
+    assert "with a model size the record does not give:" in P.recorded_overhead_facts(
+        [_record({"0": 0.04, "1": 0.09, "10": 0.044}, parameters={})])["gpu_cost"]
     none = P.recorded_overhead_facts([])
+    assert set(none) == set(facts) == {"gpu_cost"}
     assert none["gpu_cost"].startswith("On a GPU the statistics run on the GPU and come back to the host once per "
                                        "sampled step") and "measure it there" in none["gpu_cost"]
-    assert none["gpu_cost_short"] == "" and none["gpu_cost_every1"] == ""
     assert all(isinstance(v, Prose) for v in (*facts.values(), *none.values()))
     with pytest.raises(ValueError, match=r"intervals \[1\]"):
         P.recorded_step_seconds(_record({"0": 1.0, "10": 1.0}))
 
 
 def test_the_live_timing_note_labels_a_cpu_run_as_such():
-    assert P.live_timing_note("cpu").startswith("These are CPU timings of the small model")
-    assert "GPU's overhead" in P.live_timing_note(torch.device("cpu"))
-    assert P.live_timing_note("cuda:0") == "These are timings on this page's CUDA device, at this page's model size."
+    small, full = SizeProfile("small"), SizeProfile("full", forced=True)
+    assert P.live_timing_note("cpu", small).startswith("These are CPU timings of the small model on a shared")
+    assert "GPU's overhead" in P.live_timing_note(torch.device("cpu"), small)
+    # a full-size run forced on a CPU is still a CPU's timing
+    assert P.live_timing_note("cpu", full).startswith("These are CPU timings of the full-size model")
+    assert P.live_timing_note("cuda:0", full) == "These are timings of the full-size model on this page's CUDA device."
+
+
+# a record that kept its rounds: the unmonitored loop moved 2% between them; every 10 steps cost 10%, beyond it
+ROUNDS_REC = _record({"0": 0.04, "1": 0.09, "10": 0.044},
+                     {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})
 
 
 def test_recorded_overhead_facts_judge_a_record_that_kept_its_rounds():
-    # the unmonitored loop moved 2% between the rounds; every 10 steps cost 10%, beyond it
-    rec = _record({"0": 0.04, "1": 0.09, "10": 0.044}, {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})
-    facts = P.recorded_overhead_facts([rec])
-    assert ("(+10%). Its unmonitored loop moved by a median 2% between rounds: every 10 steps is beyond the timing "
-            "noise in every round there. This record") in facts["gpu_cost"]
-    assert facts["gpu_cost_short"].endswith("batched its statistics), beyond the timing noise in every round "
-                                            "(noise 2%)")
+    facts = P.recorded_overhead_facts([ROUNDS_REC])
+    assert ("(+10.0%). Its unmonitored loop moved by a median 2.0% between rounds: every 10 steps is beyond the "
+            "timing noise in every round there. This record") in facts["gpu_cost"]
     quiet = _record({"0": 0.04, "1": 0.09, "10": 0.0404}, {"0": [0.04, 0.0408], "1": [0.09, 0.09],
                                                            "10": [0.0404, 0.0404]})
-    assert P.recorded_overhead_facts([quiet])["gpu_cost_short"].endswith(", within the timing noise (noise 2%)")
+    assert P.overhead_takeaway(COST, [quiet], "cpu").endswith(
+        "every 10 steps by +1.0% (every 10 steps within the timing noise; noise 2.0%).")
+
+
+def test_the_takeaway_names_the_run_the_monitor_and_the_noise():
+    assert P.overhead_takeaway(COST, [REC], "cpu") == (
+        "Sampling every 10 steps cost nothing this page's CPU run could separate from its timing noise (+5.0%, "
+        "within the noise of 10.0%). On NVIDIA H100 80GB HBM3 (sm 9.0), with the older monitor that read each "
+        "statistic back separately, watching every step changed the step time by +125.0% and every 10 steps by "
+        "+10.0% (noise not recorded).")
+    assert P.overhead_takeaway(UNRESOLVED, [ROUNDS_REC], torch.device("cuda", 0)) == (
+        "Sampling every 10 steps cost nothing this page's CUDA run could separate from its timing noise (+20.0%, "
+        "longer by more than the noise of 5.0% in only 2 of 3 rounds). On NVIDIA H100 80GB HBM3 (sm 9.0), with the "
+        "older monitor that read each statistic back separately, watching every step changed the step time by "
+        "+125.0% and every 10 steps by +10.0% (every 10 steps beyond the timing noise in every round; noise 2.0%).")
+    batched = _record({"0": 0.04, "1": 0.046, "10": 0.0405}, transfers=1.0)
+    assert ", with the monitor on this page, watching every step changed the step time by +15.0% and every 10 " \
+           "steps by +1.2% (noise not recorded)." in P.overhead_takeaway(COST, [batched], "cpu")
+    assert P.overhead_takeaway(FASTER, [], "cpu") == (
+        "Sampling every 10 steps cost nothing measurable in this page's CPU run (its steps were 20.0% shorter, "
+        "beyond the timing noise of 1.0% in every round, which only a change in the machine's load explains).")
+    assert isinstance(P.overhead_takeaway(COST, [], "cpu"), Prose)
+    with pytest.raises(ValueError, match=r"intervals \[10\]"):
+        P.overhead_takeaway(M.MonitorOverhead({0: 1.0, 1: 2.0}), [], "cpu")
+
+
+# the unmonitored loop moves 4.00% between rounds; every 10 steps is 4.04% shorter overall: to one decimal both
+# read 4.0%, so a sentence saying "-4.0%, more than that noise of 4.0%" could not be checked by its reader
+CLOSE = _cost((1.0, 1.04, 1.0, 1.04, 1.0, 1.04), (0.94, 1.04 * 0.9596, 1.0, 1.06, 0.9596, 0.99))
+
+
+def test_a_comparison_with_the_noise_prints_enough_decimals_to_be_checked():
+    assert CLOSE.noise() == pytest.approx(0.04) and CLOSE.overhead(10) == pytest.approx(-0.0404)
+    assert f"{100 * CLOSE.noise():.1f}" == f"{-100 * CLOSE.overhead(10):.1f}"      # the trap
+    assert P.percent_decimals(CLOSE) == 2
+    assert P.overhead_verdict(CLOSE, 10) == "unresolved"
+    sentence = P.overhead_sentence(CLOSE)
+    assert "moved by a median 4.00% from one round" in sentence
+    assert sentence.endswith("changed the mean step time by -4.04%, more than that noise overall, but the step was "
+                             "shorter by more than the noise in only 4 of 6 rounds (it takes every round but at most "
+                             "one): no cost this run can tell from zero.")
+    assert P.overhead_table(CLOSE).splitlines()[1:] == ["|---|---|---|", "| none | 1040.0 |  |",
+                                                       "| every step | 1560.0 | +50.00% |",
+                                                       "| every 10 steps | 998.0 | -4.04% |"]
+    assert "from -6.00% to +1.92% (every 10 steps)" in sentence
+    assert "(-4.04%, shorter by more than the noise of 4.00% in only 4 of 6 rounds)" in P.overhead_takeaway(
+        CLOSE, [], "cpu")
+    assert "every 10 steps: -4.04%, shorter by more than the timing noise in only 4 of 6 rounds (the unmonitored " \
+           "loop alone moved by a median 4.00% between rounds)" in P.errata_rows(
+               FWD, _demo(), CLOSE, [], inf_raises=False, nan_raises=True)[3][1]
+    # a single round's extreme counts too: the every-step rounds' lowest is +4.04% against a noise of 4.00%
+    low_round = M.MonitorOverhead({0: 1.0, 1: 1.5, 10: 1.2}, {0: (1.0, 1.04, 1.0), 1: (1.5, 1.082016, 1.5),
+                                                              10: (1.2, 1.2, 1.2)})
+    assert min(low_round.round_overheads(1)) == pytest.approx(0.0404) and P.percent_decimals(low_round) == 2
+    # equal values read equal (no decimals are added for them); values apart at one decimal keep one
+    equal = _cost((1.0, 1.05, 1.0), (1.05, 1.05, 1.05))
+    assert equal.overhead(10) == pytest.approx(equal.noise()) and P.percent_decimals(equal) == 1
+    assert P.percent_decimals(COST) == 1
+    # a run that kept no rounds has no noise to compare with
+    assert P.percent_decimals(M.MonitorOverhead({0: 1.0, 1: 2.0, 10: 1.0})) == 1
+
+
+def test_the_printed_step_times_give_the_printed_overhead():
+    # the reviewer's page: 11.0 and 10.5 ms printed beside -4.1% (10.5 / 11.0 - 1 is -4.5%)
+    cost = _cost((0.011, 0.01144, 0.011), (0.01055, 0.0112, 0.0100))
+    rows = [r.split(" | ") for r in P.overhead_table(cost).splitlines()[2:]]
+    none, every10 = float(rows[0][1]), float(rows[2][1])
+    assert rows[2][1] == "10.55" and rows[2][2].rstrip(" |") == "-4.1%"
+    assert f"{100 * (every10 / none - 1):+.1f}%" == rows[2][2].rstrip(" |")
+    # four significant figures whatever the size: 0.5 ms, 43 ms, 1.2 s
+    for base, text in ((0.0005, "0.5000"), (0.0436, "43.60"), (1.2, "1200.0")):
+        assert P.overhead_table(_cost((base, base), (base, base))).splitlines()[2] == f"| none | {text} |  |"
 
 
 def _mm(layer, operand, fmt, flush, subnormal):
@@ -389,14 +463,14 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
                           "and drive the scale to 0.5; the run never recovered on its own.")
     assert rows[2][1] == ("It checks backward outputs for NaN only: a backward pass whose gradient is inf passed "
                           "without an error under it here, one whose gradient is NaN raised; FP16 overflows to inf.")
-    assert rows[3][1] == ("Every step: +25% here, beyond the timing noise in every round; every 10 steps: +5%, within "
-                          "the timing noise (the unmonitored loop alone moved by a median 10% between rounds). Recorded on NVIDIA "
-                          "H100 80GB HBM3 (sm 9.0) with the monitor before it batched its statistics: +125% and +10%, "
-                          "medians whose noise the record does not keep.")
+    assert rows[3][1] == ("Every step: +25.0% here, beyond the timing noise in every round; every 10 steps: +5.0%, "
+                          "within the timing noise (the unmonitored loop alone moved by a median 10.0% between rounds). "
+                          "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the older monitor that read each statistic "
+                          "back separately: +125.0% and +10.0% (noise not recorded).")
     batched = P.errata_rows(FWD, _demo(), COST, [_record({"0": 0.04, "1": 0.05, "10": 0.041}, transfers=1.0)],
                             inf_raises=False, nan_raises=True)
-    assert batched[3][1].endswith("Recorded on NVIDIA H100 80GB HBM3 (sm 9.0): +25% and +2%, medians whose noise the "
-                                  "record does not keep.")
+    assert batched[3][1].endswith("Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the monitor on this page: +25.0% "
+                                  "and +2.5% (noise not recorded).")
     other = P.errata_rows(M.NanHunt("fc", "nan", None, None, 1, 1, 1), _demo(), COST, [],
                           inf_raises=True, nan_raises=False)
     assert other[0][1].endswith("reported as nothing, the backward function at the loss; the locator named nothing.")
@@ -404,12 +478,12 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
                                   "is inf raised under it here, one whose gradient is NaN passed;")
     both = P.errata_rows(FWD, _demo(), COST, [], inf_raises=True, nan_raises=True)
     assert both[2][1].startswith("In this torch it raised on inf as well as NaN:")
-    assert other[3][1] == ("Every step: +25% here, beyond the timing noise in every round; every 10 steps: +5%, "
-                           "within the timing noise (the unmonitored loop alone moved by a median 10% between "
+    assert other[3][1] == ("Every step: +25.0% here, beyond the timing noise in every round; every 10 steps: +5.0%, "
+                           "within the timing noise (the unmonitored loop alone moved by a median 10.0% between "
                            "rounds).")
     rounds = _record({"0": 0.04, "1": 0.09, "10": 0.044}, {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})
     assert P.errata_rows(FWD, _demo(), COST, [rounds], inf_raises=False, nan_raises=True)[3][1].endswith(
-        "+125% and +10%, every 10 steps beyond the timing noise in every round (noise 2%).")
+        "+125.0% and +10.0% (every 10 steps beyond the timing noise in every round; noise 2.0%).")
     with pytest.raises(ValueError, match="forward"):
         P.errata_rows(BWD, _demo(), COST, [], inf_raises=False, nan_raises=True)
 

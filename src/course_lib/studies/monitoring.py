@@ -215,7 +215,8 @@ class MonitorOverhead:
     seconds: dict[int, float]
     rounds: dict[int, tuple[float, ...]] = field(default_factory=dict)   # per round, the block's mean step
     # the monitor's device-to-host transfers per sampled step (one since it batches its statistics); None
-    # in records of the earlier monitor, which brought each statistic back on its own, about six per parameter
+    # in records of the earlier monitor, which brought each statistic of each parameter back with a float() of
+    # its own (tests/test_monitor_batched.py counts those on that code)
     transfers_per_sample: float | None = None
 
     def overhead(self, every: int) -> float:

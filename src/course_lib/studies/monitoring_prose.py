@@ -4,10 +4,12 @@ studies.monitoring, from the monitor's log and from the recorded GPU runs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..device import SizeProfile
 from ..glue import Prose
 from ..monitor.health import MonitorLog, step_was_skipped
 from ..results import RecordedResult
@@ -19,6 +21,9 @@ from .monitoring import MonitorOverhead, NanHunt, RecoveryDemo, anomaly_function
 # cannot cause: it only adds work)
 OVERHEAD_VERDICTS = ("cost", "within noise", "unresolved", "faster")
 
+# the most decimals a percentage gets when more are needed to tell an overhead's text from the noise's
+_MAX_PERCENT_DECIMALS = 4
+
 
 def _code(name: str | None) -> str:
     return f"`{name}`"
@@ -29,24 +34,58 @@ def _and(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _signed(pct: float) -> str:
-    """``+4%``, ``-3%``; a value that rounds to zero is ``+0%``, never ``-0%``."""
-    text = f"{pct:+.0f}%"
-    return "+0%" if text == "-0%" else text
+def _signed(pct: float, decimals: int = 0) -> str:
+    """``+4%``, ``-3.5%`` (``decimals`` places); a value that rounds to zero reads ``+0%`` (``+0.0%``), never
+    ``-0%``."""
+    text = f"{pct:+.{decimals}f}%"
+    return "+" + text[1:] if float(text[:-1]) == 0 else text
 
 
-def _range(cost: MonitorOverhead, every: int) -> str:
-    """Single rounds' overheads, lowest to highest: ``"+30% to +45%"``."""
+def _unsigned(pct: float, decimals: int) -> str:
+    return f"{abs(pct):.{decimals}f}%"
+
+
+def percent_decimals(cost: MonitorOverhead) -> int:
+    """Decimals for the percentages of ``cost``'s table and sentences: one, or more where an overhead the prose
+    compares with the noise (an interval's overall one, or the lowest or highest of a single round) would print
+    as the noise's number while it differs from it (a reader shown "-4.0%, more than that noise of 4.0%" cannot
+    check it); at most four (values equal to four decimals count as equal). One when the run kept no rounds."""
+    try:
+        noise = 100 * cost.noise()
+    except ValueError:
+        return 1
+    shown = []
+    for every in cost.seconds:
+        if every:
+            shown.append(cost.overhead(every))
+            shown += cost.overhead_range(every) if cost.rounds.get(every) else ()
+    top = _MAX_PERCENT_DECIMALS
+    apart = [100 * abs(v) for v in shown if f"{100 * abs(v):.{top}f}" != f"{noise:.{top}f}"]
+    return next(d for d in range(1, top + 1) if all(f"{v:.{d}f}" != f"{noise:.{d}f}" for v in apart))
+
+
+def _ms_decimals(seconds: Iterable[float]) -> int:
+    """Decimals that give the shortest of these step times (seconds) four significant figures in milliseconds
+    (10.55, 43.61, 8.400; one to four decimals), so that an overhead worked out from the printed times is the
+    printed one to about its last decimal."""
+    shortest = 1e3 * min(seconds)
+    return 4 if shortest <= 0 else min(4, max(1, 3 - math.floor(math.log10(shortest))))
+
+
+def _range(cost: MonitorOverhead, every: int, decimals: int) -> str:
+    """Single rounds' overheads, lowest to highest: ``"+30.0% to +45.0%"``."""
     lo, hi = cost.overhead_range(every)
-    return f"{_signed(100 * lo)} to {_signed(100 * hi)}"
+    return f"{_signed(100 * lo, decimals)} to {_signed(100 * hi, decimals)}"
 
 
-def _beyond(cost: MonitorOverhead, every: int) -> str:
-    """In how many rounds the overhead was beyond the noise in its own direction: ``"4 of 6"``."""
+def _beyond(cost: MonitorOverhead, every: int, noise_name: str = "the noise") -> str:
+    """In how many rounds the step was longer (or, where the overhead is negative, shorter) by more than the
+    noise, called ``noise_name``: ``"longer by more than the noise in only 4 of 6 rounds"``."""
     noise, overall = cost.noise(), cost.overhead(every)
     each = cost.round_overheads(every)
     count = sum(o > noise if overall > 0 else o < -noise for o in each)
-    return f"{count} of {len(each)}"
+    return (f"{'longer' if overall > 0 else 'shorter'} by more than {noise_name} in only {count} of {len(each)} "
+            "rounds")
 
 
 def _interval_name(every: int) -> str:
@@ -54,9 +93,11 @@ def _interval_name(every: int) -> str:
 
 
 def overhead_table(cost: MonitorOverhead) -> MarkdownTable:
-    """Milliseconds per step with no monitor and with each sampling interval, and the overhead over none."""
+    """Milliseconds per step with no monitor and with each sampling interval (four significant figures), and
+    the overhead over none (to :func:`percent_decimals`, the decimals of the section's sentences)."""
+    decimals, ms = percent_decimals(cost), _ms_decimals(cost.seconds.values())
     return markdown_table(["monitor", "step (ms)", "overhead"], [
-        (_interval_name(k), f"{1e3 * v:.1f}", "" if k == 0 else f"{100 * cost.overhead(k):+.1f}%")
+        (_interval_name(k), f"{1e3 * v:.{ms}f}", "" if k == 0 else _signed(100 * cost.overhead(k), decimals))
         for k, v in cost.seconds.items()])
 
 
@@ -88,74 +129,73 @@ def overhead_verdict(cost: MonitorOverhead, every: int) -> str:
     return "within noise" if abs(overall) <= noise else "unresolved"
 
 
-def _clause(cost: MonitorOverhead, every: int) -> str:
+def _clause(cost: MonitorOverhead, every: int, decimals: int) -> str:
     """What watching every ``every`` steps did to the mean step, judged against the noise (a sentence's end)."""
     pct, rule = 100 * cost.overhead(every), _rule(len(cost.round_overheads(every)))
+    signed, size = _signed(pct, decimals), _unsigned(pct, decimals)
     return {
-        "cost": f"made the mean step {pct:.0f}% longer: a cost",
-        "within noise": f"changed the mean step time by {_signed(pct)}, within that noise: no cost this run can tell "
+        "cost": f"made the mean step {size} longer: a cost",
+        "within noise": f"changed the mean step time by {signed}, within that noise: no cost this run can tell "
                         "from zero",
-        "unresolved": f"changed the mean step time by {_signed(pct)}, more than that noise overall but only in "
-                      f"{_beyond(cost, every)} rounds (it takes {rule}): no cost this run can tell from zero",
-        "faster": f"made the mean step {-pct:.0f}% shorter, by more than that noise in {rule}; a monitor only adds "
+        "unresolved": f"changed the mean step time by {signed}, more than that noise overall, but the step was "
+                      f"{_beyond(cost, every)} (it takes {rule}): no cost this run can tell from zero",
+        "faster": f"made the mean step {size} shorter, by more than that noise in {rule}; a monitor only adds "
                   "work, so the machine's load changed during the run",
     }[overhead_verdict(cost, every)]
 
 
 def overhead_sentence(cost: MonitorOverhead) -> Prose:
     """Lesson 9's sentences on the monitor's cost: the noise (how far the unmonitored loop moved between
-    rounds) and the rule, single rounds' ranges, then every step and every 10 steps judged."""
+    rounds) and the rule, single rounds' ranges, then every step and every 10 steps judged, every percentage
+    to the table's decimals (:func:`percent_decimals`)."""
     _check_intervals(cost)
-    noise, largest = cost.noise(), max(cost.round_changes())
-    ranges = [_range(cost, e) for e in (1, 10)]
+    noise, largest, d = cost.noise(), max(cost.round_changes()), percent_decimals(cost)
+    ranges = [_range(cost, e, d) for e in (1, 10)]
     return Prose(
-        f"The unmonitored loop, timed once a round, moved by a median {100 * noise:.0f}% from one round to the "
-        f"next on its own (at most {100 * largest:.0f}%): that is this run's noise, and an overhead counts as a "
-        f"cost only where it exceeded that median in {_rule(len(cost.round_overheads(1)))}. Single rounds' "
-        f"overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps). So watching every "
-        f"step {_clause(cost, 1)}; watching every 10 steps {_clause(cost, 10)}.")
+        f"The unmonitored loop, timed once a round, moved by a median {_unsigned(100 * noise, d)} from one round to "
+        f"the next on its own (at most {_unsigned(100 * largest, d)}): that is this run's noise, and an overhead "
+        f"counts as a cost only where it exceeded that median in {_rule(len(cost.round_overheads(1)))}. Single "
+        f"rounds' overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps). So watching "
+        f"every step {_clause(cost, 1, d)}; watching every 10 steps {_clause(cost, 10, d)}.")
 
 
 def overhead_phrase(cost: MonitorOverhead, every: int, *, run: str = "this page's run") -> Prose:
-    """What sampling every ``every`` steps cost in ``run``, judged against its noise, as a verb phrase for a
-    takeaway (``"cost 8% in this page's run, more than its timing noise of 3% in every round"``)."""
-    pct, n = 100 * cost.overhead(every), 100 * cost.noise()
-    rule = _rule(len(cost.round_overheads(every)))
+    """What sampling every ``every`` steps cost in ``run``, judged against its noise, as a verb phrase
+    (``"cost 8.0% in the run, beyond its timing noise of 3.0% in every round"``), to the table's decimals."""
+    pct, d = 100 * cost.overhead(every), percent_decimals(cost)
+    n, rule = _unsigned(100 * cost.noise(), d), _rule(len(cost.round_overheads(every)))
     return Prose({
-        "cost": f"cost {pct:.0f}% in {run}, above the unmonitored loop's median round-to-round change ({n:.0f}%) "
-                f"in {rule}",
-        "within noise": f"cost nothing {run} could tell from its timing noise: {_signed(pct)}, where the "
-                        f"unmonitored loop alone moved by a median {n:.0f}% between rounds",
-        "unresolved": f"cost nothing {run} could tell from its timing noise: {_signed(pct)} overall, but more than "
-                      f"the noise (the unmonitored loop's median {n:.0f}% between rounds) in only "
-                      f"{_beyond(cost, every)} rounds",
-        "faster": f"cost nothing measurable in {run}: its steps were {-pct:.0f}% shorter, more than the timing "
-                  f"noise of {n:.0f}% in {rule}, which only a change in the machine's load explains",
+        "cost": f"cost {_unsigned(pct, d)} in {run}, beyond its timing noise of {n} in {rule}",
+        "within noise": f"cost nothing {run} could separate from its timing noise ({_signed(pct, d)}, within the "
+                        f"noise of {n})",
+        "unresolved": f"cost nothing {run} could separate from its timing noise ({_signed(pct, d)}, "
+                      f"{_beyond(cost, every, f'the noise of {n}')})",
+        "faster": f"cost nothing measurable in {run} (its steps were {_unsigned(pct, d)} shorter, beyond the timing "
+                  f"noise of {n} in {rule}, which only a change in the machine's load explains)",
     }[overhead_verdict(cost, every)])
 
 
 def _judged(cost: MonitorOverhead, every: int) -> str:
     rule = _rule(len(cost.round_overheads(every)))
     return {"cost": f"beyond the timing noise in {rule}", "within noise": "within the timing noise",
-            "unresolved": f"beyond the timing noise in only {_beyond(cost, every)} rounds",
+            "unresolved": _beyond(cost, every, "the timing noise"),
             "faster": f"shorter by more than the timing noise in {rule}, so the load changed",
             }[overhead_verdict(cost, every)]
 
 
 def overhead_facts(cost: MonitorOverhead) -> dict[str, object]:
     """Lesson 9's facts of a :class:`MonitorOverhead` run with intervals 1 and 10 and two rounds or more: the
-    overhead of each and the noise (percent), the ranges over single rounds (``"+30% to +45%"``), the
-    section's sentences (:func:`overhead_sentence`) and the takeaway's phrase for every 10 steps."""
+    overhead of each and the noise (percent), the ranges over single rounds (``"+30.0% to +45.0%"``) and the
+    section's sentences (:func:`overhead_sentence`)."""
     _check_intervals(cost)
-    noise = cost.noise()
+    d = percent_decimals(cost)
     return {
         "cost_every1": 100 * cost.overhead(1),
         "cost_every10": 100 * cost.overhead(10),
-        "cost_noise": 100 * noise,
-        "cost_range10": Prose(_range(cost, 10)),
-        "cost_range1": Prose(_range(cost, 1)),
+        "cost_noise": 100 * cost.noise(),
+        "cost_range10": Prose(_range(cost, 10, d)),
+        "cost_range1": Prose(_range(cost, 1, d)),
         "cost_sentence": overhead_sentence(cost),
-        "cost_every10_phrase": overhead_phrase(cost, 10),
     }
 
 
@@ -176,68 +216,95 @@ def _has_rounds(recorded: RecordedResult) -> bool:
 
 def before_batching(recorded: RecordedResult) -> bool:
     """Whether a ``monitor_overhead`` record measured the earlier monitor, which brought each statistic of each
-    parameter back to the host with its own ``float()`` (about six per parameter): records that do not say
-    how many transfers the monitor made per sampled step."""
+    parameter back to the host with a ``float()`` of its own (``tests/test_monitor_batched.py`` counts them on
+    that code): records that do not say how many transfers the monitor made per sampled step."""
     return recorded.result.transfers_per_sample is None
 
 
-def live_timing_note(device: torch.device | str) -> Prose:
-    """What the live overhead run timed: a CPU (labelled as such, never a GPU's number) or this page's GPU."""
+def _model_size(recorded: RecordedResult) -> str:
+    """The model a record timed, from its size profile: ``"the full-size model"``."""
+    profile = recorded.record.parameters.get("profile")
+    if profile is None:
+        return "a model size the record does not give"
+    return "the full-size model" if profile == "full" else f"the {profile!r} profile's model"
+
+
+def _recorded_noise(recorded: RecordedResult, decimals: int) -> str:
+    """The record's noise and its judgement of every 10 steps, for a parenthesis, or that it kept none."""
+    if not _has_rounds(recorded):
+        return "noise not recorded"
+    cost = recorded.result
+    return f"every 10 steps {_judged(cost, 10)}; noise {_unsigned(100 * cost.noise(), decimals)}"
+
+
+def _recorded_monitor(recorded: RecordedResult) -> str:
+    """Which monitor a record timed, as a phrase after "with"."""
+    return ("the older monitor that read each statistic back separately" if before_batching(recorded)
+            else "the monitor on this page")
+
+
+def live_timing_note(device: torch.device | str, profile: SizeProfile) -> Prose:
+    """What the live overhead run timed: a CPU (labelled as such, never a GPU's number) or this page's GPU, and
+    the model size ``profile`` gave it."""
     kind = torch.device(device).type
+    model = "the full-size model" if profile.name == "full" else f"the {profile.name} model"
     if kind == "cpu":
-        return Prose("These are CPU timings of the small model on a shared machine, where a statistic's trip to "
-                     "the host costs nothing: they say nothing about a GPU's overhead.")
-    return Prose(f"These are timings on this page's {kind.upper()} device, at this page's model size.")
+        return Prose(f"These are CPU timings of {model} on a shared machine, where a statistic's trip to the host "
+                     "costs nothing: they say nothing about a GPU's overhead.")
+    return Prose(f"These are timings of {model} on this page's {kind.upper()} device.")
 
 
 def recorded_overhead_facts(records: Sequence[RecordedResult]) -> dict[str, object]:
-    """Lesson 9's phrases on the monitor's cost on a GPU, from the first recorded ``monitor_overhead`` run
-    (milliseconds per step and percent over none, judged against the record's noise where it kept its rounds,
-    and whether it measured the monitor before it batched its statistics), or what to measure when there is
-    no record."""
+    """``gpu_cost``, lesson 9's paragraph on the monitor's cost on a GPU, from the first recorded
+    ``monitor_overhead`` run (milliseconds per step and percent over none, judged against the record's noise
+    where it kept its rounds, and which monitor it timed), or what to measure when there is no record."""
     if not records:
-        return {
-            "gpu_cost": Prose("On a GPU the statistics run on the GPU and come back to the host once per sampled "
-                              "step, where the host waits for the GPU: measure it there (`monitor_overhead` below) "
-                              "before choosing an interval."),
-            "gpu_cost_short": Prose(""),
-            "gpu_cost_every1": Prose(""),
-        }
+        return {"gpu_cost": Prose(
+            "On a GPU the statistics run on the GPU and come back to the host once per sampled step, where the "
+            "host waits for the GPU: measure it there (`monitor_overhead` below) before choosing an interval.")}
     rec = records[0]
     s = recorded_step_seconds(rec)
-    o1, o10 = s[1] / s[0] - 1, s[10] / s[0] - 1
+    d, ms = percent_decimals(rec.result), _ms_decimals(s.values())
+    o1, o10 = _signed(100 * (s[1] / s[0] - 1), d), _signed(100 * (s[10] / s[0] - 1), d)
     if not _has_rounds(rec):
         judged = (f"The record keeps one median per setting and not its rounds, so it cannot say how much of the "
-                  f"{_signed(100 * o10)} every 10 steps is noise.")
-        short = "a median whose noise the record does not keep"
+                  f"{o10} every 10 steps is noise.")
     else:
-        noise = rec.result.noise()
-        judged = (f"Its unmonitored loop moved by a median {100 * noise:.0f}% between rounds: every 10 steps is "
-                  f"{_judged(rec.result, 10)} there.")
-        short = f"{_judged(rec.result, 10)} (noise {100 * noise:.0f}%)"
-    old = before_batching(rec)
-    if old:
-        how = ("This record is of the monitor as it was before this page's: it brought every parameter's "
-               "statistics back to the host one `float()` at a time, about six per parameter, each a wait for the "
-               "GPU, so the GPU could not run ahead of Python on a sampled step (the record does not separate that "
-               "from the arithmetic). The monitor on this page computes them where the gradients are and moves "
-               "them to the host once per sampled step; until a record of it says what that leaves, sample every 10 "
-               "steps or less often.")
-        era = " (the monitor before it batched its statistics)"
+        judged = (f"Its unmonitored loop moved by a median {_unsigned(100 * rec.result.noise(), d)} between "
+                  f"rounds: every 10 steps is {_judged(rec.result, 10)} there.")
+    if before_batching(rec):
+        how = ("This record is of the monitor as it was before this page's: it brought each statistic of each "
+               "parameter back to the host with a `float()` of its own (`tests/test_monitor_batched.py` counts "
+               "them on that code), each a wait for the GPU, so the GPU could not run ahead of Python on a sampled "
+               "step (the record does not separate that from the arithmetic). The monitor on this page computes "
+               "them where the gradients are and moves them to the host once per sampled step; until a record of "
+               "it says what that leaves, sample every 10 steps or less often.")
     else:
         n = rec.result.transfers_per_sample
         how = (f"The statistics run on the GPU and came back to the host in {n:g} transfer"
                f"{'' if n == 1 else 's'} per sampled step there.")
-        era = ""
-    return {
-        "gpu_cost": Prose(
-            f"Recorded on {rec.label} with the full-size model: {1e3 * s[0]:.1f} ms a step without a monitor, "
-            f"{1e3 * s[1]:.1f} ms watched every step ({_signed(100 * o1)}) and {1e3 * s[10]:.1f} ms every 10 steps "
-            f"({_signed(100 * o10)}). {judged} {how}"),
-        "gpu_cost_short": Prose(f"; {_signed(100 * o10)} recorded on {rec.label} with the full-size model{era}, "
-                                f"{short}"),
-        "gpu_cost_every1": Prose(f" (every step made the step {s[1] / s[0]:.1f}x as long there{era})"),
-    }
+    return {"gpu_cost": Prose(
+        f"Recorded on {rec.label} with {_model_size(rec)}: {1e3 * s[0]:.{ms}f} ms a step without a monitor, "
+        f"{1e3 * s[1]:.{ms}f} ms watched every step ({o1}) and {1e3 * s[10]:.{ms}f} ms every 10 steps ({o10}). "
+        f"{judged} {how}")}
+
+
+def overhead_takeaway(cost: MonitorOverhead, records: Sequence[RecordedResult],
+                      device: torch.device | str) -> Prose:
+    """Lesson 9's takeaway on what watching costs: sampling every 10 steps in this page's run on ``device``,
+    judged against its noise, then both intervals on the first recorded GPU run (which monitor it timed, and
+    its noise), every percentage as its section prints it."""
+    _check_intervals(cost)
+    run = f"this page's {torch.device(device).type.upper()} run"
+    live = f"Sampling every 10 steps {overhead_phrase(cost, 10, run=run)}."
+    if not records:
+        return Prose(live)
+    rec = records[0]
+    s, d = recorded_step_seconds(rec), percent_decimals(rec.result)
+    return Prose(
+        f"{live} On {rec.label}, with {_recorded_monitor(rec)}, watching every step changed the step time by "
+        f"{_signed(100 * (s[1] / s[0] - 1), d)} and every 10 steps by {_signed(100 * (s[10] / s[0] - 1), d)} "
+        f"({_recorded_noise(rec, d)}).")
 
 
 # ---- the monitor in the reader's own loop ----------------------------------------------------------------
@@ -329,16 +396,15 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
         raise ValueError(f"the anomaly-mode erratum needs the forward ('nan') hunt, got {forward.kind!r}")
     after = skipped_after_fault(demo)
     named = "nothing" if forward.report is None else _code(forward.report.module)
-    noise = cost.noise()
+    noise, d = cost.noise(), percent_decimals(cost)
     o1, o10 = cost.overhead(1), cost.overhead(10)
     recorded = ""
     if records:
-        s = recorded_step_seconds(records[0])
+        rec = records[0]
+        s, rd = recorded_step_seconds(rec), percent_decimals(rec.result)
         r1, r10 = s[1] / s[0] - 1, s[10] / s[0] - 1
-        judged = ("medians whose noise the record does not keep" if not _has_rounds(records[0]) else
-                  f"every 10 steps {_judged(records[0].result, 10)} (noise {100 * records[0].result.noise():.0f}%)")
-        era = " with the monitor before it batched its statistics" if before_batching(records[0]) else ""
-        recorded = f" Recorded on {records[0].label}{era}: {_signed(100 * r1)} and {_signed(100 * r10)}, {judged}."
+        recorded = (f" Recorded on {rec.label} with {_recorded_monitor(rec)}: {_signed(100 * r1, rd)} and "
+                    f"{_signed(100 * r10, rd)} ({_recorded_noise(rec, rd)}).")
     return [
         ("`detect_anomaly` shows where a NaN came from.",
          f"Only from the backward pass. A NaN made in `{forward.layer}`'s forward output was reported as "
@@ -353,7 +419,7 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
          f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
          f"{'raised' if nan_raises else 'passed'}; FP16 overflows to inf."),
         ("Gradient monitoring is too slow to leave on.",
-         f"Every step: {_signed(100 * o1)} here, {_judged(cost, 1)}; every 10 steps: {_signed(100 * o10)}, "
-         f"{_judged(cost, 10)} (the unmonitored loop alone moved by a median {100 * noise:.0f}% between "
+         f"Every step: {_signed(100 * o1, d)} here, {_judged(cost, 1)}; every 10 steps: {_signed(100 * o10, d)}, "
+         f"{_judged(cost, 10)} (the unmonitored loop alone moved by a median {_unsigned(100 * noise, d)} between "
          f"rounds).{recorded}"),
     ]
