@@ -498,3 +498,24 @@ def test_spike_gains_are_the_studys_and_lie_in_their_range():
     assert fp8_prose.spike_gain_facts((0.8, 1.2)) == {"spike_gain_lo": 0.8, "spike_gain_hi": 1.2}
     with pytest.raises(ValueError, match="0 < lo <= hi"):
         fp8_prose.spike_gain_facts((1.2, 0.8))
+
+
+def test_fp8_training_pieces_merge_into_one_result_newest_first():
+    """A GPU session records fp8_training one recipe per command; lesson 7 draws the pieces of one GPU as one."""
+    def piece(recipes, value, seeds=(0, 1, 2), steps=4):
+        return fp8_studies.Fp8Training(tuple(recipes), seeds, steps, 128,
+                                       {r: tuple((value,) * steps for _ in seeds) for r in recipes})
+
+    newest, older = piece(["unscaled", "tensorwise"], 2.0), piece(["tensorwise", "bf16_autocast"], 3.0)
+    merged = fp8_studies.merge_fp8_training([newest, older])
+    assert merged.recipes == ("bf16_autocast", "tensorwise", "unscaled")          # the registry's order
+    assert merged.curves["tensorwise"] == newest.curves["tensorwise"]              # the newest piece wins
+    assert merged.curves["bf16_autocast"] == older.curves["bf16_autocast"] and merged.steps == 4
+    with pytest.raises(ValueError, match="differ in seeds, steps or block"):
+        fp8_studies.merge_fp8_training([newest, piece(["rowwise"], 1.0, steps=5)])
+    with pytest.raises(ValueError, match="no fp8_training pieces"):
+        fp8_studies.merge_fp8_training([])
+    assert fp8_studies.training_size({"steps": 400}) == "6 recipes x 3 seeds x 400 steps"
+    assert fp8_studies.training_size({"recipes": ("tensorwise",), "steps": 25}) == "1 recipe x 3 seeds x 25 steps"
+    with pytest.raises(ValueError, match="positive number of steps"):
+        fp8_studies.training_size({})

@@ -227,8 +227,10 @@ def train_fp8(recipe: str, profile, device: torch.device | str = "cpu", *, steps
                            profile, device, steps=steps, seed=seed, lr=lr)
 
 
-def fp8_training(profile, device: torch.device | str = "cpu", *,
-                 recipes=("bf16_autocast", "tensorwise", "rowwise", "delayed", "blockwise", "unscaled"),
+FP8_TRAINING_RECIPES = ("bf16_autocast", "tensorwise", "rowwise", "delayed", "blockwise", "unscaled")
+
+
+def fp8_training(profile, device: torch.device | str = "cpu", *, recipes=FP8_TRAINING_RECIPES,
                  seeds=(0, 1, 2), steps: int | None = None, lr: float = 3e-3) -> Fp8Training:
     """Loss curves of :func:`train_fp8` for every recipe and seed."""
     if not recipes or not seeds:
@@ -236,6 +238,41 @@ def fp8_training(profile, device: torch.device | str = "cpu", *,
     curves, n_steps = seeded_curves(lambda recipe, seed: train_fp8(recipe, profile, device, steps=steps, seed=seed,
                                                                    lr=lr), recipes, seeds)
     return Fp8Training(tuple(recipes), tuple(seeds), n_steps, profile.pick(small=32, full=128), curves)
+
+
+def training_size(parameters: Mapping[str, object]) -> str:
+    """How much :func:`fp8_training` trains with the registry's ``parameters`` (recipes and seeds default to
+    the function's): "6 recipes x 3 seeds x 400 steps"."""
+    recipes, seeds = parameters.get("recipes", FP8_TRAINING_RECIPES), parameters.get("seeds", (0, 1, 2))
+    steps = parameters.get("steps")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"the parameters must give a positive number of steps, got {steps!r}")
+    def count(n: int, noun: str) -> str:
+        return f"{n} {noun}{'' if n == 1 else 's'}"
+    return (f"{count(len(recipes), 'recipe')} x {count(len(seeds), 'seed')} x "   # type: ignore[arg-type]
+            f"{count(steps, 'step')}")
+
+
+def merge_fp8_training(pieces: Sequence[Fp8Training]) -> Fp8Training:
+    """One :class:`Fp8Training` from pieces recorded a few recipes at a time (a GPU session records one
+    recipe per 10-minute command), newest first: each recipe's curves come from the newest piece that ran it,
+    recipes in :data:`FP8_TRAINING_RECIPES` order. The pieces must share seeds, steps and block size."""
+    if not pieces:
+        raise ValueError("no fp8_training pieces to merge")
+    first = pieces[0]
+    for piece in pieces:
+        if not isinstance(piece, Fp8Training):
+            raise TypeError(f"expected Fp8Training pieces, got {type(piece).__name__}")
+        if (piece.seeds, piece.steps, piece.block) != (first.seeds, first.steps, first.block):
+            raise ValueError("fp8_training pieces differ in seeds, steps or block size "
+                             f"({piece.seeds}, {piece.steps}, {piece.block} against {first.seeds}, {first.steps}, "
+                             f"{first.block}): they are not one experiment")
+    curves: dict[str, tuple[tuple[float, ...], ...]] = {}
+    for piece in pieces:
+        for recipe in piece.recipes:
+            curves.setdefault(recipe, piece.curves[recipe])
+    order = [r for r in FP8_TRAINING_RECIPES if r in curves] + [r for r in curves if r not in FP8_TRAINING_RECIPES]
+    return Fp8Training(tuple(order), first.seeds, first.steps, first.block, {r: curves[r] for r in order})
 
 
 def seeded_curves(train_one, recipes, seeds) -> tuple[dict[str, tuple[tuple[float, ...], ...]], int]:
