@@ -37,6 +37,8 @@ PLANTED = {
     "thrown.html": '<script>throw new Error("planted exception")</script><p>text</p>',
     "raw_tex.html": '<p>Spacing \\(2^{-m-1}\\) and</p><div class="math notranslate">\\[x^2\\]</div>',
     "glue.html": "<p>The loss fell by {glue:text}`loss_drop` percent.</p>",
+    "quoted_glue.html": "<p>It trains <span class=\"pasted-text\">'6 recipes x 3 seeds'</span>, and "
+                        "<span class=\"pasted-text\">0.25</span> of them.</p>",
     "offline.html": '<p><img src="http://planted.invalid/figure.png" alt="remote"></p>',
     "missing_script.html": '<script src="_static/missing.js"></script><p>text</p>',
     "widget.html": '<div class="cell_output"><script type="application/vnd.jupyter.widget-view+json">'
@@ -131,6 +133,12 @@ def test_raw_tex_and_untypeset_math_fail(planted_results):
 @needs_browser
 def test_unresolved_glue_fails(planted_results):
     assert "unresolved glue in the text" in _problems(planted_results, "glue.html")
+
+
+@needs_browser
+def test_a_glued_python_string_shown_with_its_quotes_fails(planted_results):
+    problems = _problems(planted_results, "quoted_glue.html")
+    assert problems == "glued text shown as a Python string: '6 recipes x 3 seeds'"
 
 
 @needs_browser

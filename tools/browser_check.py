@@ -60,6 +60,9 @@ RAW_TEXT_PATTERNS = {
     "raw TeX": re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$"),
     "unresolved glue": re.compile(r"\{glue(?::\w+)?\}|\{\{\s*\w+\s*\}\}"),
 }
+# a glued value that is a Python str shows its repr, quotes and all ('6 recipes'): glue it as Markdown (Prose)
+_QUOTED_GLUE_JS = """() => [...document.querySelectorAll('.pasted-text')]
+  .map(e => e.textContent.trim()).filter(t => /^'.*'$|^".*"$/.test(t))"""
 # matplotlib's warning, shown in a cell's stderr output, when a figure's text has a character its font lacks
 FIGURE_GLYPH_MISSING = re.compile(r"Glyph \d+ \(.*?\) missing from (?:current )?font")
 LOAD_TIMEOUT_MS = 30_000
@@ -343,6 +346,7 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
                 first = matches[0]
                 snippet = " ".join(text[max(0, first.start() - 40):first.end() + 40].split())
                 problems.append(f"{name} in the text ({len(matches)}x), first: ...{snippet}...")
+        problems += [f"glued text shown as a Python string: {t[:80]}" for t in page.evaluate(_QUOTED_GLUE_JS)][:3]
         with contextlib.suppress(Exception):
             page.wait_for_load_state("networkidle", timeout=5_000)
         if screenshots is not None:
