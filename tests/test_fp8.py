@@ -3,9 +3,11 @@
 import copy
 import logging
 import math
+import sys
 
 import pytest
 import torch
+import torch.nn as nn
 
 from course_lib import hardware as _hardware
 from course_lib import fp8
@@ -692,3 +694,24 @@ def test_bf16_io_adds_the_bias_in_bf16_and_validates():
     assert "io_dtype=torch.bfloat16" in repr(layer)
     with pytest.raises(ValueError, match="io_dtype"):
         fp8.Fp8Linear(32, 16, io_dtype=torch.float16)
+
+
+def test_torchao_float8_converts_every_linear_but_the_skipped_with_the_recipes_config(monkeypatch):
+    """The one way the course calls torchao's float8 training (the ladder, the compiled speed study, the
+    eager layer comparison): its recipe's config, the skipped paths left alone, and a named ImportError."""
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))
+    out = fp8.torchao_float8("rowwise", skip=("2",))(model)
+    assert isinstance(out[0], Float8Linear) and type(out[2]) is nn.Linear
+    assert out[0].config == Float8LinearConfig.from_recipe_name("rowwise")
+    plain = fp8.torchao_float8()(nn.Sequential(nn.Linear(32, 32)))
+    assert plain[0].config == Float8LinearConfig()          # tensorwise: torchao's default
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        fp8.torchao_float8("blockwise")
+    with pytest.raises(TypeError, match="tuple of module paths"):
+        fp8.torchao_float8(skip="head")
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)   # as where torchao is not installed
+    with pytest.raises(ImportError, match="torchao's float8 training does not import here"):
+        fp8.torchao_float8()

@@ -56,6 +56,7 @@ from .linear import (
     fp8_matmul,
     linear_scaling,
     replace_linears,
+    torchao_float8,
 )
 from .recipes import (
     BlockwiseScaling,
@@ -101,6 +102,7 @@ __all__ = [
     "replace_linears",
     "Fp8Linear",
     "convert_to_fp8",
+    "torchao_float8",
     "FP8_LINEAR_RECIPES",
     "AccumulationStudy",
     "accumulation_error",

@@ -4,7 +4,9 @@ shell the block-scaled layers of :mod:`course_lib.mx` share."""
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -282,3 +284,34 @@ def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise", *, backend: str
 
 
 FP8_LINEAR_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "delayed", "blockwise", "unscaled")
+
+
+TORCHAO_FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+def torchao_float8(recipe: str = "tensorwise", *, skip: tuple[str, ...] = ()) -> Callable[[nn.Module], nn.Module]:
+    """torchao's float8 training conversion (``convert_to_float8_training`` with
+    ``Float8LinearConfig.from_recipe_name(recipe)``) as one function of a model, which leaves the linear
+    layers at the paths in ``skip`` (e.g. ``("head",)``) in high precision. torchao is imported here, and
+    quietly (its CUDA kernels do not load on a CPU; its import registers an enum torch now warns about):
+    ImportError, naming the cause, where it does not import (it is optional on a GPU image)."""
+    if recipe not in TORCHAO_FLOAT8_RECIPES:
+        raise ValueError(f"recipe must be one of {TORCHAO_FLOAT8_RECIPES}, got {recipe!r}")
+    if isinstance(skip, str) or not all(isinstance(name, str) for name in skip):
+        raise TypeError(f"skip is a tuple of module paths, got {skip!r}")
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except Exception as exc:
+        raise ImportError(f"torchao's float8 training does not import here ({type(exc).__name__}: {exc})") from exc
+    finally:
+        pytree_log.setLevel(level)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    keep = (lambda module, fqn: fqn not in skip) if skip else None
+
+    def convert(model: nn.Module) -> nn.Module:
+        return convert_to_float8_training(model, config=config, module_filter_fn=keep)
+    return convert

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from ..bench import time_function
 from ..fp8.casts import as_2d, cast_saturating
-from ..fp8.linear import Fp8Linear, convert_to_fp8
+from ..fp8.linear import Fp8Linear, convert_to_fp8, torchao_float8
 from ..fp8.recipes import (
     BlockwiseScaling,
     CurrentScaling,
@@ -381,15 +381,11 @@ def _linear_implementations(n: int, device: torch.device):
            ("FP8 course layer (_scaled_mm, tensorwise, eager)",
             Fp8Linear.from_linear(base, recipe="tensorwise", backend="scaled_mm").to(device), torch.bfloat16)]
     try:
-        import logging
-
-        logging.getLogger("torchao").setLevel(logging.ERROR)
-        from torchao.float8 import convert_to_float8_training
-    except Exception as exc:  # torchao is optional on a GPU image
-        out.append(("torchao Float8Linear (tensorwise, eager)", f"torchao does not import here ({exc})"))
+        convert = torchao_float8("tensorwise")
+    except ImportError as exc:  # torchao is optional on a GPU image
+        out.append(("torchao Float8Linear (tensorwise, eager)", str(exc)))
     else:
-        model = nn.Sequential(copy.deepcopy(base)).to(device, torch.bfloat16)
-        convert_to_float8_training(model)
+        model = convert(nn.Sequential(copy.deepcopy(base)).to(device, torch.bfloat16))
         out.append(("torchao Float8Linear (tensorwise, eager)", model, torch.bfloat16))
     return out
 

@@ -6,7 +6,6 @@ each measurement. The sentences and tables the lesson glues from them are in :mo
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import re
 from collections.abc import Callable
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 from ..bench import time_function
 from ..bench.profiling import profiler_activities, quiet_native_stderr, self_time_us
-from ..fp8.linear import Fp8Linear
+from ..fp8.linear import Fp8Linear, torchao_float8
 from ..fp8.roofline import predict_fp8_linear
 from ..hardware import DATASHEET_PEAKS, GPUPeaks, find_gpu_peaks, scaled_mm_unsupported_reason
 
@@ -252,16 +251,13 @@ class Fp8CompiledSpeed:
 
 
 def _torchao_converter() -> tuple[Callable | None, str | None]:
-    """torchao's ``(convert_to_float8_training, Float8LinearConfig)`` pair as one function, or why not."""
+    """torchao's float8 conversion as ``convert(model, recipe)`` (:func:`course_lib.fp8.torchao_float8`), or
+    why it does not import."""
     try:
-        logging.getLogger("torchao").setLevel(logging.ERROR)   # its CUDA kernels do not load on a CPU
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except Exception as exc:  # torchao is optional on a GPU image
-        return None, f"torchao does not import here ({type(exc).__name__}: {exc})"
-
-    def convert(model: nn.Module, recipe: str) -> nn.Module:
-        return convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
-    return convert, None
+        torchao_float8()
+    except ImportError as exc:  # torchao is optional on a GPU image
+        return None, str(exc)
+    return (lambda model, recipe: torchao_float8(recipe)(model)), None
 
 
 def recipe_unsupported_reason(device: torch.device | str, recipe: str) -> str | None:

@@ -11,7 +11,6 @@ measured matmul throughput and copy bandwidth. Predicted and measured values liv
 from __future__ import annotations
 
 import dataclasses
-import logging
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from ..bench.matmul import capability_probe, measure_copy_bandwidth
 from ..bench.roofline import gpt_matmul_parameters, model_flops_per_token, roofline_step_seconds
 from ..bench.timing import make_timer, time_function
 from ..device import SizeProfile, describe_hardware
-from ..fp8 import predict_fp8_linear
+from ..fp8 import predict_fp8_linear, torchao_float8
 from ..hardware import (
     DATASHEET_PEAKS,
     find_gpu_peaks,
@@ -96,31 +95,17 @@ def recipe_unsupported_reason(recipe: str, device: torch.device | str) -> str | 
                 f"so their time says nothing about FP8 hardware")
     try:
         float8_converter(recipe)
-    except Exception as exc:  # torchao is optional on a GPU image
-        return f"torchao's float8 training does not import here ({type(exc).__name__}: {exc})"
+    except ImportError as exc:  # torchao is optional on a GPU image
+        return str(exc)
     return None
 
 
 def float8_converter(recipe: str):
-    """A function converting a model's linear layers (the output head excepted) to torchao's
-    ``Float8Linear`` with the FP8 ladder ``recipe``'s scaling (``tensorwise`` or ``rowwise``); raises when
-    torchao does not import (it is optional on a GPU image, so it is imported here, not at the top)."""
+    """A function converting a model's linear layers (the output head excepted, as torchao's users and the
+    course's FP8 lessons leave it) to torchao's ``Float8Linear`` with the FP8 ladder ``recipe``'s scaling;
+    ImportError where torchao does not import (:func:`course_lib.fp8.torchao_float8`)."""
     _check_names([recipe], list(_FP8_RECIPES), "FP8 recipe")
-    logging.getLogger("torchao").setLevel(logging.ERROR)
-    pytree_log = logging.getLogger("torch.utils._pytree")
-    level = pytree_log.level
-    pytree_log.setLevel(logging.ERROR)   # torchao's import registers an enum torch now warns about
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    finally:
-        pytree_log.setLevel(level)
-
-    config = Float8LinearConfig.from_recipe_name(_FP8_RECIPES[recipe])
-
-    def convert(model: torch.nn.Module) -> torch.nn.Module:
-        # the output head stays BF16, as torchao's users (and the course's FP8 lessons) leave it
-        return convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn != "head")
-    return convert
+    return torchao_float8(_FP8_RECIPES[recipe], skip=("head",))
 
 
 def random_batches(vocab_size: int, batch: int, seq_len: int, device: torch.device | str, *, seed: int = 0,
