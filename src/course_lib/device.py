@@ -230,3 +230,15 @@ def restore_rng_states(saved: dict) -> None:
     torch.random.set_rng_state(saved["rng"])
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
+
+
+def peak_allocated_bytes(device: torch.device | str, reset: bool = False) -> int | None:
+    """On a GPU the allocator's peak (bytes) since the last reset (``reset``: start a new one, None
+    returned); None on a CPU, where torch keeps no such counter."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+        return None
+    return int(torch.cuda.max_memory_allocated(device))

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .data import BatchSampler
-from .device import restore_rng_states, rng_states
+from .device import peak_allocated_bytes, restore_rng_states, rng_states
 from .hardware import capability_unsupported_reason, gpu_compute_capability, tf32_matmuls
 from .models import course_setup
 
@@ -246,8 +246,7 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
     recipe, config, device = state.recipe, state.config, state.device
     history = History(recipe.name) if history is None else history
     end = config.steps if steps is None else state.step + steps
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    peak_allocated_bytes(device, reset=True)
     model, opt, scaler = state.model, state.optimizer, state.scaler
     with tf32_matmuls(recipe.tf32):
         while state.step < end:
@@ -293,8 +292,7 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
             state.step += 1
             if val_sampler is not None and config.eval_every and state.step % config.eval_every == 0:
                 history.eval_losses.append((state.step, evaluate(state, val_sampler, config.eval_batches)))
-    if device.type == "cuda":
-        history.peak_memory_bytes = int(torch.cuda.max_memory_allocated(device))
+    history.peak_memory_bytes = peak_allocated_bytes(device)   # None on a CPU
     return history
 
 

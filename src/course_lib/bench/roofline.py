@@ -35,6 +35,12 @@ class OpCost:
         return self.flops / self.bytes_moved
 
 
+def adamw_cost(n_params: int, param_bytes: int = 4) -> OpCost:
+    """AdamW's update of ``n_params`` parameters: about 12 FLOPs each, and the parameters, gradients and two
+    moments (``param_bytes`` each) read and the parameters and moments written (7 tensors' worth)."""
+    return OpCost("AdamW step", 12 * n_params, 7 * n_params * param_bytes)
+
+
 def transformer_op_costs(d_model: int, n_heads: int, tokens_per_sequence: int, batch: int, *,
                          bytes_per_element: int, mlp_ratio: int = 4, param_bytes: int = 4) -> tuple[OpCost, ...]:
     """The main operations of one pre-norm transformer block's forward pass (and the AdamW update of its
@@ -69,7 +75,7 @@ def transformer_op_costs(d_model: int, n_heads: int, tokens_per_sequence: int, b
         linear("MLP up", d, f),
         OpCost("GELU", 8 * rows * f, 2 * rows * f * e),
         linear("MLP down", f, d),
-        OpCost("AdamW step", 12 * n_params, 7 * n_params * param_bytes),
+        adamw_cost(n_params, param_bytes),
     )
 
 
@@ -187,5 +193,4 @@ def roofline_step_seconds(d_model: int, n_heads: int, n_layers: int, seq_len: in
                   (rows * d_model + d_model * vocab_size + rows * vocab_size) * e)
     loss = OpCost("cross-entropy", 5 * rows * vocab_size, rows * vocab_size * (e + 4))
     forward += _seconds(head, matmul_tflops, bandwidth_gbs) + _seconds(loss, matmul_tflops, bandwidth_gbs)
-    adamw = OpCost("AdamW step", 12 * n_params, 7 * n_params * 4)
-    return 3 * forward + _seconds(adamw, matmul_tflops, bandwidth_gbs)
+    return 3 * forward + _seconds(adamw_cost(n_params), matmul_tflops, bandwidth_gbs)

@@ -20,7 +20,7 @@ import torch
 from ..bench.matmul import capability_probe, measure_copy_bandwidth
 from ..bench.roofline import gpt_matmul_parameters, model_flops_per_token, roofline_step_seconds
 from ..bench.timing import make_timer, time_function
-from ..device import SizeProfile, describe_hardware
+from ..device import SizeProfile, describe_hardware, peak_allocated_bytes
 from ..fp8 import predict_fp8_linear, torchao_float8
 from ..hardware import (
     DATASHEET_PEAKS,
@@ -319,17 +319,6 @@ def reference_peak(device: torch.device | str) -> tuple[float, str]:
     dtype = max((d for d in ("fp32", "bf16", "fp16") if d in probe.tflops), key=lambda d: probe.tflops[d])
     return probe.tflops[dtype], (f"the best matmul throughput measured on this CPU ({dtype.upper()} at n={probe.n}; "
                                  f"a CPU has no datasheet peak)")
-
-
-def peak_allocated_bytes(device: torch.device, reset: bool = False) -> int | None:
-    """On a GPU the allocator's peak since the last reset (``reset``: start a new one, None returned);
-    None on a CPU, where torch keeps no such counter."""
-    if device.type != "cuda":
-        return None
-    if reset:
-        torch.cuda.reset_peak_memory_stats(device)
-        return None
-    return int(torch.cuda.max_memory_allocated(device))
 
 
 # ---- the measurement ---------------------------------------------------------------------------------------
