@@ -173,7 +173,7 @@ def _counted(cfg, batch, seq_len, dtype):
     return M.saved_tensor_bytes(model, forward)[:2]
 
 
-@pytest.mark.parametrize("attention", ["explicit", "sdpa"])
+@pytest.mark.parametrize("attention", ["explicit", "scaled_first", "sdpa"])
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(64, 2, 2, 64, 256, 2, 64, 4), (128, 3, 4, 64, 256, 3, 48, 2)])
 def test_activation_model_is_exact_against_the_counted_step(attention, dtype, shape):

@@ -106,6 +106,31 @@ def test_sdpa_attention_matches_the_explicit_path_in_fp32():
     assert not any("_softmax" in o for o in ops)
 
 
+def test_scaled_first_attention_computes_the_same_function_and_keeps_fp16_in_range():
+    from dataclasses import replace
+
+    from course_lib.models import set_attention
+
+    cfg = GPTConfig(d_model=64, n_layers=1, n_heads=2, context=16)
+    model = build_gpt(cfg, seed=0)
+    first = build_gpt(replace(cfg, attention="scaled_first"), seed=0)
+    x = torch.arange(24).reshape(2, 12) % cfg.vocab_size
+    torch.testing.assert_close(first(x)[0], model(x)[0], rtol=1e-5, atol=1e-5)
+    # with q and k this large, q @ k^T overflows FP16 (max 65504); scaled by 1/sqrt(32) first, it fits
+    with torch.no_grad():
+        model.blocks[0].attn.qkv.weight.mul_(400)
+    attn = model.blocks[0].attn
+    h = model.blocks[0].ln1(model.tok_emb(x) + model.pos_emb(torch.arange(12)))
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not torch.isfinite(attn(h)).all()
+        set_attention(model, "scaled_first")
+        assert attn.attention == "scaled_first" and torch.isfinite(attn(h)).all()
+    with pytest.raises(ValueError, match="'flash'"):
+        set_attention(model, "flash")
+    with pytest.raises(TypeError, match="nn.Module"):
+        set_attention("model", "sdpa")
+
+
 def test_the_explicit_path_is_the_default_and_unchanged():
     cfg = GPTConfig(d_model=64, n_layers=1, n_heads=2, context=16)
     assert cfg.attention == "explicit" and cfg.tied_head is False
@@ -124,7 +149,7 @@ def test_the_explicit_path_is_the_default_and_unchanged():
 def test_config_attention_and_tied_head_validation_and_old_records():
     from course_lib.jsonable import from_jsonable
 
-    with pytest.raises(ValueError, match="'explicit', 'sdpa'.*'flash'"):
+    with pytest.raises(ValueError, match="'explicit', 'scaled_first', 'sdpa'.*'flash'"):
         GPTConfig(attention="flash")
     with pytest.raises(ValueError, match="tied_head must be a bool"):
         GPTConfig(tied_head=1)

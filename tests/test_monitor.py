@@ -187,7 +187,69 @@ def test_the_locator_stays_quiet_on_a_healthy_step_and_removes_its_hooks():
     with mon.NonFiniteLocator(model) as locator:
         model(x, y)[1].backward()
     assert locator.report is None
-    assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
+    assert all(not m._forward_hooks and not m._backward_hooks and not m._forward_pre_hooks
+               for m in model.modules())
+
+
+def _overflowing_attention(layer: int = 1):
+    """The small course model with one attention layer's q and k so large that q @ k^T overflows FP16."""
+    setup = _setup(1)
+    model = setup.model(0)
+    with torch.no_grad():
+        model.blocks[layer].attn.qkv.weight.mul_(400)
+    return model, setup.sampler.batch(0, "cpu")
+
+
+def test_with_ops_the_locator_names_the_product_that_overflowed_fp16_inside_attention():
+    model, (x, y) = _overflowing_attention()
+    with mon.NonFiniteLocator(model, ops=True) as locator:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x, y)[1]
+    assert not torch.isfinite(loss)
+    r = locator.report
+    assert (r.op, r.module, r.phase) == ("matmul", "blocks.1.attn", "forward")
+    assert [s.dtype for s in r.inputs] == ["float16", "float16"]
+    assert all(s.nan == s.inf == 0 and s.max_abs < 65504 for s in r.inputs)   # q and k themselves fit
+    assert r.outputs[0].inf > 0 and r.outputs[0].nan == 0                   # their product does not
+    assert "`matmul` in `blocks.1.attn`" in r.describe()
+    # without ops, the same step names the attention layer only (its softmax output, already NaN)
+    with mon.NonFiniteLocator(model) as locator:
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(x, y)
+    assert (locator.report.module, locator.report.op) == ("blocks.1.attn", None)
+    # in FP32 the same weights are finite: the overflow is FP16's range, not a bug in the model
+    with mon.NonFiniteLocator(model, ops=True) as locator:
+        assert torch.isfinite(model(x, y)[1])
+    assert locator.report is None
+
+
+def test_with_ops_a_deliberate_infinity_is_not_a_culprit_and_the_mode_is_removed():
+    setup = _setup(1)
+    model = setup.model(0)      # the causal mask fills -inf on every step: passed in, so not reported
+    x, y = setup.sampler.batch(0, "cpu")
+    with mon.NonFiniteLocator(model, ops=True) as locator:
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(x, y)[1].backward()
+        assert torch._C._is_torch_function_mode_enabled()
+    assert locator.report is None
+    assert not torch._C._is_torch_function_mode_enabled()
+    with pytest.raises(TypeError, match="ops must be a bool"):
+        mon.NonFiniteLocator(model, ops=1)
+
+
+@pytest.mark.parametrize("kind,phase,op", [("nan", "forward", None), ("nan_backward", "backward", None),
+                                           ("overflow", "forward", "mul")])
+def test_with_ops_planted_faults_are_still_named_by_layer(kind, phase, op):
+    setup = _setup(1)
+    model = setup.model(0)
+    mon.plant_fault(model, "blocks.1.fc", kind)
+    x, y = setup.sampler.batch(0, "cpu")
+    with mon.NonFiniteLocator(model, ops=True) as locator:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x, y)[1]
+        loss.backward()
+    r = locator.report
+    assert (r.module, r.phase, r.op) == ("blocks.1.fc", phase, op)
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.data_loading import DataLoading, data_loading
+from .studies.fp16_divergence import Fp16Divergence, fp16_divergence
 from .studies.ladder import ScaleLadder, ladder_sizes, scale_ladder
 from .studies.lesson_times import LessonTimes, lesson_times, lesson_times_parameters
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
@@ -253,6 +254,19 @@ def _parity_legacy(parameters: dict, values: dict) -> dict[str, Any]:
           parameters=lambda profile, device: {"seeds": (0, 1, 2), "steps": profile.pick(small=12, full=1000)})
 def _convergence_parity(profile: SizeProfile, device: torch.device, **parameters: Any) -> Parity:
     return convergence_parity(profile, device, **parameters)
+
+
+@register("fp16_divergence",
+          "The course model trained with FP16 autocast and GradScaler until its loss is not finite, its "
+          "attention written out (q k^T, then the 1/sqrt(d) scale) against fused (SDPA), over seeds, with each "
+          "layer's largest q.k on the way; the first failing step re-run under the op-level locator and with "
+          "q scaled first, SDPA, BF16 and FP32 (lesson 5). The small profile trains at a learning rate about "
+          "17x the full one, where the failure shows at CPU size.",
+          result_type=Fp16Divergence,
+          parameters=lambda profile, device: {"seeds": (0, 1, 2), **profile.pick(
+              small={"lr": 0.05, "steps": 200}, full={"lr": 3e-3, "steps": 2000})})
+def _fp16_divergence(profile: SizeProfile, device: torch.device, **parameters: Any) -> Fp16Divergence:
+    return fp16_divergence(profile, device, **parameters)
 
 
 @register("bf16_update_stagnation",

@@ -174,7 +174,8 @@ def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_
                      device_type: str = "cpu") -> int:
     """Bytes the course model's forward pass saves for backward (what :func:`saved_tensor_bytes` counts as
     activations), from its shape: ``batch`` sequences of ``seq_len`` tokens, ``attention`` ``"explicit"``
-    (scores stored) or ``"sdpa"`` (fused: a log-sum-exp per row instead), in FP32 (``autocast_bytes`` None)
+    (scores stored; ``"scaled_first"`` keeps the scaled q in place of q: the same bytes) or ``"sdpa"`` (fused: a log-sum-exp
+    per row instead), in FP32 (``autocast_bytes`` None)
     or under a 16-bit autocast (``autocast_bytes=2``).
 
     Per block, with ``r = batch * seq_len`` rows and ``f = mlp_ratio * d_model``: the two layer norms'
@@ -188,8 +189,8 @@ def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_
     is torch's autocast op list (lesson 4's H100 trace: ``_softmax`` returns FP32), and a fused CUDA kernel may keep its output as well (``r * d`` more)."""
     _positive_ints(batch=batch, seq_len=seq_len, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
                    vocab_size=vocab_size, mlp_ratio=mlp_ratio)
-    if attention not in ("explicit", "sdpa"):
-        raise ValueError(f"attention must be 'explicit' or 'sdpa', got {attention!r}")
+    if attention not in ("explicit", "scaled_first", "sdpa"):
+        raise ValueError(f"attention must be 'explicit', 'scaled_first' or 'sdpa', got {attention!r}")
     if autocast_bytes not in (None, 2):
         raise ValueError(f"autocast_bytes must be None (FP32) or 2 (a 16-bit autocast), got {autocast_bytes!r}")
     if device_type not in ("cpu", "cuda"):
@@ -197,7 +198,7 @@ def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_
     r, d, t, f = batch * seq_len, d_model, seq_len, mlp_ratio * d_model
     e = 4 if autocast_bytes is None else autocast_bytes
     block = 2 * r * d * 4 + 4 * r * 4 + (6 * d + 2 * f) * r * e
-    if attention == "explicit":
+    if attention != "sdpa":
         score_bytes = 4 if autocast_bytes is None else (4 + e if device_type == "cuda" else e)
         block += batch * n_heads * t * t * score_bytes + t * t
     else:

@@ -3,7 +3,8 @@
 Attention is written out (``q @ k.T``, softmax, ``@ v``) rather than fused, so that every op a lesson
 talks about (matmul, softmax, layer norm, cross-entropy) is a visible op that autocast and hooks see.
 ``GPTConfig(attention="sdpa")`` swaps in ``torch.nn.functional.scaled_dot_product_attention`` (fused, the
-scores never stored) for the model-size ladder of lesson 6; ``tied_head=True`` shares the output layer's
+scores never stored) for the model-size ladder of lesson 6, and ``attention="scaled_first"`` multiplies q by
+``1/sqrt(d)`` before ``q @ k.T`` instead of after (the order that keeps the product in FP16's range, lesson 5); ``tied_head=True`` shares the output layer's
 weight with the token embedding, as GPT-2 does. Dimensions are multiples of 64, the shapes tensor cores like.
 """
 
@@ -20,7 +21,7 @@ from .data import VOCAB_SIZE, BatchSampler, load_corpus
 from .device import SizeProfile
 
 
-ATTENTION_KINDS = ("explicit", "sdpa")
+ATTENTION_KINDS = ("explicit", "scaled_first", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
-        self.fused = cfg.attention == "sdpa"
+        self.attention = cfg.attention
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         mask = torch.tril(torch.ones(cfg.context, cfg.context, dtype=torch.bool))
@@ -84,10 +85,14 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        if self.fused:
+        if self.attention == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
             return self.proj(y)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.n_heads))
+        scale = 1.0 / math.sqrt(c // self.n_heads)
+        if self.attention == "scaled_first":
+            scores = (q * scale) @ k.transpose(-2, -1)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * scale
         scores = scores.masked_fill(~self.mask[:t, :t], float("-inf"))
         attn = F.softmax(scores, dim=-1)
         y = (attn @ v).transpose(1, 2).reshape(b, t, c)
@@ -144,6 +149,19 @@ class TinyGPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
+
+
+def set_attention(model: nn.Module, kind: str) -> nn.Module:
+    """Switch every attention layer of ``model`` to ``kind`` (one of :data:`ATTENTION_KINDS`) in place, the
+    weights untouched: the same trained model, its attention computed another way. Returns ``model``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS))}, got {kind!r}")
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            module.attention = kind
+    return model
 
 
 def build_gpt(cfg: GPTConfig, *, seed: int = 0, device: torch.device | str = "cpu") -> TinyGPT:

@@ -172,8 +172,8 @@ def roofline_step_seconds(d_model: int, n_heads: int, n_layers: int, seq_len: in
     backward is two products; an elementwise op's backward reads about twice what its forward does), plus
     AdamW over ``n_params`` FP32 parameters. ``attention="sdpa"``: the scores, softmax and ``@ V`` are one
     fused kernel that moves only Q, K, V and the output. No launch or framework overhead: a lower bound."""
-    if attention not in ("explicit", "sdpa"):
-        raise ValueError(f"attention must be 'explicit' or 'sdpa', got {attention!r}")
+    if attention not in ("explicit", "scaled_first", "sdpa"):
+        raise ValueError(f"attention must be 'explicit', 'scaled_first' or 'sdpa', got {attention!r}")
     if isinstance(n_params, bool) or not isinstance(n_params, int) or n_params < 1:
         raise ValueError(f"n_params must be a positive int, got {n_params!r}")
     for name, v in (("matmul_tflops", matmul_tflops), ("bandwidth_gbs", bandwidth_gbs),
