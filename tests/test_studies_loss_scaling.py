@@ -98,10 +98,10 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
         "skipped, and the scale halved at each of them down to 1.4e-45, the smallest positive float32 number, "
         "before reaching zero at step 5; the recorder stops there. Loss scaling protects the backward pass from "
         "underflow and overflow; it cannot repair a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
-        "same failure over seeds). " + P.UNLOCATED_FORWARD_NAN)
-    # the caveat names the suspect without claiming it is the cause, and points at the demonstration
-    assert P.UNLOCATED_FORWARD_NAN.startswith("Which operation overflowed is not located yet")
-    assert "{doc}`04_amp`" in P.UNLOCATED_FORWARD_NAN and "no verdict on FP16 autocast" in P.UNLOCATED_FORWARD_NAN
+        "same failure over seeds). " + P.FORWARD_NAN_WHERE)
+    # the caveat points at where the operation is located, and names the suspect without claiming it
+    assert P.FORWARD_NAN_WHERE.startswith("Lesson 5's {ref}`fp16-divergence` trains this loop again")
+    assert "{doc}`04_amp`" in P.FORWARD_NAN_WHERE and "no verdict on FP16 autocast" in P.FORWARD_NAN_WHERE
     partly = _recording([3.0, math.inf, 2.0], [4.0, 4.0, 2.0], [False, True, False])
     assert ("from step 1 on, its loss was NaN (the forward pass itself produced non-finite values in FP16), 1 of "
             "the 2 remaining steps were skipped, and the scale halved at each of them down to 2 before reaching "

@@ -22,6 +22,14 @@ def ratio_text(ratio: float) -> str:
     return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:#.2g}"   # "#": 0.010, not 0.01
 
 
+def and_list(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``; an empty sequence is refused."""
+    if isinstance(items, str) or not items:
+        raise ValueError(f"and_list needs a non-empty sequence of phrases, got {items!r}")
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 class Prose(str):
     """A fact that is Markdown text (a phrase or a table) rather than a number: glued as Markdown."""
 

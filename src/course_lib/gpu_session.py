@@ -86,6 +86,7 @@ EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
     *(tuple(Step("scale_ladder", piece) for piece in LADDER_PIECES[i:i + 2])
       for i in range(0, len(LADDER_PIECES), 2)),                                       # new, new
     (Step("fp8_compiled_speed"), Step("fp8_linear_speed")),                             # new, 12
+    (Step("fp16_divergence"),),   # new: up to 6 runs of 2000 steps, the explicit ones stop at their first NaN
     (Step("mx_emulation_cost"), Step("monitor_overhead")),                              # new, 34
     (Step("data_loading"), Step("clipping_runs"), Step("bf16_update_stagnation")),      # new, new, new
     # FP8 training one recipe per step: all six at once run for about 40 minutes on an H100 (results/README.md)

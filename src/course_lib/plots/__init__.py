@@ -12,7 +12,7 @@ from .fp8 import (
     plot_outlier_sweep,
     plot_scaling_lab,
 )
-from .loss_scaling import plot_scale_fidelity, plot_scale_sweep, plot_scale_traces
+from .loss_scaling import plot_qk_growth, plot_scale_fidelity, plot_scale_sweep, plot_scale_traces
 from .microscaling import plot_block_sizes, plot_gradient_fidelity
 from .monitoring import plot_dashboard, plot_recovery, plot_underflow_trend
 from .performance import (
@@ -65,6 +65,7 @@ __all__ = [
     "plot_scale_sweep",
     "plot_scale_fidelity",
     "plot_scale_traces",
+    "plot_qk_growth",
     "plot_matmul_throughput",
     "plot_roofline",
     "plot_throughput",

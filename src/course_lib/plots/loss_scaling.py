@@ -1,4 +1,5 @@
-"""Figures of lesson 3: survival against the loss scale, gradient fidelity per scale, scale traces."""
+"""Figures of lesson 3: survival against the loss scale, gradient fidelity per scale, scale traces; and of
+lesson 5: the attention product growing into FP16's limit."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter
 
 from .style import FORMAT_COLOURS, finish_figure, recipe_colour
 
@@ -142,4 +143,37 @@ def plot_clipping_runs(runs, rules=None, *, reference: str | None = None) -> Fig
     band = f"\ngrey: {reference}, range" if reference is not None else ""
     right.set_title(f"After training (one dot per seed){band}", fontsize=10)
     right.grid(alpha=0.3, axis="x")
+    return finish_figure(fig)
+
+
+def plot_qk_growth(divergence) -> Figure:
+    """The largest attention product ``|q . k|`` before the scale (the largest over layers) against the step,
+    one line per run of a :class:`~course_lib.studies.fp16_divergence.Fp16Divergence` (colour: seed; solid:
+    attention written out, dashed: any other kind), FP16's largest value as a line, and a cross where a
+    run's loss turned non-finite."""
+    fp16_max = float(np.finfo(np.float16).max)
+    fig, ax = plt.subplots(figsize=(8.5, 4.6))
+    seeds = sorted({run.seed for run in divergence.runs})
+    styles = {"explicit": "-", "scaled_first": "-.", "sdpa": "--"}
+    names = {"explicit": "q k^T then scale", "scaled_first": "q scaled first", "sdpa": "fused (SDPA)"}
+    for run in divergence.runs:
+        layers = np.array(list(run.qk_max.values()), dtype=float)          # [layer, probe]
+        with np.errstate(invalid="ignore"):
+            largest = np.where(np.isfinite(layers), layers, np.nan)
+        peak = np.nanmax(largest, axis=0) if largest.size else np.array([])
+        colour = recipe_colour(seeds.index(run.seed))
+        ax.plot(run.probe_steps, peak, color=colour, ls=styles[run.attention], lw=1.6,
+                label=f"seed {run.seed}, {names[run.attention]}"
+                      + ("" if run.first_nonfinite is None else f": loss not finite at step {run.first_nonfinite}"))
+        if run.first_nonfinite is not None and len(peak) and np.isfinite(peak[-1]):
+            ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=10, mec="#000000", mew=0.8)
+    ax.axhline(fp16_max, color="#000000", lw=1)
+    ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:.0f}", fontsize=8, va="bottom")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("largest |q . k| before the 1/sqrt(d) scale")
+    ax.set_title(f"Attention products against FP16's range (AdamW, learning rate {divergence.lr:g})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     return finish_figure(fig)

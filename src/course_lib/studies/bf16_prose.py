@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 from ..bf16 import Advice
 from ..formats import get_format, spacing
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..hardware import GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .bf16 import EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison
-from .loss_scaling_prose import UNLOCATED_FORWARD_NAN
+from .fp16_divergence import FP16_MAX, Fp16Divergence
+from .loss_scaling_prose import FORWARD_NAN_WHERE
 
 REFERENCE = "FP32"
 MASTER = "BF16 + FP32 master weights"
@@ -114,7 +115,7 @@ def nan_seeds_note(parity: Parity) -> Prose:
                  + ". The loss itself became NaN, so the forward pass produced non-finite values in FP16; a "
                  "loss scale acts on the backward pass only and cannot repair that ({doc}`03_loss_scaling` "
                  "shows the recorded scale collapsing after it). BF16 has the range to avoid it. "
-                 + UNLOCATED_FORWARD_NAN)
+                 + FORWARD_NAN_WHERE)
 
 
 def recorded_parity_note(parity: Parity, label: str) -> Prose:
@@ -269,3 +270,118 @@ def bf16_errata_rows(rtx3090: GPUPeaks, advice_3090: Advice, ft: FP16FineTune, u
          f"not change at a step (average over the last {tail} steps) although their update was not zero; see the "
          f"stagnation section."),
     ]
+
+
+# ---- the FP16 failure, located -----------------------------------------------------------------------
+
+ATTENTION_NAMES = {"explicit": "attention written out (q k^T, then the scale)",
+                   "scaled_first": "q scaled before the product", "sdpa": "fused attention (SDPA)"}
+
+
+def divergence_outcomes(div: Fp16Divergence) -> Prose:
+    """Per attention kind, in how many seeds the loss turned non-finite and at which steps."""
+    kinds = list(dict.fromkeys(run.attention for run in div.runs))
+    parts = []
+    for kind in kinds:
+        runs = [run for run in div.runs if run.attention == kind]
+        failed = [run for run in runs if run.first_nonfinite is not None]
+        where = (f" (at step{'s' if len(failed) > 1 else ''} "
+                 + and_list([str(run.first_nonfinite) for run in failed]) + ")") if failed else ""
+        parts.append(f"with {ATTENTION_NAMES[kind]}, in {len(failed)} of {len(runs)} seeds{where}")
+    return Prose(f"Over {div.steps} steps at learning rate {div.lr:g}, the loss turned non-finite "
+                 + "; ".join(parts) + ".")
+
+
+def _fmt_max(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def located_sentence(div: Fp16Divergence) -> Prose:
+    """What re-running the first failing step found: the operation and module the locator named, with its
+    inputs' largest magnitudes and the infinities it made; or that the re-run stayed finite; or that no run
+    failed (with the largest product any run reached, against FP16's largest value)."""
+    if div.located_step is None:
+        peak = max((v for run in div.runs for vs in run.qk_max.values() for v in vs if math.isfinite(v)),
+                   default=math.nan)
+        return Prose(f"No run failed, so there is no step to locate; the largest $|q \\cdot k|$ any run reached was "
+                     f"{_fmt_max(peak)}, against FP16's largest value {_fmt_max(FP16_MAX)}.")
+    if div.located is None:
+        return Prose(f"Re-run from the same weights, step {div.located_step} of seed {div.located_seed} stayed "
+                     "finite under the locator: the failure did not reproduce, so it is not located.")
+    r = div.located
+    ins = and_list([f"{s.dtype} {list(s.shape)} with largest magnitude {_fmt_max(s.max_abs)}" for s in r.inputs])
+    made = sum(s.inf for s in r.outputs), sum(s.nan for s in r.outputs)
+    what = and_list([f"{n} {kind}" for n, kind in zip(made, ("infinities", "NaNs")) if n]) or "non-finite values"
+    op = f"`{r.op}` in `{r.module}`" if r.op else f"`{r.module}`"
+    return Prose(f"Re-run from the weights that failed (seed {div.located_seed}, step {div.located_step}), the "
+                 f"locator names {op}: its inputs ({ins}) were finite, and its output held {what}.")
+
+
+def replay_table(div: Fp16Divergence) -> MarkdownTable:
+    """The failing batch's loss from the failing weights, per way of computing it (``NaN`` or ``inf`` where
+    it was not finite); an empty table when no run failed."""
+    return markdown_table(("the failing step, computed as", "loss"),
+                          [(label, f"{loss:.4f}" if math.isfinite(loss) else str(loss).replace("nan", "NaN"))
+                           for label, loss in div.replays.items()])
+
+
+def _peak(run, probe: int | None = None) -> float:
+    """A run's largest finite ``|q . k|`` over layers, at probe index ``probe`` (None: over all probes)."""
+    values = [vs[i] for vs in run.qk_max.values()
+              for i in (range(len(vs)) if probe is None else [probe]) if math.isfinite(vs[i])]
+    return max(values, default=math.nan)
+
+
+def divergence_verdict(div: Fp16Divergence) -> Prose:
+    """What the runs show beyond the outcomes: the largest product of each failing written-out run at its
+    failing step against FP16's largest value; whether runs computed another way went past that value and
+    stayed finite; which ways of computing the failing step gave a finite loss."""
+    parts = []
+    failed = [run for run in div.runs if run.first_nonfinite is not None]
+    survivors = [run for run in div.runs if run.first_nonfinite is None and run.attention != "explicit"]
+    if survivors:
+        top = max(_peak(run) for run in survivors)
+        if top > FP16_MAX:
+            parts.append(f"The growth itself did no harm to runs that never hold the raw product in FP16: runs with "
+                         f"{and_list(sorted({ATTENTION_NAMES[r.attention] for r in survivors}))} reached "
+                         f"products of up to {_fmt_max(top)}, {top / FP16_MAX:.2g} times FP16's largest value, "
+                         "and their losses stayed finite.")
+        else:
+            parts.append(f"The runs computed another way stayed below FP16's largest value (at most "
+                         f"{_fmt_max(top)}), so they do not show whether they would survive a larger product.")
+    at_failure = [_peak(run, -1) for run in failed if run.probe_steps and run.probe_steps[-1] == run.first_nonfinite]
+    if at_failure:
+        over = sum(v > FP16_MAX for v in at_failure)
+        parts.append(f"At the failing step, the largest product (computed in FP32) was "
+                     f"{and_list([_fmt_max(v) for v in at_failure])}: above {_fmt_max(FP16_MAX)} in {over} of "
+                     f"{len(at_failure)} failing runs.")
+    if div.replays:
+        finite = [label for label, loss in div.replays.items() if math.isfinite(loss)]
+        broken = [label for label, loss in div.replays.items() if not math.isfinite(loss)]
+        text = "From the failing weights, " + (f"{and_list(finite)} gave a finite loss" if finite else
+                                                 "no way of computing the step gave a finite loss")
+        parts.append(text + (f"; {and_list(broken)} did not." if broken and finite else "."))
+    return Prose(" ".join(parts))
+
+
+def divergence_facts(div: Fp16Divergence, full_lr: float) -> dict[str, object]:
+    """The live run's learning rate against the full profile's (``div_lr_ratio``), its steps and seeds,
+    FP16's largest value, the outcomes and the located operation as Markdown."""
+    if not (full_lr > 0 and math.isfinite(full_lr)):
+        raise ValueError(f"full_lr must be a positive finite number, got {full_lr!r}")
+    return {"div_lr": div.lr, "div_full_lr": full_lr, "div_lr_ratio": f"{div.lr / full_lr:.3g}",
+            "div_steps": div.steps, "div_seeds": len({run.seed for run in div.runs}),
+            "fp16_max": f"{FP16_MAX:,.0f}",
+            "div_outcomes": divergence_outcomes(div), "div_located": located_sentence(div),
+            "div_verdict": divergence_verdict(div)}
+
+
+def recorded_divergence_note(div: Fp16Divergence, label: str) -> Prose:
+    """A recorded run on ``label`` (the hardware): its outcomes, what the locator named, and the re-run
+    table when a step failed."""
+    outcomes = divergence_outcomes(div)
+    parts = [f"On **{label}**, " + outcomes[0].lower() + outcomes[1:], located_sentence(div),
+             divergence_verdict(div)]
+    if div.replays:
+        parts.append(replay_table(div).rstrip("\n"))
+    return Prose("\n\n".join(parts))

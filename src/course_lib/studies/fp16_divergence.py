@@ -18,11 +18,11 @@ from ..monitor.locator import NonFiniteLocator, NonFiniteReport
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 # the failing step's weights, run again: (label, attention, autocast dtype or None for FP32)
-REPLAYS = (("as trained: FP16, q k^T then scale", "explicit", torch.float16),
-           ("FP16, q scaled first", "scaled_first", torch.float16),
-           ("FP16, fused attention (SDPA)", "sdpa", torch.float16),
-           ("BF16, q k^T then scale", "explicit", torch.bfloat16),
-           ("FP32, q k^T then scale", "explicit", None))
+REPLAYS = (("FP16 with attention written out (as trained)", "explicit", torch.float16),
+           ("FP16 with q scaled first", "scaled_first", torch.float16),
+           ("FP16 with fused attention (SDPA)", "sdpa", torch.float16),
+           ("BF16 with attention written out", "explicit", torch.bfloat16),
+           ("FP32 with attention written out", "explicit", None))
 
 
 @dataclass(frozen=True)

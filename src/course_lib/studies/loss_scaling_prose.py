@@ -133,16 +133,15 @@ def nan_collapse_note(recording: FlightRecording) -> Prose:
         f"at each of them down to {recording.scales[-1]:.3g}{smallest} before reaching zero at step "
         f"{recording.steps}; the recorder stops there. Loss scaling protects the backward pass from underflow "
         f"and overflow; it cannot repair a non-finite forward pass ({{doc}}`05_bf16_vs_fp16` records the same "
-        f"failure over seeds). " + UNLOCATED_FORWARD_NAN)
+        f"failure over seeds). " + FORWARD_NAN_WHERE)
 
 
-# Said wherever a recorded FP16 run's forward pass turned non-finite: what is and is not known about why.
-UNLOCATED_FORWARD_NAN = (
-    "Which operation overflowed is not located yet: a record keeps losses and scales, not tensors. The course "
-    "model forms attention's $q k^\\top$ in FP16 before its "
-    "$1/\\sqrt{d}$ scale, an order that overflows where PyTorch's fused attention does not "
-    "({doc}`04_amp` shows it), so one model written this way going NaN is no verdict on FP16 autocast for GPTs "
-    "in general.")
+# Said wherever a recorded FP16 run's forward pass turned non-finite: where the operation is named.
+FORWARD_NAN_WHERE = (
+    "Lesson 5's {ref}`fp16-divergence` trains this loop again until it fails and names the operation that "
+    "overflowed. The course model forms attention's $q k^\\top$ in FP16 before its $1/\\sqrt{d}$ scale, an "
+    "order that overflows where PyTorch's fused attention does not ({doc}`04_amp` shows it), so one model "
+    "written this way going NaN is no verdict on FP16 autocast for GPTs in general.")
 
 
 def recorded_flight_beside(records: Sequence[RecordedResult], device_type: str) -> FlightRecording | None:

@@ -14,7 +14,7 @@ import torch
 
 from ..checkup import Checkup
 from ..formats import get_format
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..models import course_setup
 from ..monitor.faults import PlantedFault, plant_fault
 from ..monitor.health import Alert, GradientHealthMonitor, MonitorLog, Thresholds
@@ -360,21 +360,16 @@ def other_alerts_sentence(alerts: Sequence[Alert]) -> Prose:
     kinds = {a.kind for a in alerts}
     if len(kinds) == 1:    # one kind: "underflow alerts on `a` and `b`"
         names = sorted(_code(w) if w != "the run" else w for w in where)
-        what = f"{kinds.pop()} alert{'s' if len(alerts) > 1 else ''} on " + _and(names)
+        what = f"{kinds.pop()} alert{'s' if len(alerts) > 1 else ''} on " + and_list(names)
     else:
-        what = _and(sorted(f"{a.kind} on {_code(w) if w != 'the run' else w}" for a, w in zip(alerts, where)))
+        what = and_list(sorted(f"{a.kind} on {_code(w) if w != 'the run' else w}" for a, w in zip(alerts, where)))
     steps = sorted({a.step for a in alerts})
-    when = ("at step " if len(steps) == 1 else "at steps ") + _and([str(s) for s in steps])
+    when = ("at step " if len(steps) == 1 else "at steps ") + and_list([str(s) for s in steps])
     if all("qkv.bias" in (a.layer or "") for a in alerts):
         when += ", the key bias" + ("es" if len(alerts) > 1 else "") + " of the first section again"
     if len(alerts) == 1:
         return Prose(f"Its other alert was {'an' if what[0] in 'aeiou' else 'a'} {what} {when}.")
     return Prose(f"Its {len(alerts)} other alerts were {what} {when}.")
-
-
-def _and(items: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def dead_layer_facts(dead: DeadLayerRun) -> dict[str, object]:

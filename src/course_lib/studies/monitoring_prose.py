@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from ..device import SizeProfile
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..monitor.health import MonitorLog, step_was_skipped
 from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
@@ -27,11 +27,6 @@ _MAX_PERCENT_DECIMALS = 4
 
 def _code(name: str | None) -> str:
     return f"`{name}`"
-
-
-def _and(items: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _signed(pct: float, decimals: int = 0) -> str:
@@ -336,7 +331,7 @@ def scaler_log_table(log: MonitorLog) -> MarkdownTable:
 
 
 def _steps_phrase(steps: Sequence[int]) -> str:
-    return ("step " if len(steps) == 1 else "steps ") + _and([str(s) for s in steps])
+    return ("step " if len(steps) == 1 else "steps ") + and_list([str(s) for s in steps])
 
 
 def own_loop_sentence(log: MonitorLog, optimizer_steps: int) -> Prose:
