@@ -45,3 +45,16 @@ def test_glue_errata_glues_the_claim_measured_table(glued):
     assert value.data == str(errata_table([("FP16 is enough.", "It flushed 12%."), ("a|b", "c")]))
     with pytest.raises(ValueError, match="at least one"):
         errata_table([])
+
+
+def test_plural_and_and_list():
+    from course_lib.glue import and_list, plural
+
+    assert (plural(1, "step"), plural(0, "step"), plural(3, "step")) == ("1 step", "0 steps", "3 steps")
+    assert plural(2, "back-off") == "2 back-offs" and plural(2, "index", "indices") == "2 indices"
+    with pytest.raises(TypeError, match="count must be an int"):
+        plural(True, "step")
+    assert (and_list(["a"]), and_list(["a", "b"]), and_list(["a", "b", "c"])) == ("a", "a and b", "a, b and c")
+    for bad in ([], "abc"):
+        with pytest.raises(ValueError, match="non-empty sequence"):
+            and_list(bad)

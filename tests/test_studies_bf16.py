@@ -8,7 +8,7 @@ import pytest
 from course_lib.bf16 import Advice, precision_advice
 from course_lib.glue import Prose
 from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
-from course_lib.studies.loss_scaling_prose import FORWARD_NAN_WHERE
+from course_lib.studies.loss_scaling_prose import forward_nan_where
 from course_lib.studies import bf16_prose as P
 from course_lib.studies.bf16 import FP16FineTune, Parity, UpdateComparison
 from course_lib.tables import MarkdownTable
@@ -78,7 +78,7 @@ def test_recorded_parity_note_has_table_and_both_notes():
         "At full size, `fp16_autocast_scaler` ended with a NaN loss in 2 of 3 seeds. The loss itself became NaN, "
         "so the forward pass produced non-finite values in FP16; a loss scale acts on the backward pass only and "
         "cannot repair that ({doc}`03_loss_scaling` shows the recorded scale collapsing after it). BF16 has the "
-        "range to avoid it. " + FORWARD_NAN_WHERE)
+        "range to avoid it. " + forward_nan_where(on_lesson_5=True))
 
 
 def test_recorded_parity_notes_are_left_out_when_they_do_not_apply():

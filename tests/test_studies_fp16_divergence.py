@@ -118,9 +118,9 @@ def test_outcomes_and_location_are_said_from_the_result():
         "Over 3 steps at learning rate 0.05, the loss turned non-finite with attention written out (q k^T, then "
         "the scale), in 1 of 1 seeds (at step 2); with fused attention (SDPA), in 0 of 1 seeds.")
     assert P.located_sentence(div) == (
-        "Re-run from the weights that failed (seed 0, step 2), the locator names `matmul` in `blocks.0.attn`: "
-        "its inputs (float16 [2, 3] with largest magnitude 90 and float16 [2, 3] with largest magnitude 81.8) "
-        "were finite, and its output held 6 infinities.")
+        "Re-run from the weights that failed (seed 0, step 2), the locator names `matmul` in `blocks.0.attn`. "
+        "Its inputs were finite (float16 [2, 3] with largest magnitude 90 and float16 [2, 3] with largest "
+        "magnitude 81.8); its output held 6 infinities.")
     assert P.located_sentence(_div(located=False)).startswith(
         "Re-run from the same weights, step 2 of seed 0 stayed finite under the locator")
     assert P.located_sentence(_div(failed=False)) == (
@@ -128,16 +128,14 @@ def test_outcomes_and_location_are_said_from_the_result():
         "FP16's largest value 65,504.")
 
 
-def test_the_verdict_reports_products_against_fp16s_range_and_the_replays():
+def test_the_verdict_reports_products_against_fp16s_range():
     assert P.divergence_verdict(_div()) == (
-        "The growth itself did no harm to runs that never hold the raw product in FP16: runs with fused "
-        "attention (SDPA) reached products of up to 150,000, 2.3 times FP16's largest value, and their losses "
-        "stayed finite. At the failing step, the largest product (computed in FP32) was 70,000: above 65,504 in "
-        "1 of 1 failing runs. From the failing weights, FP16 with q scaled first, FP16 with fused attention "
-        "(SDPA), BF16 with attention written out and FP32 with attention written out gave a finite loss; FP16 "
-        "with attention written out (as trained) did not.")
+        "The growth itself did no harm to runs that never hold the raw product in FP16: of the 1 run with fused "
+        "attention (SDPA) that stayed finite, 1 went past FP16's largest value, up to 150,000, 2.3 times it. At "
+        "the failing step, the largest product (computed in FP32) was 70,000: above 65,504 in 1 of 1 failing "
+        "runs.")
     low = P.divergence_verdict(_div(fused_peak=2000.0))
-    assert low.startswith("The runs computed another way stayed below FP16's largest value (at most 2,000)")
+    assert low.startswith("The runs with fused attention (SDPA) stayed below FP16's largest value (at most 2,000)")
     table = P.replay_table(_div())
     assert "| FP16 with attention written out (as trained) | NaN |" in table and "| 3.1000 |" in table
 
@@ -147,6 +145,7 @@ def test_facts_and_the_recorded_note():
     facts = P.divergence_facts(div, 3e-3)
     assert (facts["div_lr_ratio"], facts["div_steps"], facts["div_seeds"], facts["fp16_max"]) == (
         "16.7", 3, 1, "65,504")
+    assert facts["div_probe_every"] == 2      # the runs' probes, at steps 0 and 2
     assert facts["div_verdict"] == P.divergence_verdict(div)
     with pytest.raises(ValueError, match="full_lr"):
         P.divergence_facts(div, 0.0)
@@ -160,7 +159,7 @@ def test_the_figure_draws_a_line_per_run_and_fp16s_limit():
     fig = plots.plot_qk_growth(_div())
     ax = fig.axes[0]
     labels = [line.get_label() for line in ax.get_lines()]
-    assert "seed 0, q k^T then scale: loss not finite at step 2" in labels
+    assert "seed 0, written out: loss not finite at step 2" in labels
     assert "seed 0, fused (SDPA)" in labels
     assert any(line.get_ydata()[0] == FP16_MAX for line in ax.get_lines() if len(line.get_ydata()) == 2
                and line.get_ydata()[0] == line.get_ydata()[1])

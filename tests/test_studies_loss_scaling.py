@@ -93,15 +93,16 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
     note = P.nan_collapse_note(collapsed)
     assert isinstance(note, Prose)
     assert note == (
-        "The recorded full-size run did not end well. It skipped 1 step(s) before step 2; from step 2 on, its loss "
+        "The recorded full-size run did not end well. It skipped 1 step before step 2; from step 2 on, its loss "
         "was NaN (the forward pass itself produced non-finite values in FP16), all 3 of the 3 remaining steps were "
         "skipped, and the scale halved at each of them down to 1.4e-45, the smallest positive float32 number, "
         "before reaching zero at step 5; the recorder stops there. Loss scaling protects the backward pass from "
         "underflow and overflow; it cannot repair a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
-        "same failure over seeds). " + P.FORWARD_NAN_WHERE)
+        "same failure over seeds). " + P.forward_nan_where())
     # the caveat points at where the operation is located, and names the suspect without claiming it
-    assert P.FORWARD_NAN_WHERE.startswith("Lesson 5's {ref}`fp16-divergence` trains this loop again")
-    assert "{doc}`04_amp`" in P.FORWARD_NAN_WHERE and "no verdict on FP16 autocast" in P.FORWARD_NAN_WHERE
+    assert P.forward_nan_where().startswith("Lesson 5's {ref}`fp16-divergence` trains this loop again")
+    assert P.forward_nan_where(on_lesson_5=True).startswith("The section below, {ref}`fp16-divergence`, trains")
+    assert "{doc}`04_amp`" in P.forward_nan_where() and "no verdict on FP16 autocast" in P.forward_nan_where()
     partly = _recording([3.0, math.inf, 2.0], [4.0, 4.0, 2.0], [False, True, False])
     assert ("from step 1 on, its loss was NaN (the forward pass itself produced non-finite values in FP16), 1 of "
             "the 2 remaining steps were skipped, and the scale halved at each of them down to 2 before reaching "

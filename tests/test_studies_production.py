@@ -157,7 +157,7 @@ def test_shared_scaler_facts_name_what_the_run_showed():
                      "gan_scale_end": 32768.0, "gan_backoffs": 1}
     assert isinstance(verdict, Prose) and verdict.startswith("only the optimizer whose gradients overflowed")
     assert "nothing was tested" in _facts(d_steps=4, final_scale=65536.0)["gan_verdict"]
-    assert "generator skipped 1 step(s) too" in _facts(g_steps=3)["gan_verdict"]
+    assert "generator skipped 1 step too" in _facts(g_steps=3)["gan_verdict"]
     twice = _facts(final_scale=16384.0)
     assert twice["gan_backoffs"] == 2 and "not once per overflowing iteration" in twice["gan_verdict"]
     assert "skipped 2 steps and the generator none" in _facts(d_steps=2, final_scale=16384.0)["gan_verdict"]

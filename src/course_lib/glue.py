@@ -22,6 +22,14 @@ def ratio_text(ratio: float) -> str:
     return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:#.2g}"   # "#": 0.010, not 0.01
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``, ``0 steps``: ``count`` and ``noun``, plural (``many``, else ``noun + "s"``)
+    unless the count is one."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count must be an int, got {type(count).__name__}")
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
 def and_list(items: Sequence[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``; an empty sequence is refused."""
     if isinstance(items, str) or not items:

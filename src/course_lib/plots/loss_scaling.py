@@ -155,7 +155,7 @@ def plot_qk_growth(divergence) -> Figure:
     fig, ax = plt.subplots(figsize=(8.5, 4.6))
     seeds = sorted({run.seed for run in divergence.runs})
     styles = {"explicit": "-", "scaled_first": "-.", "sdpa": "--"}
-    names = {"explicit": "q k^T then scale", "scaled_first": "q scaled first", "sdpa": "fused (SDPA)"}
+    names = {"explicit": "written out", "scaled_first": "q scaled first", "sdpa": "fused (SDPA)"}
     for run in divergence.runs:
         layers = np.array(list(run.qk_max.values()), dtype=float)          # [layer, probe]
         with np.errstate(invalid="ignore"):
@@ -168,12 +168,12 @@ def plot_qk_growth(divergence) -> Figure:
         if run.first_nonfinite is not None and len(peak) and np.isfinite(peak[-1]):
             ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=10, mec="#000000", mew=0.8)
     ax.axhline(fp16_max, color="#000000", lw=1)
-    ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:.0f}", fontsize=8, va="bottom")
+    ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:,.0f}", fontsize=8, va="bottom")
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("training step")
     ax.set_ylabel("largest |q . k| before the 1/sqrt(d) scale")
-    ax.set_title(f"Attention products against FP16's range (AdamW, learning rate {divergence.lr:g})")
+    ax.set_title(f"Attention products against FP16's range (learning rate {divergence.lr:g})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     return finish_figure(fig)

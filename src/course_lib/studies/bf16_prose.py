@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 from ..bf16 import Advice
 from ..formats import get_format, spacing
-from ..glue import Prose, and_list
+from ..glue import Prose, and_list, plural
 from ..hardware import GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .bf16 import EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison
 from .fp16_divergence import FP16_MAX, Fp16Divergence
-from .loss_scaling_prose import FORWARD_NAN_WHERE
+from .loss_scaling_prose import forward_nan_where
 
 REFERENCE = "FP32"
 MASTER = "BF16 + FP32 master weights"
@@ -115,7 +115,7 @@ def nan_seeds_note(parity: Parity) -> Prose:
                  + ". The loss itself became NaN, so the forward pass produced non-finite values in FP16; a "
                  "loss scale acts on the backward pass only and cannot repair that ({doc}`03_loss_scaling` "
                  "shows the recorded scale collapsing after it). BF16 has the range to avoid it. "
-                 + FORWARD_NAN_WHERE)
+                 + forward_nan_where(on_lesson_5=True))
 
 
 def recorded_parity_note(parity: Parity, label: str) -> Prose:
@@ -314,7 +314,7 @@ def located_sentence(div: Fp16Divergence) -> Prose:
     what = and_list([f"{n} {kind}" for n, kind in zip(made, ("infinities", "NaNs")) if n]) or "non-finite values"
     op = f"`{r.op}` in `{r.module}`" if r.op else f"`{r.module}`"
     return Prose(f"Re-run from the weights that failed (seed {div.located_seed}, step {div.located_step}), the "
-                 f"locator names {op}: its inputs ({ins}) were finite, and its output held {what}.")
+                 f"locator names {op}. Its inputs were finite ({ins}); its output held {what}.")
 
 
 def replay_table(div: Fp16Divergence) -> MarkdownTable:
@@ -333,43 +333,39 @@ def _peak(run, probe: int | None = None) -> float:
 
 
 def divergence_verdict(div: Fp16Divergence) -> Prose:
-    """What the runs show beyond the outcomes: the largest product of each failing written-out run at its
-    failing step against FP16's largest value; whether runs computed another way went past that value and
-    stayed finite; which ways of computing the failing step gave a finite loss."""
+    """What the runs show beyond the outcomes: whether runs computed another way went past FP16's largest
+    value and stayed finite, and the largest product of each failing written-out run at its failing step."""
     parts = []
     failed = [run for run in div.runs if run.first_nonfinite is not None]
     survivors = [run for run in div.runs if run.first_nonfinite is None and run.attention != "explicit"]
     if survivors:
-        top = max(_peak(run) for run in survivors)
-        if top > FP16_MAX:
-            parts.append(f"The growth itself did no harm to runs that never hold the raw product in FP16: runs with "
-                         f"{and_list(sorted({ATTENTION_NAMES[r.attention] for r in survivors}))} reached "
-                         f"products of up to {_fmt_max(top)}, {top / FP16_MAX:.2g} times FP16's largest value, "
-                         "and their losses stayed finite.")
+        peaks = [_peak(run) for run in survivors]
+        past = sum(p > FP16_MAX for p in peaks)
+        kinds = and_list(sorted({ATTENTION_NAMES[r.attention] for r in survivors}))
+        if past:
+            parts.append(f"The growth itself did no harm to runs that never hold the raw product in FP16: of the "
+                         f"{plural(len(survivors), 'run')} with {kinds} that stayed finite, {past} went past FP16's largest "
+                         f"value, up to {_fmt_max(max(peaks))}, {max(peaks) / FP16_MAX:.2g} times it.")
         else:
-            parts.append(f"The runs computed another way stayed below FP16's largest value (at most "
-                         f"{_fmt_max(top)}), so they do not show whether they would survive a larger product.")
+            parts.append(f"The runs with {kinds} stayed below FP16's largest value (at most {_fmt_max(max(peaks))}),"
+                         " so they do not show whether they would survive a larger product.")
     at_failure = [_peak(run, -1) for run in failed if run.probe_steps and run.probe_steps[-1] == run.first_nonfinite]
     if at_failure:
         over = sum(v > FP16_MAX for v in at_failure)
         parts.append(f"At the failing step, the largest product (computed in FP32) was "
                      f"{and_list([_fmt_max(v) for v in at_failure])}: above {_fmt_max(FP16_MAX)} in {over} of "
                      f"{len(at_failure)} failing runs.")
-    if div.replays:
-        finite = [label for label, loss in div.replays.items() if math.isfinite(loss)]
-        broken = [label for label, loss in div.replays.items() if not math.isfinite(loss)]
-        text = "From the failing weights, " + (f"{and_list(finite)} gave a finite loss" if finite else
-                                                 "no way of computing the step gave a finite loss")
-        parts.append(text + (f"; {and_list(broken)} did not." if broken and finite else "."))
     return Prose(" ".join(parts))
 
 
 def divergence_facts(div: Fp16Divergence, full_lr: float) -> dict[str, object]:
-    """The live run's learning rate against the full profile's (``div_lr_ratio``), its steps and seeds,
-    FP16's largest value, the outcomes and the located operation as Markdown."""
+    """The live run's learning rate against the full profile's (``div_lr_ratio``), its steps, seeds and steps
+    between probes, FP16's largest value, the outcomes, the located operation and the verdict as Markdown."""
     if not (full_lr > 0 and math.isfinite(full_lr)):
         raise ValueError(f"full_lr must be a positive finite number, got {full_lr!r}")
+    probes = div.runs[0].probe_steps if div.runs else ()
     return {"div_lr": div.lr, "div_full_lr": full_lr, "div_lr_ratio": f"{div.lr / full_lr:.3g}",
+            "div_probe_every": probes[1] - probes[0] if len(probes) > 1 else div.steps,
             "div_steps": div.steps, "div_seeds": len({run.seed for run in div.runs}),
             "fp16_max": f"{FP16_MAX:,.0f}",
             "div_outcomes": divergence_outcomes(div), "div_located": located_sentence(div),

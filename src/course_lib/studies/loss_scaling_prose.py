@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose
+from ..glue import Prose, plural
 from ..gradients import ScaleSweep
 from ..results import RecordedResult, describe_records
 from ..scaling import (
@@ -127,21 +127,25 @@ def nan_collapse_note(recording: FlightRecording) -> Prose:
     before = sum(recording.skipped[:first_nan])
     smallest = ", the smallest positive float32 number," if recording.scales[-1] == SMALLEST_FLOAT32 else ""
     return Prose(
-        f"The recorded full-size run did not end well. It skipped {before} step(s) before step {first_nan}; "
+        f"The recorded full-size run did not end well. It skipped {plural(before, 'step')} before step {first_nan}; "
         f"from step {first_nan} on, its loss was NaN (the forward pass itself produced non-finite values in "
         f"FP16), {every}{skipped_after} of the {remaining} remaining steps were skipped, and the scale halved "
         f"at each of them down to {recording.scales[-1]:.3g}{smallest} before reaching zero at step "
         f"{recording.steps}; the recorder stops there. Loss scaling protects the backward pass from underflow "
         f"and overflow; it cannot repair a non-finite forward pass ({{doc}}`05_bf16_vs_fp16` records the same "
-        f"failure over seeds). " + FORWARD_NAN_WHERE)
+        f"failure over seeds). " + forward_nan_where())
 
 
-# Said wherever a recorded FP16 run's forward pass turned non-finite: where the operation is named.
-FORWARD_NAN_WHERE = (
-    "Lesson 5's {ref}`fp16-divergence` trains this loop again until it fails and names the operation that "
-    "overflowed. The course model forms attention's $q k^\\top$ in FP16 before its $1/\\sqrt{d}$ scale, an "
-    "order that overflows where PyTorch's fused attention does not ({doc}`04_amp` shows it), so one model "
-    "written this way going NaN is no verdict on FP16 autocast for GPTs in general.")
+def forward_nan_where(*, on_lesson_5: bool = False) -> Prose:
+    """Said wherever a recorded FP16 run's forward pass turned non-finite: where the operation is named (lesson
+    5's section; ``on_lesson_5``: the section below), and why one model failing is no verdict on FP16."""
+    where = ("The section below, {ref}`fp16-divergence`," if on_lesson_5
+             else "Lesson 5's {ref}`fp16-divergence`")
+    return Prose(
+        where + " trains this loop again until it fails and names the operation that overflowed. The course "
+        "model forms attention's $q k^\\top$ in FP16 before its $1/\\sqrt{d}$ scale, an order that overflows "
+        "where PyTorch's fused attention does not ({doc}`04_amp` shows it), so one model written this way going "
+        "NaN is no verdict on FP16 autocast for GPTs in general.")
 
 
 def recorded_flight_beside(records: Sequence[RecordedResult], device_type: str) -> FlightRecording | None:

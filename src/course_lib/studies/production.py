@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..glue import Prose
+from ..glue import Prose, plural
 from ..models import DeepMLP, regression_batch
 from ..monitor import MonitorLog
 from ..tables import MarkdownTable, markdown_table
@@ -194,10 +194,10 @@ def shared_scaler_facts(*, steps: int, d_steps: int, g_steps: int, initial_scale
     elif d_skipped == 0:
         verdict = "the discriminator skipped no step: its spike did not overflow here, so nothing was tested"
     elif g_skipped:
-        verdict = (f"the generator skipped {g_skipped} step(s) too, so its gradients overflowed as well and this "
+        verdict = (f"the generator skipped {plural(g_skipped, 'step')} too, so its gradients overflowed as well and this "
                    "run does not separate the two")
     elif backoffs != d_skipped:
-        verdict = (f"the scale changed by {backoffs} back-off(s) for {d_skipped} skipped step(s): "
+        verdict = (f"the scale changed by {plural(backoffs, 'back-off')} for {plural(d_skipped, 'skipped step')}: "
                    "**not once per overflowing iteration**")
     else:
         verdict = (f"the discriminator skipped {d_skipped} steps and the generator none; the scale backed off "
