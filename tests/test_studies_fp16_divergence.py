@@ -31,6 +31,7 @@ def diverged():
 
 def test_the_written_out_run_fails_where_its_product_crosses_fp16s_range_and_the_fused_run_does_not(diverged):
     explicit, fused = diverged.runs
+    assert diverged.probe_every == 10
     assert (explicit.attention, fused.attention) == ("explicit", "sdpa")
     step = explicit.first_nonfinite
     assert step is not None and not math.isfinite(explicit.losses[-1]) and len(explicit.losses) == step + 1
@@ -93,6 +94,14 @@ def test_bad_arguments_are_refused_by_name(bad, match):
         fp16_divergence(SMALL, "cpu", **{"steps": 2, **bad})
 
 
+def test_a_runs_peaks_are_the_largest_finite_product_over_layers_per_probe():
+    run = DivergenceRun(0, "explicit", (1.0, math.nan), 1, (0, 1),
+                        {"a": (3.0, 7.0e4), "b": (5.0, math.nan), "c": (math.nan, math.inf)})
+    assert run.peaks() == [5.0, 7.0e4]
+    both_gone = DivergenceRun(0, "explicit", (math.nan,), 0, (0,), {"a": (math.nan,), "b": (math.inf,)})
+    assert math.isnan(both_gone.peaks()[0])
+
+
 # ---- the prose, on results built by hand -------------------------------------------------------------
 
 def _summary(max_abs, inf=0):
@@ -108,7 +117,7 @@ def _div(*, failed=True, located=True, fused_peak=1.5e5):
     report = NonFiniteReport("blocks.0.attn", "forward", (_summary(90.0), _summary(81.8)), (_summary(1.0, 6),),
                              op="matmul") if failed and located else None
     replays = {label: (math.nan if i == 0 else 3.1) for i, (label, _, _) in enumerate(REPLAYS)} if failed else {}
-    return Fp16Divergence(0.05, 3, (explicit, fused), 0 if failed else None, 2 if failed else None, report,
+    return Fp16Divergence(0.05, 3, 2, (explicit, fused), 0 if failed else None, 2 if failed else None, report,
                           replays)
 
 
@@ -145,7 +154,7 @@ def test_facts_and_the_recorded_note():
     facts = P.divergence_facts(div, 3e-3)
     assert (facts["div_lr_ratio"], facts["div_steps"], facts["div_seeds"], facts["fp16_max"]) == (
         "16.7", 3, 1, "65,504")
-    assert facts["div_probe_every"] == 2      # the runs' probes, at steps 0 and 2
+    assert facts["div_probe_every"] == 2
     assert facts["div_verdict"] == P.divergence_verdict(div)
     with pytest.raises(ValueError, match="full_lr"):
         P.divergence_facts(div, 0.0)

@@ -270,3 +270,12 @@ def test_a_ratio_inside_the_step_time_noise_is_a_tie_and_one_rung_locates_nothin
     one_noisy = dataclasses.replace(base, runs=noisy.runs[:2])
     assert "at gpt2_small BF16 did not pay by 1.1x or more beyond the step-time quartiles" in \
         PROSE.mixed_precision_verdict(one_noisy)
+
+
+def test_the_page_says_which_rungs_it_runs_from_the_registry():
+    full = LADDER.ladder_sizes(SizeProfile("full"), "cpu")
+    assert PROSE.page_rungs(full) == "2 rungs of the model ladder (`course_full` and `gpt2_small`), eagerly"
+    assert PROSE.page_rungs({"rungs": ["gpt2_large"], "compile_modes": [True]}) == (
+        "1 rung of the model ladder (`gpt2_large`), compiled")
+    assert PROSE.page_rungs({"rungs": ["a", "b", "c"], "compile_modes": [False, True]}).endswith(
+        "(`a`, `b` and `c`), eagerly and compiled")

@@ -260,8 +260,8 @@ def _convergence_parity(profile: SizeProfile, device: torch.device, **parameters
           "The course model trained with FP16 autocast and GradScaler until its loss is not finite, its "
           "attention written out (q k^T, then the 1/sqrt(d) scale) against fused (SDPA), over seeds, with each "
           "layer's largest q.k on the way; the first failing step re-run under the op-level locator and with "
-          "q scaled first, SDPA, BF16 and FP32 (lesson 5). The small profile trains at a learning rate about "
-          "17x the full one, where the failure shows at CPU size.",
+          "q scaled first, SDPA, BF16 and FP32 (lesson 5). The small profile trains at a higher learning rate "
+          "than the full one, where the failure shows at CPU size.",
           result_type=Fp16Divergence,
           parameters=lambda profile, device: {"seeds": (0, 1, 2), **profile.pick(
               small={"lr": 0.05, "steps": 200}, full={"lr": 3e-3, "steps": 2000})})

@@ -174,9 +174,9 @@ def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_
                      device_type: str = "cpu") -> int:
     """Bytes the course model's forward pass saves for backward (what :func:`saved_tensor_bytes` counts as
     activations), from its shape: ``batch`` sequences of ``seq_len`` tokens, ``attention`` ``"explicit"``
-    (scores stored; ``"scaled_first"`` keeps the scaled q in place of q: the same bytes) or ``"sdpa"`` (fused: a log-sum-exp
-    per row instead), in FP32 (``autocast_bytes`` None)
-    or under a 16-bit autocast (``autocast_bytes=2``).
+    (scores stored; ``"scaled_first"`` keeps the scaled q in place of q: the same bytes) or ``"sdpa"``
+    (fused: a log-sum-exp per row instead), in FP32 (``autocast_bytes`` None) or under a 16-bit autocast
+    (``autocast_bytes=2``).
 
     Per block, with ``r = batch * seq_len`` rows and ``f = mlp_ratio * d_model``: the two layer norms'
     FP32 inputs (``2 r d``) and their mean and reciprocal deviation (``4 r`` floats); in the compute dtype

@@ -4,8 +4,9 @@ Attention is written out (``q @ k.T``, softmax, ``@ v``) rather than fused, so t
 talks about (matmul, softmax, layer norm, cross-entropy) is a visible op that autocast and hooks see.
 ``GPTConfig(attention="sdpa")`` swaps in ``torch.nn.functional.scaled_dot_product_attention`` (fused, the
 scores never stored) for the model-size ladder of lesson 6, and ``attention="scaled_first"`` multiplies q by
-``1/sqrt(d)`` before ``q @ k.T`` instead of after (the order that keeps the product in FP16's range, lesson 5); ``tied_head=True`` shares the output layer's
-weight with the token embedding, as GPT-2 does. Dimensions are multiples of 64, the shapes tensor cores like.
+``1/sqrt(d)`` before ``q @ k.T`` instead of after (the order that keeps the product in FP16's range, lesson
+5); ``tied_head=True`` shares the output layer's weight with the token embedding, as GPT-2 does. Dimensions
+are multiples of 64, the shapes tensor cores like.
 """
 
 from __future__ import annotations

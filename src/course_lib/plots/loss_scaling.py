@@ -157,10 +157,7 @@ def plot_qk_growth(divergence) -> Figure:
     styles = {"explicit": "-", "scaled_first": "-.", "sdpa": "--"}
     names = {"explicit": "written out", "scaled_first": "q scaled first", "sdpa": "fused (SDPA)"}
     for run in divergence.runs:
-        layers = np.array(list(run.qk_max.values()), dtype=float)          # [layer, probe]
-        with np.errstate(invalid="ignore"):
-            largest = np.where(np.isfinite(layers), layers, np.nan)
-        peak = np.nanmax(largest, axis=0) if largest.size else np.array([])
+        peak = np.array(run.peaks(), dtype=float)
         colour = recipe_colour(seeds.index(run.seed))
         ax.plot(run.probe_steps, peak, color=colour, ls=styles[run.attention], lw=1.6,
                 label=f"seed {run.seed}, {names[run.attention]}"

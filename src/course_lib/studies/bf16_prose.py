@@ -11,7 +11,7 @@ from ..glue import Prose, and_list, plural
 from ..hardware import GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .bf16 import EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison
-from .fp16_divergence import FP16_MAX, Fp16Divergence
+from .fp16_divergence import FP16_MAX, DivergenceRun, Fp16Divergence
 from .loss_scaling_prose import forward_nan_where
 
 REFERENCE = "FP32"
@@ -301,8 +301,7 @@ def located_sentence(div: Fp16Divergence) -> Prose:
     inputs' largest magnitudes and the infinities it made; or that the re-run stayed finite; or that no run
     failed (with the largest product any run reached, against FP16's largest value)."""
     if div.located_step is None:
-        peak = max((v for run in div.runs for vs in run.qk_max.values() for v in vs if math.isfinite(v)),
-                   default=math.nan)
+        peak = max((p for p in map(_peak, div.runs) if math.isfinite(p)), default=math.nan)
         return Prose(f"No run failed, so there is no step to locate; the largest $|q \\cdot k|$ any run reached was "
                      f"{_fmt_max(peak)}, against FP16's largest value {_fmt_max(FP16_MAX)}.")
     if div.located is None:
@@ -325,11 +324,9 @@ def replay_table(div: Fp16Divergence) -> MarkdownTable:
                            for label, loss in div.replays.items()])
 
 
-def _peak(run, probe: int | None = None) -> float:
-    """A run's largest finite ``|q . k|`` over layers, at probe index ``probe`` (None: over all probes)."""
-    values = [vs[i] for vs in run.qk_max.values()
-              for i in (range(len(vs)) if probe is None else [probe]) if math.isfinite(vs[i])]
-    return max(values, default=math.nan)
+def _peak(run: DivergenceRun) -> float:
+    """A run's largest finite ``|q . k|`` over layers and probed steps."""
+    return max((p for p in run.peaks() if math.isfinite(p)), default=math.nan)
 
 
 def divergence_verdict(div: Fp16Divergence) -> Prose:
@@ -349,7 +346,7 @@ def divergence_verdict(div: Fp16Divergence) -> Prose:
         else:
             parts.append(f"The runs with {kinds} stayed below FP16's largest value (at most {_fmt_max(max(peaks))}),"
                          " so they do not show whether they would survive a larger product.")
-    at_failure = [_peak(run, -1) for run in failed if run.probe_steps and run.probe_steps[-1] == run.first_nonfinite]
+    at_failure = [run.peaks()[-1] for run in failed if run.probe_steps and run.probe_steps[-1] == run.first_nonfinite]
     if at_failure:
         over = sum(v > FP16_MAX for v in at_failure)
         parts.append(f"At the failing step, the largest product (computed in FP32) was "
@@ -363,9 +360,8 @@ def divergence_facts(div: Fp16Divergence, full_lr: float) -> dict[str, object]:
     between probes, FP16's largest value, the outcomes, the located operation and the verdict as Markdown."""
     if not (full_lr > 0 and math.isfinite(full_lr)):
         raise ValueError(f"full_lr must be a positive finite number, got {full_lr!r}")
-    probes = div.runs[0].probe_steps if div.runs else ()
     return {"div_lr": div.lr, "div_full_lr": full_lr, "div_lr_ratio": f"{div.lr / full_lr:.3g}",
-            "div_probe_every": probes[1] - probes[0] if len(probes) > 1 else div.steps,
+            "div_probe_every": div.probe_every,
             "div_steps": div.steps, "div_seeds": len({run.seed for run in div.runs}),
             "fp16_max": f"{FP16_MAX:,.0f}",
             "div_outcomes": divergence_outcomes(div), "div_located": located_sentence(div),

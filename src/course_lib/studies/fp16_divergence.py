@@ -39,16 +39,24 @@ class DivergenceRun:
     probe_steps: tuple[int, ...]
     qk_max: dict[str, tuple[float, ...]]
 
+    def peaks(self) -> list[float]:
+        """Per probed step, the largest finite ``|q . k|`` over the layers (NaN where no layer's was finite:
+        upstream of it the forward had already failed)."""
+        columns = zip(*self.qk_max.values()) if self.qk_max else ([] for _ in self.probe_steps)
+        return [max((v for v in column if math.isfinite(v)), default=math.nan) for column in columns]
+
 
 @dataclass(frozen=True)
 class Fp16Divergence:
-    """The runs (every ``attentions`` kind from every seed, ``steps`` at most each, AdamW at ``lr``), and the
+    """The runs (every ``attentions`` kind from every seed, ``steps`` at most each, AdamW at ``lr``, ``q . k``
+    probed every ``probe_every`` steps), and the
     first failing run's failing step re-run: what the op-level locator named (``located``; None when no
     run failed or the re-run was finite) and the loss of that batch from those weights per :data:`REPLAYS`
     label (``replays``)."""
 
     lr: float
     steps: int
+    probe_every: int
     runs: tuple[DivergenceRun, ...]
     located_seed: int | None
     located_step: int | None
@@ -58,7 +66,7 @@ class Fp16Divergence:
 
 class _QKProbe:
     """Forward hooks on every attention layer's QKV projection: when armed, the largest ``|q . k|`` over the
-    causal positions, before the scale, kept on the device (read back once per probed step)."""
+    causal positions, before the scale, kept on the device and read back once, at the end of a run."""
 
     def __init__(self, model: torch.nn.Module):
         self.values: list[torch.Tensor] = []
@@ -174,4 +182,5 @@ def fp16_divergence(profile: SizeProfile, device: torch.device | str = "cpu", *,
             if failed is not None and located_step is None:
                 located_seed, located_step = seed, failed
                 located, replays = _replays(model, x, y, device)
-    return Fp16Divergence(float(lr), steps, tuple(runs), located_seed, located_step, located, replays)
+    return Fp16Divergence(float(lr), steps, probe_every, tuple(runs), located_seed, located_step, located,
+                          replays)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..glue import Prose
+from ..glue import Prose, and_list, plural
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
 from .ladder import LADDER_PIECES, LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
@@ -222,3 +222,12 @@ def ladder_facts(ladder: ScaleLadder, device: str) -> dict[str, object]:
 def run_label(run: LadderRun) -> str:
     """``"BF16, compiled"``: a run's recipe and mode, as figures and tables name it."""
     return f"{RECIPE_LABELS[run.recipe]}, {'compiled' if run.compiled else 'eager'}"
+
+
+def page_rungs(parameters: dict) -> Prose:
+    """What the page itself runs of the ladder, from the registry's ``parameters`` for a profile: how many
+    rungs, which, and whether eager, compiled or both (``"2 rungs of the model ladder (`course_full` and
+    `gpt2_small`), eagerly"``)."""
+    rungs, modes = list(parameters["rungs"]), set(parameters["compile_modes"])
+    how = "eagerly and compiled" if modes == {False, True} else ("compiled" if True in modes else "eagerly")
+    return Prose(f"{plural(len(rungs), 'rung')} of the model ladder ({and_list([f'`{r}`' for r in rungs])}), {how}")
