@@ -38,6 +38,10 @@ def test_small_updates_survive_only_with_a_repair(rule, expected_change):
         w.grad = torch.ones_like(w)
         opt.step()
     target = 1.0 - 100 * 1e-4  # AdamW with a constant gradient moves by lr per step
+    lost = opt.state[w]["lost"]   # a device tensor: counted without a read-back
+    assert isinstance(lost, torch.Tensor)
+    if rule != "kahan":   # Kahan's weight moves only on the steps its compensation reaches a BF16 spacing
+        assert (int(lost) == 2000) == (rule == "nearest")
     moved = abs(w.float().mean().item() - 1.0)
     assert (moved > 0.5 * (1 - target)) == expected_change
     if expected_change:

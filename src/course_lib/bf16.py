@@ -42,8 +42,8 @@ class BF16AdamW(torch.optim.Optimizer):
     (stochastic rounding: small updates survive on average), or ``"kahan"`` (a BF16 compensation buffer
     carries the part of each update the weight could not absorb into the next step).
 
-    ``state["lost"]`` (per parameter) counts entries whose computed update was non-zero but whose BF16
-    weight did not change at the last step.
+    ``state["lost"]`` (per parameter, a 0-d tensor on its device, so a step reads nothing back) counts entries
+    whose computed update was non-zero but whose BF16 weight did not change at the last step.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
@@ -96,7 +96,7 @@ class BF16AdamW(torch.optim.Optimizer):
                     wanted = w + delta + state["compensation"].float()
                     new = wanted.to(torch.bfloat16)
                     state["compensation"] = (wanted - new.float()).to(torch.bfloat16)
-                state["lost"] = int(((delta != 0) & (new == p)).sum())
+                state["lost"] = ((delta != 0) & (new == p)).sum()   # a tensor: a step reads nothing back
                 p.copy_(new)
         return loss
 

@@ -34,11 +34,17 @@ def matmul_flops(m: int, n: int, k: int) -> int:
     return 2 * m * n * k
 
 
+def device_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A generator seeded with ``seed`` on ``device``, where random operands are drawn."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def matmul_operands(dtype: str, m: int, n: int, k: int, device: torch.device | str, *, buffers: int = 3,
                     seed: int = 0) -> tuple[Callable[..., torch.Tensor], list[tuple]]:
     """A matmul function for ``dtype`` and ``buffers`` distinct random operand sets for it.
 
-    Operands are random normal values (never zeros: zeros can run faster on a GPU). FP8 operands are
+    Operands are random normal values drawn on ``device`` from ``seed`` (never zeros: zeros can run faster
+    on a GPU). FP8 operands are
     E4M3 with unit scales, ``b`` column-major as ``torch._scaled_mm`` requires, output in BF16.
     """
     check_matmul_dtype(dtype)
@@ -46,20 +52,20 @@ def matmul_operands(dtype: str, m: int, n: int, k: int, device: torch.device | s
     if isinstance(buffers, bool) or not isinstance(buffers, int) or buffers < 1:
         raise ValueError(f"buffers must be a positive int, got {buffers!r}")
     device = torch.device(device)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # drawn where they are used: on a GPU host, drawing 8192-square operands on the CPU took longer than timing
+    gen = device_generator(device, seed)
     sets: list[tuple[torch.Tensor, ...]] = []
     for _ in range(buffers):
-        a = torch.randn(m, k, generator=gen)
-        b = torch.randn(k, n, generator=gen)
+        a = torch.randn(m, k, generator=gen, device=gen.device)
+        b = torch.randn(k, n, generator=gen, device=gen.device)
         if dtype == "fp8":
             if m % 16 or n % 16 or k % 16:
                 raise ValueError(f"FP8 torch._scaled_mm needs every dimension divisible by 16; got "
                                  f"m={m}, n={n}, k={k} (pad to a multiple of 16)")
             one = torch.tensor(1.0, device=device)
-            sets.append((a.to(device).to(torch.float8_e4m3fn),
-                         b.t().contiguous().to(device).to(torch.float8_e4m3fn).t(), one, one))
+            sets.append((a.to(torch.float8_e4m3fn), b.t().contiguous().to(torch.float8_e4m3fn).t(), one, one))
         else:
-            sets.append((a.to(device, _TORCH_DTYPES[dtype]), b.to(device, _TORCH_DTYPES[dtype])))
+            sets.append((a.to(_TORCH_DTYPES[dtype]), b.to(_TORCH_DTYPES[dtype])))
     fn: Callable[..., torch.Tensor]
     if dtype == "fp8":
         def fn(a, b, sa, sb):

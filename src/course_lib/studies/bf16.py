@@ -83,6 +83,11 @@ def fp32_eval_loss(model: torch.nn.Module, sampler, device, steps) -> float:
     return sum(losses) / len(losses)
 
 
+def _host(values: list[torch.Tensor]) -> list:
+    """0-d device tensors as Python numbers, in one transfer."""
+    return torch.stack(values).tolist() if values else []
+
+
 UPDATE_LABELS = {"nearest": "BF16, round to nearest (no master)", "stochastic": "BF16, stochastic rounding",
                  "kahan": "BF16, Kahan-compensated"}
 
@@ -111,18 +116,19 @@ def compare_bf16_updates(profile, device: torch.device | str = "cpu", *, steps: 
         for rule in UPDATE_RULES:
             model = setup.model(seed).to(torch.bfloat16)
             opt = BF16AdamW(model.parameters(), lr=lr, update_rule=rule, seed=seed)
-            run_losses, run_lost = [], []
-            n = sum(p.numel() for p in model.parameters())
+            run_losses, run_lost = [], []   # device tensors, read back once after the run
+            params = list(model.parameters())
+            n = sum(p.numel() for p in params)
             for step in range(setup.steps):
                 x, y = setup.sampler.batch(step, setup.device)
                 opt.zero_grad(set_to_none=True)
                 _, loss = model(x, y)
                 loss.backward()
                 opt.step()
-                run_losses.append(float(loss.detach().float()))
-                run_lost.append(sum(opt.state[p].get("lost", 0) for p in model.parameters()) / n)
-            curves.setdefault(UPDATE_LABELS[rule], []).append(tuple(run_losses))
-            lost.setdefault(UPDATE_LABELS[rule], []).append(tuple(run_lost))
+                run_losses.append(loss.detach().float())
+                run_lost.append(torch.stack([opt.state[p]["lost"] for p in params]).sum())
+            curves.setdefault(UPDATE_LABELS[rule], []).append(tuple(_host(run_losses)))
+            lost.setdefault(UPDATE_LABELS[rule], []).append(tuple(c / n for c in _host(run_lost)))
             evals.setdefault(UPDATE_LABELS[rule], []).append(fp32_eval_loss(model, setup.sampler, setup.device,
                                                                             held_out))
     return UpdateComparison(lr, seeds, n_steps, {k: tuple(v) for k, v in curves.items()},
