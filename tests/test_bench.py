@@ -238,6 +238,20 @@ def test_training_throughput_and_profiler_run_small():
         PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32",), seeds=(0,), steps=2, warmup_steps=3)
     with pytest.raises(ValueError, match="cannot run on cpu"):
         PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("tf32",))
+    for bad in ("fp32", ("bf16_autocast",)):
+        with pytest.raises(ValueError, match="compiled must name some of the recipes"):
+            PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32",), compiled=bad)
+
+
+def test_training_throughput_compiles_only_the_recipes_named_from_one_seed(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model: compiled.append(model) or model)
+    study = PERF.training_throughput(SizeProfile("small"), "cpu", recipes=("fp32", "bf16_autocast"), seeds=(0, 1),
+                                     steps=3, warmup_steps=1, compiled=("bf16_autocast",))
+    assert [(r.recipe, r.seed, r.compiled) for r in study.runs] == [
+        ("fp32", 0, False), ("fp32", 1, False), ("bf16_autocast", 0, False), ("bf16_autocast", 1, False),
+        ("bf16_autocast", 0, True)]
+    assert len(compiled) == 1
     prof = PERF.profile_training_step("bf16_autocast", SizeProfile("small"), "cpu", top=5)
     names = [op[0] for op in prof.top_ops]
     assert len(names) == 5 and any(n in ("aten::mm", "aten::addmm", "aten::bmm") for n in names)

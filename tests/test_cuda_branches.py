@@ -364,13 +364,13 @@ def test_training_throughput_experiment_runs_what_the_gpu_supports(fake_gpu, mon
     fake_gpu(gpu)
     asked = {}
 
-    def fake_study(profile, device, *, recipes, seeds, steps, warmup_steps, compile_too):
-        asked.update(device=device, recipes=list(recipes), compile_too=compile_too)
+    def fake_study(profile, device, *, recipes, seeds, steps, warmup_steps, compiled):
+        asked.update(device=device, recipes=list(recipes), compiled=compiled)
         return SimpleNamespace(peak_source="datasheet", flops_per_token=1.0, peaks={}, runs=(), table=lambda: [])
 
     monkeypatch.setattr(EXPERIMENTS, "training_throughput", fake_study)
     run_experiment("training_throughput", D.SizeProfile("small"), "cuda")
-    assert asked == {"device": torch.device("cuda"), "recipes": recipes, "compile_too": True}
+    assert asked == {"device": torch.device("cuda"), "recipes": recipes, "compiled": ("bf16_autocast",)}
     # the real study refuses up front a recipe the GPU cannot run (before any kernel): on a V100, asking
     # for TF32 (as this experiment did for every GPU) failed the whole experiment
     monkeypatch.undo()

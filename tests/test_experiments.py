@@ -30,17 +30,18 @@ def test_parameters_fit_the_study_and_are_jsonable(name, profile):
 
 def test_lessons_sizes_are_the_registrys():
     """What the lessons used to pass themselves, now the registry's small profile (the lessons' numbers do
-    not move), and the recorded full size (the records stay comparable)."""
+    not move), and the full size since its re-size to a wider model for fewer steps."""
     p = lambda name, profile: E.get_experiment(name).parameters_for(profile, "cpu")  # noqa: E731
-    assert p("fp8_training", SMALL) == {"steps": 25} and p("fp8_training", FULL) == {"steps": 400}
+    assert p("fp8_training", SMALL) == {"steps": 25} and p("fp8_training", FULL) == {"steps": 150}
     assert p("mx_training", SMALL)["recipes"] == ("bf16_autocast", "mxfp8", "mxfp4", "nvfp4")
-    assert "nvfp4_no_sr" in p("mx_training", FULL)["recipes"] and p("mx_training", FULL)["steps"] == 400
+    assert "nvfp4_no_sr" in p("mx_training", FULL)["recipes"] and p("mx_training", FULL)["steps"] == 150
     assert p("convergence_parity", SMALL) == {"seeds": (0, 1, 2), "steps": 12}
+    assert p("convergence_parity", FULL) == {"seeds": (0, 1, 2), "steps": 120}
     assert p("monitor_overhead", SMALL) == {"everies": (1, 10), "steps": 10, "rounds": 6}
     assert p("scaler_flight_recording", SMALL) == {"growth_interval": 10} and p("scaler_flight_recording", FULL) == {}
     throughput = p("training_throughput", SMALL)
     assert throughput["recipes"] == ("fp32", "bf16_autocast", "fp16_autocast_scaler")   # a CPU has no TF32
-    assert throughput["seeds"] == (0, 1) and throughput["steps"] == 16 and throughput["compile_too"] is False
+    assert throughput["seeds"] == (0, 1) and throughput["steps"] == 16 and throughput["compiled"] == ()
 
 
 def test_parameters_for_refuses_a_profile_that_is_not_one():
@@ -110,7 +111,8 @@ def test_a_new_record_round_trips_into_the_result_type(tmp_path, monkeypatch):
     fake = dataclasses.replace(E.get_experiment("convergence_parity"), study=lambda profile, device, **k: parity)
     monkeypatch.setitem(E.EXPERIMENTS, "convergence_parity", fake)
     out = E.record_output("convergence_parity", SMALL, "cpu")
-    assert out.parameters == {"profile": "small", "seeds": [0, 1, 2], "steps": 12}
+    assert out.parameters == {"profile": "small", "seeds": [0, 1, 2], "steps": 12, "course_model": {
+        "d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64, "batch": 16}}
     monkeypatch.setenv("COURSE_GIT_COMMIT", "deadbeef")
     path = save_record(Record("convergence_parity", out.parameters, out.values,
                               capture_provenance("test", "cpu")), tmp_path)

@@ -19,7 +19,8 @@ H200 = "NVIDIA H200"
 _clock = iter(range(10**6))
 
 
-def _record(experiment, seconds, *, device=H200, overrides=None, lessons=None, size="full", device_type="cuda"):
+def _record(experiment, seconds, *, device=H200, overrides=None, lessons=None, size="full", device_type="cuda",
+            model=G.FULL_MODEL):
     gpu = device_type == "cuda"
     minute = next(_clock)
     prov = Provenance(device_name=device, device_type=device_type, torch_version="2.11.0",
@@ -29,7 +30,7 @@ def _record(experiment, seconds, *, device=H200, overrides=None, lessons=None, s
     values = {"result": {"profile": size, "device_type": device_type,
                          "lessons": [{"lesson": n, "seconds": s, "passed": True, "code_cells": 1}
                                      for n, s in (lessons or {}).items()]}}
-    parameters = {"profile": size, "size": size, "seconds": seconds,
+    parameters = {"profile": size, "size": size, "seconds": seconds, **({"course_model": model} if model else {}),
                   **({"overrides": overrides} if overrides else {})}
     return Record(experiment=experiment, parameters=parameters, values=values, provenance=prov)
 
@@ -131,8 +132,17 @@ def test_done_is_read_from_this_gpus_full_size_records(tmp_path):
                     _record("mx_training", 1.0, size="small"),
                     _record("data_loading", 1.0),
                     _record("scale_ladder", 1.0, overrides={"rungs": ["a"]}),
-                    _record("lesson_times", 1.0, overrides={"lessons": ["01_a"]}, lessons={"01_a": 1.0}))
+                    _record("lesson_times", 1.0, overrides={"lessons": ["01_a"]}, lessons={"01_a": 1.0}),
+                    _record("monitor_faults", 1.0, model=None),
+                    _record("clipping_runs", 1.0, model={**G.FULL_MODEL, "d_model": 384}),
+                    _record("lesson_times", 1.0, overrides={"lessons": ["03_c"]}, lessons={"03_c": 1.0}, model=None))
     assert G.pending(G.Step("data_loading"), records, H200) is None
+    # made at an earlier full profile (no course model stored, or another): to be recorded again, and its time
+    # still serves as an estimate
+    assert G.pending(G.Step("monitor_faults"), records, H200) == G.Step("monitor_faults")
+    assert G.pending(G.Step("clipping_runs"), records, H200) == G.Step("clipping_runs")
+    assert G.pending(G.lesson_step(["03_c"]), records, H200) == G.lesson_step(["03_c"])
+    assert G.estimate(G.Step("monitor_faults"), records, H200) == G.Estimate(1.0, H200)
     assert G.pending(G.Step("fp8_training"), records, H200) == G.Step("fp8_training")   # another GPU's
     assert G.pending(G.Step("mx_training"), records, H200) == G.Step("mx_training")     # small size
     assert G.pending(G.Step("data_loading"), records, None) == G.Step("data_loading")  # no GPU here

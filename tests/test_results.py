@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -69,6 +70,26 @@ def test_load_records_filters_and_sorts(tmp_path):
     assert load_records("other", tmp_path) == []
     assert "NVIDIA H200" in describe_records(load_records("demo", tmp_path))
     assert "No recorded result" in describe_records([])
+
+
+def test_a_record_says_the_size_it_ran_at():
+    from course_lib.device import SizeProfile
+    from course_lib.models import profile_model
+    from course_lib.results import record_size_text
+    plain = make_record()
+    assert record_size_text(plain) == "" and describe_records([plain]).endswith("`python -m course_lib.record x`")
+    old = dataclasses.replace(plain, parameters={"size": "full", "steps": 1000})
+    assert record_size_text(old) == ("full profile, course model 384 wide, 6 layers, 6 heads, context 256, batch 64 "
+                                     "(the full profile before 2026-11-25)")
+    assert describe_records([old]).endswith("`python -m course_lib.record x`; " + record_size_text(old))
+    assert old.course_model == {"d_model": 384, "n_layers": 6, "n_heads": 6, "context": 256, "batch": 64}
+    assert plain.course_model is None
+    new = dataclasses.replace(plain, parameters={"profile": "full", "size": "full",
+                                                 "course_model": profile_model(SizeProfile("full"))})
+    assert record_size_text(new) == "full profile, course model 512 wide, 6 layers, 8 heads, context 256, batch 64"
+    assert record_size_text(dataclasses.replace(plain, parameters={"size": "small"})) == "small profile"
+    with pytest.raises(RecordError, match="course_model must name d_model"):
+        record_size_text(dataclasses.replace(plain, parameters={"size": "full", "course_model": {"d_model": 8}}))
 
 
 def test_to_jsonable_rejects_unknown_objects():

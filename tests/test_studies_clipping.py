@@ -297,7 +297,7 @@ def test_spike_facts_compute_the_jump_and_the_verdicts():
     assert facts["clip_loss_before"] == 1.0 and facts["clip_loss_peak"] == 2.0
     assert isinstance(facts["clip_jump"], Prose) and ("a gradient 10 times the median ordinary step's; the loss "
                                                       "went from 1.00 on the step before to a peak of 2 in the ten steps after (means over 2 seeds).") in facts["clip_jump"]
-    assert (facts["clip_full_steps"], facts["clip_full_width"], facts["clip_full_seeds"]) == (1000, 128, 5)
+    assert (facts["clip_full_steps"], facts["clip_full_width"], facts["clip_full_seeds"]) == (300, 128, 5)
     assert (facts["clip_none_lo"], facts["clip_none_hi"], facts["clip_none_mean"]) == (3.0, 4.0, 3.5)
     assert facts["clip_none_over_global"] == pytest.approx(3.5 / 1.2)
     assert "beyond seed noise" in facts["clip_verdict"]

@@ -152,12 +152,18 @@ def test_the_verdict_reports_products_against_fp16s_range():
 def test_facts_and_the_recorded_note():
     div = _div()
     facts = P.divergence_facts(div, 3e-3)
-    assert (facts["div_lr_ratio"], facts["div_steps"], facts["div_seeds"], facts["fp16_max"]) == (
-        "16.7", 3, 1, "65,504")
+    assert (facts["div_steps"], facts["div_seeds"], facts["fp16_max"]) == (3, 1, "65,504")
+    assert facts["div_lr_text"] == ("The runs train at learning rate 0.05, 16.7 times the 0.003 of the course's "
+                                    "other runs (the parity runs above among them), so that the failure shows "
+                                    "within the 3 steps a lesson can afford.")
+    assert P.learning_rate_sentence(div, 0.05) == "The runs train at the course's usual learning rate, 0.05."
+    assert P.learning_rate_sentence(div, 0.1) == ("The runs train at learning rate 0.05, 2 times below the 0.1 of "
+                                                  "the course's other runs (the parity runs above among them).")
     assert facts["div_probe_every"] == 2
     assert facts["div_verdict"] == P.divergence_verdict(div)
-    with pytest.raises(ValueError, match="full_lr"):
-        P.divergence_facts(div, 0.0)
+    for bad in (0.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="course_lr must be a positive finite number"):
+            P.divergence_facts(div, bad)
     note = P.recorded_divergence_note(div, "NVIDIA H200")
     assert note.startswith("On **NVIDIA H200**, over 3 steps at learning rate 0.05")
     assert "| FP16 with q scaled first | 3.1000 |" in note

@@ -515,6 +515,27 @@ def test_fp8_training_pieces_merge_into_one_result_newest_first():
         fp8_studies.merge_fp8_training([newest, piece(["rowwise"], 1.0, steps=5)])
     with pytest.raises(ValueError, match="no fp8_training pieces"):
         fp8_studies.merge_fp8_training([])
+    # MX recipes keep the registry's order too
+    mx = fp8_studies.merge_fp8_training([piece(["nvfp4"], 1.0), piece(["mxfp8", "bf16_autocast"], 1.0)])
+    assert mx.recipes == ("bf16_autocast", "mxfp8", "nvfp4")
+
+
+def test_recorded_pieces_merge_only_the_newest_gpus_at_its_size():
+    from course_lib.results import Provenance, Record, RecordedResult
+
+    def rec(gpu, recipes, steps=4, model=None):
+        prov = Provenance(device_name=gpu, device_type="cuda", torch_version="2.11", date="2026-12-01", command="c",
+                          git_commit="abc", python_version="3.12", compute_capability="9.0", cuda_version="13.0")
+        result = fp8_studies.Fp8Training(tuple(recipes), (0,), steps, 128, {r: ((1.0,) * steps,) for r in recipes})
+        params = {"size": "full", **({"course_model": model} if model else {})}
+        return RecordedResult(Record("mx_training", params, {}, prov), result)
+
+    new = {"d_model": 512, "n_layers": 6, "n_heads": 8, "context": 256, "batch": 64}
+    records = [rec("H200", ["nvfp4"], model=new), rec("H100", ["mxfp8"], model=new), rec("H200", ["mxfp4"], model=new),
+               rec("H200", ["mxfp8"], steps=400), rec("H200", ["bf16_autocast"], model=new)]
+    label, merged = fp8_studies.merge_recorded_pieces(records)
+    assert label == "H200 (sm 9.0)" and merged.recipes == ("bf16_autocast", "mxfp4", "nvfp4")
+    assert fp8_studies.merge_recorded_pieces([]) is None
     assert fp8_studies.training_size({"steps": 400}) == "6 recipes x 3 seeds x 400 steps"
     assert fp8_studies.training_size({"recipes": ("tensorwise",), "steps": 25}) == "1 recipe x 3 seeds x 25 steps"
     with pytest.raises(ValueError, match="positive number of steps"):

@@ -203,7 +203,7 @@ def test_roofline_ceilings_and_facts():
 def test_roofline_speedups_wrap_roofline_rows_for_one_gpu():
     config, h100 = gpt_config_for(SizeProfile("full")), DATASHEET_PEAKS["H100 SXM5"]
     rows = roofline_speedups(config, h100, "tf32")
-    expected = roofline_rows(384, 6, 256, 64, peak_high=494.5, peak_low=989.5, bandwidth_gbs=3350.0)
+    expected = roofline_rows(512, 8, 256, 64, peak_high=494.5, peak_low=989.5, bandwidth_gbs=3350.0)
     assert list(rows.values()) == list(expected) and list(rows) == [r.name for r in expected]
     with pytest.raises(ValueError, match="V100 SXM2 lacks a tf32 or BF16 peak"):
         roofline_speedups(config, DATASHEET_PEAKS["V100 SXM2"], "tf32")
@@ -256,7 +256,8 @@ def test_throughput_facts_on_a_cpu_and_on_a_gpu():
                                           "ratios do not transfer to a GPU. The live runs skip `torch.compile` to keep "
                                           "the page quick; the recorded GPU runs include it."}
     assert P.throughput_facts(_study(), on_gpu=True)["throughput_caveat"] == (
-        "The live runs include `torch.compile` (one seed per recipe, blue in the figure).")
+        "The live runs compile `fp32` with `torch.compile` (one seed, blue in the figure); the model "
+        "ladder's records below time every recipe compiled.")
     two_seeds = dataclasses.replace(_study(), runs=_study().runs + (_run("fp32", 0.5, seed=1),))
     assert P.throughput_facts(two_seeds, on_gpu=False)["tp_seeds"] == 2
     eager_only = _study(compiled=False)
@@ -437,9 +438,9 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     measured = [m for _, m in rows]
     assert measured[0] == ("624 is the figure with 2:4 structured sparsity; the dense FP16 peak is 312 TFLOP/s (and "
                            "156 for TF32).")
-    # 64 x 256 tokens by 384, times 384 x 1536: 2 * 16384 * 1536 * 384
+    # 64 x 256 tokens by 512, times 512 x 2048: 2 * 16384 * 2048 * 512
     assert measured[1] == ("[M, K] @ [K, N] costs 2MNK; for the course model's MLP up-projection at batch 64 (16384 x "
-                           "384 @ 384 x 1536) that is 19,327,352,832, not 77,309,411,328.")
+                           "512 @ 512 x 2048) that is 34,359,738,368, not 137,438,953,472.")
     assert measured[2].endswith("measured here 16 in all; BF16 weights with FP32 masters in the course's loop: 20.")
     assert measured[3] == ("Under torch.amp the persistent state is unchanged (16 bytes per parameter); only "
                            "activations shrink, here to 0.60 of FP32's.")

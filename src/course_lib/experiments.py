@@ -19,6 +19,7 @@ import torch
 from .device import SizeProfile
 from .formats import TF32Check, tf32_matmul_check
 from .jsonable import from_jsonable, to_jsonable
+from .models import profile_model
 from .mx import BLOCK_RECIPES
 from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
@@ -152,13 +153,15 @@ def run_experiment(name: str, profile: SizeProfile, device: torch.device | str) 
 
 def record_output(name: str, profile: SizeProfile, device: torch.device | str, *,
                   overrides: dict[str, Any] | None = None) -> ExperimentOutput:
-    """Run a registered experiment for a record: its parameters (with the profile's name) and values.
+    """Run a registered experiment for a record: its parameters (with the profile's name and the course
+    model's shape at that profile, :func:`course_lib.models.profile_model`) and values.
     ``overrides`` replace some of the registry's parameters (``record --param``; checked by the caller)."""
     exp = get_experiment(name)
     if overrides:
         base = exp.parameters
         exp = dataclasses.replace(exp, parameters=lambda p, d: {**base(p, d), **overrides})
-    parameters = {"profile": profile.name, **exp.parameters_for(profile, device)}
+    parameters = {"profile": profile.name, "course_model": profile_model(profile),
+                  **exp.parameters_for(profile, device)}
     return ExperimentOutput(parameters=to_jsonable(parameters), values={"result": exp.run(profile, device)})
 
 
@@ -251,7 +254,7 @@ def _parity_legacy(parameters: dict, values: dict) -> dict[str, Any]:
 @register("convergence_parity",
           "Final training loss of FP32, FP16+GradScaler, BF16 and FP16-without-scaler on the course model "
           "over three seeds, with loss curves (lesson 5).", result_type=Parity, legacy=_parity_legacy,
-          parameters=lambda profile, device: {"seeds": (0, 1, 2), "steps": profile.pick(small=12, full=1000)})
+          parameters=lambda profile, device: {"seeds": (0, 1, 2), "steps": profile.pick(small=12, full=120)})
 def _convergence_parity(profile: SizeProfile, device: torch.device, **parameters: Any) -> Parity:
     return convergence_parity(profile, device, **parameters)
 
@@ -260,11 +263,11 @@ def _convergence_parity(profile: SizeProfile, device: torch.device, **parameters
           "The course model trained with FP16 autocast and GradScaler until its loss is not finite, its "
           "attention written out (q k^T, then the 1/sqrt(d) scale) against fused (SDPA), over seeds, with each "
           "layer's largest q.k on the way; the first failing step re-run under the op-level locator and with "
-          "q scaled first, SDPA, BF16 and FP32 (lesson 5). The small profile trains at a higher learning rate "
-          "than the full one, where the failure shows at CPU size.",
+          "q scaled first, SDPA, BF16 and FP32 (lesson 5). Both profiles train at a higher learning rate than the "
+          "course's other runs, so that the failure shows within the steps a lesson can afford.",
           result_type=Fp16Divergence,
           parameters=lambda profile, device: {"seeds": (0, 1, 2), **profile.pick(
-              small={"lr": 0.05, "steps": 200}, full={"lr": 3e-3, "steps": 2000})})
+              small={"lr": 0.05, "steps": 200}, full={"lr": 1e-2, "steps": 250})})
 def _fp16_divergence(profile: SizeProfile, device: torch.device, **parameters: Any) -> Fp16Divergence:
     return fp16_divergence(profile, device, **parameters)
 
@@ -292,8 +295,8 @@ def _matmul_throughput(profile: SizeProfile, device: torch.device) -> MatmulThro
 def _throughput_parameters(profile: SizeProfile, device: torch.device) -> dict[str, Any]:
     # a CPU has no TF32 and a V100 or T4 no BF16: runnable_recipes keeps what this device runs
     return {"recipes": runnable_recipes(device, ("fp32", "tf32", "bf16_autocast", "fp16_autocast_scaler")),
-            "seeds": profile.pick(small=(0, 1), full=(0, 1, 2)), "steps": profile.pick(small=16, full=300),
-            "warmup_steps": 3, "compile_too": device.type == "cuda"}
+            "seeds": profile.pick(small=(0, 1), full=(0, 1, 2)), "steps": profile.pick(small=16, full=60),
+            "warmup_steps": 3, "compiled": ("bf16_autocast",) if device.type == "cuda" else ()}
 
 
 def _throughput_legacy(parameters: dict, values: dict) -> dict[str, Any]:
@@ -393,7 +396,7 @@ def _fp8_compiled_speed(profile: SizeProfile, device: torch.device, **parameters
 @register("fp8_training",
           "Loss curves of the course model with FP8 linear layers per scaling recipe (tensorwise, rowwise, "
           "delayed, blockwise, unscaled) against BF16 autocast, three seeds each (lesson 7).",
-          result_type=Fp8Training, parameters=lambda profile, device: {"steps": profile.pick(small=25, full=400)})
+          result_type=Fp8Training, parameters=lambda profile, device: {"steps": profile.pick(small=25, full=150)})
 def _fp8_training(profile: SizeProfile, device: torch.device, *, steps: int) -> Fp8Training:
     return fp8_training(profile, device, steps=steps)
 
@@ -432,7 +435,7 @@ def _mx_block_study(profile: SizeProfile, device: torch.device) -> MxBlockStudy:
           parameters=lambda profile, device: {
               "recipes": profile.pick(small=("bf16_autocast", "mxfp8", "mxfp4", "nvfp4"),
                                       full=("bf16_autocast", *BLOCK_RECIPES)),
-              "steps": profile.pick(small=25, full=400)})
+              "steps": profile.pick(small=25, full=150)})
 def _mx_training(profile: SizeProfile, device: torch.device, **parameters: Any) -> Fp8Training:
     return block_scaled_training(profile, device, **parameters)
 

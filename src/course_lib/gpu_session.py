@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .device import describe_hardware, select_device
+from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS
 from .jsonable import to_jsonable
+from .models import profile_model
 from .results import Record, load_records
+from .mx import BLOCK_RECIPES
 from .studies.fp8 import FP8_TRAINING_RECIPES
 from .studies.ladder import LADDER_PIECES
 from .studies.lesson_times import LESSON_LIMIT_S, lesson_names
@@ -40,6 +42,8 @@ RUN_BUDGET_S = 570.0          # what `run` may spend: 10 minutes less half a min
 DEFAULT_STEP_S = 180.0        # an experiment with no GPU record yet
 DEFAULT_LESSON_S = LESSON_LIMIT_S + 10.0   # a lesson never timed on a GPU: its limit, and a kernel's start
 LESSON_EXPERIMENT = "lesson_times"
+FULL_MODEL = profile_model(SizeProfile("full"))   # a record of another course model is not done
+MX_TRAINING_RECIPES = ("bf16_autocast", *BLOCK_RECIPES)
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,16 @@ EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
     *(tuple(Step("scale_ladder", piece) for piece in LADDER_PIECES[i:i + 2])
       for i in range(0, len(LADDER_PIECES), 2)),                                       # new, new
     (Step("fp8_compiled_speed"), Step("fp8_linear_speed")),                             # new, 12
-    (Step("fp16_divergence"),),   # new: up to 6 runs of 2000 steps, the explicit ones stop at their first NaN
+    (Step("fp16_divergence"),),   # new: up to 6 runs of 250 steps, the explicit ones stop at their first NaN
     (Step("mx_emulation_cost"), Step("monitor_overhead")),                              # new, 34
     (Step("data_loading"), Step("clipping_runs"), Step("bf16_update_stagnation")),      # new, new, new
     # FP8 training one recipe per step: all six at once run for about 40 minutes on an H100 (results/README.md)
     *(tuple(Step("fp8_training", {"recipes": [r]}) for r in FP8_TRAINING_RECIPES[i:i + 3]) for i in (0, 3)),
     (Step("data_parallel"), Step("reduction_precision")),                               # new, new
+    # block-scaled training one recipe per step, as FP8's: at the old full size NVFP4's emulation alone took
+    # 143 s for 10 steps x 3 seeds on an H100, before its random bits moved to the device (results/README.md)
+    *(tuple(Step("mx_training", {"recipes": [r]}) for r in MX_TRAINING_RECIPES[i:i + 3]) for i in (0, 3, 6)),
+    (Step("mx_block_study"),),                                                          # new
 )
 RERECORD_PARTS: tuple[tuple[Step, ...], ...] = (
     (Step("convergence_parity"), Step("tf32_matmul_rounding"), Step("autocast_trace"),  # 418, 1, 7
@@ -101,14 +109,9 @@ RERECORD_PARTS: tuple[tuple[Step, ...], ...] = (
     (Step("model_magnitudes"),),                                                        # 106
 )
 
-# registered experiments the GPU session leaves out, with the reason. These two ran past a 10-minute command at
-# the full profile on the H100 (results/README.md gives the costs measured there); they join the plan once the
-# full profile is re-sized to fit (issue 20: bigger models for fewer steps), or are recorded in pieces.
-_TOO_LONG = "longer than a 10-minute command at the full profile (results/README.md: "
-SKIPPED: dict[str, str] = {
-    "mx_training": _TOO_LONG + "10 steps x 3 seeds of NVFP4 alone took 143 s on an H100, 400 steps are asked for)",
-    "mx_block_study": _TOO_LONG + "more than 470 s alone on an H100)",
-}
+# registered experiments the GPU session leaves out, with the reason (none since the full profile's re-size:
+# mx_training and mx_block_study ran past a 10-minute command at the earlier full size)
+SKIPPED: dict[str, str] = {}
 
 # Steps that failed or ran past the budget, one JSON line each, written beside the new records and committed
 # with them: `run --next` passes over a step that did so on this GPU (else every call would start the same
@@ -164,10 +167,12 @@ def estimate(step: Step, records: Sequence[Record], device_name: str | None = No
 
 
 def pending(step: Step, records: Sequence[Record], device_name: str | None) -> Step | None:
-    """What of ``step`` is still to run on the GPU named ``device_name``: None when its records are there; for
-    a lessons step, the lessons not yet timed on this GPU (in any record)."""
+    """What of ``step`` is still to run on the GPU named ``device_name``: None when its records are there (made
+    at today's full profile: a record of an earlier course model does not count); for a lessons step, the
+    lessons not yet timed on this GPU (in any such record)."""
     mine = [r for r in _gpu_full(records) if r.experiment == step.experiment
-            and device_name is not None and r.provenance.device_name == device_name]
+            and device_name is not None and r.provenance.device_name == device_name
+            and r.parameters.get("course_model") == FULL_MODEL]
     if step.experiment == LESSON_EXPERIMENT and "lessons" in step.overrides:
         timed = {lesson for r in mine for lesson in _lesson_seconds(r)}
         left = [lesson for lesson in step.overrides["lessons"] if lesson not in timed]

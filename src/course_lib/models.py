@@ -64,11 +64,29 @@ class GPTConfig:
 
 
 def gpt_config_for(profile: SizeProfile) -> GPTConfig:
-    """The course model's shape for a size profile (small: trains in seconds on a CPU)."""
+    """The course model's shape for a size profile (small: trains in seconds on a CPU).
+
+    The full profile is a wider model trained for few steps: at 384 wide (its shape until 2026-11-25, kept in
+    :data:`course_lib.results.EARLIER_FULL_MODEL`) an H100's 16-bit step was bound by kernel launches, so a wider model costs a
+    16-bit step little, and fewer steps keep every lesson within minutes on one GPU.
+    """
     return profile.pick(
         small=GPTConfig(d_model=64, n_layers=2, n_heads=2, context=64),
-        full=GPTConfig(d_model=384, n_layers=6, n_heads=6, context=256),
+        full=GPTConfig(d_model=512, n_layers=6, n_heads=8, context=256),
     )
+
+
+def course_batch(profile: SizeProfile) -> int:
+    """Sequences per training step of the course model at ``profile``."""
+    return profile.pick(small=16, full=64)
+
+
+def profile_model(profile: SizeProfile) -> dict[str, int]:
+    """The course model's shape and batch at ``profile``, as a record stores it (``course_model``)."""
+    cfg = gpt_config_for(profile)
+    return {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "context": cfg.context,
+            "batch": course_batch(profile)}
+
 
 
 class CausalSelfAttention(nn.Module):
@@ -251,7 +269,7 @@ def course_setup(profile: SizeProfile, device: torch.device | str = "cpu", *, st
         steps = min(steps, profile.max_steps)
     cfg = gpt_config_for(profile)
     sampler = BatchSampler(load_corpus(profile.pick(small=1_000_000, full=FULL_CORPUS_BYTES)),
-                           profile.pick(small=16, full=64), cfg.context, seed=seed)
+                           course_batch(profile), cfg.context, seed=seed)
     return CourseSetup(cfg, sampler, steps, torch.device(device))
 
 

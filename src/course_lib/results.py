@@ -79,6 +79,16 @@ class Record:
         cc = f" (sm {p.compute_capability})" if p.compute_capability else ""
         return f"{p.device_name}{cc}"
 
+    @property
+    def course_model(self) -> dict[str, Any] | None:
+        """The course model's shape and batch at the record's profile: stored with it, or for a full-size
+        record made before they were stored, :data:`EARLIER_FULL_MODEL`; None when neither says."""
+        stored = self.parameters.get("course_model")
+        if stored is not None:
+            return stored
+        full = self.parameters.get("size", self.parameters.get("profile")) == "full"
+        return dict(EARLIER_FULL_MODEL) if full else None
+
 
 @dataclass(frozen=True)
 class RecordedResult:
@@ -305,6 +315,12 @@ def load_records(experiment: str | None = None, results_dir: str | Path | None =
     return sorted(records, key=lambda r: r.provenance.date, reverse=True)
 
 
+# The full profile's course model before it was re-sized to train a wider model for fewer steps; records made
+# before then do not store their ``course_model``.
+EARLIER_FULL_MODEL = {"d_model": 384, "n_layers": 6, "n_heads": 6, "context": 256, "batch": 64}
+EARLIER_FULL_UNTIL = "2026-11-25"
+
+
 def describe_records(records: Sequence[Record | RecordedResult], experiment: str | None = None) -> str:
     """Markdown: one line per record naming its hardware, versions, date and command; with no record,
     a short note (naming the command that records ``experiment`` on a GPU, when given)."""
@@ -317,8 +333,29 @@ def describe_records(records: Sequence[Record | RecordedResult], experiment: str
     for r in records:
         p = r.provenance
         cuda = f", CUDA {p.cuda_version}" if p.cuda_version else ""
+        size = record_size_text(r.record if isinstance(r, RecordedResult) else r)
         lines.append(f"- **{r.label}**: torch {p.torch_version}{cuda}, {p.date}, commit "
-                     f"`{p.git_commit[:12]}`, command `{p.command}`")
+                     f"`{p.git_commit[:12]}`, command `{p.command}`{size and '; ' + size}")
     return "\n".join(lines)
+
+
+def record_size_text(record: Record) -> str:
+    """The size a record ran at, for a reader comparing it with a live run: its profile and the course
+    model's shape then (stored as ``course_model`` since the full profile's re-size; before it, the full
+    profile's model was :data:`EARLIER_FULL_MODEL`); ``""`` when the record names no profile."""
+    size = record.parameters.get("size", record.parameters.get("profile"))
+    if size not in ("small", "full"):
+        return ""
+    model = record.course_model
+    if model is None:
+        return f"{size} profile"
+    when = "" if "course_model" in record.parameters else f" (the full profile before {EARLIER_FULL_UNTIL})"
+    try:
+        shape = (f"{model['d_model']} wide, {model['n_layers']} layers, {model['n_heads']} heads, context "
+                 f"{model['context']}, batch {model['batch']}")
+    except (KeyError, TypeError):
+        raise RecordError(f"{record.path}: course_model must name d_model, n_layers, n_heads, context and "
+                          f"batch, got {model!r}") from None
+    return f"{size} profile, course model {shape}{when}"
 
 

@@ -105,12 +105,15 @@ def runnable_recipes(device: torch.device | str, wanted) -> tuple[str, ...]:
     return tuple(r for r in wanted if get_recipe(r).unsupported_reason(device) is None)
 
 
+DEFAULT_LR = 3e-3   # AdamW's learning rate in the course's training runs
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Loop settings. ``steps`` counts optimizer steps (each of ``accumulation_steps`` micro-batches)."""
 
     steps: int
-    lr: float = 3e-3
+    lr: float = DEFAULT_LR
     accumulation_steps: int = 1
     clip_norm: float | None = 1.0
     warmup_steps: int = 0
@@ -337,7 +340,7 @@ def run_recipe(recipe: str | Recipe, profile, device: torch.device | str = "cpu"
     """Train the course GPT from seed ``seed`` with ``recipe`` at the profile's size; return the history."""
     device = torch.device(device)
     r = get_recipe(recipe, device)
-    setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 300), seed=seed)
     state = TrainState(setup.model(seed), r, TrainConfig(steps=setup.steps, lr=lr, **config_kwargs), device)
     return train(state, setup.sampler)
 

@@ -105,7 +105,7 @@ def compare_bf16_updates(profile, device: torch.device | str = "cpu", *, steps: 
     evals: dict[str, list] = {}
     n_steps = 0
     for seed in seeds:
-        setup = course_setup(profile, device, steps=steps, default_steps=(45, 400), seed=seed)
+        setup = course_setup(profile, device, steps=steps, default_steps=(45, 80), seed=seed)
         n_steps = setup.steps
         held_out = range(n_steps, n_steps + EVAL_BATCHES)      # batches no run trained on
         for label, recipe in (("FP32", "fp32"), ("BF16 + FP32 master weights", "bf16_master")):

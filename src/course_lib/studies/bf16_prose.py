@@ -355,13 +355,23 @@ def divergence_verdict(div: Fp16Divergence) -> Prose:
     return Prose(" ".join(parts))
 
 
-def divergence_facts(div: Fp16Divergence, full_lr: float) -> dict[str, object]:
-    """The live run's learning rate against the full profile's (``div_lr_ratio``), its steps, seeds and steps
+def learning_rate_sentence(div: Fp16Divergence, course_lr: float) -> Prose:
+    """The run's learning rate against ``course_lr``, the rate of the course's other training runs."""
+    if not (course_lr > 0 and math.isfinite(course_lr)):
+        raise ValueError(f"course_lr must be a positive finite number, got {course_lr!r}")
+    if div.lr == course_lr:
+        return Prose(f"The runs train at the course's usual learning rate, {div.lr:g}.")
+    how = f"{div.lr / course_lr:.3g} times" if div.lr > course_lr else f"{course_lr / div.lr:.3g} times below"
+    why = (f", so that the failure shows within the {div.steps} steps a lesson can afford" if div.lr > course_lr
+           else "")
+    return Prose(f"The runs train at learning rate {div.lr:g}, {how} the {course_lr:g} of the course's other "
+                 f"runs (the parity runs above among them){why}.")
+
+
+def divergence_facts(div: Fp16Divergence, course_lr: float) -> dict[str, object]:
+    """The run's learning rate against the course's usual one (``div_lr_text``), its steps, seeds and steps
     between probes, FP16's largest value, the outcomes, the located operation and the verdict as Markdown."""
-    if not (full_lr > 0 and math.isfinite(full_lr)):
-        raise ValueError(f"full_lr must be a positive finite number, got {full_lr!r}")
-    return {"div_lr": div.lr, "div_full_lr": full_lr, "div_lr_ratio": f"{div.lr / full_lr:.3g}",
-            "div_probe_every": div.probe_every,
+    return {"div_lr_text": learning_rate_sentence(div, course_lr), "div_probe_every": div.probe_every,
             "div_steps": div.steps, "div_seeds": len({run.seed for run in div.runs}),
             "fp16_max": f"{FP16_MAX:,.0f}",
             "div_outcomes": divergence_outcomes(div), "div_located": located_sentence(div),

@@ -40,7 +40,7 @@ MLP_DEPTH = 4   # layers of the runs' DeepMLP
 # on ordinary steps is measured (SpikyRuns.changed_share).
 DEFAULT_THRESHOLDS = {GLOBAL_NORM: 1.0, PER_VALUE: 0.1, PER_TENSOR: 0.5, AGC: 0.05}
 # per size profile: training steps, steps between outlier batches, MLP width, seeds
-SIZES = {"small": (200, 30, 32, (0, 1, 2)), "full": (1000, 100, 128, (0, 1, 2, 3, 4))}
+SIZES = {"small": (200, 30, 32, (0, 1, 2)), "full": (300, 30, 128, (0, 1, 2, 3, 4))}
 
 
 def make_clipper(rule: str, threshold: float) -> Callable[[list[torch.nn.Parameter]], object]:

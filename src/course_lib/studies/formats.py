@@ -54,7 +54,7 @@ def measure_training_magnitudes(
 
     Sizes come from ``profile`` (model shape, batch size, default number of steps).
     """
-    setup = course_setup(profile, device, steps=steps, default_steps=(60, 600), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(60, 300), seed=seed)
     steps, device, cfg, sampler = setup.steps, setup.device, setup.config, setup.sampler
     batch_size = sampler.batch_size
     model = setup.model(seed)

@@ -28,6 +28,7 @@ from ..fp8.recipes import (
 from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
 from ..hardware import GPUPeaks
 from ..models import course_setup
+from ..mx import BLOCK_RECIPES
 from ..results import RecordedResult
 from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 
@@ -50,7 +51,7 @@ def capture_linear_tensors(profile, device: torch.device | str = "cpu", *, layer
                            steps: int | None = None, seed: int = 0, lr: float = 3e-3) -> LinearTensors:
     """Train the course GPT in FP32 for ``steps`` steps, then record one linear layer's input, weight and
     output gradient on the next batch."""
-    setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 200), seed=seed)
     model = setup.model(seed)
     modules = dict(model.named_modules())
     if layer not in modules or not isinstance(modules[layer], nn.Linear):
@@ -207,7 +208,7 @@ def train_converted(recipe: str, convert, profile, device: torch.device | str = 
     linear layers for quantised ones (every other op and the weights stay FP32). Same batches, same initial
     weights for the same seed. Returns the History."""
     device = torch.device(device)
-    setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 150), seed=seed)
     model = setup.model(seed)
     if recipe in RECIPES:
         precision = get_recipe(recipe, device)
@@ -271,8 +272,26 @@ def merge_fp8_training(pieces: Sequence[Fp8Training]) -> Fp8Training:
     for piece in pieces:
         for recipe in piece.recipes:
             curves.setdefault(recipe, piece.curves[recipe])
-    order = [r for r in FP8_TRAINING_RECIPES if r in curves] + [r for r in curves if r not in FP8_TRAINING_RECIPES]
+    known = (*FP8_TRAINING_RECIPES, *BLOCK_RECIPES)
+    order = [r for r in known if r in curves] + [r for r in curves if r not in known]
     return Fp8Training(tuple(order), first.seeds, first.steps, first.block, {r: curves[r] for r in order})
+
+
+def merge_recorded_pieces(records: Sequence[RecordedResult]) -> tuple[str, Fp8Training] | None:
+    """The newest record's GPU label and, merged (:func:`merge_fp8_training`), every piece recorded on that
+    GPU at the same size as the newest (course model, seeds, steps, block); None without records. Pieces of
+    an earlier full profile on the same GPU are left out, not merged into a mixed result."""
+    if not records:
+        return None
+    newest = records[0]
+    if not isinstance(newest.result, Fp8Training):
+        raise TypeError(f"expected recorded Fp8Training pieces, got {type(newest.result).__name__}")
+
+    def size(r: RecordedResult) -> tuple:
+        return (r.record.course_model, r.result.seeds, r.result.steps, r.result.block)
+
+    same = [r.result for r in records if r.label == newest.label and size(r) == size(newest)]
+    return newest.label, merge_fp8_training(same)
 
 
 def seeded_curves(train_one, recipes, seeds) -> tuple[dict[str, tuple[tuple[float, ...], ...]], int]:

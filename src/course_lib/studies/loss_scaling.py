@@ -82,7 +82,7 @@ def record_grad_scaler_run(
     back-offs reached zero in float32, as happens when the forward pass itself is non-finite): from
     there on torch's scaler stays at zero and no later step can carry information.
     """
-    setup = course_setup(profile, device, steps=steps, default_steps=(60, 2000), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(60, 600), seed=seed)
     check_scaler_args(init_scale, growth_factor, backoff_factor, growth_interval)
     steps, device, sampler = setup.steps, setup.device, setup.sampler
     model = setup.model(seed)
@@ -153,7 +153,7 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
     gradients are not finite, never changing the scale. Every run starts from the same weights and sees
     the same batches.
     """
-    setup = course_setup(profile, device, steps=steps, default_steps=(30, 1000), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 250), seed=seed)
     steps, device, sampler = setup.steps, setup.device, setup.sampler
     interval = profile.pick(small=10, full=DEFAULT_GROWTH_INTERVAL) if dynamic_growth_interval is None \
         else dynamic_growth_interval
@@ -235,7 +235,7 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
         raise ValueError(f"scales must be positive finite numbers, got {scales!r}")
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ValueError(f"batches must be a positive int, got {batches!r}")
-    setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 200), seed=seed)
     dev, sampler = setup.device, setup.sampler
     model = setup.model(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)

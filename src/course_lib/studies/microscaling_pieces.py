@@ -202,7 +202,7 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
     averaged: dict[str, list[tuple[float, ...]]] = {r: [] for r in recipes}
     n_steps = 0
     for seed in seeds:
-        setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+        setup = course_setup(profile, device, steps=steps, default_steps=(30, 200), seed=seed)
         n_steps = setup.steps
         model = setup.model(seed)
         opt = torch.optim.AdamW(model.parameters(), lr=lr)

@@ -128,7 +128,7 @@ def overflow_recovery(profile, device: torch.device | str = "cpu", *, steps: int
     """Train the course model with FP16 autocast and GradScaler, with an overflow planted in ``layer`` from
     step ``fault_at``; once as it is, once under :func:`train_with_recovery`."""
     device = torch.device(device)
-    setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 200), seed=seed)
     n = setup.steps
     fault_at = _step_in_run("fault_at", fault_at, n)
     logs: list[MonitorLog] = []
@@ -169,7 +169,7 @@ def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int |
                     fmt: str = "FP16", threshold: float = 0.1, seed: int = 0) -> UnderflowTrend:
     """Train the course model in FP32 while a monitor asks what an unscaled ``fmt`` would flush."""
     device = torch.device(device)
-    setup = course_setup(profile, device, steps=steps, default_steps=(60, 600), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(60, 300), seed=seed)
     model = setup.model(seed)
     dtype = get_format(fmt).torch_dtype_or_none()
     watch = GradientHealthMonitor(model, dtype=fmt if dtype is None else dtype, every=every,
@@ -291,7 +291,7 @@ def dead_layer_run(profile, device: torch.device | str = "cpu", *, layer: str = 
     """Train the course model in FP32 under a monitor (sampling every ``every`` steps) while ``layer``
     dies at ``dies_at`` (default: a third of the way)."""
     device = torch.device(device)
-    setup = course_setup(profile, device, steps=steps, default_steps=(40, 400), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(40, 200), seed=seed)
     n = setup.steps
     dies_at = _step_in_run("dies_at", dies_at, n)
     model = setup.model(seed)

@@ -153,11 +153,12 @@ def recipe_matmul_dtype(recipe: str) -> str:
 def training_throughput(profile, device: torch.device | str = "cpu", *,
                         recipes: Sequence[str] = ("fp32", "bf16_autocast", "fp16_autocast_scaler"),
                         seeds: Sequence[int] = (0, 1), steps: int | None = None, warmup_steps: int = 3,
-                        compile_too: bool = False, lr: float = 3e-3) -> ThroughputStudy:
+                        compiled: Sequence[str] = (), lr: float = 3e-3) -> ThroughputStudy:
     """Train the course model with each recipe from each seed, timing every step (``course_lib.train``).
 
     MFU peaks: on a GPU in :data:`DATASHEET_PEAKS`, its datasheet figure for the recipe's dtype; on a CPU,
-    the FP32 matmul rate measured here (capability probe) for every recipe. ``compile_too`` adds ``torch.compile`` runs of every recipe.
+    the FP32 matmul rate measured here (capability probe) for every recipe. The recipes named in
+    ``compiled`` (each one of ``recipes``) also run once under ``torch.compile``, from the first seed.
     """
     device = torch.device(device)
     if not seeds:
@@ -166,12 +167,14 @@ def training_throughput(profile, device: torch.device | str = "cpu", *,
         raise ValueError(f"warmup_steps must be a non-negative int, got {warmup_steps!r}")
     for recipe in recipes:
         get_recipe(recipe, device)
+    if isinstance(compiled, str) or not set(compiled) <= set(recipes):
+        raise ValueError(f"compiled must name some of the recipes {tuple(recipes)}, got {compiled!r}")
     runs = []
     flops_per_token = 0.0
-    for compiled in ((False, True) if compile_too else (False,)):
-        for recipe in recipes:
-            for seed in (seeds[:1] if compiled else seeds):  # compiled: one seed (compilation is slow)
-                setup = course_setup(profile, device, steps=steps, default_steps=(30, 300), seed=seed)
+    for mode in (False, True):
+        for recipe in (compiled if mode else recipes):
+            for seed in (seeds[:1] if mode else seeds):  # compiled: one seed (compilation is slow)
+                setup = course_setup(profile, device, steps=steps, default_steps=(30, 60), seed=seed)
                 if setup.steps <= warmup_steps:
                     raise ValueError(f"steps ({setup.steps}) must exceed warmup_steps ({warmup_steps})")
                 model = setup.model(seed)
@@ -179,10 +182,10 @@ def training_throughput(profile, device: torch.device | str = "cpu", *,
                 _, non_emb = count_parameters(model)
                 flops_per_token = model_flops_per_token(non_emb, cfg.n_layers, cfg.d_model, cfg.context)
                 state = TrainState(model, get_recipe(recipe, device), TrainConfig(steps=setup.steps, lr=lr), device)
-                if compiled:
+                if mode:
                     state.model = torch.compile(state.model)  # type: ignore[assignment]
                 history = train(state, setup.sampler)
-                runs.append(RecipeRun(recipe, seed, compiled, tuple(history.losses), tuple(history.step_seconds),
+                runs.append(RecipeRun(recipe, seed, mode, tuple(history.losses), tuple(history.step_seconds),
                                       setup.sampler.batch_size * cfg.context, warmup_steps,
                                       history.peak_memory_bytes))
     peaks, source = _mfu_peaks(device, recipes)

@@ -16,7 +16,7 @@ from ..bench import (
     matmul_flops,
     model_flops_per_token,
 )
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_memory
 from ..models import GPTConfig
@@ -255,13 +255,14 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
     fp32 = rows["fp32"]
     if fp32["mfu"] is None:
         raise ValueError("the study has no peak to measure FP32's MFU against")
-    compiled = any(r.compiled for r in study.runs)
+    compiled = sorted({r.recipe for r in study.runs if r.compiled})
     if not on_gpu:
         caveat = ("These are this machine's ratios only: a CPU has no tensor cores, and its ratios do not transfer "
                   "to a GPU. The live runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
                   "include it.")
     elif compiled:
-        caveat = "The live runs include `torch.compile` (one seed per recipe, blue in the figure)."
+        caveat = (f"The live runs compile {and_list([f'`{r}`' for r in compiled])} with `torch.compile` (one "
+                  "seed, blue in the figure); the model ladder's records below time every recipe compiled.")
     else:
         caveat = ("The live runs skip `torch.compile`; `python -m course_lib.record training_throughput` measures "
                   "compiled runs too.")

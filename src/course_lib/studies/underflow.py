@@ -39,7 +39,7 @@ def train_and_capture(profile, device: torch.device | str = "cpu", *, steps: int
                       capture_at: tuple[int, ...] | None = None, seed: int = 0, lr: float = 3e-3) -> CapturedTraining:
     """Train the course GPT in FP32 with AdamW; capture every layer's gradients at ``capture_at`` steps
     (default: the first and the last)."""
-    setup = course_setup(profile, device, steps=steps, default_steps=(150, 3000), seed=seed)
+    setup = course_setup(profile, device, steps=steps, default_steps=(150, 400), seed=seed)
     steps, device, sampler = setup.steps, setup.device, setup.sampler
     if steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
@@ -124,7 +124,7 @@ def compare_naive_fp16(profile, device: torch.device | str = "cpu", *, steps: in
     sizes: dict[str, list] = {label: [] for label, _ in NAIVE_RUNS}
     n_steps = 0
     for seed in seeds:
-        setup = course_setup(profile, device, steps=steps, default_steps=(40, 1000), seed=seed)
+        setup = course_setup(profile, device, steps=steps, default_steps=(40, 250), seed=seed)
         n_steps, dev, sampler = setup.steps, setup.device, setup.sampler
         for label, dtype in NAIVE_RUNS:
             model = setup.model(seed).to(dtype)
