@@ -536,6 +536,8 @@ def test_recorded_pieces_merge_only_the_newest_gpus_at_its_size():
     label, merged = fp8_studies.merge_recorded_pieces(records)
     assert label == "H200 (sm 9.0)" and merged.recipes == ("bf16_autocast", "mxfp4", "nvfp4")
     assert fp8_studies.merge_recorded_pieces([]) is None
+    with pytest.raises(TypeError, match="expected recorded Fp8Training pieces, got str"):
+        fp8_studies.merge_recorded_pieces([RecordedResult(records[0].record, "not a result")])
     assert fp8_studies.training_size({"steps": 400}) == "6 recipes x 3 seeds x 400 steps"
     assert fp8_studies.training_size({"recipes": ("tensorwise",), "steps": 25}) == "1 recipe x 3 seeds x 25 steps"
     with pytest.raises(ValueError, match="positive number of steps"):

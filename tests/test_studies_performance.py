@@ -256,8 +256,8 @@ def test_throughput_facts_on_a_cpu_and_on_a_gpu():
                                           "ratios do not transfer to a GPU. The live runs skip `torch.compile` to keep "
                                           "the page quick; the recorded GPU runs include it."}
     assert P.throughput_facts(_study(), on_gpu=True)["throughput_caveat"] == (
-        "The live runs compile `fp32` with `torch.compile` (one seed, blue in the figure); the model "
-        "ladder's records below time every recipe compiled.")
+        "The live runs compile `fp32` with `torch.compile` (one seed, blue in the figure); `python -m "
+        "course_lib.gpu_session` records every recipe compiled in the model ladder below.")
     two_seeds = dataclasses.replace(_study(), runs=_study().runs + (_run("fp32", 0.5, seed=1),))
     assert P.throughput_facts(two_seeds, on_gpu=False)["tp_seeds"] == 2
     eager_only = _study(compiled=False)

@@ -31,8 +31,8 @@ from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS
 from .jsonable import to_jsonable
 from .models import profile_model
-from .results import Record, load_records
 from .mx import BLOCK_RECIPES
+from .results import Record, load_records
 from .studies.fp8 import FP8_TRAINING_RECIPES
 from .studies.ladder import LADDER_PIECES
 from .studies.lesson_times import LESSON_LIMIT_S, lesson_names

@@ -67,8 +67,8 @@ def gpt_config_for(profile: SizeProfile) -> GPTConfig:
     """The course model's shape for a size profile (small: trains in seconds on a CPU).
 
     The full profile is a wider model trained for few steps: at 384 wide (its shape until 2026-11-25, kept in
-    :data:`course_lib.results.EARLIER_FULL_MODEL`) an H100's 16-bit step was bound by kernel launches, so a wider model costs a
-    16-bit step little, and fewer steps keep every lesson within minutes on one GPU.
+    :data:`course_lib.results.EARLIER_FULL_MODEL`) an H100's 16-bit step was bound by kernel launches, so a
+    wider model costs a 16-bit step little, and fewer steps keep every lesson within minutes on one GPU.
     """
     return profile.pick(
         small=GPTConfig(d_model=64, n_layers=2, n_heads=2, context=64),
@@ -86,7 +86,6 @@ def profile_model(profile: SizeProfile) -> dict[str, int]:
     cfg = gpt_config_for(profile)
     return {"d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "context": cfg.context,
             "batch": course_batch(profile)}
-
 
 
 class CausalSelfAttention(nn.Module):

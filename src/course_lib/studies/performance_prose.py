@@ -262,7 +262,8 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
                   "include it.")
     elif compiled:
         caveat = (f"The live runs compile {and_list([f'`{r}`' for r in compiled])} with `torch.compile` (one "
-                  "seed, blue in the figure); the model ladder's records below time every recipe compiled.")
+                  "seed, blue in the figure); `python -m course_lib.gpu_session` records every recipe compiled in the model "
+                  "ladder below.")
     else:
         caveat = ("The live runs skip `torch.compile`; `python -m course_lib.record training_throughput` measures "
                   "compiled runs too.")
