@@ -28,6 +28,14 @@ def test_parameters_fit_the_study_and_are_jsonable(name, profile):
     inspect.signature(exp.study).bind(profile, torch.device("cpu"), **params)   # TypeError if they do not fit
 
 
+def test_records_of_experiments_without_the_course_model_name_none(monkeypatch):
+    from course_lib.results import NO_COURSE_MODEL
+    assert NO_COURSE_MODEL <= set(E.EXPERIMENTS)
+    fake = dataclasses.replace(E.get_experiment("clipping_runs"), study=lambda profile, device, **k: None)
+    monkeypatch.setitem(E.EXPERIMENTS, "clipping_runs", fake)
+    assert "course_model" not in E.record_output("clipping_runs", SMALL, "cpu").parameters
+
+
 def test_lessons_sizes_are_the_registrys():
     """What the lessons used to pass themselves, now the registry's small profile (the lessons' numbers do
     not move), and the full size since its re-size to a wider model for fewer steps."""

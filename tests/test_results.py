@@ -79,11 +79,14 @@ def test_a_record_says_the_size_it_ran_at():
     plain = make_record()
     assert record_size_text(plain) == "" and describe_records([plain]).endswith("`python -m course_lib.record x`")
     old = dataclasses.replace(plain, parameters={"size": "full", "steps": 1000})
-    assert record_size_text(old) == ("full profile, course model 384 wide, 6 layers, 6 heads, context 256, batch 64 "
-                                     "(the full profile before 2026-11-25)")
+    assert record_size_text(old) == ("the full profile before 2026-11-25, a narrower course model than today's (384 "
+                                     "wide, 6 layers, 6 heads, context 256, batch 64; see the setup page)")
     assert describe_records([old]).endswith("`python -m course_lib.record x`; " + record_size_text(old))
     assert old.course_model == {"d_model": 384, "n_layers": 6, "n_heads": 6, "context": 256, "batch": 64}
     assert plain.course_model is None
+    # an experiment that trains no course model names none, before the re-size or after
+    sweep = dataclasses.replace(old, experiment="matmul_throughput")
+    assert sweep.course_model is None and record_size_text(sweep) == "full profile"
     new = dataclasses.replace(plain, parameters={"profile": "full", "size": "full",
                                                  "course_model": profile_model(SizeProfile("full"))})
     assert record_size_text(new) == "full profile, course model 512 wide, 6 layers, 8 heads, context 256, batch 64"

@@ -153,12 +153,13 @@ def test_facts_and_the_recorded_note():
     div = _div()
     facts = P.divergence_facts(div, 3e-3)
     assert (facts["div_steps"], facts["div_seeds"], facts["fp16_max"]) == (3, 1, "65,504")
-    assert facts["div_lr_text"] == ("The runs train at learning rate 0.05, 16.7 times the 0.003 of the course's "
-                                    "other runs (the parity runs above among them), so that the failure shows "
-                                    "within the 3 steps a lesson can afford.")
+    assert facts["div_lr_text"] == ("The runs train at learning rate 0.05, 16.7 times the 0.003 of the course "
+                                    "model's other runs (the parity runs above among them), so that the failure "
+                                    "shows within the 3 steps a lesson can afford.")
     assert P.learning_rate_sentence(div, 0.05) == "The runs train at the course's usual learning rate, 0.05."
     assert P.learning_rate_sentence(div, 0.1) == ("The runs train at learning rate 0.05, 2 times below the 0.1 of "
-                                                  "the course's other runs (the parity runs above among them).")
+                                                  "the course model's other runs (the parity runs above among "
+                                                  "them).")
     assert facts["div_probe_every"] == 2
     assert facts["div_verdict"] == P.divergence_verdict(div)
     for bad in (0.0, math.inf, math.nan):

@@ -21,7 +21,7 @@ from .formats import TF32Check, tf32_matmul_check
 from .jsonable import from_jsonable, to_jsonable
 from .models import profile_model
 from .mx import BLOCK_RECIPES
-from .results import SCHEMA_VERSION, Record, RecordedResult, load_records
+from .results import NO_COURSE_MODEL, SCHEMA_VERSION, Record, RecordedResult, load_records
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.data_loading import DataLoading, data_loading
@@ -153,15 +153,16 @@ def run_experiment(name: str, profile: SizeProfile, device: torch.device | str) 
 
 def record_output(name: str, profile: SizeProfile, device: torch.device | str, *,
                   overrides: dict[str, Any] | None = None) -> ExperimentOutput:
-    """Run a registered experiment for a record: its parameters (with the profile's name and the course
-    model's shape at that profile, :func:`course_lib.models.profile_model`) and values.
+    """Run a registered experiment for a record: its parameters (with the profile's name and, unless it is one
+    of :data:`course_lib.results.NO_COURSE_MODEL`, the course model's shape at that profile,
+    :func:`course_lib.models.profile_model`) and values.
     ``overrides`` replace some of the registry's parameters (``record --param``; checked by the caller)."""
     exp = get_experiment(name)
     if overrides:
         base = exp.parameters
         exp = dataclasses.replace(exp, parameters=lambda p, d: {**base(p, d), **overrides})
-    parameters = {"profile": profile.name, "course_model": profile_model(profile),
-                  **exp.parameters_for(profile, device)}
+    model = {} if name in NO_COURSE_MODEL else {"course_model": profile_model(profile)}
+    parameters = {"profile": profile.name, **model, **exp.parameters_for(profile, device)}
     return ExperimentOutput(parameters=to_jsonable(parameters), values={"result": exp.run(profile, device)})
 
 

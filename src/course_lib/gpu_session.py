@@ -32,7 +32,7 @@ from .experiments import EXPERIMENTS
 from .jsonable import to_jsonable
 from .models import profile_model
 from .mx import BLOCK_RECIPES
-from .results import Record, load_records
+from .results import NO_COURSE_MODEL, Record, load_records
 from .studies.fp8 import FP8_TRAINING_RECIPES
 from .studies.ladder import LADDER_PIECES
 from .studies.lesson_times import LESSON_LIMIT_S, lesson_names
@@ -172,7 +172,7 @@ def pending(step: Step, records: Sequence[Record], device_name: str | None) -> S
     lessons not yet timed on this GPU (in any such record)."""
     mine = [r for r in _gpu_full(records) if r.experiment == step.experiment
             and device_name is not None and r.provenance.device_name == device_name
-            and r.parameters.get("course_model") == FULL_MODEL]
+            and r.parameters.get("course_model") == (None if step.experiment in NO_COURSE_MODEL else FULL_MODEL)]
     if step.experiment == LESSON_EXPERIMENT and "lessons" in step.overrides:
         timed = {lesson for r in mine for lesson in _lesson_seconds(r)}
         left = [lesson for lesson in step.overrides["lessons"] if lesson not in timed]

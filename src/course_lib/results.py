@@ -82,9 +82,10 @@ class Record:
     @property
     def course_model(self) -> dict[str, Any] | None:
         """The course model's shape and batch at the record's profile: stored with it, or for a full-size
-        record made before they were stored, :data:`EARLIER_FULL_MODEL`; None when neither says."""
+        record made before they were stored, :data:`EARLIER_FULL_MODEL`; None when neither says, and for an
+        experiment of :data:`NO_COURSE_MODEL`."""
         stored = self.parameters.get("course_model")
-        if stored is not None:
+        if stored is not None or self.experiment in NO_COURSE_MODEL:
             return stored
         full = self.parameters.get("size", self.parameters.get("profile")) == "full"
         return dict(EARLIER_FULL_MODEL) if full else None
@@ -319,6 +320,10 @@ def load_records(experiment: str | None = None, results_dir: str | Path | None =
 # before then do not store their ``course_model``.
 EARLIER_FULL_MODEL = {"d_model": 384, "n_layers": 6, "n_heads": 6, "context": 256, "batch": 64}
 EARLIER_FULL_UNTIL = "2026-11-25"
+# Experiments that do not train the course model (they time products, copies or compiled layers, trace the small
+# model, or train an MLP): their records name no course model.
+NO_COURSE_MODEL = frozenset({"tf32_matmul_rounding", "matmul_throughput", "fp8_linear_speed", "fp8_compiled_speed",
+                             "autocast_trace", "data_loading", "clipping_runs"})
 
 
 def describe_records(records: Sequence[Record | RecordedResult], experiment: str | None = None) -> str:
@@ -349,13 +354,15 @@ def record_size_text(record: Record) -> str:
     model = record.course_model
     if model is None:
         return f"{size} profile"
-    when = "" if "course_model" in record.parameters else f" (the full profile before {EARLIER_FULL_UNTIL})"
     try:
         shape = (f"{model['d_model']} wide, {model['n_layers']} layers, {model['n_heads']} heads, context "
                  f"{model['context']}, batch {model['batch']}")
     except (KeyError, TypeError):
         raise RecordError(f"{record.path}: course_model must name d_model, n_layers, n_heads, context and "
                           f"batch, got {model!r}") from None
-    return f"{size} profile, course model {shape}{when}"
+    if "course_model" not in record.parameters:
+        return (f"the full profile before {EARLIER_FULL_UNTIL}, a narrower course model than today's ({shape}; "
+                "see the setup page)")
+    return f"{size} profile, course model {shape}"
 
 

@@ -364,8 +364,8 @@ def learning_rate_sentence(div: Fp16Divergence, course_lr: float) -> Prose:
     how = f"{div.lr / course_lr:.3g} times" if div.lr > course_lr else f"{course_lr / div.lr:.3g} times below"
     why = (f", so that the failure shows within the {div.steps} steps a lesson can afford" if div.lr > course_lr
            else "")
-    return Prose(f"The runs train at learning rate {div.lr:g}, {how} the {course_lr:g} of the course's other "
-                 f"runs (the parity runs above among them){why}.")
+    return Prose(f"The runs train at learning rate {div.lr:g}, {how} the {course_lr:g} of the course model's "
+                 f"other runs (the parity runs above among them){why}.")
 
 
 def divergence_facts(div: Fp16Divergence, course_lr: float) -> dict[str, object]:
