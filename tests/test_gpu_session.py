@@ -124,7 +124,7 @@ def test_estimates_come_from_records_this_gpus_first(tmp_path):
     assert both == G.Estimate(60.0 + G.DEFAULT_LESSON_S, f"{H200}, default")
     # packing by those estimates: 30 + 60 s fit with default-estimated lessons up to the limit
     parts = G.plan_parts(["01_a", "02_b", "03_c", "04_d", "05_e"], records, H200)
-    lesson_parts = parts[len(G.EXPERIMENT_PARTS):len(parts) - len(G.RERECORD_PARTS)]
+    lesson_parts = parts[:len(parts) - len(G.EXPERIMENT_PARTS) - len(G.RERECORD_PARTS)]
     assert [list(p.steps[0].overrides["lessons"]) for p in lesson_parts] == [
         ["01_a", "02_b", "03_c"], ["04_d", "05_e"]]
 
@@ -217,6 +217,13 @@ def test_a_failing_step_does_not_stop_the_others(tmp_path):
                       runner=lambda a, t: 124, say=lambda line: None) == "stopped"
 
 
+def _first_experiment_part(records=None) -> int:
+    """The number of the plan's first experiment part, after the lessons' parts (as many as the lessons'
+    estimates from ``records``, default the committed ones, need)."""
+    parts = G.plan_parts(lesson_names(), load_records() if records is None else records)
+    return len(parts) - len(G.EXPERIMENT_PARTS) - len(G.RERECORD_PARTS) + 1
+
+
 @pytest.fixture
 def fake_h200(monkeypatch):
     """torch's CUDA queries answering as an H200 would (the pattern of tests/test_cuda_branches.py)."""
@@ -236,9 +243,11 @@ def test_run_next_records_every_part_then_says_so(registered, fake_h200, monkeyp
     _save(results, _record("convergence_parity", 400.0))   # done in an earlier session on this GPU
     assert G.main(["run", "--next", "--results", str(results), "--out", str(out)]) == 0
     names = [c[0] for c in calls]
-    assert "convergence_parity" not in names and names[:2] == ["scale_ladder", "scale_ladder"]
-    # what no GPU has recorded comes first, the lessons next, what an H100 recorded before last
-    assert names.index("data_parallel") < names.index("lesson_times") < names.index("tf32_matmul_rounding")
+    # the lessons first (they record what they run), then what no GPU has recorded, what an H100 recorded last
+    lessons_end = len(names) - names[::-1].index("lesson_times")
+    assert set(names[:lessons_end]) == {"lesson_times"} and names[lessons_end] == "scale_ladder"
+    assert "convergence_parity" not in names
+    assert names.index("data_parallel") < names.index("tf32_matmul_rounding")
     assert sorted(set(names)) == sorted(set(registered) - {"convergence_parity"} - set(G.SKIPPED))
     timed = [lesson for c in calls if c[0] == "lesson_times" for lesson in json.loads(c[4].split("=", 1)[1])]
     assert timed == list(lesson_names())
@@ -252,7 +261,8 @@ def test_run_next_records_every_part_then_says_so(registered, fake_h200, monkeyp
 def test_run_one_part_and_refusals(registered, fake_h200, monkeypatch, tmp_path, capsys):
     calls = []
     monkeypatch.setattr(G, "run_record", _fake_runner(calls, fail={"scale_ladder"}))
-    assert G.main(["run", "--part", "3", "--results", str(tmp_path)]) == 1
+    first = _first_experiment_part()
+    assert G.main(["run", "--part", str(first + 2), "--results", str(tmp_path)]) == 1
     assert [c[0] for c in calls] == [s.experiment for s in G.EXPERIMENT_PARTS[2]]
     assert G.main(["run", "--part", "99", "--results", str(tmp_path)]) == 2
     assert "--part must be 1.." in capsys.readouterr().err
@@ -280,12 +290,14 @@ def test_a_step_that_overran_or_failed_is_noted_passed_over_by_next_and_retried_
     assert G.main(["run", "--next", "--results", str(results)]) == 3          # stopped at the budget
     notes = G.read_attempts(results)
     assert [(n["step"], n["device"], n["outcome"]) for n in notes] == [("scale_ladder", H200, "overran")]
+    assert "lesson_times" in [c[0] for c in calls]                              # the lessons ran first
     calls.clear()
     assert G.main(["run", "--next", "--results", str(results)]) == 1          # went on; one step failed
     out = capsys.readouterr().out
-    assert "passing over scale_ladder: overran on" in out and "run --part 1 to try it again" in out
+    first = _first_experiment_part(G._records(results))   # the lessons, timed now, fill fewer parts
+    assert "passing over scale_ladder: overran on" in out and f"run --part {first} to try it again" in out
     assert ["scale_ladder"] not in [c[:1] for c in calls if "--param" not in c]
-    assert "lesson_times" in [c[0] for c in calls]                              # the later parts ran
+    assert "monitor_faults" in [c[0] for c in calls]                            # the later parts ran
     assert [n["outcome"] for n in G.read_attempts(results)] == ["overran", "failed (exit 1)"]
     # nothing else is left: --next says what failed before instead of starting it again
     assert G.main(["run", "--next", "--results", str(results)]) == 1
@@ -297,5 +309,36 @@ def test_a_step_that_overran_or_failed_is_noted_passed_over_by_next_and_retried_
     assert G.failed_before(G.Step("scale_ladder"), G.read_attempts(results), "another GPU") is None
     calls.clear()
     monkeypatch.setattr(G, "run_record", _fake_runner(calls))
-    assert G.main(["run", "--part", "1", "--results", str(results)]) == 0
+    assert G.main(["run", "--part", str(first), "--results", str(results)]) == 0
     assert calls[0][0] == "scale_ladder" and "--param" not in calls[0]
+
+
+def test_a_lessons_step_asks_its_lessons_to_record_what_they_run(tmp_path):
+    env = G.lesson_record_env(G.lesson_step(["07_fp8"]).record_args(tmp_path / "out"))
+    assert env == {G.RECORD_DIR_ENV: str((tmp_path / "out").resolve()),
+                   G.RECORD_COMMAND_ENV: "python -m course_lib.record lesson_times --out "
+                                         f"{tmp_path / 'out'} --param 'lessons=[\"07_fp8\"]'"}
+    assert G.lesson_record_env(G.Step("fp8_training").record_args(tmp_path)) == {}
+    assert G.lesson_record_env([]) == {}
+
+
+def test_a_lessons_run_of_every_recipe_covers_the_one_recipe_pieces(tmp_path):
+    """A lesson at the full profile trains every FP8 recipe in one run; the GPU session's one-recipe steps of
+    fp8_training are then done. A piece that ran other recipes, or other overrides, does not count."""
+    def trained(recipes, overrides=None):
+        r = _record("fp8_training", 1.0, overrides=overrides)
+        return Record(r.experiment, r.parameters, {"result": {"recipes": recipes, "seeds": [0]}}, r.provenance)
+
+    whole = trained(["bf16_autocast", "tensorwise", "rowwise"])
+    one = G.Step("fp8_training", {"recipes": ["rowwise"]})
+    assert G.covers(whole, one) and G.covers(whole, G.Step("fp8_training", {"recipes": ["tensorwise", "rowwise"]}))
+    assert not G.covers(whole, G.Step("fp8_training", {"recipes": ["delayed"]}))
+    assert not G.covers(whole, G.Step("fp8_training", {"recipes": ["rowwise"], "steps": 10}))
+    assert not G.covers(trained(["rowwise"], {"recipes": ["rowwise"], "steps": 10}), one)
+    assert G.covers(trained(["rowwise"], {"recipes": ["rowwise"]}), one)
+    # a result without a list of recipes covers only the same overrides
+    plain = _record("scale_ladder", 1.0)
+    assert G.covers(plain, G.Step("scale_ladder")) and not G.covers(plain, G.Step("scale_ladder", {"recipes": ["fp32"]}))
+    records = _save(tmp_path, whole)
+    assert G.pending(one, records, H200) is None
+    assert G.pending(G.Step("fp8_training", {"recipes": ["delayed"]}), records, H200) is not None

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from course_lib import record as R
+from course_lib.device import SizeProfile
 from course_lib.results import (Provenance, Record, RecordError, capture_provenance, describe_records,
                                 load_record, load_records, save_record, to_jsonable)
 
@@ -142,6 +143,40 @@ def test_record_all_runs_what_the_device_can_and_keeps_going_after_a_failure(tmp
     assert status == 1 and "experiment 2/3: b_broken" in out and "c_gpu" not in out
     assert sorted(p.name.split("__")[0] for p in tmp_path.glob("*.json")) == ["a_ok", "d_ok"]
     assert R.main(["--all", "a_ok", "--out", str(tmp_path)]) == 2
+
+
+def test_run_experiment_records_its_run_where_the_environment_names_a_folder(tmp_path, monkeypatch, capsys):
+    """What a lesson's kernel does when the GPU session executes it (gpu_session.lesson_record_env): the run is
+    saved as a record naming the session's command and the lesson, and the lesson gets the run's result."""
+    from course_lib import experiments as E
+    from course_lib.studies.lesson_times import LESSON_ENV, RECORD_COMMAND_ENV, RECORD_DIR_ENV
+
+    calls = []
+
+    def study(profile, device, *, width):
+        calls.append((profile.name, width))
+        return {"x": float(len(calls))}
+
+    fake = E.Experiment("a_study", "fake", study, dict, parameters=lambda profile, device: {"width": 8})
+    monkeypatch.setitem(E.EXPERIMENTS, "a_study", fake)
+    assert E.run_experiment("a_study", SizeProfile("small"), "cpu") == {"x": 1.0}   # no folder named: no record
+    assert list(tmp_path.glob("*")) == []
+    monkeypatch.setenv(RECORD_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(RECORD_COMMAND_ENV, "python -m course_lib.record lesson_times --out x")
+    monkeypatch.setenv(LESSON_ENV, "07_fp8.md")
+    assert E.run_experiment("a_study", SizeProfile("full", forced=True), "cpu") == {"x": 2.0}
+    assert calls == [("small", 8), ("full", 8)]
+    (rec,) = load_records("a_study", tmp_path)
+    assert rec.provenance.command == ("python -m course_lib.record lesson_times --out x "
+                                      "(executing lessons/07_fp8.md: run_experiment('a_study'))")
+    assert rec.values == {"result": {"x": 2.0}} and "overrides" not in rec.parameters
+    assert rec.parameters["size"] == "full" and rec.parameters["width"] == 8 and rec.parameters["seconds"] >= 0
+    assert "values: " in (tmp_path / rec.log_file).read_text()
+    # a run that raises records nothing, and the lesson sees the error
+    monkeypatch.setitem(E.EXPERIMENTS, "a_study", E.Experiment("a_study", "fake", lambda p, d: 1 / 0, dict))
+    with pytest.raises(ZeroDivisionError):
+        E.run_experiment("a_study", SizeProfile("small"), "cpu")
+    assert len(load_records("a_study", tmp_path)) == 1
 
 
 def test_record_cli_refusals(tmp_path, capsys):

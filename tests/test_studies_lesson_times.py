@@ -7,7 +7,10 @@ import pytest
 
 from course_lib.device import SizeProfile
 from course_lib.jsonable import from_jsonable, to_jsonable
+from course_lib.results import load_records
 from course_lib.studies.lesson_times import (
+    RECORD_COMMAND_ENV,
+    RECORD_DIR_ENV,
     LessonTime,
     LessonTimes,
     find_lessons_dir,
@@ -106,6 +109,27 @@ def test_bad_requests_are_refused(course):
         time_lesson(folder / "01_ok.md", FULL, limit_s=0)
     with pytest.raises(ValueError, match="no lesson at"):
         time_lesson(folder / "09_gone.md", FULL, limit_s=10)
+
+
+def test_a_lesson_records_what_it_runs_where_the_gpu_session_asks(course, tmp_path, monkeypatch):
+    """With RECORD_DIR_ENV in the environment (as the GPU session sets it for a lessons step), run_experiment
+    in the lesson's kernel saves a record whose provenance names the command and the lesson; without, none."""
+    lesson = course / "lessons" / "04_records.md"
+    lesson.write_text(HEADER + _cell("from course_lib.device import SizeProfile\n"
+                                     "from course_lib.experiments import run_experiment\n"
+                                     "memory = run_experiment('training_memory', SizeProfile('small'), 'cpu')")
+                      + _cell("assert type(memory).__name__ == 'TrainingMemory', memory"))
+    out = tmp_path / "records"
+    assert time_lesson(lesson, FULL, limit_s=120, device_type="cpu").passed
+    assert not out.exists()
+    monkeypatch.setenv(RECORD_DIR_ENV, str(out))
+    monkeypatch.setenv(RECORD_COMMAND_ENV, "python -m course_lib.record lesson_times --out x")
+    timed = time_lesson(lesson, FULL, limit_s=120, device_type="cpu")
+    assert timed.passed, timed.error
+    (record,) = load_records(results_dir=out)
+    assert record.experiment == "training_memory" and record.parameters["size"] == "small"
+    assert record.provenance.command == ("python -m course_lib.record lesson_times --out x "
+                                         "(executing lessons/04_records.md: run_experiment('training_memory'))")
 
 
 def test_a_lesson_time_is_a_frozen_record():

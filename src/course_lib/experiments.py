@@ -10,6 +10,7 @@ figure or table function draws the live run and the recorded one. Records are ne
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,14 @@ from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, conver
 from .studies.data_loading import DataLoading, data_loading
 from .studies.fp16_divergence import Fp16Divergence, fp16_divergence
 from .studies.ladder import ScaleLadder, ladder_sizes, scale_ladder
-from .studies.lesson_times import LessonTimes, lesson_times, lesson_times_parameters
+from .studies.lesson_times import (
+    LESSON_ENV,
+    RECORD_COMMAND_ENV,
+    RECORD_DIR_ENV,
+    LessonTimes,
+    lesson_times,
+    lesson_times_parameters,
+)
 from .studies.distributed import DataParallelStudy, ReductionStudy, data_parallel_study, reduction_precision_study
 from .studies.formats import TrainingMagnitudes, measure_training_magnitudes
 from .studies.fp8 import (
@@ -147,8 +155,17 @@ def get_experiment(name: str) -> Experiment:
 
 def run_experiment(name: str, profile: SizeProfile, device: torch.device | str) -> Any:
     """Run a registered experiment with the registry's parameters for ``profile``; its typed result.
-    Refuses clearly when it needs a GPU and ``device`` is not one."""
-    return get_experiment(name).run(profile, device)
+    Refuses clearly when it needs a GPU and ``device`` is not one. Where the environment names a folder in
+    :data:`RECORD_DIR_ENV`, the run is also saved there as a record with its raw log."""
+    out = os.environ.get(RECORD_DIR_ENV, "").strip()
+    if not out:
+        return get_experiment(name).run(profile, device)
+    from .record import record_experiment   # record imports this module
+    command = os.environ.get(RECORD_COMMAND_ENV, "").strip() or "a lesson executed with " + RECORD_DIR_ENV
+    lesson = os.environ.get(LESSON_ENV, "").strip()
+    where = f"lessons/{lesson}" if lesson else "a lesson"
+    return record_experiment(name, profile, device, out=out,
+                             command=f"{command} (executing {where}: run_experiment({name!r}))")[1]
 
 
 def record_output(name: str, profile: SizeProfile, device: torch.device | str, *,

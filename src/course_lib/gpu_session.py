@@ -13,12 +13,18 @@ done on this GPU when ``results/`` (or ``--out``) holds a full-size record of it
 fresh machine given the committed ``results/`` resumes where the last one stopped. A part's estimate is the
 sum of its steps' durations in their newest GPU records (this GPU's first), or a stated default where none
 exists. ``run`` stops before a step that would not finish inside ``--budget-s``.
+
+The lessons run first: a lessons step executes each lesson at the full profile with the environment of
+:func:`lesson_record_env`, so every registered experiment a page runs is recorded as it runs (with its own
+provenance and raw log), and the experiment steps after them find those records and pass over them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import subprocess
 import sys
 import time
@@ -35,7 +41,7 @@ from .mx import BLOCK_RECIPES
 from .results import NO_COURSE_MODEL, Record, load_records
 from .studies.fp8 import FP8_TRAINING_RECIPES
 from .studies.ladder import LADDER_PIECES
-from .studies.lesson_times import LESSON_LIMIT_S, lesson_names
+from .studies.lesson_times import LESSON_LIMIT_S, RECORD_COMMAND_ENV, RECORD_DIR_ENV, lesson_names
 
 PART_LIMIT_S = 540.0          # a part fits one 10-minute command with a minute to spare
 RUN_BUDGET_S = 570.0          # what `run` may spend: 10 minutes less half a minute to install and pack up
@@ -83,9 +89,10 @@ def lesson_step(lessons: Sequence[str]) -> Step:
 
 # The experiment parts, by their H100 records' durations (seconds in brackets; "new" has no record yet and
 # counts DEFAULT_STEP_S). An experiment recorded in pieces has one step per piece, with its overrides (the model
-# ladder: studies.ladder.LADDER_PIECES). First what no GPU has recorded yet (issue 20's ladder, FP8 and
-# emulation costs, then the experiments with no record), then the lessons (packed into parts by plan_parts),
-# then RERECORD_PARTS: the experiments recorded on an H100 before, again on this GPU.
+# ladder: studies.ladder.LADDER_PIECES). They come after the lessons (packed into parts by plan_parts), which
+# record what their pages run, so most of these steps are done by then: first what no GPU has recorded yet
+# (issue 20's ladder, FP8 and emulation costs, then the experiments with no record), then RERECORD_PARTS: the
+# experiments recorded on an H100 before, again on this GPU.
 EXPERIMENT_PARTS: tuple[tuple[Step, ...], ...] = (
     *(tuple(Step("scale_ladder", piece) for piece in LADDER_PIECES[i:i + 2])
       for i in range(0, len(LADDER_PIECES), 2)),                                       # new, new
@@ -177,15 +184,30 @@ def pending(step: Step, records: Sequence[Record], device_name: str | None) -> S
         timed = {lesson for r in mine for lesson in _lesson_seconds(r)}
         left = [lesson for lesson in step.overrides["lessons"] if lesson not in timed]
         return None if not left else (step if len(left) == len(step.overrides["lessons"]) else lesson_step(left))
-    wanted = to_jsonable(dict(step.overrides))
-    return None if any(r.parameters.get("overrides", {}) == wanted for r in mine) else step
+    return None if any(covers(r, step) for r in mine) else step
+
+
+def covers(record: Record, step: Step) -> bool:
+    """Whether ``record`` (of ``step``'s experiment) ran what ``step`` runs: the same overrides, or, for a
+    step that runs a few recipes (``recipes``), a record with otherwise the same overrides whose result
+    trained every one of them (a lesson's run of all recipes covers the one-recipe pieces)."""
+    have, wanted = record.parameters.get("overrides", {}), to_jsonable(dict(step.overrides))
+    if have == wanted:
+        return True
+    if "recipes" not in wanted or {k: v for k, v in have.items() if k != "recipes"} != {
+            k: v for k, v in wanted.items() if k != "recipes"}:
+        return False
+    result = record.values.get("result")
+    ran = result.get("recipes") if isinstance(result, Mapping) else None
+    return isinstance(ran, list) and set(wanted["recipes"]) <= set(ran)
 
 
 def plan_parts(lessons: Sequence[str], records: Sequence[Record], device_name: str | None = None,
                *, limit_s: float = PART_LIMIT_S) -> list[Part]:
-    """The experiment parts, then ``lessons`` packed in order into parts of at most ``limit_s`` estimated
-    seconds (a lesson estimated above the limit gets a part of its own), then the parts that record again
-    what an H100 recorded before."""
+    """``lessons`` packed in order into parts of at most ``limit_s`` estimated seconds (a lesson estimated
+    above the limit gets a part of its own), then the experiment parts, then the parts that record again what
+    an H100 recorded before. The lessons come first: each records the experiments it runs (see
+    :func:`lesson_record_env`), so those experiments' steps are done when their turn comes."""
     groups: list[list[str]] = []
     used = limit_s
     for lesson in lessons:
@@ -195,7 +217,7 @@ def plan_parts(lessons: Sequence[str], records: Sequence[Record], device_name: s
             used = 0.0
         groups[-1].append(lesson)
         used += seconds
-    parts = [*EXPERIMENT_PARTS, *((lesson_step(g),) for g in groups), *RERECORD_PARTS]
+    parts = [*((lesson_step(g),) for g in groups), *EXPERIMENT_PARTS, *RERECORD_PARTS]
     return [Part(i, tuple(steps)) for i, steps in enumerate(parts, 1)]
 
 
@@ -286,11 +308,23 @@ def failed_before(step: Step, attempts: Sequence[Mapping[str, Any]], device_name
     return f"{notes[-1]['outcome']} on {notes[-1]['date']}" if notes else None
 
 
+def lesson_record_env(args: Sequence[str]) -> dict[str, str]:
+    """The environment a ``python -m course_lib.record ARGS`` command adds for its run: for ``lesson_times``,
+    the folder (its ``--out``) into which every experiment a lesson runs is also recorded, and the command
+    that the records' provenance names (:data:`course_lib.studies.lesson_times.RECORD_DIR_ENV`); else none."""
+    if not args or args[0] != LESSON_EXPERIMENT or "--out" not in args:
+        return {}
+    out = args[list(args).index("--out") + 1]
+    return {RECORD_DIR_ENV: str(Path(out).resolve()),
+            RECORD_COMMAND_ENV: " ".join(["python -m course_lib.record", *map(shlex.quote, args)])}
+
+
 def run_record(args: list[str], timeout_s: float) -> int:
-    """Run ``python -m course_lib.record ARGS`` in a process of its own; its exit status (124 past
-    ``timeout_s``)."""
+    """Run ``python -m course_lib.record ARGS`` in a process of its own (with :func:`lesson_record_env`'s
+    environment); its exit status (124 past ``timeout_s``)."""
     try:
-        return subprocess.run([sys.executable, "-m", "course_lib.record", *args], timeout=timeout_s).returncode
+        return subprocess.run([sys.executable, "-m", "course_lib.record", *args], timeout=timeout_s,
+                              env={**os.environ, **lesson_record_env(args)}).returncode
     except subprocess.TimeoutExpired:
         return 124
 

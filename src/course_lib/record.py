@@ -26,6 +26,7 @@ import time
 import traceback
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, Experiment, get_experiment, record_output
@@ -98,35 +99,48 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m course_lib.record", *map(shlex.quote, argv)])
     status = 0
     for index, name in enumerate(args.experiments, 1):
-        log = io.StringIO()
-
-        def say(line: str) -> None:
-            stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
-            print(stamped, flush=True)
-            log.write(stamped + "\n")
-
-        say(f"experiment {index}/{len(args.experiments)}: {name} on {hw.summary}")
-        say(f"command: {command}")
-        provenance = capture_provenance(command, device)
-        start = time.perf_counter()
         try:
-            output = record_output(name, profile, device, overrides=overrides)
+            path, _ = record_experiment(name, profile, device, out=args.out, command=command, overrides=overrides,
+                                        heading=f"experiment {index}/{len(args.experiments)}: {name}")
         except Exception:  # record nothing for a failed run, but keep going with the others
-            say("FAILED:\n" + traceback.format_exc())
+            print(f"[{time.strftime('%H:%M:%S')}] FAILED:\n" + traceback.format_exc(), flush=True)
             status = 1
             continue
-        elapsed = time.perf_counter() - start
-        say(f"finished in {elapsed:.1f} s")
-        say("parameters: " + json.dumps(to_jsonable(output.parameters)))
-        say("values: " + json.dumps(to_jsonable(output.values)))
-        capped = {"max_steps": args.max_steps} if args.max_steps is not None else {}
-        changed = {"overrides": to_jsonable(overrides)} if overrides else {}
-        record = Record(experiment=name, parameters={**output.parameters, "size": args.size,
-                                                     "seconds": elapsed, **capped, **changed},
-                        values=output.values, provenance=provenance)
-        path = save_record(record, args.out, log_text=log.getvalue())
         print(f"wrote {path}", flush=True)
     return status
+
+
+def record_experiment(name: str, profile: SizeProfile, device, *, out: str | Path, command: str,
+                      overrides: dict | None = None, heading: str | None = None) -> tuple[Path, Any]:
+    """Run registered experiment ``name`` at ``profile`` on ``device`` and save its record under ``out``, with
+    provenance naming ``command`` and the raw log of the run beside it (the lines are printed as they are
+    logged); the record's path and the typed result. An exception of the run propagates, and nothing is
+    saved. Used by ``python -m course_lib.record`` and by :func:`course_lib.experiments.run_experiment` where a
+    lesson executed by the GPU session records what it runs
+    (:data:`course_lib.studies.lesson_times.RECORD_DIR_ENV`)."""
+    hw = describe_hardware(device)
+    log = io.StringIO()
+
+    def say(line: str) -> None:
+        stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
+        print(stamped, flush=True)
+        log.write(stamped + "\n")
+
+    say(f"{heading or f'experiment: {name}'} on {hw.summary}")
+    say(f"command: {command}")
+    provenance = capture_provenance(command, device)
+    start = time.perf_counter()
+    output = record_output(name, profile, device, overrides=overrides)
+    elapsed = time.perf_counter() - start
+    say(f"finished in {elapsed:.1f} s")
+    say("parameters: " + json.dumps(to_jsonable(output.parameters)))
+    say("values: " + json.dumps(to_jsonable(output.values)))
+    capped = {"max_steps": profile.max_steps} if profile.max_steps is not None else {}
+    changed = {"overrides": to_jsonable(overrides)} if overrides else {}
+    record = Record(experiment=name, parameters={**output.parameters, "size": profile.name,
+                                                 "seconds": elapsed, **capped, **changed},
+                    values=output.values, provenance=provenance)
+    return save_record(record, out, log_text=log.getvalue()), output.values["result"]
 
 
 def parse_overrides(exp: Experiment, items: list[str], profile: SizeProfile, device) -> dict:

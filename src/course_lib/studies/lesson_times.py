@@ -30,6 +30,14 @@ LESSON_TARGET_S = 180.0
 LESSON_LIMIT_S = 240.0
 BOOK_TARGET_S = 25 * 60.0
 
+# Set by the GPU session (course_lib.gpu_session) for a lessons step: every experiment a lesson runs
+# (course_lib.experiments.run_experiment) is also recorded into RECORD_DIR_ENV's folder, its provenance naming
+# RECORD_COMMAND_ENV's command and the lesson (LESSON_ENV, set here per lesson), so that executing the book on a
+# GPU records what its pages run instead of running it twice.
+RECORD_DIR_ENV = "COURSE_RECORD_DIR"
+RECORD_COMMAND_ENV = "COURSE_RECORD_COMMAND"
+LESSON_ENV = "COURSE_LESSON"
+
 
 @dataclass(frozen=True)
 class LessonTime:
@@ -117,7 +125,7 @@ def time_lesson(path: str | Path, profile: SizeProfile, *, limit_s: float, devic
     if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)) or not limit_s > 0:
         raise ValueError(f"limit_s must be a positive number of seconds, got {limit_s!r}")
     nb = jupytext.read(path)
-    env = {**os.environ, SIZE_ENV_VAR: profile.name}
+    env = {**os.environ, SIZE_ENV_VAR: profile.name, LESSON_ENV: path.name}
     if device_type == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     start = time.monotonic()
