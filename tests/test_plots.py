@@ -56,6 +56,13 @@ def test_throughput_plot_takes_single_seed_rows_and_old_records():
     old = {k: v for k, v in one.items() if k != "tokens_per_s_range"}  # a record from before the range existed
     fig = plots.plot_throughput({"a": [one], "b": [old]})
     assert len(fig.axes) == 2
+    # one seed has no range: no whiskers, and its label says so
+    assert fig.axes[0].containers[1:] == [] and fig.axes[0].get_yticklabels()[0].get_text() == "fp32 + compile (1 seed)"
+    three = {**one, "compiled": False, "seeds": 3, "tokens_per_s_range": (2e5, 4e5)}
+    fig = plots.plot_throughput({"a": [three, one]})
+    bars, whiskers = fig.axes[0].containers
+    assert len(bars) == 2 and len(whiskers.lines[2][0].get_segments()) == 1   # one range, for the 3-seed row
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["fp32", "fp32 + compile (1 seed)"]
 
 
 # ---- lesson 7 -----------------------------------------------------------------------------------------
@@ -166,7 +173,7 @@ def test_microscaling_figures_draw_their_data():
     assert markers[2].get_marker() != markers[3].get_marker()
     assert [t.get_text() for t in left.get_legend().get_texts()] == ["model seed 0", "model seed 1"]
     # the middle panel: removing stochastic rounding, in points per model and batch, its bar at the mean
-    assert [t.get_text() for t in middle.get_xticklabels()] == ["no sr"]
+    assert [t.get_text() for t in middle.get_xticklabels()] == ["NVFP4: stochastic rounding"]
     assert middle.patches[0].get_height() == pytest.approx(1.25)
     assert [list(ln.get_ydata()) for ln in middle.get_lines() if ln.get_marker() not in ("None", "")] == [
         pytest.approx([0.0, 10.0]), pytest.approx([-10.0, 5.0])]

@@ -1,6 +1,7 @@
 """Lesson 5's located FP16 failure: the study trains into a real overflow and names it, its probe measures
 what it says, and the prose says what the result holds."""
 
+import dataclasses
 import math
 
 import pytest
@@ -130,6 +131,16 @@ def test_outcomes_and_location_are_said_from_the_result():
         "Re-run from the weights that failed (seed 0, step 2), the locator names `matmul` in `blocks.0.attn`. "
         "Its inputs were finite (float16 [2, 3] with largest magnitude 90 and float16 [2, 3] with largest "
         "magnitude 81.8); its output held 6 infinities.")
+    # an attention product's inputs: their dimensions said, q and k^T named where the shapes are (T, d) by (d, T)
+    q, k = TensorSummary((16, 2, 64, 32), "float16", 90.0, 0, 0), TensorSummary((16, 2, 32, 64), "float16", 81.8, 0, 0)
+    qk = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(q, k)))
+    assert ("(float16 [16, 2, 64, 32] with largest magnitude 90 and float16 [16, 2, 32, 64] with largest magnitude "
+            "81.8): batch and attention heads first, then $q$ (64 positions by a head dimension of 32) and $k^\\top$ "
+            "(32 by 64); its output") in P.located_sentence(qk)
+    v = TensorSummary((16, 2, 64, 32), "float16", 3.0, 0, 0)
+    att_v = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(
+        TensorSummary((16, 2, 64, 64), "float16", 1.0, 0, 0), v)))
+    assert "3): batch and attention heads first, then the two matrices multiplied; its output" in P.located_sentence(att_v)
     assert P.located_sentence(_div(located=False)).startswith(
         "Re-run from the same weights, step 2 of seed 0 stayed finite under the locator")
     assert P.located_sentence(_div(failed=False)) == (

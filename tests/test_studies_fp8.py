@@ -233,7 +233,7 @@ def test_loss_differences_and_final_loss_table():
     diffs = fp8_prose.loss_differences(result)
     assert diffs["rowwise"] == (0.125, 0.25, 0.5) and diffs["bf16_autocast"] == (0.0, 0.0, 0.0)
     assert fp8_prose.final_loss_table(result) == (
-        "| recipe | final loss, per seed | minus BF16 (same seed) |\n|---|---|---|\n"
+        "| recipe | final loss per seed (mean of the last 5 steps) | minus BF16 (same seed) |\n|---|---|---|\n"
         "| bf16_autocast | 3.000, 2.500, 2.000 | +0.000, +0.000, +0.000 |\n"
         "| tensorwise | 3.250, 2.250, 2.000 | +0.250, -0.250, +0.000 |\n"
         "| rowwise | 3.125, 2.750, 2.500 | +0.125, +0.250, +0.500 |\n"

@@ -200,10 +200,24 @@ def test_block_scaled_training_facts():
         "train_steps": 8, "train_seed_spread": 0.5, "train_lo": -0.25, "train_hi": 0.25,
         "train_consistent": "`mxfp4` and `nvfp4` ended on the same side of BF16 in every seed.",
         "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
-                                "(same seeds): at this size the recipe did not pay for itself in the loss."}
+                                "(same seeds): at this size the recipe did not pay for itself in the loss.",
+        "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 1, +0.250 against BF16's loss "
+                          "from the same seed at that step; that run ended +0.250 from BF16's final loss."}
     alone = Fp8Training(("bf16_autocast",), (0,), 8, 16, {"bf16_autocast": flat(3.0)})
     with pytest.raises(ValueError, match="no block-scaled recipe"):
         ms.block_scaled_training_facts(alone)
+
+
+def test_the_widest_gap_at_one_step_finds_a_spike_that_the_final_loss_hides():
+    result = block_training()
+    spiked = list(result.curves["mxfp8"][1])
+    spiked[1] += 1.0   # seed 1's MXFP8 run spikes at step 2, and ends where it did
+    curves = {**result.curves, "mxfp8": (result.curves["mxfp8"][0], tuple(spiked), result.curves["mxfp8"][2])}
+    text = ms.largest_step_gap(Fp8Training(result.recipes, result.seeds, 8, 16, curves))
+    assert text == ("The widest gap at any one step: `mxfp8`, seed 1, at step 2, +1.125 against BF16's loss from the "
+                    "same seed at that step; that run ended +0.125 from BF16's final loss.")
+    with pytest.raises(ValueError, match="no 'fp32' run"):
+        ms.largest_step_gap(result, "fp32")
 
 
 def fidelity() -> GradientFidelity:
@@ -233,8 +247,8 @@ def test_fidelity_table_and_facts():
     # one model each way, far beyond the noise (0.1 points): the sign depends on the model
     assert sr == ("Stochastic rounding makes a *single* gradient no better (without it, -3.12 to +3.12 points: the "
                   "sign depends on the model): it trades bias for variance. Its value is in the average: over 8 draws "
-                  "the error of the mean falls from 18.8% to 12.5%, against 18.8% without it, more than half as far "
-                  "as 1/sqrt(k) would take it (6.6%). Over many steps an optimizer averages gradients in the same "
+                  "the error of the mean falls from 18.8% to 12.5%, against 18.8% without it, 52% of the way to "
+                  "the 6.6% that 1/sqrt(k) would reach. Over many steps an optimizer averages gradients in the same "
                   "way.")
     assert takeaway == "over 2 models, stochastic rounding helped only the average of 8 draws"
     with pytest.raises(ValueError, match="no recipe named 'nvfp4_no_rht'"):
@@ -330,9 +344,10 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert P.last_block_sentence(fid) == (
         "Without the high-precision last block, the error changes by -6.25 to +6.25 points, and the sign depends on "
         "the model (mean per model: +6.25, -3.12): no consistent effect. On average over models and batches its "
-        "effect (+1.56 points) is the largest of the pieces', but its sign depends on the model. The same choice "
+        "effect (+1.56 points) is the largest of the pieces', an average over models that disagree in sign. The same "
+        "choice "
         "made for MXFP4 moved its error from 20.3% to 18.8% on average (without the block in high precision minus "
-        "with it, -6.25 to +12.50 points: the sign depends on the model). Keeping a block exact did not always "
+        "with it, -6.25 to +12.50 points: the sign depends on the model). Keeping a block in high precision did not always "
         "bring the gradient closer: quantisation errors of different layers do not add up independently in the "
         "gradient, and a measurement, not a rule of thumb, says which layers to keep.")
     facts = ms.fidelity_facts(fid)
@@ -350,8 +365,8 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert facts["gf_sr"] == (
         "Stochastic rounding makes a *single* gradient no better (without it, -3.12 to +3.12 points: the sign depends "
         "on the batch): it trades bias for variance. Its value is in the average: over 8 draws the error of the mean "
-        "falls from 15.6% to 9.4%, against 15.6% without it, more than half as far as 1/sqrt(k) would take it "
-        "(5.5%). Over many steps an optimizer averages gradients in the same way.")
+        "falls from 15.6% to 9.4%, against 15.6% without it, 62% of the way to the 5.5% that 1/sqrt(k) would "
+        "reach. Over many steps an optimizer averages gradients in the same way.")
 
     # the last block helping everywhere, in both recipes: the sentence says so and drops the warning
     helped = dict(fid.single, nvfp4_no_hp_last=((0.1875, 0.3125), (0.1875, 0.1875)),
@@ -361,15 +376,19 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert text.startswith("The high-precision last block helps on every batch of every model (without it, +6.25 "
                            "to +6.25 points).")
     assert text.endswith("(without the block in high precision minus with it, +6.25 to +12.50 points: lower with it "
-                         "on every batch of every model). Keeping the last block exact never made the gradient "
+                         "on every batch of every model). Keeping the last block in high precision never made the gradient "
                          "worse, in either recipe, beyond the draw-to-draw noise.")
     # stochastic rounding whose average does not beat rounding to nearest, and levels off
     flat = dict(fid.averaged, nvfp4=((0.1875, 0.18), (0.125, 0.14)))
     sr = P.stochastic_rounding_sentence(pieces_fidelity(averaged=flat))
     assert sr.endswith("Averaging 8 draws brings the error of the mean from 15.6% to 16.0%, not below the 15.6% of "
-                       "rounding to nearest, less than half as far as 1/sqrt(k) would take it (5.5%): what remains "
+                       "rounding to nearest, no closer to the 5.5% that 1/sqrt(k) would reach: what remains "
                        "is the error of the operands that are rounded to nearest (the forward pass's, and the "
                        "weights and activations in the backward products).")
+    # an average that moves a little of the way: how far, counted (11% of 15.6 -> 5.5), not "less than half"
+    some = dict(fid.averaged, nvfp4=((0.1875, 0.17), (0.125, 0.12)))
+    assert ", 11% of the way to the 5.5% that 1/sqrt(k) would reach: what remains is the error" in str(
+        P.stochastic_rounding_sentence(pieces_fidelity(averaged=some)))
     assert P.pieces_takeaway(pieces_fidelity(averaged=flat)) == (
         "over 2 models, square weight blocks helped on every batch of every model, the effect of the high-precision "
         "last block and stochastic rounding changed sign from model to model or batch to batch and the Hadamard "

@@ -10,6 +10,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator
 
 from .style import TENSOR_COLOUR, finish_figure, fp8_colour, plot_seeded_runs, recipe_colour
+from ..studies.fp8 import FINAL_TAIL
 
 
 def plot_scaling_lab(lab) -> Figure:
@@ -84,7 +85,7 @@ def plot_delayed_spike(run) -> Figure:
     return finish_figure(fig)
 
 
-def plot_fp8_training(result, *, reference: str = "bf16_autocast", tail: int = 5) -> Figure:
+def plot_fp8_training(result, *, reference: str = "bf16_autocast", tail: int = FINAL_TAIL) -> Figure:
     """:func:`plot_seeded_runs` of an FP8 (or block-scaled) training result against BF16 autocast."""
     return plot_seeded_runs(result, reference=reference, tail=tail)
 

@@ -83,8 +83,11 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     # above the panel, where no marker can hide behind it
     left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=n_models, frameon=False)
 
-    pieces = [(f"{reference}_no_{p}", reference, f"no {p}") for p in ("sr", "rht", "2d", "hp_last")]
-    pieces.append(("mxfp4", "mxfp4_hp_last", "MXFP4 no hp_last"))
+    # each bar is one piece of a recipe, named by what it is (the recipe without it is the other run)
+    names = {"sr": "stochastic rounding", "rht": "Hadamard transform", "2d": "16x16 weight blocks",
+             "hp_last": "high-precision last block"}
+    pieces = [(f"{reference}_no_{p}", reference, f"{reference.upper()}: {names[p]}") for p in names]
+    pieces.append(("mxfp4", "mxfp4_hp_last", f"MXFP4: {names['hp_last']}"))
     pieces = [(w, r, label) for w, r, label in pieces if w in result.single and r in result.single]
     for i, (without, with_, _) in enumerate(pieces):
         per_model = result.effect(without, with_).per_model
@@ -93,6 +96,7 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     middle.axhline(0, color="#555555", lw=1)
     middle.set_xticks(range(len(pieces)), [label for _, _, label in pieces], rotation=30, ha="right")
     middle.set_ylabel("error without the piece minus with it\n(points; above 0: the piece helped)")
+    middle.set_xlabel("piece of the recipe")
     middle.grid(alpha=0.3, axis="y")
 
     ks = np.asarray(result.ks)

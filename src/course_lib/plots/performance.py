@@ -119,12 +119,17 @@ def plot_throughput(panels: dict) -> Figure:
             hi = np.array([v * r["step_ms"] / r["step_ms_range"][0] for v, r in zip(values, rows)])
         colours = ["#0072B2" if r["compiled"] else "#999999" for r in rows]
         y = np.arange(len(rows))
-        # a median of an even number of seeds need not lie inside the range by more than rounding
-        ax.barh(y, values, color=colours, xerr=[np.clip(values - lo, 0, None), np.clip(hi - values, 0, None)],
-                capsize=3)
-        ax.set_yticks(y, labels, fontsize=8)
+        ax.barh(y, values, color=colours)
+        # the seeds' range where there is one: a row of one seed (the compiled runs) has none to draw; a median
+        # of an even number of seeds need not lie inside the range by more than rounding
+        ranged = np.array([r.get("seeds", 2) > 1 for r in rows], dtype=bool)
+        if ranged.any():
+            ax.errorbar(values[ranged], y[ranged], fmt="none", ecolor="#000000", capsize=3, elinewidth=1,
+                        xerr=[np.clip(values - lo, 0, None)[ranged], np.clip(hi - values, 0, None)[ranged]])
+        ax.set_yticks(y, [f"{label} (1 seed)" if not one else label for label, one in zip(labels, ranged)],
+                      fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("thousand tokens per second (median over seeds; bar: range)")
+        ax.set_xlabel("thousand tokens per second (median over seeds; whiskers: their range)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, axis="x")
     return finish_figure(fig)

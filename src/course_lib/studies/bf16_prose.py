@@ -313,7 +313,22 @@ def located_sentence(div: Fp16Divergence) -> Prose:
     what = and_list([f"{n} {kind}" for n, kind in zip(made, ("infinities", "NaNs")) if n]) or "non-finite values"
     op = f"`{r.op}` in `{r.module}`" if r.op else f"`{r.module}`"
     return Prose(f"Re-run from the weights that failed (seed {div.located_seed}, step {div.located_step}), the "
-                 f"locator names {op}. Its inputs were finite ({ins}); its output held {what}.")
+                 f"locator names {op}. Its inputs were finite ({ins}){_attention_shapes(r)}; its output held "
+                 f"{what}.")
+
+
+def _attention_shapes(report) -> str:
+    """What the dimensions of an attention product's inputs are, where the locator named a ``matmul`` of two
+    4-D tensors: batch and heads first, then the matrices; ``q @ k^T`` where the shapes are (T, d) by (d, T)
+    with T != d (``att @ v`` is (T, T) by (T, d)); "" otherwise."""
+    shapes = [tuple(s.shape) for s in report.inputs]
+    if report.op != "matmul" or len(shapes) != 2 or any(len(shape) != 4 for shape in shapes):
+        return ""
+    (_, _, t, d), (_, _, d2, t2) = shapes
+    if (t, d) == (t2, d2) and t != d:
+        return (f": batch and attention heads first, then $q$ ({t} positions by a head dimension of {d}) and "
+                f"$k^\\top$ ({d} by {t})")
+    return ": batch and attention heads first, then the two matrices multiplied"
 
 
 def replay_table(div: Fp16Divergence) -> MarkdownTable:

@@ -186,6 +186,9 @@ def delayed_spike(tensor: torch.Tensor, *, steps: int = 40, spike_at: int = 15, 
                     {k: tuple(v) for k, v in flushed.items()}, {k: tuple(v) for k, v in rel.items()})
 
 
+FINAL_TAIL = 5   # a run's final loss: the mean of its last this many steps (one step's loss is noisy)
+
+
 @dataclass(frozen=True)
 class Fp8Training:
     """Loss curves of the course model per recipe and seed (``curves[recipe][i]`` for ``seeds[i]``)."""
@@ -196,7 +199,7 @@ class Fp8Training:
     block: int
     curves: dict[str, tuple[tuple[float, ...], ...]]
 
-    def final(self, recipe: str, tail: int = 5) -> tuple[float, ...]:
+    def final(self, recipe: str, tail: int = FINAL_TAIL) -> tuple[float, ...]:
         """Per seed, the mean loss over the last ``tail`` steps."""
         return tuple(sum(c[-tail:]) / len(c[-tail:]) for c in self.curves[recipe])
 

@@ -14,6 +14,7 @@ from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
     CURRENT_SCALING_CAST,
+    FINAL_TAIL,
     KNOWN_SCALE_CAST,
     TORCH_CAST,
     Fp8LinearSpeed,
@@ -199,7 +200,8 @@ def loss_differences(result: Fp8Training, baseline: str = BASELINE) -> dict[str,
 def final_loss_table(result: Fp8Training, baseline: str = BASELINE) -> MarkdownTable:
     """One row per recipe: its final loss per seed, and minus ``baseline``'s from the same seed."""
     diffs = loss_differences(result, baseline)
-    return markdown_table(["recipe", "final loss, per seed", "minus BF16 (same seed)"],
+    return markdown_table(["recipe", f"final loss per seed (mean of the last {FINAL_TAIL} steps)",
+                           "minus BF16 (same seed)"],
                           [[r, ", ".join(f"{v:.3f}" for v in result.final(r)),
                             ", ".join(f"{d:+.3f}" for d in diffs[r])] for r in result.recipes])
 

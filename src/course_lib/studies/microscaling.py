@@ -433,9 +433,25 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
                  "against MXFP4 (same seeds)" + verdict)
 
 
+def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
+    """Where a recipe's loss rose furthest above ``baseline``'s from the same seed at the same step (a spike
+    the loss curves show), and where that run's final loss ended against the baseline's."""
+    if baseline not in result.recipes:
+        raise ValueError(f"no {baseline!r} run to compare with; recipes: {', '.join(result.recipes)}")
+    gaps = [(a - b, r, i, t) for r in result.recipes if r != baseline for i in range(len(result.seeds))
+            for t, (a, b) in enumerate(zip(result.curves[r][i], result.curves[baseline][i]))]
+    if not gaps:
+        raise ValueError(f"no recipe ran beside {baseline!r}")
+    gap, recipe, i, t = max(gaps, key=lambda g: g[0])   # the first, in recipe, seed and step order
+    end = result.final(recipe)[i] - result.final(baseline)[i]
+    return Prose(f"The widest gap at any one step: `{recipe}`, seed {result.seeds[i]}, at step {t + 1}, "
+                 f"{gap:+.3f} against BF16's loss from the same seed at that step; that run ended {end:+.3f} from "
+                 "BF16's final loss.")
+
+
 def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
     """Steps; the spread of BF16's final loss over seeds; the range of every block-scaled recipe's per-seed
-    gap to BF16; which recipes kept one side; NVFP4 against MXFP4."""
+    gap to BF16; which recipes kept one side; NVFP4 against MXFP4; the widest gap at any one step."""
     diffs = loss_differences(result)
     bf16 = result.final(BASELINE)
     others = [r for r in result.recipes if r != BASELINE]
@@ -446,7 +462,8 @@ def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
             "train_lo": min(min(diffs[r]) for r in others), "train_hi": max(max(diffs[r]) for r in others),
             "train_consistent": same_side_sentence(consistent),
             "train_nvfp4_vs_mxfp4": nvfp4_against_mxfp4(
-                [a - b for a, b in zip(result.final("nvfp4"), result.final("mxfp4"))])}
+                [a - b for a, b in zip(result.final("nvfp4"), result.final("mxfp4"))]),
+            "train_step_gap": largest_step_gap(result)}
 
 
 def emulation_note(capability: tuple[int, int] | None) -> Prose:

@@ -331,15 +331,15 @@ def largest_piece(fidelity: GradientFidelity) -> str | None:
 
 def last_block_sentence(fidelity: GradientFidelity) -> Prose:
     """What the high-precision last block did to NVFP4's gradient and to MXFP4's (``mxfp4`` against
-    ``mxfp4_hp_last``), whether it was the largest piece, and whether keeping a block exact always brought
-    the gradient closer."""
+    ``mxfp4_hp_last``), whether it was the largest piece, and whether keeping a block in high precision always
+    brought the gradient closer."""
     nv = fidelity.effect("nvfp4_no_hp_last")
     mx = fidelity.effect("mxfp4", "mxfp4_hp_last")
     text = str(piece_sentence("The high-precision last block", nv, 100 * fidelity.mean_error(REFERENCE)))
     largest = largest_piece(fidelity)
     if largest == "nvfp4_no_hp_last":
         text += (f" On average over models and batches its effect ({nv.mean:+.2f} points) is the largest of the "
-                 "pieces'" + (f", but its sign depends on {_mixed(nv)}." if nv.verdict == MIXED else "."))
+                 "pieces'" + (", an average over models that disagree in sign." if nv.verdict == MIXED else "."))
     elif largest is not None:
         text += (f" On average over models and batches ({nv.mean:+.2f} points) it is not the largest piece: "
                  f"{PIECES[largest]} is ({fidelity.effect(largest).mean:+.2f}).")
@@ -347,12 +347,12 @@ def last_block_sentence(fidelity: GradientFidelity) -> Prose:
              f"{100 * fidelity.mean_error('mxfp4_hp_last'):.1f}% on average (without the block in high precision "
              f"minus with it, {effect_range(mx)}: {verdict_phrase(mx)}).")
     if nv.ever_hurts or mx.ever_hurts:
-        text += (" Keeping a block exact did not always bring the gradient closer: quantisation errors of "
-                 "different layers do not add up independently in the gradient, and a measurement, not a rule "
-                 "of thumb, says which layers to keep.")
+        text += (" Keeping a block in high precision did not always bring the gradient closer: quantisation "
+                 "errors of different layers do not add up independently in the gradient, and a measurement, not "
+                 "a rule of thumb, says which layers to keep.")
     else:
-        text += (" Keeping the last block exact never made the gradient worse, in either recipe, beyond the "
-                 "draw-to-draw noise.")
+        text += (" Keeping the last block in high precision never made the gradient worse, in either recipe, "
+                 "beyond the draw-to-draw noise.")
     return Prose(text)
 
 
@@ -380,12 +380,15 @@ def stochastic_rounding_sentence(fidelity: GradientFidelity) -> Prose:
              f"{last:.1f}%, against {nearest:.1f}% without it" if last < nearest else
              f" Averaging {k} draws brings the error of the mean from {first:.1f}% to {last:.1f}%, not below the "
              f"{nearest:.1f}% of rounding to nearest")
-    if first - last < (first - ideal) / 2:
-        text += (f", less than half as far as 1/sqrt(k) would take it ({ideal:.1f}%): what remains is the error "
-                 "of the operands that are rounded to nearest (the forward pass's, and the weights and "
-                 "activations in the backward products).")
+    # how much of the way to independent draws' 1/sqrt(k) the average went (the displayed ends are rounded)
+    share = (first - last) / (first - ideal)
+    target = f"the {ideal:.1f}% that 1/sqrt(k) would reach"
+    text += (f", no closer to {target}" if share <= 0 else f", {100 * share:.0f}% of the way to {target}")
+    if share < 0.5:
+        text += (": what remains is the error of the operands that are rounded to nearest (the forward pass's, "
+                 "and the weights and activations in the backward products).")
     else:
-        text += f", more than half as far as 1/sqrt(k) would take it ({ideal:.1f}%)."
+        text += "."
     if last < nearest:
         text += " Over many steps an optimizer averages gradients in the same way."
     return Prose(text)
