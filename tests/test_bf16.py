@@ -118,3 +118,39 @@ def test_bf16_adamw_refuses_what_torch_refuses(kwargs, match):
         BF16AdamW(params, **kwargs)
     with pytest.raises(ValueError):
         torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], **kwargs)  # the same input torch refuses
+
+
+def _stochastic_weights(seed: int) -> torch.Tensor:
+    w = torch.nn.Parameter(torch.full((256,), 1.0, dtype=torch.bfloat16))
+    opt = BF16AdamW([w], lr=1e-3, update_rule="stochastic", seed=seed)
+    for _ in range(3):
+        w.grad = torch.ones_like(w)
+        opt.step()
+    return w.detach().clone()
+
+
+def test_bf16adamw_stochastic_rounding_repeats_seed_for_seed():
+    assert torch.equal(_stochastic_weights(3), _stochastic_weights(3))
+    assert not torch.equal(_stochastic_weights(3), _stochastic_weights(4))
+
+
+def test_bf16adamw_seeds_a_generator_on_the_weights_device(monkeypatch):
+    """On a GPU the random bits come from a generator on that GPU, seeded like the CPU's (it used to be the
+    unseeded default one, so GPU runs did not repeat); faked here, as a CPU machine has no CUDA generator."""
+    made = []
+
+    class FakeGenerator:
+        def __init__(self, device="cpu"):
+            made.append(torch.device(device))
+
+        def manual_seed(self, seed):
+            self.seed = seed
+            return self
+
+    opt = BF16AdamW([torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))], update_rule="stochastic", seed=7)
+    monkeypatch.setattr(torch, "Generator", FakeGenerator)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    g = opt.generator_for(torch.device("cuda"))
+    assert made == [torch.device("cuda", 0)] and g.seed == 7
+    assert opt.generator_for("cuda:0") is g and made == [torch.device("cuda", 0)]   # one per device
+    assert opt.generator_for("cpu") is opt.generator

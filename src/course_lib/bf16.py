@@ -61,7 +61,19 @@ class BF16AdamW(torch.optim.Optimizer):
             raise ValueError(f"weight_decay must be non-negative, got {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.update_rule = update_rule
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)   # the CPU's; a GPU's is made on first use
+        self._generators: dict[torch.device, torch.Generator] = {torch.device("cpu"): self.generator}
+
+    def generator_for(self, device: torch.device) -> torch.Generator:
+        """The stochastic-rounding generator of ``device``, seeded with ``seed`` on first use: random bits are
+        drawn where the weights live (no copy to the device a step), and a GPU run repeats seed for seed."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[device]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -91,7 +103,7 @@ class BF16AdamW(torch.optim.Optimizer):
                 if self.update_rule == "nearest":
                     new = (w + delta).to(torch.bfloat16)
                 elif self.update_rule == "stochastic":
-                    new = stochastic_round_bf16(w + delta, self.generator if p.device.type == "cpu" else None)
+                    new = stochastic_round_bf16(w + delta, self.generator_for(p.device))
                 else:
                     wanted = w + delta + state["compensation"].float()
                     new = wanted.to(torch.bfloat16)
