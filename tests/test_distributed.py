@@ -157,6 +157,20 @@ def test_reduction_study_shows_ring_error_growing_and_tree_flat():
         s.at("BF16, ring", 4)
     with pytest.raises(ValueError, match="at least 2"):
         distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(1,))
+    assert (s.n_values, s.model_values) == (136960, 0)   # the small model's gradient runs whole
+    with pytest.raises(ValueError, match="max_values"):
+        distributed_studies.reduction_precision_study(SizeProfile("small"), max_values=0)
+
+
+def test_a_large_gradient_is_reduced_on_a_fixed_sample_of_its_entries():
+    """The full profile's 19M entries x 128 ranks would be 9.9 GB: a sample, the same entries on every rank."""
+    s = distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(2, 32), max_values=20_000)
+    assert (s.n_values, s.model_values) == (20_000, 136960)
+    again = distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(2, 32), max_values=20_000)
+    assert again == s                                          # the same sample from the same seed
+    ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, tree"]
+    assert ring[0] == tree[0] and ring[1] > 2 * tree[1]        # what the whole gradient shows, on the sample
+    assert distributed_studies.reduction_facts(s)["n_values"] == "a fixed random sample of 20,000 of the model's 136,960"
 
 
 # ---- real runs -------------------------------------------------------------------------------------------

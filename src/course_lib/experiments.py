@@ -518,8 +518,8 @@ def _data_parallel(profile: SizeProfile, device: torch.device) -> DataParallelSt
 
 @register("reduction_precision",
           "The data-parallel mean of N ranks' real course-model gradients, reduced in FP32, BF16 (ring and "
-          "tree order) and FP16 (divided by N or by ~sqrt(N) first), against the FP64 mean, N = 2..128 "
-          "(lesson 10).", result_type=ReductionStudy)
+          "tree order) and FP16 (divided by N or by ~sqrt(N) first), against the FP64 mean, N = 2..128; "
+          "a larger model's on a fixed random sample of 2^20 entries (lesson 10).", result_type=ReductionStudy)
 def _reduction_precision(profile: SizeProfile, device: torch.device) -> ReductionStudy:
     return reduction_precision_study(profile, device)
 
