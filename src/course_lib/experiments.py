@@ -10,18 +10,30 @@ figure or table function draws the live run and the recorded one. Records are ne
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .device import SizeProfile
+from .device import SizeProfile, describe_hardware
 from .formats import TF32Check, tf32_matmul_check
 from .jsonable import from_jsonable, to_jsonable
 from .models import profile_model
-from .results import NO_COURSE_MODEL, SCHEMA_VERSION, Record, RecordedResult, load_records
+from .results import (
+    NO_COURSE_MODEL,
+    SCHEMA_VERSION,
+    Record,
+    RecordedResult,
+    capture_provenance,
+    load_records,
+    save_record,
+)
 from .studies.amp import AutocastOps, autocast_ops
 from .studies.bf16 import Parity, UpdateComparison, compare_bf16_updates, convergence_parity
 from .studies.data_loading import DataLoading, data_loading
@@ -159,7 +171,6 @@ def run_experiment(name: str, profile: SizeProfile, device: torch.device | str) 
     out = os.environ.get(RECORD_DIR_ENV, "").strip()
     if not out:
         return get_experiment(name).run(profile, device)
-    from .record import record_experiment   # record imports this module
     command = os.environ.get(RECORD_COMMAND_ENV, "").strip() or "a lesson executed with " + RECORD_DIR_ENV
     lesson = os.environ.get(LESSON_ENV, "").strip()
     where = f"lessons/{lesson}" if lesson else "a lesson"
@@ -180,6 +191,38 @@ def record_output(name: str, profile: SizeProfile, device: torch.device | str, *
     model = {} if name in NO_COURSE_MODEL else {"course_model": profile_model(profile)}
     parameters = {"profile": profile.name, **model, **exp.parameters_for(profile, device)}
     return ExperimentOutput(parameters=to_jsonable(parameters), values={"result": exp.run(profile, device)})
+
+
+def record_experiment(name: str, profile: SizeProfile, device, *, out: str | Path, command: str,
+                      overrides: dict | None = None, heading: str | None = None) -> tuple[Path, Any]:
+    """Run registered experiment ``name`` at ``profile`` on ``device`` and save its record under ``out``, with
+    provenance naming ``command`` and the raw log of the run beside it (the lines are printed as they are
+    logged); the record's path and the typed result. An exception of the run propagates, and nothing is
+    saved. Used by ``python -m course_lib.record`` and by :func:`run_experiment` where a lesson executed by
+    the GPU session records what it runs (:data:`course_lib.studies.lesson_times.RECORD_DIR_ENV`)."""
+    hw = describe_hardware(device)
+    log = io.StringIO()
+
+    def say(line: str) -> None:
+        stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
+        print(stamped, flush=True)
+        log.write(stamped + "\n")
+
+    say(f"{heading or f'experiment: {name}'} on {hw.summary}")
+    say(f"command: {command}")
+    provenance = capture_provenance(command, device)
+    start = time.perf_counter()
+    output = record_output(name, profile, device, overrides=overrides)
+    elapsed = time.perf_counter() - start
+    say(f"finished in {elapsed:.1f} s")
+    say("parameters: " + json.dumps(to_jsonable(output.parameters)))
+    say("values: " + json.dumps(to_jsonable(output.values)))
+    capped = {"max_steps": profile.max_steps} if profile.max_steps is not None else {}
+    changed = {"overrides": to_jsonable(overrides)} if overrides else {}
+    record = Record(experiment=name, parameters={**output.parameters, "size": profile.name,
+                                                 "seconds": elapsed, **capped, **changed},
+                    values=output.values, provenance=provenance)
+    return save_record(record, out, log_text=log.getvalue()), output.values["result"]
 
 
 def recorded_results(name: str, *, device_type: str | None = "cuda",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import io
 import json
 import shlex
 import sys
@@ -26,12 +25,11 @@ import time
 import traceback
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from .device import SizeProfile, describe_hardware, select_device
-from .experiments import EXPERIMENTS, Experiment, get_experiment, record_output
+from .experiments import EXPERIMENTS, Experiment, get_experiment, record_experiment
 from .tables import MarkdownTable, markdown_table
-from .results import Record, capture_provenance, load_records, save_record, to_jsonable
+from .results import load_records
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,39 +106,6 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"wrote {path}", flush=True)
     return status
-
-
-def record_experiment(name: str, profile: SizeProfile, device, *, out: str | Path, command: str,
-                      overrides: dict | None = None, heading: str | None = None) -> tuple[Path, Any]:
-    """Run registered experiment ``name`` at ``profile`` on ``device`` and save its record under ``out``, with
-    provenance naming ``command`` and the raw log of the run beside it (the lines are printed as they are
-    logged); the record's path and the typed result. An exception of the run propagates, and nothing is
-    saved. Used by ``python -m course_lib.record`` and by :func:`course_lib.experiments.run_experiment` where a
-    lesson executed by the GPU session records what it runs
-    (:data:`course_lib.studies.lesson_times.RECORD_DIR_ENV`)."""
-    hw = describe_hardware(device)
-    log = io.StringIO()
-
-    def say(line: str) -> None:
-        stamped = f"[{time.strftime('%H:%M:%S')}] {line}"
-        print(stamped, flush=True)
-        log.write(stamped + "\n")
-
-    say(f"{heading or f'experiment: {name}'} on {hw.summary}")
-    say(f"command: {command}")
-    provenance = capture_provenance(command, device)
-    start = time.perf_counter()
-    output = record_output(name, profile, device, overrides=overrides)
-    elapsed = time.perf_counter() - start
-    say(f"finished in {elapsed:.1f} s")
-    say("parameters: " + json.dumps(to_jsonable(output.parameters)))
-    say("values: " + json.dumps(to_jsonable(output.values)))
-    capped = {"max_steps": profile.max_steps} if profile.max_steps is not None else {}
-    changed = {"overrides": to_jsonable(overrides)} if overrides else {}
-    record = Record(experiment=name, parameters={**output.parameters, "size": profile.name,
-                                                 "seconds": elapsed, **capped, **changed},
-                    values=output.values, provenance=provenance)
-    return save_record(record, out, log_text=log.getvalue()), output.values["result"]
 
 
 def parse_overrides(exp: Experiment, items: list[str], profile: SizeProfile, device) -> dict:
