@@ -135,7 +135,7 @@ def test_outcomes_and_location_are_said_from_the_result():
     q, k = TensorSummary((16, 2, 64, 32), "float16", 90.0, 0, 0), TensorSummary((16, 2, 32, 64), "float16", 81.8, 0, 0)
     qk = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(q, k)))
     assert ("(float16 [16, 2, 64, 32] with largest magnitude 90 and float16 [16, 2, 32, 64] with largest magnitude "
-            "81.8): batch and attention heads first, then $q$ (64 positions by a head dimension of 32) and $k^\\top$ "
+            "81.8): batch and attention heads first, then q (64 positions by a head dimension of 32) and k^T "
             "(32 by 64); its output") in P.located_sentence(qk)
     v = TensorSummary((16, 2, 64, 32), "float16", 3.0, 0, 0)
     att_v = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(

@@ -201,7 +201,7 @@ def test_block_scaled_training_facts():
         "train_consistent": "`mxfp4` and `nvfp4` ended on the same side of BF16 in every seed.",
         "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
                                 "(same seeds): at this size the recipe did not pay for itself in the loss.",
-        "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 1, +0.250 against BF16's loss "
+        "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 0, +0.250 against BF16's loss "
                           "from the same seed at that step; that run ended +0.250 from BF16's final loss."}
     alone = Fp8Training(("bf16_autocast",), (0,), 8, 16, {"bf16_autocast": flat(3.0)})
     with pytest.raises(ValueError, match="no block-scaled recipe"):
@@ -211,10 +211,10 @@ def test_block_scaled_training_facts():
 def test_the_widest_gap_at_one_step_finds_a_spike_that_the_final_loss_hides():
     result = block_training()
     spiked = list(result.curves["mxfp8"][1])
-    spiked[1] += 1.0   # seed 1's MXFP8 run spikes at step 2, and ends where it did
+    spiked[1] += 1.0   # seed 1's MXFP8 run spikes at step 1 (counted from 0), and ends where it did
     curves = {**result.curves, "mxfp8": (result.curves["mxfp8"][0], tuple(spiked), result.curves["mxfp8"][2])}
     text = ms.largest_step_gap(Fp8Training(result.recipes, result.seeds, 8, 16, curves))
-    assert text == ("The widest gap at any one step: `mxfp8`, seed 1, at step 2, +1.125 against BF16's loss from the "
+    assert text == ("The widest gap at any one step: `mxfp8`, seed 1, at step 1, +1.125 against BF16's loss from the "
                     "same seed at that step; that run ended +0.125 from BF16's final loss.")
     with pytest.raises(ValueError, match="no 'fp32' run"):
         ms.largest_step_gap(result, "fp32")
@@ -296,7 +296,7 @@ def test_piece_sentence_follows_the_verdict_and_the_size():
         "The Hadamard transform helps on average for each model, though not on every batch (without it, -0.50 to "
         "+2.00 points).")
     assert P.piece_sentence("The Hadamard transform", effect((2.0, 0.5), (0.3, 0.1), noise=0.5), 30.0) == (
-        "The Hadamard transform helps a little on 1 of 2 models and is within the draw-to-draw noise on the others "
+        "The Hadamard transform helps a little on 1 of 2 models and is within the draw-to-draw noise on the other "
         "(without it, +0.10 to +2.00 points, under a tenth of the full recipe's 30.0% error).")
     assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05)), 12.0) == (
         "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
@@ -314,7 +314,7 @@ def test_verdict_phrase_says_the_sign_of_the_error_with_the_piece():
         effect((4.0, -4.0), (0.1, 0.2), noise=0.5), effect((0.4, 0.9), (-0.3, 0.2), noise=0.5))] == [
         "lower with it on every batch of every model",
         "higher with it on average for each model, though not on every batch",
-        "lower with it on 1 of 2 models, within the draw-to-draw noise on the others",
+        "lower with it on 1 of 2 models, within the draw-to-draw noise on the other",
         "the sign depends on the batch", "within the draw-to-draw noise on every batch"]
 
 
@@ -346,7 +346,7 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
         "the model (mean per model: +6.25, -3.12): no consistent effect. On average over models and batches its "
         "effect (+1.56 points) is the largest of the pieces', an average over models that disagree in sign. The same "
         "choice "
-        "made for MXFP4 moved its error from 20.3% to 18.8% on average (without the block in high precision minus "
+        "made for MXFP4 lowered its error from 20.3% to 18.8% on average (without the block in high precision minus "
         "with it, -6.25 to +12.50 points: the sign depends on the model). Keeping a block in high precision did not always "
         "bring the gradient closer: quantisation errors of different layers do not add up independently in the "
         "gradient, and a measurement, not a rule of thumb, says which layers to keep.")

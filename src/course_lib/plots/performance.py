@@ -129,7 +129,7 @@ def plot_throughput(panels: dict) -> Figure:
         ax.set_yticks(y, [f"{label} (1 seed)" if not one else label for label, one in zip(labels, ranged)],
                       fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("thousand tokens per second (median over seeds; whiskers: their range)")
+        ax.set_xlabel("thousand tokens/s (median; whiskers: range over seeds)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, axis="x")
     return finish_figure(fig)

@@ -326,8 +326,8 @@ def _attention_shapes(report) -> str:
         return ""
     (_, _, t, d), (_, _, d2, t2) = shapes
     if (t, d) == (t2, d2) and t != d:
-        return (f": batch and attention heads first, then $q$ ({t} positions by a head dimension of {d}) and "
-                f"$k^\\top$ ({d} by {t})")
+        return (f": batch and attention heads first, then q ({t} positions by a head dimension of {d}) and "
+                f"k^T ({d} by {t})")
     return ": batch and attention heads first, then the two matrices multiplied"
 
 

@@ -435,7 +435,8 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
 
 def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
     """Where a recipe's loss rose furthest above ``baseline``'s from the same seed at the same step (a spike
-    the loss curves show), and where that run's final loss ended against the baseline's."""
+    the loss curves show; steps counted from 0, as the figure's axis), and where that run's final loss ended
+    against the baseline's."""
     if baseline not in result.recipes:
         raise ValueError(f"no {baseline!r} run to compare with; recipes: {', '.join(result.recipes)}")
     gaps = [(a - b, r, i, t) for r in result.recipes if r != baseline for i in range(len(result.seeds))
@@ -444,7 +445,7 @@ def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
         raise ValueError(f"no recipe ran beside {baseline!r}")
     gap, recipe, i, t = max(gaps, key=lambda g: g[0])   # the first, in recipe, seed and step order
     end = result.final(recipe)[i] - result.final(baseline)[i]
-    return Prose(f"The widest gap at any one step: `{recipe}`, seed {result.seeds[i]}, at step {t + 1}, "
+    return Prose(f"The widest gap at any one step: `{recipe}`, seed {result.seeds[i]}, at step {t}, "
                  f"{gap:+.3f} against BF16's loss from the same seed at that step; that run ended {end:+.3f} from "
                  "BF16's final loss.")
 

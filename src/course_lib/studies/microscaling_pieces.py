@@ -279,15 +279,22 @@ def _some(effect: PieceEffect, sign: int) -> str:
     return f"{len(effect.models_where(sign))} of {_models(len(effect.per_model))}"
 
 
+def _the_others(effect: PieceEffect, sign: int) -> str:
+    """The models left over, in words: "the other" where one is, else "the others"."""
+    return "the other" if len(effect.per_model) - len(effect.models_where(sign)) == 1 else "the others"
+
+
 def verdict_phrase(effect: PieceEffect) -> str:
     """The sign of an effect over models and batches, said of the error with the piece, beyond the
     draw-to-draw noise."""
     return {HELPS: "lower with it on every batch of every model",
             HELPS_ON_AVERAGE: "lower with it on average for each model, though not on every batch",
-            HELPS_SOMEWHERE: f"lower with it on {_some(effect, 1)}, within the draw-to-draw noise on the others",
+            HELPS_SOMEWHERE: f"lower with it on {_some(effect, 1)}, within the draw-to-draw noise on "
+                             f"{_the_others(effect, 1)}",
             HURTS: "higher with it on every batch of every model",
             HURTS_ON_AVERAGE: "higher with it on average for each model, though not on every batch",
-            HURTS_SOMEWHERE: f"higher with it on {_some(effect, -1)}, within the draw-to-draw noise on the others",
+            HURTS_SOMEWHERE: f"higher with it on {_some(effect, -1)}, within the draw-to-draw noise on "
+                             f"{_the_others(effect, -1)}",
             MIXED: f"the sign depends on {_mixed(effect)}",
             NOISE: "within the draw-to-draw noise on every batch"}[effect.verdict]
 
@@ -313,8 +320,10 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
     where = {HELPS: "on every batch of every model", HURTS: "on every batch of every model",
              HELPS_ON_AVERAGE: "on average for each model, though not on every batch",
              HURTS_ON_AVERAGE: "on average for each model, though not on every batch",
-             HELPS_SOMEWHERE: f"on {_some(effect, 1)} and are within the draw-to-draw noise on the others",
-             HURTS_SOMEWHERE: f"on {_some(effect, -1)} and are within the draw-to-draw noise on the others"}[verdict]
+             HELPS_SOMEWHERE: f"on {_some(effect, 1)} and are within the draw-to-draw noise on "
+                              f"{_the_others(effect, 1)}",
+             HURTS_SOMEWHERE: f"on {_some(effect, -1)} and are within the draw-to-draw noise on "
+                              f"{_the_others(effect, -1)}"}[verdict]
     if not plural:
         where = where.replace(" are within", " is within")
     return Prose(f"{subject} {verb}{s}{' a little' if small else ''} {where} ({span}).")
@@ -343,9 +352,10 @@ def last_block_sentence(fidelity: GradientFidelity) -> Prose:
     elif largest is not None:
         text += (f" On average over models and batches ({nv.mean:+.2f} points) it is not the largest piece: "
                  f"{PIECES[largest]} is ({fidelity.effect(largest).mean:+.2f}).")
-    text += (f" The same choice made for MXFP4 moved its error from {100 * fidelity.mean_error('mxfp4'):.1f}% to "
-             f"{100 * fidelity.mean_error('mxfp4_hp_last'):.1f}% on average (without the block in high precision "
-             f"minus with it, {effect_range(mx)}: {verdict_phrase(mx)}).")
+    without, with_ = 100 * fidelity.mean_error("mxfp4"), 100 * fidelity.mean_error("mxfp4_hp_last")
+    moved = "raised" if with_ > without else "lowered" if with_ < without else "left"
+    text += (f" The same choice made for MXFP4 {moved} its error from {without:.1f}% to {with_:.1f}% on average "
+             f"(without the block in high precision minus with it, {effect_range(mx)}: {verdict_phrase(mx)}).")
     if nv.ever_hurts or mx.ever_hurts:
         text += (" Keeping a block in high precision did not always bring the gradient closer: quantisation "
                  "errors of different layers do not add up independently in the gradient, and a measurement, not "
