@@ -316,6 +316,9 @@ def test_verdict_phrase_says_the_sign_of_the_error_with_the_piece():
         "higher with it on average for each model, though not on every batch",
         "lower with it on 1 of 2 models, within the draw-to-draw noise on the other",
         "the sign depends on the batch", "within the draw-to-draw noise on every batch"]
+    # with two models left over, "the others"
+    assert P.verdict_phrase(effect((2.0, 0.5), (0.3, 0.1), (0.2, 0.1), noise=0.5)) == (
+        "lower with it on 1 of 3 models, within the draw-to-draw noise on the others")
 
 
 def pieces_fidelity(**changes) -> GradientFidelity:

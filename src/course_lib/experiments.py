@@ -13,8 +13,9 @@ import dataclasses
 import io
 import json
 import os
+import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,11 @@ def record_output(name: str, profile: SizeProfile, device: torch.device | str, *
     model = {} if name in NO_COURSE_MODEL else {"course_model": profile_model(profile)}
     parameters = {"profile": profile.name, **model, **exp.parameters_for(profile, device)}
     return ExperimentOutput(parameters=to_jsonable(parameters), values={"result": exp.run(profile, device)})
+
+
+def record_command(args: Sequence[str]) -> str:
+    """The command line ``python -m course_lib.record ARGS`` as a record's provenance names it."""
+    return " ".join(["python -m course_lib.record", *map(shlex.quote, args)])
 
 
 def record_experiment(name: str, profile: SizeProfile, device, *, out: str | Path, command: str,

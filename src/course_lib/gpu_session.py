@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .device import SizeProfile, describe_hardware, select_device
-from .experiments import EXPERIMENTS
+from .experiments import EXPERIMENTS, record_command
 from .jsonable import to_jsonable
 from .models import profile_model
 from .mx import BLOCK_RECIPES
@@ -316,7 +315,7 @@ def lesson_record_env(args: Sequence[str]) -> dict[str, str]:
         return {}
     out = args[list(args).index("--out") + 1]
     return {RECORD_DIR_ENV: str(Path(out).resolve()),
-            RECORD_COMMAND_ENV: " ".join(["python -m course_lib.record", *map(shlex.quote, args)])}
+            RECORD_COMMAND_ENV: record_command(args)}
 
 
 def run_record(args: list[str], timeout_s: float) -> int:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import shlex
 import sys
 import time
 import traceback
@@ -27,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .device import SizeProfile, describe_hardware, select_device
-from .experiments import EXPERIMENTS, Experiment, get_experiment, record_experiment
+from .experiments import EXPERIMENTS, Experiment, get_experiment, record_command, record_experiment
 from .tables import MarkdownTable, markdown_table
 from .results import load_records
 
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(str(exc), file=sys.stderr)
             return 2
-    command = " ".join(["python -m course_lib.record", *map(shlex.quote, argv)])
+    command = record_command(argv)
     status = 0
     for index, name in enumerate(args.experiments, 1):
         try:
