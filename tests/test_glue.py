@@ -47,6 +47,16 @@ def test_glue_errata_glues_the_claim_measured_table(glued):
         errata_table([])
 
 
+def test_count_word():
+    from course_lib.glue import count_word
+
+    assert [count_word(n) for n in (0, 1, 3, 12, 13, 32)] == ["no", "one", "three", "twelve", "13", "32"]
+    with pytest.raises(TypeError, match="count must be an int"):
+        count_word(True)
+    with pytest.raises(ValueError, match="must not be negative"):
+        count_word(-1)
+
+
 def test_plural_and_and_list():
     from course_lib.glue import and_list, plural
 

@@ -126,7 +126,7 @@ def spike_run(spike_at: int = 2, keys=("current", "delayed, max of 2", "delayed,
 def test_spike_facts_reads_the_history_length_from_the_recipe():
     # a history of 2 holds the spike's amax for the two steps after it (3 and 4: 0.125 and 0.5), not step 5
     assert fp8_prose.spike_facts(spike_run()) == {
-        "spike_factor": 50.0, "spike_at": 2, "spike_sat_delayed": 50.0, "spike_err_delayed": 75.0,
+        "spike_factor": 50.0, "spike_at": 2, "spike_history": 2, "spike_sat_delayed": 50.0, "spike_err_delayed": 75.0,
         "spike_err_current": 3.0, "spike_sat_current": 0.0, "spike_after_max": 50.0, "spike_before": 6.25}
 
 
@@ -267,6 +267,24 @@ def test_recorded_training_note():
         "These are short runs of a small model; the recorded GPU run below trains the full-size model longer.")
     assert fp8_prose.recorded_training_note(False) == (
         "These are short runs of a small model; no longer GPU run is recorded yet (the command is below).")
+    assert fp8_prose.recorded_training_note(True, full_size=True) == (
+        "This page ran the full-size experiment; the recorded GPU run below is the same experiment on the GPU "
+        "that recorded it.")
+    assert fp8_prose.recorded_training_note(False, full_size=True) == (
+        "This page ran the full-size experiment; no GPU run of it is recorded yet (the command is below).")
+
+
+@pytest.mark.parametrize("seeds, sentence", [
+    ((0,), "With one seed every recipe keeps one sign, so this is no evidence"),
+    ((0, 1), "With two seeds a recipe keeps one sign by chance one time in two, so this is weak evidence"),
+    ((0, 1, 2, 3, 4, 5), "With six seeds a recipe keeps one sign by chance one time in 32, so this is evidence"),
+])
+def test_seed_facts_count_the_seeds(seeds, sentence):
+    curves = {"bf16_autocast": tuple((3.0,) * 3 for _ in seeds)}
+    facts = fp8_prose.seed_facts(Fp8Training(("bf16_autocast",), seeds, 3, 64, curves))
+    assert facts == {"train_seeds": fp8_prose.count_word(len(seeds)), "train_tail": 3, "train_sign_chance": sentence}
+    with pytest.raises(ValueError, match="no seed"):
+        fp8_prose.seed_facts(Fp8Training(("bf16_autocast",), (), 3, 64, {"bf16_autocast": ()}))
 
 
 def test_fp8_training_facts():
@@ -275,8 +293,13 @@ def test_fp8_training_facts():
         "train_steps": 12, "train_bf16": 2.5, "train_unscaled_gap": 1.25 / 3, "train_scaled_lo": -0.25,
         "train_scaled_hi": 0.5, "train_consistent": "`rowwise` ended above BF16 in every seed; `tensorwise` "
                                                     "changed sign from seed to seed.",
-        "train_unscaled_peak": 7.5, "train_bf16_peak": 3.5,
-        "train_recorded_note": fp8_prose.recorded_training_note(False)}
+        "train_unscaled_peak": 7.5, "train_bf16_peak": 3.5, "train_skip": 10,
+        "train_recorded_note": fp8_prose.recorded_training_note(False),
+        "train_seeds": "three", "train_tail": 5,
+        "train_sign_chance": "With three seeds a recipe keeps one sign by chance one time in four, so this is "
+                             "weak evidence"}
+    assert fp8_prose.fp8_training_facts(fp8_result(), recorded=True, full_size=True)["train_recorded_note"] == (
+        fp8_prose.recorded_training_note(True, full_size=True))
     assert isinstance(facts["train_consistent"], Prose)
     with pytest.raises(ValueError, match="'unscaled' and at least one scaled recipe"):
         fp8_prose.fp8_training_facts(training({"bf16_autocast": flat(3.0, 2.5, 2.0),

@@ -202,7 +202,10 @@ def test_block_scaled_training_facts():
         "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
                                 "(same seeds): at this size the recipe did not pay for itself in the loss.",
         "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 0, +0.250 against BF16's loss "
-                          "from the same seed at that step; that run ended +0.250 from BF16's final loss."}
+                          "from the same seed at that step; that run ended +0.250 from BF16's final loss.",
+        "train_seeds": "three", "train_tail": 5,
+        "train_sign_chance": "With three seeds a recipe keeps one sign by chance one time in four, so this is "
+                             "weak evidence"}
     alone = Fp8Training(("bf16_autocast",), (0,), 8, 16, {"bf16_autocast": flat(3.0)})
     with pytest.raises(ValueError, match="no block-scaled recipe"):
         ms.block_scaled_training_facts(alone)

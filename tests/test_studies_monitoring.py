@@ -331,6 +331,30 @@ def test_the_live_timing_note_labels_a_cpu_run_as_such():
     assert P.live_timing_note("cuda:0", full) == "These are timings of the full-size model on this page's CUDA device."
 
 
+def test_the_hunt_timing_note_names_the_model_the_device_and_the_repeats():
+    small, full = SizeProfile("small"), SizeProfile("full", forced=True)
+    hunt = M.NanHunt("fc", "nan_backward", None, None, 1.0, 1.0, 1.0, repeats=7)
+    assert P.hunt_timing_note(hunt, "cpu", small) == "one step of the small model on this CPU, median of 7"
+    assert P.hunt_timing_note(hunt, "cuda:0", full) == "one step of the full-size model on this page's CUDA, median of 7"
+    assert M.NanHunt("fc", "nan", None, None, 1.0, 1.0, 1.0).repeats == 5   # a record from before the field
+
+
+def test_hunt_step_timings_wait_for_a_cuda_device(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    seconds = M._step_seconds(lambda: calls.append("step"), 3, torch.device("cuda", 0))
+    assert seconds >= 0 and calls == [torch.device("cuda", 0), "step", torch.device("cuda", 0)] * 3
+    calls.clear()
+    M._step_seconds(lambda: calls.append("step"), 2, torch.device("cpu"))
+    assert calls == ["step", "step"]
+
+
+@pytest.mark.parametrize("repeats, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_nan_hunt_refuses_a_bad_repeat_count(repeats, error):
+    with pytest.raises(error, match="repeats"):
+        M.nan_hunt(SizeProfile("small"), "cpu", repeats=repeats)
+
+
 # a record that kept its rounds: the unmonitored loop moved 2% between them; every 10 steps cost 10%, beyond it
 ROUNDS_REC = _record({"0": 0.04, "1": 0.09, "10": 0.044},
                      {"0": [0.04, 0.0408], "1": [0.09, 0.09], "10": [0.044, 0.044]})

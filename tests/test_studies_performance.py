@@ -271,6 +271,15 @@ def test_throughput_facts_on_a_cpu_and_on_a_gpu():
                                            {"fp32": 1.0}, ""), on_gpu=False)
 
 
+def test_recorded_seeds_phrase_counts_eager_and_compiled_seeds():
+    two_seeds = dataclasses.replace(_study(), runs=_study().runs + (_run("fp32", 0.5, seed=1),))
+    assert P.recorded_seeds_phrase(two_seeds) == "the recorded GPU run: two seeds eager, one seed compiled"
+    assert P.recorded_seeds_phrase(_study(compiled=False)) == "the recorded GPU run: one seed eager"
+    assert P.recorded_seeds_phrase(None) == "no GPU run is recorded yet"
+    with pytest.raises(TypeError, match="ThroughputStudy"):
+        P.recorded_seeds_phrase("a study")
+
+
 def test_recorded_throughput_note_tabulates_eager_and_compiled_runs():
     study = _study(peaks={"fp32": 0.5, "bf16_autocast": 2.0})
     study = dataclasses.replace(study, peak_source="datasheet dense peaks of H100 SXM5")

@@ -30,6 +30,19 @@ def plural(count: int, noun: str, many: str | None = None) -> str:
     return f"{count} {noun if count == 1 else (many or noun + 's')}"
 
 
+_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+          "twelve")
+
+
+def count_word(count: int) -> str:
+    """A count as prose writes it: ``no``, ``one`` ... ``twelve`` in words, digits from 13 on."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"count must be an int, got {type(count).__name__}")
+    if count < 0:
+        raise ValueError(f"count must not be negative, got {count}")
+    return _WORDS[count] if count < len(_WORDS) else str(count)
+
+
 def and_list(items: Sequence[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``; an empty sequence is refused."""
     if isinstance(items, str) or not items:

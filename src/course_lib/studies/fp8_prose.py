@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..formats import get_format
 from ..fp8.accumulation import AccumulationStudy
 from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
-from ..glue import Prose, ratio_text
+from ..glue import Prose, count_word, ratio_text
 from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
@@ -104,7 +104,7 @@ def spike_facts(spike: SpikeRun) -> dict[str, object]:
     if not 1 <= at < len(spike.amax) - 1:
         raise ValueError(f"the spike (step {at}) needs a step before and after it in {len(spike.amax)} steps")
     after = spike.relative_error[key][at + 1: at + history + 1]   # the steps whose history holds the spike
-    return {"spike_factor": spike.factor, "spike_at": at,
+    return {"spike_factor": spike.factor, "spike_at": at, "spike_history": history,
             "spike_sat_delayed": 100 * spike.saturated[key][at],
             "spike_err_delayed": 100 * spike.relative_error[key][at],
             "spike_err_current": 100 * spike.relative_error["current"][at],
@@ -200,7 +200,7 @@ def loss_differences(result: Fp8Training, baseline: str = BASELINE) -> dict[str,
 def final_loss_table(result: Fp8Training, baseline: str = BASELINE) -> MarkdownTable:
     """One row per recipe: its final loss per seed, and minus ``baseline``'s from the same seed."""
     diffs = loss_differences(result, baseline)
-    return markdown_table(["recipe", f"final loss per seed (mean of the last {FINAL_TAIL} steps)",
+    return markdown_table(["recipe", f"final loss per seed (mean of the last {min(FINAL_TAIL, result.steps)} steps)",
                            "minus BF16 (same seed)"],
                           [[r, ", ".join(f"{v:.3f}" for v in result.final(r)),
                             ", ".join(f"{d:+.3f}" for d in diffs[r])] for r in result.recipes])
@@ -224,8 +224,29 @@ def seed_consistency(above: Sequence[str], below: Sequence[str], mixed: Sequence
                     "no scaled recipe changed sign."))
 
 
-def recorded_training_note(recorded: bool) -> Prose:
-    """Whether a longer GPU run of the training is recorded below."""
+def seed_facts(result: Fp8Training) -> dict[str, object]:
+    """How many seeds each recipe ran (in words, ``train_seeds``), the steps a final loss averages
+    (``train_tail``), and how often a recipe no different from BF16 would keep one sign over that many seeds
+    by chance (``train_sign_chance``: a sentence)."""
+    n = len(result.seeds)
+    if n < 1:
+        raise ValueError("the training ran no seed")
+    if n == 1:
+        chance = "With one seed every recipe keeps one sign, so this is no evidence"
+    else:
+        chance = (f"With {count_word(n)} seeds a recipe keeps one sign by chance one time in "
+                  f"{count_word(2 ** (n - 1))}, so this is {'weak ' if n < 6 else ''}evidence")
+    return {"train_seeds": Prose(count_word(n)), "train_tail": min(FINAL_TAIL, result.steps),
+            "train_sign_chance": Prose(chance)}
+
+
+def recorded_training_note(recorded: bool, *, full_size: bool = False) -> Prose:
+    """What this page's run is beside the recorded GPU run: at the full profile (``full_size``) the same
+    experiment, else short runs of a small model; and whether a record exists."""
+    if full_size:
+        return Prose("This page ran the full-size experiment; "
+                     + ("the recorded GPU run below is the same experiment on the GPU that recorded it." if recorded
+                        else "no GPU run of it is recorded yet (the command is below)."))
     if recorded:
         return Prose("These are short runs of a small model; the recorded GPU run below trains the full-size "
                      "model longer.")
@@ -233,8 +254,8 @@ def recorded_training_note(recorded: bool) -> Prose:
                  "below).")
 
 
-def fp8_training_facts(result: Fp8Training, *, recorded: bool, unscaled: str = "unscaled",
-                       skip_steps: int = 10) -> dict[str, object]:
+def fp8_training_facts(result: Fp8Training, *, recorded: bool, full_size: bool = False,
+                       unscaled: str = "unscaled", skip_steps: int = 10) -> dict[str, object]:
     """Steps, BF16's mean final loss, the unscaled recipe's mean gap to BF16, the range of the scaled
     recipes' per-seed gaps, which recipes kept one sign, and the worst loss after ``skip_steps`` steps of
     the unscaled recipe and of BF16."""
@@ -253,7 +274,8 @@ def fp8_training_facts(result: Fp8Training, *, recorded: bool, unscaled: str = "
             "train_consistent": seed_consistency(above, below, mixed),
             "train_unscaled_peak": max(max(c[skip_steps:]) for c in result.curves[unscaled]),
             "train_bf16_peak": max(max(c[skip_steps:]) for c in result.curves[BASELINE]),
-            "train_recorded_note": recorded_training_note(recorded)}
+            "train_skip": skip_steps, "train_recorded_note": recorded_training_note(recorded, full_size=full_size),
+            **seed_facts(result)}
 
 
 # ---- accumulation and speed ----------------------------------------------------------------------------

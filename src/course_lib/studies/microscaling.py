@@ -28,7 +28,7 @@ from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
-from .fp8_prose import BASELINE, listed, loss_differences
+from .fp8_prose import BASELINE, listed, loss_differences, seed_facts
 # the pieces study lives in its own module; lesson 8 reaches its table and facts through this one
 from .microscaling_pieces import GradientFidelity, gradient_fidelity
 from .microscaling_pieces import fidelity_facts as fidelity_facts, fidelity_table as fidelity_table
@@ -464,7 +464,7 @@ def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
             "train_consistent": same_side_sentence(consistent),
             "train_nvfp4_vs_mxfp4": nvfp4_against_mxfp4(
                 [a - b for a, b in zip(result.final("nvfp4"), result.final("mxfp4"))]),
-            "train_step_gap": largest_step_gap(result)}
+            "train_step_gap": largest_step_gap(result), **seed_facts(result)}
 
 
 def emulation_note(capability: tuple[int, int] | None) -> Prose:

@@ -39,15 +39,24 @@ class NanHunt:
     plain_s: float
     locator_s: float
     anomaly_s: float
+    repeats: int = 5
 
 
-def _step_seconds(fn, repeats: int) -> float:
+def _step_seconds(fn, repeats: int, device: torch.device) -> float:
+    """The median of ``repeats`` wall times of ``fn()``; on CUDA each waits for the device's queue to drain
+    first and last, so that a step's asynchronous kernels are in its time."""
     import time
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     times = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
@@ -61,6 +70,10 @@ def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "block
 
     if kind not in ("nan", "nan_backward"):
         raise ValueError(f"kind must be 'nan' or 'nan_backward', got {kind!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int):
+        raise TypeError(f"repeats must be an int, got {type(repeats).__name__}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1 (the timings are a median of them), got {repeats}")
     setup = course_setup(profile, device, steps=1, default_steps=(1, 1), seed=seed)
     healthy = setup.model(seed)
     x, y = setup.sampler.batch(0, setup.device)
@@ -80,9 +93,9 @@ def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "block
                 step(healthy)
 
     step(healthy)   # warm-up
-    plain_s = _step_seconds(lambda: step(healthy), repeats)
-    locator_s = _step_seconds(located, repeats)
-    anomaly_s = _step_seconds(anomalous, repeats)
+    plain_s = _step_seconds(lambda: step(healthy), repeats, setup.device)
+    locator_s = _step_seconds(located, repeats, setup.device)
+    anomaly_s = _step_seconds(anomalous, repeats, setup.device)
 
     faulty = copy.deepcopy(healthy)
     plant_fault(faulty, layer, kind)
@@ -98,7 +111,7 @@ def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "block
                 step(faulty)
     except RuntimeError as exc:
         message = str(exc).strip().splitlines()[0]
-    return NanHunt(layer, kind, locator.report, message, plain_s, locator_s, anomaly_s)
+    return NanHunt(layer, kind, locator.report, message, plain_s, locator_s, anomaly_s, repeats)
 
 
 def _step_in_run(name: str, step: int | None, n: int) -> int:

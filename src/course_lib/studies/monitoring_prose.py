@@ -238,11 +238,23 @@ def _recorded_monitor(recorded: RecordedResult) -> str:
             else "the monitor on this page")
 
 
+def _model_phrase(profile: SizeProfile) -> str:
+    return "the full-size model" if profile.name == "full" else f"the {profile.name} model"
+
+
+def hunt_timing_note(hunt: NanHunt, device: torch.device | str, profile: SizeProfile) -> Prose:
+    """What the hunt's step timings were: one step of which model, on which kind of device, median of how
+    many (a CPU's timing is called one)."""
+    kind = torch.device(device).type
+    where = "this CPU" if kind == "cpu" else f"this page's {kind.upper()}"
+    return Prose(f"one step of {_model_phrase(profile)} on {where}, median of {hunt.repeats}")
+
+
 def live_timing_note(device: torch.device | str, profile: SizeProfile) -> Prose:
     """What the live overhead run timed: a CPU (labelled as such, never a GPU's number) or this page's GPU, and
     the model size ``profile`` gave it."""
     kind = torch.device(device).type
-    model = "the full-size model" if profile.name == "full" else f"the {profile.name} model"
+    model = _model_phrase(profile)
     if kind == "cpu":
         return Prose(f"These are CPU timings of {model} on a shared machine, where a statistic's trip to the host "
                      "costs nothing: they say nothing about a GPU's overhead.")

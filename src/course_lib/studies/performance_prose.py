@@ -16,7 +16,7 @@ from ..bench import (
     matmul_flops,
     model_flops_per_token,
 )
-from ..glue import Prose, and_list
+from ..glue import Prose, and_list, count_word
 from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_memory
 from ..models import GPTConfig
@@ -273,6 +273,20 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
             "live_fp32_mfu": 100 * fp32["mfu"],
             "mfu_source": Prose(study.peak_source),
             "throughput_caveat": Prose(caveat)}
+
+
+def recorded_seeds_phrase(study: ThroughputStudy | None) -> Prose:
+    """How many seeds the recorded GPU run trained each recipe, eager and compiled (``None``: no record)."""
+    if study is None:
+        return Prose("no GPU run is recorded yet")
+    if not isinstance(study, ThroughputStudy):
+        raise TypeError(f"expected a recorded ThroughputStudy, got {type(study).__name__}")
+
+    def seeds(compiled: bool) -> str:
+        n = len({r.seed for r in study.runs if r.compiled == compiled})
+        return f"{count_word(n)} seed{'' if n == 1 else 's'}"
+    compiled = any(r.compiled for r in study.runs)
+    return Prose(f"the recorded GPU run: {seeds(False)} eager" + (f", {seeds(True)} compiled" if compiled else ""))
 
 
 def recorded_throughput_note(record: RecordedResult) -> Prose:
