@@ -173,6 +173,18 @@ def test_a_large_gradient_is_reduced_on_a_fixed_sample_of_its_entries():
     assert distributed_studies.reduction_facts(s)["n_values"] == "a fixed random sample of 20,000 of the model's 136,960"
 
 
+def test_per_rank_gradients_cut_to_a_sample_equal_the_whole_gradients_columns():
+    small = SizeProfile("small")
+    whole = distributed_studies.per_rank_gradients(small, "cpu", 3)
+    assert whole.shape == (3, distributed_studies.gpt_config_for(small).parameter_count())
+    keep = torch.tensor([0, 5, 1000, whole.shape[1] - 1])
+    assert torch.equal(distributed_studies.per_rank_gradients(small, "cpu", 3, keep=keep), whole[:, keep])
+    with pytest.raises(ValueError, match="keep's indices must lie in"):
+        distributed_studies.per_rank_gradients(small, "cpu", 2, keep=torch.tensor([whole.shape[1]]))
+    with pytest.raises(TypeError, match="1-D int64"):
+        distributed_studies.per_rank_gradients(small, "cpu", 2, keep=torch.tensor([0.0]))
+
+
 # ---- real runs -------------------------------------------------------------------------------------------
 
 def test_two_process_ddp_matches_one_process(study):

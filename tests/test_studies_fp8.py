@@ -15,6 +15,7 @@ from course_lib.fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
 from course_lib.glue import Prose
 from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
 from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.device import SizeProfile
 from course_lib.studies import fp8 as fp8_studies
 from course_lib.studies import fp8_prose
 from course_lib.studies.fp8 import Fp8LinearSpeed, Fp8Training, LinearTensors, OutlierSweep, ScalingLab, SpikeRun
@@ -260,6 +261,14 @@ def test_listed():
 ])
 def test_seed_consistency(above, below, mixed, sentence):
     assert fp8_prose.seed_consistency(above, below, mixed) == sentence
+
+
+def test_tile_note_says_why_the_tile_is_not_deepseeks():
+    assert fp8_prose.tile_note(128, 512) == "here the same 128"
+    assert fp8_prose.tile_note(32, 64) == "here 32, because 128 does not divide the model's width of 64"
+    assert fp8_prose.tile_note(64, 256) == "here 64"
+    assert fp8_studies.lab_block(SizeProfile("small")) == 32 and fp8_studies.lab_block(
+        SizeProfile("full", forced=True)) == fp8_prose.DEEPSEEK_TILE
 
 
 def test_recorded_training_note():

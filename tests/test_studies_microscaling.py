@@ -13,6 +13,7 @@ from course_lib import mx
 from course_lib.device import size_profile
 from course_lib.fp8 import QuantizationError
 from course_lib.glue import Prose
+from course_lib.studies import fp8_prose
 from course_lib.studies import microscaling as ms
 from course_lib.studies import microscaling_pieces as P
 from course_lib.studies.fp8 import Fp8Training
@@ -69,6 +70,7 @@ def test_block_size_facts():
     facts = ms.block_size_facts(block_study())
     verdict = facts.pop("blk_fp8_verdict")
     assert facts.pop("blk_fp8_move") == "moves by at most 200.00% of itself"
+    assert facts.pop("blk_sizes") == "1 and 32 elements per scale, and one scale per tensor"
     # E4M3 lines: 1.5625 -> 3.125 (100%) and 1.5625 -> 4.6875 (200%): not flat
     assert facts == pytest.approx({
         "blk_fp4_32": 12.5, "blk_fp4_tensor": 25.0, "blk_fp4_out_32": 37.5, "blk_fp4_out_tensor": 87.5,
@@ -86,6 +88,14 @@ def test_block_size_facts():
     assert ms.block_size_facts(dataclasses.replace(block_study(), errors=same))["blk_fp8_move"] == \
         "does not move (to within 0.01% of itself)"
     assert flat_facts["blk_fp8_flat"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("blocks, phrase", [
+    (("1", "16", "32", "64", "tensor"), "1, 16, 32 and 64 elements per scale, and one scale per tensor"),
+    (("1",), "1 element per scale"), (("tensor",), "one scale per tensor only"),
+])
+def test_block_sizes_phrase(blocks, phrase):
+    assert ms.block_sizes_phrase(dataclasses.replace(block_study(), blocks=blocks)) == phrase
 
 
 def scale_errors() -> dict[str, dict[str, QuantizationError]]:
@@ -193,6 +203,13 @@ def test_nvfp4_against_mxfp4(differences, ending):
 def test_nvfp4_against_mxfp4_needs_a_seed():
     with pytest.raises(ValueError, match="at least one seed"):
         ms.nvfp4_against_mxfp4([])
+
+
+@pytest.mark.parametrize("fn", [ms.largest_step_gap, ms.block_scaled_training_facts, fp8_prose.seed_facts,
+                                fp8_prose.loss_differences])
+def test_training_facts_refuse_what_is_not_a_training_result(fn):
+    with pytest.raises(TypeError, match="expected an Fp8Training .* got dict"):
+        fn({"recipes": ("bf16_autocast",)})
 
 
 def test_block_scaled_training_facts():

@@ -17,7 +17,7 @@ from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce
 from ..distributed.worker import DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, single_process_run
 from ..glue import Prose
 from ..memory import bytes_per_parameter
-from ..models import course_setup
+from ..models import course_setup, gpt_config_for
 from ..tables import MarkdownTable, markdown_table
 
 
@@ -54,9 +54,11 @@ class ReductionStudy:
 
 
 def per_rank_gradients(profile, device: torch.device | str, n_ranks: int, *, seed: int = 0,
-                       sequences: int = 2) -> torch.Tensor:
+                       sequences: int = 2, keep: torch.Tensor | None = None) -> torch.Tensor:
     """``[n_ranks, n_params]`` FP32 gradients of the course model at its initialisation, each rank's from
-    its own ``sequences`` sequences (distinct batches), as the ranks of a data-parallel step hold them."""
+    its own ``sequences`` sequences (distinct batches), as the ranks of a data-parallel step hold them.
+    ``keep``: indices into the flattened gradient; each rank's gradient is cut to them before the ranks are
+    stacked, so a sample of a large model's gradient never needs the whole ``n_ranks x n_params``."""
     for name, value in (("n_ranks", n_ranks), ("sequences", sequences)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -64,18 +66,27 @@ def per_rank_gradients(profile, device: torch.device | str, n_ranks: int, *, see
     if sequences > setup.sampler.batch_size:
         raise ValueError(f"sequences must be at most the batch size {setup.sampler.batch_size}, got {sequences}")
     model = setup.model(seed)
+    if keep is not None:
+        total = sum(p.numel() for p in model.parameters())
+        if keep.dtype != torch.int64 or keep.dim() != 1:
+            raise TypeError(f"keep must be a 1-D int64 tensor of indices, got {keep.dtype} of shape {tuple(keep.shape)}")
+        if len(keep) and not (0 <= int(keep.min()) and int(keep.max()) < total):
+            raise ValueError(f"keep's indices must lie in 0..{total - 1} (the model's gradient entries)")
+        keep = keep.to(setup.device)
     grads = []
     for r in range(n_ranks):
         x, y = setup.sampler.batch(r, setup.device)
         model.zero_grad(set_to_none=True)
         model(x[:sequences], y[:sequences])[1].backward()
-        grads.append(flatten_params(p.grad for p in model.parameters()))
+        flat = flatten_params(p.grad for p in model.parameters())
+        grads.append(flat if keep is None else flat[keep])
     return torch.stack(grads)
 
 
 # The reductions are simulated on the CPU in FP64 and below: at the full profile 128 ranks' gradients of the
 # 19M-parameter model would be 9.9 GB in FP32 (twice that in FP64), so a larger model is measured on a fixed
-# random sample of its entries (the small profile's 136,960 run whole). The errors are per-entry statistics,
+# random sample of its entries, each rank's gradient cut to it on the device before the ranks are stacked
+# (the small profile's 136,960 run whole). The errors are per-entry statistics,
 # and the ring and tree orders depend on a vector's length only through its chunks.
 MAX_REDUCTION_VALUES = 1 << 20
 
@@ -92,12 +103,11 @@ def reduction_precision_study(profile, device: torch.device | str = "cpu", *,
         raise ValueError(f"tolerance must be between 0 and 1, got {tolerance}")
     if isinstance(max_values, bool) or not isinstance(max_values, int) or max_values < 1:
         raise ValueError(f"max_values must be a positive int, got {max_values!r}")
-    grads = per_rank_gradients(profile, device, max(world_sizes), seed=seed, sequences=sequences)
-    model_values = int(grads.shape[1])
-    if model_values > max_values:   # sampled where the gradients are, so only the sample moves to the CPU
-        keep = torch.randperm(model_values, generator=torch.Generator().manual_seed(seed))[:max_values]
-        grads = grads[:, keep.sort().values.to(grads.device)]
-    grads = grads.cpu()
+    model_values = gpt_config_for(profile).parameter_count()   # the gradient's entries
+    keep = None
+    if model_values > max_values:   # each rank's gradient is cut to the sample where it is, before stacking
+        keep = torch.randperm(model_values, generator=torch.Generator().manual_seed(seed))[:max_values].sort().values
+    grads = per_rank_gradients(profile, device, max(world_sizes), seed=seed, sequences=sequences, keep=keep).cpu()
 
     def measure(got: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
         nonzero = exact != 0

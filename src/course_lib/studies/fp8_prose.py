@@ -182,6 +182,19 @@ def backend_facts(recipe: str, same: bool) -> dict[str, object]:
             "backends_same": Prose("**identical**" if same else "**different**")}
 
 
+DEEPSEEK_TILE = 128   # DeepSeek-V3's tile side: 1 x 128 activation tiles, 128 x 128 weight blocks
+
+
+def tile_note(block: int, width: int) -> Prose:
+    """Why this page's tiles are ``block`` wide: DeepSeek-V3's own where it divides the model's ``width``, a
+    smaller one where it does not."""
+    if block == DEEPSEEK_TILE:
+        return Prose(f"here the same {block}")
+    if width % DEEPSEEK_TILE == 0:
+        return Prose(f"here {block}")
+    return Prose(f"here {block}, because {DEEPSEEK_TILE} does not divide the model's width of {width}")
+
+
 def torchao_agreement(agree: bool) -> Prose:
     """How the course's quantisation compares with torchao's: "bit for bit" or "not exactly" (bold)."""
     return Prose("**bit for bit**" if agree else "**not exactly**")
@@ -189,8 +202,17 @@ def torchao_agreement(agree: bool) -> Prose:
 
 # ---- training: shared by lessons 7 and 8 --------------------------------------------------------------
 
+def check_training(result: object) -> Fp8Training:
+    """``result`` itself when it is an :class:`Fp8Training`; TypeError naming what it is otherwise."""
+    if not isinstance(result, Fp8Training):
+        raise TypeError(f"expected an Fp8Training (the result of fp8_training or mx_training), got "
+                        f"{type(result).__name__}")
+    return result
+
+
 def loss_differences(result: Fp8Training, baseline: str = BASELINE) -> dict[str, tuple[float, ...]]:
     """Per recipe, each seed's final loss minus ``baseline``'s from the same seed."""
+    check_training(result)
     if baseline not in result.recipes:
         raise ValueError(f"baseline {baseline!r} did not run; recipes: {result.recipes}")
     base = result.final(baseline)
@@ -228,7 +250,7 @@ def seed_facts(result: Fp8Training) -> dict[str, object]:
     """How many seeds each recipe ran (in words, ``train_seeds``), the steps a final loss averages
     (``train_tail``), and how often a recipe no different from BF16 would keep one sign over that many seeds
     by chance (``train_sign_chance``: a sentence)."""
-    n = len(result.seeds)
+    n = len(check_training(result).seeds)
     if n < 1:
         raise ValueError("the training ran no seed")
     if n == 1:

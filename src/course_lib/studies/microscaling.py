@@ -13,7 +13,7 @@ import torch
 from ..bench import time_function
 from ..formats import all_values
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..models import course_setup
 from ..mx.blocks import (
     BlockScaling,
@@ -28,7 +28,7 @@ from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
-from .fp8_prose import BASELINE, listed, loss_differences, seed_facts
+from .fp8_prose import BASELINE, check_training, listed, loss_differences, seed_facts
 # the pieces study lives in its own module; lesson 8 reaches its table and facts through this one
 from .microscaling_pieces import GradientFidelity, gradient_fidelity
 from .microscaling_pieces import fidelity_facts as fidelity_facts, fidelity_table as fidelity_table
@@ -319,7 +319,18 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
             "blk_fp4_flushed32": 100 * act["32"].flushed, "blk_fp4_1": 100 * act["1"].relative_error,
             "e4m3_binades": element_format("e4m3").binades,
             "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error,
-            **_flatness("blk_fp8", fp8)}
+            "blk_sizes": block_sizes_phrase(study), **_flatness("blk_fp8", fp8)}
+
+
+def block_sizes_phrase(study: BlockSizeStudy) -> Prose:
+    """The block sizes a study ran, in words: ``1, 16, 32 and 64 elements per scale, and one scale per
+    tensor``."""
+    sizes = [b for b in study.blocks if b != "tensor"]
+    whole = "tensor" in study.blocks
+    if not sizes:
+        return Prose("one scale per tensor only")
+    return Prose(f"{and_list(sizes)} element{'' if sizes == ['1'] else 's'} per scale"
+                 + (", and one scale per tensor" if whole else ""))
 
 
 def _flatness(prefix: str, errors: Mapping[str, Mapping[str, QuantizationError]]) -> dict[str, object]:
@@ -437,7 +448,7 @@ def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
     """Where a recipe's loss rose furthest above ``baseline``'s from the same seed at the same step (a spike
     the loss curves show; steps counted from 0, as the figure's axis), and where that run's final loss ended
     against the baseline's."""
-    if baseline not in result.recipes:
+    if baseline not in check_training(result).recipes:
         raise ValueError(f"no {baseline!r} run to compare with; recipes: {', '.join(result.recipes)}")
     gaps = [(a - b, r, i, t) for r in result.recipes if r != baseline for i in range(len(result.seeds))
             for t, (a, b) in enumerate(zip(result.curves[r][i], result.curves[baseline][i]))]
