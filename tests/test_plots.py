@@ -105,7 +105,7 @@ def test_fp8_training_figure_draws_differences_and_refuses_unknown_reference():
     line = next(ln for ln in fig.axes[0].get_lines() if ln.get_label() == "b")
     assert list(line.get_ydata()) == pytest.approx([3.0, 2.25, 1.35])
     dots = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o"]
-    assert list(dots[0].get_ydata()) == pytest.approx([0.2, 0.0])
+    assert list(dots[0].get_xdata()) == pytest.approx([0.2, 0.0])   # a row per recipe, the difference across
     with pytest.raises(ValueError, match="no recipe"):
         plots.plot_fp8_training(res, reference="c")
 
@@ -119,8 +119,10 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     fig = plots.plot_seeded_runs(res, reference="FP32", finals={"FP32": (1.0, 2.0), "BF16 one": (1.5, 2.0),
                                                                 "BF16 two": (1.0, 1.0)}, final_label="eval")
     dots = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o"]
-    assert [list(d.get_ydata()) for d in dots] == [[0.5, 0.0], [0.0, -1.0]]
-    assert fig.axes[1].get_ylabel().startswith("eval minus FP32's")
+    assert [list(d.get_xdata()) for d in dots] == [[0.5, 0.0], [0.0, -1.0]]
+    assert [list(d.get_ydata()) for d in dots] == [[0, 0], [1, 1]]
+    assert fig.axes[1].get_xlabel().startswith("eval minus FP32's")
+    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["BF16 one", "BF16 two"]
     colours = {ln.get_label(): ln.get_color() for ln in fig.axes[0].get_lines()}
     assert len(set(colours.values())) == 3        # "bf16" in both names must not paint them alike
     with pytest.raises(ValueError, match="finals has no values for BF16 two"):
@@ -173,9 +175,9 @@ def test_microscaling_figures_draw_their_data():
     assert markers[2].get_marker() != markers[3].get_marker()
     assert [t.get_text() for t in left.get_legend().get_texts()] == ["model seed 0", "model seed 1"]
     # the middle panel: removing stochastic rounding, in points per model and batch, its bar at the mean
-    assert [t.get_text() for t in middle.get_xticklabels()] == ["NVFP4: stochastic rounding"]
-    assert middle.patches[0].get_height() == pytest.approx(1.25)
-    assert [list(ln.get_ydata()) for ln in middle.get_lines() if ln.get_marker() not in ("None", "")] == [
+    assert [t.get_text() for t in middle.get_yticklabels()] == ["NVFP4:\nstochastic rounding"]
+    assert middle.patches[0].get_width() == pytest.approx(1.25)     # a row per piece: the bar runs across
+    assert [list(ln.get_xdata()) for ln in middle.get_lines() if ln.get_marker() not in ("None", "")] == [
         pytest.approx([0.0, 10.0]), pytest.approx([-10.0, 5.0])]
     right_lines = {ln.get_label(): list(ln.get_ydata()) for ln in right.get_lines()}
     assert right_lines["nvfp4 (stochastic rounding)"] == pytest.approx([20.0, 15.0])

@@ -251,10 +251,12 @@ def fidelity() -> GradientFidelity:
 
 def test_fidelity_table_and_facts():
     assert ms.fidelity_table(fidelity()) == (
-        "| recipe | model seed 0: error per batch (minus NVFP4's, points) | model seed 1: error per batch (minus "
-        "NVFP4's, points) |\n|---|---|---|\n"
-        "| mxfp8 | 3.1% (-9.38) | 6.2% (-18.75) |\n| nvfp4 | 12.5% (+0.00) | 25.0% (+0.00) |\n"
-        "| nvfp4_no_sr | 9.4% (-3.12) | 28.1% (+3.12) |\n")
+        "| recipe | model seed 0: error per batch (minus NVFP4's, points ± one standard error over the draws) | "
+        "model seed 1: error per batch (minus NVFP4's, points ± one standard error over the draws) |\n|---|---|---|\n"
+        "| mxfp8 | 3.1% (-9.38±0.10) | 6.2% (-18.75±0.10) |\n| nvfp4 | 12.5% (+0.00) | 25.0% (+0.00) |\n"
+        "| nvfp4_no_sr | 9.4% (-3.12±0.10) | 28.1% (+3.12±0.10) |\n")
+    exact = dataclasses.replace(fidelity(), single_stderr={r: ((0.0,), (0.0,)) for r in fidelity().recipes})
+    assert "| mxfp8 | 3.1% (-9.38) | 6.2% (-18.75) |" in ms.fidelity_table(exact)   # no draws to vary
     facts = ms.fidelity_facts(fidelity())
     sr, takeaway = facts.pop("gf_sr"), facts.pop("gf_takeaway")
     assert all(isinstance(p, Prose) for p in (sr, takeaway, facts["gf_seeds"]))   # glued as Markdown

@@ -7,7 +7,7 @@ import matplotlib.ticker as mticker
 import numpy as np
 from matplotlib.figure import Figure
 
-from .style import finish_figure, fp8_colour, recipe_colour
+from .style import COLUMN_INCHES, finish_figure, fp8_colour, recipe_colour
 
 # tensors in lesson 8's block-size figure: colours the recipes of its later figures do not use
 _TENSOR_COLOURS = {"activation": "#332288", "weight": "#8C6D31", "gradient": "#AA4499"}
@@ -49,14 +49,14 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     """Three panels from a :class:`~course_lib.studies.microscaling_pieces.GradientFidelity`. Top: per
     recipe, the relative error of its gradient of the course model against the exact one (a marker per model
     and batch, its shape the model's seed; a bar at the mean). Bottom left: per piece of the ``reference``
-    recipe that ran, the error without it minus with it (same model and batch, points; above zero, the piece
-    helped), and the same for MXFP4's high-precision last block. Bottom right: the error of the mean of k
+    recipe that ran, the error without it minus with it (same model and batch, points; right of zero, the
+    piece helped; a row per piece), and the same for MXFP4's high-precision last block. Bottom right: the error of the mean of k
     gradients against k, for the ``reference`` recipe (stochastic rounding; a thin line per model, a thick one
     for their mean) and, where present, the same recipe without it (``reference + "_no_sr"``), with
     ``1/sqrt(k)`` from the first point for comparison."""
     if reference not in result.single:
         raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.recipes)}")
-    fig = plt.figure(figsize=(10, 8))
+    fig = plt.figure(figsize=(COLUMN_INCHES, 8))
     grid = fig.add_gridspec(2, 2)
     left = fig.add_subplot(grid[0, :])
     middle, right = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
@@ -64,10 +64,11 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     n_models = len(result.seeds)
     offsets = np.linspace(-0.22, 0.22, n_models) if n_models > 1 else np.zeros(1)
 
-    def markers(ax, i, per_model, colour):
+    def markers(ax, i, per_model, colour, across=False):
         for s, values in enumerate(per_model):
-            ax.plot([i + offsets[s]] * len(values), values, _SEED_MARKERS[s % len(_SEED_MARKERS)], color=colour,
-                    ms=5, mfc="none", mew=1.3)
+            at = [i + offsets[s]] * len(values)
+            x, y = (values, at) if across else (at, values)
+            ax.plot(x, y, _SEED_MARKERS[s % len(_SEED_MARKERS)], color=colour, ms=5, mfc="none", mew=1.3)
 
     for i, recipe in enumerate(result.recipes):
         per_model = [[100 * v for v in m] for m in result.single[recipe]]
@@ -89,15 +90,16 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     pieces = [(f"{reference}_no_{p}", reference, f"{reference.upper()}: {names[p]}") for p in names]
     pieces.append(("mxfp4", "mxfp4_hp_last", f"MXFP4: {names['hp_last']}"))
     pieces = [(w, r, label) for w, r, label in pieces if w in result.single and r in result.single]
+    # a row per piece, so that its name reads across instead of slanting under the panel
     for i, (without, with_, _) in enumerate(pieces):
         per_model = result.effect(without, with_).per_model
-        middle.bar(i, np.mean([v for m in per_model for v in m]), color=colours[without], alpha=0.3, width=0.7)
-        markers(middle, i, per_model, colours[without])
-    middle.axhline(0, color="#555555", lw=1)
-    middle.set_xticks(range(len(pieces)), [label for _, _, label in pieces], rotation=30, ha="right")
-    middle.set_ylabel("error without the piece minus with it\n(points; above 0: the piece helped)")
-    middle.set_xlabel("piece of the recipe")
-    middle.grid(alpha=0.3, axis="y")
+        middle.barh(i, np.mean([v for m in per_model for v in m]), color=colours[without], alpha=0.3, height=0.7)
+        markers(middle, i, per_model, colours[without], across=True)
+    middle.axvline(0, color="#555555", lw=1)
+    middle.set_yticks(range(len(pieces)), [label.replace(": ", ":\n") for _, _, label in pieces])
+    middle.set_ylim(len(pieces) - 0.5, -0.5)
+    middle.set_xlabel("error without the piece minus with it\n(points; right of 0: the piece helped)")
+    middle.grid(alpha=0.3, axis="x")
 
     ks = np.asarray(result.ks)
     for recipe, label in ((reference, f"{reference} (stochastic rounding)"),

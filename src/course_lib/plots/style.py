@@ -4,6 +4,7 @@ finishing touches, and the loss-curve plots several lessons use."""
 from __future__ import annotations
 
 import math
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -171,14 +172,18 @@ def recipe_colour(j: int) -> str:
 
 def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | None = None,
                      final_label: str | None = None) -> Figure:
-    """Left: loss curves per recipe (mean over seeds as a line, min-max over seeds as a band). Right: each
-    seed's final loss (mean of the last ``tail`` steps) minus the ``reference`` recipe's from the same seed,
-    one dot per seed. ``result`` has ``recipes``, ``curves[recipe][seed_index]`` and ``final(recipe, tail)``.
+    """Left: loss curves per recipe (mean over seeds as a line, min-max over seeds as a band), the legend
+    under them. Right: each seed's final loss (mean of the last ``tail`` steps) minus the ``reference``
+    recipe's from the same seed, one dot per seed, a row per recipe (long recipe names read across, not
+    slanted). ``result`` has ``recipes``, ``curves[recipe][seed_index]`` and ``final(recipe, tail)``.
     ``finals`` (recipe -> one value per seed) replaces the final losses, ``final_label`` names them."""
     if reference not in result.curves:
         raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.curves)}")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.6, 1]})
+    if finals is not None and set(result.recipes) - set(finals):
+        raise ValueError(f"finals has no values for {', '.join(sorted(set(result.recipes) - set(finals)))}")
     others = [r for r in result.recipes if r != reference]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(COLUMN_INCHES, 4.2 + 0.25 * len(result.recipes)),
+                                      gridspec_kw={"width_ratios": [1.35, 1]})
     colours = {reference: "#777777", **{r: fp8_colour(r, j) for j, r in enumerate(others)}}
     if len({colours[r] for r in others} | {colours[reference]}) < len(others) + 1:   # names the map cannot tell apart
         colours = {reference: "#777777", **{r: recipe_colour(j) for j, r in enumerate(others)}}
@@ -197,18 +202,19 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
         else:
             left.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colours[recipe], alpha=0.15, lw=0)
     left.set_xlabel("training step")
-    left.set_ylabel("loss (line: mean over seeds; band: range)")
+    left.set_ylabel("loss (line: mean over seeds;\nband: range)")
     left.grid(alpha=0.3)
-    left.legend(fontsize=8, ncol=2)
-    if finals is not None and set(result.recipes) - set(finals):
-        raise ValueError(f"finals has no values for {', '.join(sorted(set(result.recipes) - set(finals)))}")
+    # under the axes, where it covers no curve and no label, one recipe per row for long names
+    long_names = max(len(r) for r in result.recipes) > 16
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1 if long_names else 2, frameon=False)
     final = (lambda r: finals[r]) if finals is not None else (lambda r: result.final(r, tail))
     ref_final = final(reference)
     for i, recipe in enumerate(others):
         diffs = [a - b for a, b in zip(final(recipe), ref_final)]
-        right.plot([i] * len(diffs), diffs, "o", color=colours[recipe], ms=7, alpha=0.85)
-    right.axhline(0.0, color="#000000", lw=1)
-    right.set_xticks(range(len(others)), others, rotation=30, ha="right")
-    right.set_ylabel(f"{final_label or 'final loss'} minus {reference}'s\n(same seed; one dot per seed)")
-    right.grid(alpha=0.3, axis="y")
+        right.plot(diffs, [i] * len(diffs), "o", color=colours[recipe], ms=7, alpha=0.85)
+    right.axvline(0.0, color="#000000", lw=1)
+    right.set_yticks(range(len(others)), [textwrap.fill(r, 18, break_on_hyphens=False) for r in others])
+    right.set_ylim(len(others) - 0.5, -0.5)   # the first recipe on top, as in the legend
+    right.set_xlabel(f"{final_label or 'final loss'} minus {reference}'s\n(same seed; one dot per seed)")
+    right.grid(alpha=0.3, axis="x")
     return finish_figure(fig)
