@@ -12,12 +12,12 @@ from torch import nn
 from course_lib.fp8 import QuantizationError
 from course_lib.fp8.accumulation import AccumulationStudy
 from course_lib.fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
-from course_lib.glue import Prose
+from course_lib.glue import Prose, count_word
 from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
 from course_lib.results import Provenance, Record, RecordedResult
 from course_lib.device import SizeProfile
 from course_lib.studies import fp8 as fp8_studies
-from course_lib.studies import fp8_prose
+from course_lib.studies import fp8_prose, training_prose
 from course_lib.studies.fp8 import Fp8LinearSpeed, Fp8Training, LinearTensors, OutlierSweep, ScalingLab, SpikeRun
 from course_lib.studies.performance import MatmulPointSummary, MatmulThroughput
 from course_lib.tables import MarkdownTable
@@ -231,24 +231,16 @@ def fp8_result() -> Fp8Training:
 
 def test_loss_differences_and_final_loss_table():
     result = fp8_result()
-    diffs = fp8_prose.loss_differences(result)
+    diffs = training_prose.loss_differences(result)
     assert diffs["rowwise"] == (0.125, 0.25, 0.5) and diffs["bf16_autocast"] == (0.0, 0.0, 0.0)
-    assert fp8_prose.final_loss_table(result) == (
+    assert training_prose.final_loss_table(result) == (
         "| recipe | final loss per seed (mean of the last 5 steps) | minus BF16 (same seed) |\n|---|---|---|\n"
         "| bf16_autocast | 3.000, 2.500, 2.000 | +0.000, +0.000, +0.000 |\n"
         "| tensorwise | 3.250, 2.250, 2.000 | +0.250, -0.250, +0.000 |\n"
         "| rowwise | 3.125, 2.750, 2.500 | +0.125, +0.250, +0.500 |\n"
         "| unscaled | 3.500, 3.000, 2.250 | +0.500, +0.500, +0.250 |\n")
     with pytest.raises(ValueError, match="baseline 'fp32' did not run"):
-        fp8_prose.loss_differences(result, "fp32")
-
-
-def test_listed():
-    assert fp8_prose.listed(["a"]) == "a"
-    assert fp8_prose.listed(["a", "b"]) == "a and b"
-    assert fp8_prose.listed(["a", "b", "c"]) == "a, b and c"
-    with pytest.raises(ValueError, match="at least one"):
-        fp8_prose.listed([])
+        training_prose.loss_differences(result, "fp32")
 
 
 @pytest.mark.parametrize("above, below, mixed, sentence", [
@@ -260,7 +252,7 @@ def test_listed():
     ([], [], ["a", "b"], "`a` and `b` changed sign from seed to seed."),
 ])
 def test_seed_consistency(above, below, mixed, sentence):
-    assert fp8_prose.seed_consistency(above, below, mixed) == sentence
+    assert training_prose.seed_consistency(above, below, mixed) == sentence
 
 
 def test_tile_note_says_why_the_tile_is_not_deepseeks():
@@ -272,14 +264,14 @@ def test_tile_note_says_why_the_tile_is_not_deepseeks():
 
 
 def test_recorded_training_note():
-    assert fp8_prose.recorded_training_note(True) == (
+    assert training_prose.recorded_training_note(True) == (
         "These are short runs of a small model; the recorded GPU run below trains the full-size model longer.")
-    assert fp8_prose.recorded_training_note(False) == (
+    assert training_prose.recorded_training_note(False) == (
         "These are short runs of a small model; no longer GPU run is recorded yet (the command is below).")
-    assert fp8_prose.recorded_training_note(True, full_size=True) == (
+    assert training_prose.recorded_training_note(True, full_size=True) == (
         "This page ran the full-size experiment; the recorded GPU run below is the same experiment on the GPU "
         "that recorded it.")
-    assert fp8_prose.recorded_training_note(False, full_size=True) == (
+    assert training_prose.recorded_training_note(False, full_size=True) == (
         "This page ran the full-size experiment; no GPU run of it is recorded yet (the command is below).")
 
 
@@ -290,28 +282,28 @@ def test_recorded_training_note():
 ])
 def test_seed_facts_count_the_seeds(seeds, sentence):
     curves = {"bf16_autocast": tuple((3.0,) * 3 for _ in seeds)}
-    facts = fp8_prose.seed_facts(Fp8Training(("bf16_autocast",), seeds, 3, 64, curves))
-    assert facts == {"train_seeds": fp8_prose.count_word(len(seeds)), "train_tail": 3, "train_sign_chance": sentence}
+    facts = training_prose.seed_facts(Fp8Training(("bf16_autocast",), seeds, 3, 64, curves))
+    assert facts == {"train_seeds": count_word(len(seeds)), "train_tail": 3, "train_sign_chance": sentence}
     with pytest.raises(ValueError, match="no seed"):
-        fp8_prose.seed_facts(Fp8Training(("bf16_autocast",), (), 3, 64, {"bf16_autocast": ()}))
+        training_prose.seed_facts(Fp8Training(("bf16_autocast",), (), 3, 64, {"bf16_autocast": ()}))
 
 
 def test_fp8_training_facts():
-    facts = fp8_prose.fp8_training_facts(fp8_result(), recorded=False)
+    facts = training_prose.fp8_training_facts(fp8_result(), recorded=False)
     assert facts == {
         "train_steps": 12, "train_bf16": 2.5, "train_unscaled_gap": 1.25 / 3, "train_scaled_lo": -0.25,
         "train_scaled_hi": 0.5, "train_consistent": "`rowwise` ended above BF16 in every seed; `tensorwise` "
                                                     "changed sign from seed to seed.",
         "train_unscaled_peak": 7.5, "train_bf16_peak": 3.5, "train_skip": 10,
-        "train_recorded_note": fp8_prose.recorded_training_note(False),
+        "train_recorded_note": training_prose.recorded_training_note(False),
         "train_seeds": "three", "train_tail": 5,
         "train_sign_chance": "With three seeds a recipe keeps one sign by chance one time in four, so this is "
                              "weak evidence"}
-    assert fp8_prose.fp8_training_facts(fp8_result(), recorded=True, full_size=True)["train_recorded_note"] == (
-        fp8_prose.recorded_training_note(True, full_size=True))
+    assert training_prose.fp8_training_facts(fp8_result(), recorded=True, full_size=True)["train_recorded_note"] == (
+        training_prose.recorded_training_note(True, full_size=True))
     assert isinstance(facts["train_consistent"], Prose)
     with pytest.raises(ValueError, match="'unscaled' and at least one scaled recipe"):
-        fp8_prose.fp8_training_facts(training({"bf16_autocast": flat(3.0, 2.5, 2.0),
+        training_prose.fp8_training_facts(training({"bf16_autocast": flat(3.0, 2.5, 2.0),
                                                "rowwise": flat(3.0, 2.5, 2.0)}), recorded=True)
 
 

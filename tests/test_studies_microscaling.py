@@ -13,7 +13,7 @@ from course_lib import mx
 from course_lib.device import size_profile
 from course_lib.fp8 import QuantizationError
 from course_lib.glue import Prose
-from course_lib.studies import fp8_prose
+from course_lib.studies import training_prose
 from course_lib.studies import microscaling as ms
 from course_lib.studies import microscaling_pieces as P
 from course_lib.studies.fp8 import Fp8Training
@@ -205,8 +205,8 @@ def test_nvfp4_against_mxfp4_needs_a_seed():
         ms.nvfp4_against_mxfp4([])
 
 
-@pytest.mark.parametrize("fn", [ms.largest_step_gap, ms.block_scaled_training_facts, fp8_prose.seed_facts,
-                                fp8_prose.loss_differences])
+@pytest.mark.parametrize("fn", [ms.largest_step_gap, ms.block_scaled_training_facts, training_prose.seed_facts,
+                                training_prose.loss_differences])
 def test_training_facts_refuse_what_is_not_a_training_result(fn):
     with pytest.raises(TypeError, match="expected an Fp8Training .* got dict"):
         fn({"recipes": ("bf16_autocast",)})

@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..tables import MarkdownTable, markdown_table
 from ..scaling.clipping import AGC_EPS
 from .clipping import (
@@ -23,7 +23,6 @@ from .clipping import (
     OverflowStep,
     SpikyRuns,
 )
-from .fp8_prose import listed
 
 def _log2(scale: float) -> int:
     return int(round(math.log2(scale)))
@@ -167,8 +166,8 @@ def ranking_phrase(finals: Mapping[str, Sequence[float]]) -> Prose:
     if len(names) < 2:
         return Prose("")
     if not ranked:
-        return Prose(f"Their ranges overlap, so these seeds do not rank {listed(names)} against each other.")
-    return Prose(listed([f"{a} ended below {b}" for a, b in ranked]) + " in every seed; any other pair's "
+        return Prose(f"Their ranges overlap, so these seeds do not rank {and_list(names)} against each other.")
+    return Prose(and_list([f"{a} ended below {b}" for a, b in ranked]) + " in every seed; any other pair's "
                  "ranges overlap.")
 
 
@@ -188,7 +187,7 @@ def rule_facts(runs: SpikyRuns) -> dict[str, object]:
     said = {"within": "within the seed range of the runs without spikes",
             "above": "above every seed of the runs without spikes",
             "below": "below every seed of the runs without spikes"}
-    text = "; ".join(f"{listed(rules)} ended {said[k]}" for k, rules in groups.items() if rules) + "."
+    text = "; ".join(f"{and_list(rules)} ended {said[k]}" for k, rules in groups.items() if rules) + "."
     facts: dict[str, object] = {"clip_rules_verdict": Prose(text[0].upper() + text[1:]), "clip_rules_ranking":
                                 ranking_phrase({r: runs.finals[r] for r in groups["within"] + groups["below"]})}
     if PER_VALUE in runs.rules:

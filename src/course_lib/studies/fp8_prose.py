@@ -9,16 +9,14 @@ from dataclasses import dataclass
 from ..formats import get_format
 from ..fp8.accumulation import AccumulationStudy
 from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
-from ..glue import Prose, count_word, ratio_text
+from ..glue import Prose, and_list, ratio_text
 from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
     CURRENT_SCALING_CAST,
-    FINAL_TAIL,
     KNOWN_SCALE_CAST,
     TORCH_CAST,
     Fp8LinearSpeed,
-    Fp8Training,
     LinearTensors,
     OutlierSweep,
     ScalingLab,
@@ -27,7 +25,6 @@ from .fp8 import (
 from .fp8_speed import (BF16, BF16_EAGER, BREAK_EVEN, COURSE_EAGER, LAYER_GROUPS, Fp8CompiledSpeed, Fp8LayerProfile,
                         shape_label, speed_class)
 
-BASELINE = "bf16_autocast"
 COURSE_LAYER = "FP8 course layer (_scaled_mm, tensorwise, eager)"
 BF16_LAYER = "BF16 nn.Linear"
 
@@ -198,106 +195,6 @@ def tile_note(block: int, width: int) -> Prose:
 def torchao_agreement(agree: bool) -> Prose:
     """How the course's quantisation compares with torchao's: "bit for bit" or "not exactly" (bold)."""
     return Prose("**bit for bit**" if agree else "**not exactly**")
-
-
-# ---- training: shared by lessons 7 and 8 --------------------------------------------------------------
-
-def check_training(result: object) -> Fp8Training:
-    """``result`` itself when it is an :class:`Fp8Training`; TypeError naming what it is otherwise."""
-    if not isinstance(result, Fp8Training):
-        raise TypeError(f"expected an Fp8Training (the result of fp8_training or mx_training), got "
-                        f"{type(result).__name__}")
-    return result
-
-
-def loss_differences(result: Fp8Training, baseline: str = BASELINE) -> dict[str, tuple[float, ...]]:
-    """Per recipe, each seed's final loss minus ``baseline``'s from the same seed."""
-    check_training(result)
-    if baseline not in result.recipes:
-        raise ValueError(f"baseline {baseline!r} did not run; recipes: {result.recipes}")
-    base = result.final(baseline)
-    return {r: tuple(a - b for a, b in zip(result.final(r), base)) for r in result.recipes}
-
-
-def final_loss_table(result: Fp8Training, baseline: str = BASELINE) -> MarkdownTable:
-    """One row per recipe: its final loss per seed, and minus ``baseline``'s from the same seed."""
-    diffs = loss_differences(result, baseline)
-    return markdown_table(["recipe", f"final loss per seed (mean of the last {min(FINAL_TAIL, result.steps)} steps)",
-                           "minus BF16 (same seed)"],
-                          [[r, ", ".join(f"{v:.3f}" for v in result.final(r)),
-                            ", ".join(f"{d:+.3f}" for d in diffs[r])] for r in result.recipes])
-
-
-def listed(names: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    if not names:
-        raise ValueError("listed needs at least one name")
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
-def seed_consistency(above: Sequence[str], below: Sequence[str], mixed: Sequence[str]) -> Prose:
-    """Which recipes ended above the baseline in every seed, below it in every seed, or changed sign (names
-    in code font: the sentence may start with one)."""
-    def code(names: Sequence[str]) -> str:
-        return listed([f"`{n}`" for n in names])
-    return Prose((f"{code(above)} ended above BF16 in every seed; " if above else "")
-                 + (f"{code(below)} ended below it in every seed; " if below else "")
-                 + (f"{code(mixed)} changed sign from seed to seed." if mixed else
-                    "no scaled recipe changed sign."))
-
-
-def seed_facts(result: Fp8Training) -> dict[str, object]:
-    """How many seeds each recipe ran (in words, ``train_seeds``), the steps a final loss averages
-    (``train_tail``), and how often a recipe no different from BF16 would keep one sign over that many seeds
-    by chance (``train_sign_chance``: a sentence)."""
-    n = len(check_training(result).seeds)
-    if n < 1:
-        raise ValueError("the training ran no seed")
-    if n == 1:
-        chance = "With one seed every recipe keeps one sign, so this is no evidence"
-    else:
-        chance = (f"With {count_word(n)} seeds a recipe keeps one sign by chance one time in "
-                  f"{count_word(2 ** (n - 1))}, so this is {'weak ' if n < 6 else ''}evidence")
-    return {"train_seeds": Prose(count_word(n)), "train_tail": min(FINAL_TAIL, result.steps),
-            "train_sign_chance": Prose(chance)}
-
-
-def recorded_training_note(recorded: bool, *, full_size: bool = False) -> Prose:
-    """What this page's run is beside the recorded GPU run: at the full profile (``full_size``) the same
-    experiment, else short runs of a small model; and whether a record exists."""
-    if full_size:
-        return Prose("This page ran the full-size experiment; "
-                     + ("the recorded GPU run below is the same experiment on the GPU that recorded it." if recorded
-                        else "no GPU run of it is recorded yet (the command is below)."))
-    if recorded:
-        return Prose("These are short runs of a small model; the recorded GPU run below trains the full-size "
-                     "model longer.")
-    return Prose("These are short runs of a small model; no longer GPU run is recorded yet (the command is "
-                 "below).")
-
-
-def fp8_training_facts(result: Fp8Training, *, recorded: bool, full_size: bool = False,
-                       unscaled: str = "unscaled", skip_steps: int = 10) -> dict[str, object]:
-    """Steps, BF16's mean final loss, the unscaled recipe's mean gap to BF16, the range of the scaled
-    recipes' per-seed gaps, which recipes kept one sign, and the worst loss after ``skip_steps`` steps of
-    the unscaled recipe and of BF16."""
-    diffs = loss_differences(result)
-    bf16 = result.final(BASELINE)
-    scaled = [r for r in result.recipes if r not in (BASELINE, unscaled)]
-    if not scaled or unscaled not in result.recipes:
-        raise ValueError(f"need {unscaled!r} and at least one scaled recipe beside {BASELINE!r}")
-    above = [r for r in scaled if min(diffs[r]) > 0]
-    below = [r for r in scaled if max(diffs[r]) < 0]
-    mixed = [r for r in scaled if r not in above and r not in below]
-    return {"train_steps": result.steps, "train_bf16": sum(bf16) / len(bf16),
-            "train_unscaled_gap": sum(diffs[unscaled]) / len(diffs[unscaled]),
-            "train_scaled_lo": min(min(diffs[r]) for r in scaled),
-            "train_scaled_hi": max(max(diffs[r]) for r in scaled),
-            "train_consistent": seed_consistency(above, below, mixed),
-            "train_unscaled_peak": max(max(c[skip_steps:]) for c in result.curves[unscaled]),
-            "train_bf16_peak": max(max(c[skip_steps:]) for c in result.curves[BASELINE]),
-            "train_skip": skip_steps, "train_recorded_note": recorded_training_note(recorded, full_size=full_size),
-            **seed_facts(result)}
 
 
 # ---- accumulation and speed ----------------------------------------------------------------------------
@@ -537,11 +434,11 @@ def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
              "multiplies those, so FP8 can only cost time here, and these timings say nothing about a GPU. "
              if on_cpu else "")
     if not faster and not even:
-        shown = f"FP8 was slower than BF16 everywhere it ran: {listed(slower)}."
+        shown = f"FP8 was slower than BF16 everywhere it ran: {and_list(slower)}."
     else:
-        parts = [f"FP8 was faster than BF16 for {listed(faster)}" if faster else "FP8 was faster than BF16 nowhere",
-                 f"it broke even (within {100 * BREAK_EVEN:.0f}%) for {listed(even)}" if even else "",
-                 f"it was slower for {listed(slower)}" if slower else ""]
+        parts = [f"FP8 was faster than BF16 for {and_list(faster)}" if faster else "FP8 was faster than BF16 nowhere",
+                 f"it broke even (within {100 * BREAK_EVEN:.0f}%) for {and_list(even)}" if even else "",
+                 f"it was slower for {and_list(slower)}" if slower else ""]
         shown = "; ".join(p for p in parts if p) + "."
         if on_cpu and faster:
             shown += (" On a CPU a ratio above 1 can only be timing noise (these layers are tiny, and the machine "
@@ -609,7 +506,7 @@ def fp8_pays_note(recorded: Fp8CompiledSpeed | None, label: str = "") -> Prose:
     if not wins:
         return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) were not faster than BF16 at any "
                      "recorded shape: the prediction that FP8 pays for large layers is not borne out there.")
-    return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) ran faster than BF16 for {listed(wins)}: "
+    return Prose(f"On {label}, torchao's FP8 layers ({recorded.mode}) ran faster than BF16 for {and_list(wins)}: "
                  "there the prediction is measured, elsewhere it is not.")
 
 

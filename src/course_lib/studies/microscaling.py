@@ -28,7 +28,7 @@ from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
 from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
-from .fp8_prose import BASELINE, check_training, listed, loss_differences, seed_facts
+from .training_prose import BASELINE, check_training, loss_differences, seed_facts
 # the pieces study lives in its own module; lesson 8 reaches its table and facts through this one
 from .microscaling_pieces import GradientFidelity, gradient_fidelity
 from .microscaling_pieces import fidelity_facts as fidelity_facts, fidelity_table as fidelity_table
@@ -430,7 +430,7 @@ def same_bytes(ours: BlockTensor, scale: torch.Tensor, data: torch.Tensor) -> bo
 
 def same_side_sentence(consistent: Sequence[str]) -> Prose:
     """Which recipes ended on the same side of BF16 in every seed."""
-    return Prose(listed([f"`{r}`" for r in consistent]) + " ended on the same side of BF16 in every seed."
+    return Prose(and_list([f"`{r}`" for r in consistent]) + " ended on the same side of BF16 in every seed."
                  if consistent else "No recipe ended on the same side of BF16 in every seed.")
 
 

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..models import course_setup
 from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
-from .fp8_prose import listed
 
 REFERENCE = "nvfp4"
 
@@ -431,18 +430,18 @@ def pieces_takeaway(fidelity: GradientFidelity) -> Prose:
              HELPS_SOMEWHERE: "helped on some models and hurt on none",
              HURTS: "hurt on every batch of every model", HURTS_ON_AVERAGE: "hurt on average for each model",
              HURTS_SOMEWHERE: "hurt on some models and helped on none"}
-    clauses = [f"{listed(groups[v])} {words[v]}" for v in words if v in groups]
+    clauses = [f"{and_list(groups[v])} {words[v]}" for v in words if v in groups]
     if MIXED in groups:
         between = {fidelity.effect(r).mixed_between for r, name in PIECES.items() if name in groups[MIXED]}
-        clauses.append(f"the effect of {listed(groups[MIXED])} changed sign from "
+        clauses.append(f"the effect of {and_list(groups[MIXED])} changed sign from "
                        + ("model to model" if between == {"models"} else "model to model or batch to batch"))
     if NOISE in groups:
-        clauses.append(f"{listed(groups[NOISE])} made no difference beyond the draw-to-draw noise")
+        clauses.append(f"{and_list(groups[NOISE])} made no difference beyond the draw-to-draw noise")
     if sr_average_only:
         clauses.append(f"stochastic rounding helped only the average of {fidelity.ks[-1]} draws")
     if not clauses:
         raise ValueError("none of the NVFP4 recipe's pieces ran")
-    return Prose(f"over {_models(len(fidelity.seeds))}, " + listed(clauses))
+    return Prose(f"over {_models(len(fidelity.seeds))}, " + and_list(clauses))
 
 
 def fidelity_facts(fidelity: GradientFidelity) -> dict[str, object]:
@@ -455,7 +454,7 @@ def fidelity_facts(fidelity: GradientFidelity) -> dict[str, object]:
     ``gf_rht``), :func:`stochastic_rounding_sentence` (``gf_sr``) and :func:`pieces_takeaway`
     (``gf_takeaway``)."""
     facts: dict[str, object] = {
-        "gf_models": len(fidelity.seeds), "gf_seeds": Prose(listed([str(s) for s in fidelity.seeds])),
+        "gf_models": len(fidelity.seeds), "gf_seeds": Prose(and_list([str(s) for s in fidelity.seeds])),
         "gf_batches": fidelity.batches, "gf_draws": fidelity.draws, "gf_steps": fidelity.steps,
         "gf_sigmas": NOISE_SIGMAS}
     for r in fidelity.recipes:
