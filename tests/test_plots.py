@@ -1,3 +1,6 @@
+import dataclasses
+
+import matplotlib.pyplot as plt
 import pytest
 
 from course_lib import plots
@@ -26,6 +29,10 @@ def test_ranges_figure_has_log_axis_and_tensor_rows(small_profile):
     two = plots.plot_format_ranges(["FP16"], mags, recorded=("GPU", mags))
     assert any("(GPU)" in t.get_text() for t in two.axes[1].get_yticklabels())
     assert len(plots.plot_format_ranges(["FP16"]).axes) == 1
+    # FP16's limits cross both panels: one legend names them, under both
+    assert [t.get_text() for t in two.legends[0].get_texts()] == [
+        "FP16 smallest subnormal", "FP16 smallest normal", "FP16 largest value"]
+    assert_legends_clear_of_panels(two)
 
 
 def test_spacing_figure_one_curve_per_format():
@@ -128,6 +135,24 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     with pytest.raises(ValueError, match="finals has no values for BF16 two"):
         plots.plot_seeded_runs(res, reference="FP32", finals={"FP32": (1.0, 2.0), "BF16 one": (1.0, 1.0)})
 
+def assert_legends_clear_of_panels(fig):
+    """Every figure-level legend lies below every panel, its labels and ticks included."""
+    for legend in fig.legends:
+        box = legend.get_window_extent()
+        for ax in fig.axes:
+            if ax.get_visible():
+                assert box.y1 <= ax.get_tightbbox().y0 + 1, (ax.get_title(), box, ax.get_tightbbox())
+
+
+def test_a_figure_legend_gets_room_under_the_panels():
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3))
+    for i in range(7):
+        axes[0].plot([0, 1], [i, i], label=f"a fairly long series name {i}")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2)
+    plots.style.finish_figure(fig)
+    assert_legends_clear_of_panels(fig)
+
+
 def test_figures_render_at_high_resolution():
     import io
 
@@ -157,8 +182,9 @@ def test_microscaling_figures_draw_their_data():
     assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"
     assert list(lines["activation"].get_ydata()) == pytest.approx(
         [study.errors["e2m1"]["activation"][b].relative_error for b in study.blocks])
-    for ax in fig.axes:   # every panel names its lines
-        assert [t.get_text() for t in ax.get_legend().get_texts()] == list(study.tensors)
+    # one legend names the tensors of both panels, under them, overlapping neither
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(study.tensors)
+    assert_legends_clear_of_panels(fig)
     # two models, two batches each; nvfp4_no_sr is nvfp4 without stochastic rounding
     fid = mx_studies.GradientFidelity(
         ("nvfp4", "nvfp4_no_sr"), (0, 1), 1, 2, 2, (1, 2),
@@ -205,6 +231,7 @@ def test_monitoring_figures_draw_their_data():
     assert len(marks) == 2 and list(marks[0].get_xdata()) == [1, 2]     # the no-recovery run's bad steps
     assert fig.axes[1].get_yscale() == "log"
     assert any("rolled back to 0" in t.get_text() for t in top.texts)
+    assert_legends_clear_of_panels(fig)   # the legend under the panels covers no step of either run
     trend = monitoring_studies.UnderflowTrend("FP16", (0, 5), {"a": (0.1, 0.2), "b": (0.0, 0.0), "c": (0.3, 0.3)}, (3.0, 2.0), ())
     fig = plots.plot_underflow_trend(trend, top_n=2)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["c", "a"]
@@ -265,12 +292,18 @@ def test_distributed_figures_draw_every_variant_and_rank():
     err, off = fig.axes
     assert len(err.lines) == len(REDUCTION_VARIANTS) + 1 and len(off.lines) == len(REDUCTION_VARIANTS)
     assert err.get_yscale() == "log" and off.lines[1].get_ydata()[1] == 20.0     # shares drawn in %
+    assert_legends_clear_of_panels(fig)
     case = ScalerCase({0: (), 1: (1,)}, {0: (4.0, 4.0, 4.0), 1: (4.0, 4.0, 2.0)}, False, {0: False, 1: True})
     dp = DataParallelStudy(2, "gloo", "cpu", "small", 3, 1, 10, {}, {}, {"a": case, "b": case}, {}, {}, {}, {}, 0.0)
     fig = plots.plot_rank_scales(dp)
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert len(visible) == 2 and len(visible[0].lines) == 4      # a step line and skip marks per rank
     assert any("rank 0: weights not finite" in t.get_text() for t in visible[0].texts)
+    assert_legends_clear_of_panels(fig)
+    three = plots.plot_rank_scales(dataclasses.replace(dp, scaler_cases={k: case for k in "abcd"}))
+    spare = [ax for ax in three.axes if ax.get_legend() is not None]
+    assert len(spare) == 1 and not spare[0].axison      # the grid's empty slot holds the legend
+    assert [t.get_text() for t in spare[0].get_legend().get_texts()][:2] == ["the step the inf was planted at", "rank 0"]
 
 
 def test_wide_figures_get_text_that_reads_at_the_column_size():

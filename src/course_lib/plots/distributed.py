@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from .style import FIGURE_DPI, finish_figure
+from .style import finish_figure
 
 
 def plot_reduction_precision(study) -> Figure:
@@ -18,11 +20,14 @@ def plot_reduction_precision(study) -> Figure:
     n = list(study.world_sizes)
     styles = {"FP32": ("#000000", "-"), "BF16, ring": ("#D55E00", "-"), "BF16, tree": ("#D55E00", "--"),
               "/N first": ("#0072B2", "-"), "sqrt": ("#0072B2", ":")}
-    for label in study.errors:
+    for j, label in enumerate(study.errors):
         colour, ls = next(v for k, v in styles.items() if k in label)
-        ax_err.plot(n, study.errors[label], marker="o", ms=4, color=colour, ls=ls, label=label)
-        ax_off.plot(n, [100 * v for v in study.off_share[label]], marker="o", ms=4, color=colour, ls=ls,
-                    label=label)
+        # a dotted line is drawn with open markers over the solid one of its colour: where the two coincide
+        # (the FP16 reductions' whole-vector errors) both stay visible
+        kw = dict(marker="o", ms=4 if ls != ":" else 6, color=colour, ls=ls, label=label, zorder=2 + j,
+                  mfc="white" if ls == ":" else colour)
+        ax_err.plot(n, study.errors[label], **kw)
+        ax_off.plot(n, [100 * v for v in study.off_share[label]], **kw)
     ax_err.plot(n, study.floor, color="#999999", ls="--", lw=1, label="exact mean rounded once to BF16")
     ax_err.set_yscale("log")
     ax_err.set_ylabel("relative error of the mean gradient\n(L2, against FP64)")
@@ -35,11 +40,8 @@ def plot_reduction_precision(study) -> Figure:
     ax_err.set_title("Whole gradient")
     ax_off.set_title("Entry by entry (what Adam sees)")
     handles, names = ax_err.get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0.13, 1, 1))
-    plt.close(fig)
-    fig.set_dpi(FIGURE_DPI)
-    return fig
+    fig.legend(handles, names, loc="lower center", ncol=3, frameon=False)
+    return finish_figure(fig)
 
 
 def plot_rank_scales(study, labels=None) -> Figure:
@@ -49,21 +51,25 @@ def plot_rank_scales(study, labels=None) -> Figure:
     labels = list(study.scaler_cases) if labels is None else list(labels)
     ncols = min(3, len(labels))
     nrows = -(-len(labels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 3.3 * nrows), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.9 * ncols, 3.0 * nrows), sharey=True, squeeze=False)
     colours = ["#0072B2", "#D55E00", "#009E73", "#CC79A7"]
+    dashes = ["-", (0, (4, 2)), ":", "-."]   # a later rank dashed over an earlier one: both show where they agree
     for ax in axes.flat[len(labels):]:
         ax.set_visible(False)
     for ax, label in zip(axes.flat, labels):
         case = study.scaler_cases[label]
-        ax.axvspan(study.plant_step - 0.4, study.plant_step + 0.4, color="#999999", alpha=0.25, lw=0)
+        ax.axvspan(study.plant_step - 0.4, study.plant_step + 0.4, color="#999999", alpha=0.25, lw=0,
+                   label="the step the inf was planted at")
         for j, (rank, scales) in enumerate(sorted(case.scales.items())):
             steps = np.arange(len(scales))
-            ax.step(steps, scales, where="post", color=colours[j % 4], lw=2.2 - 0.8 * j, label=f"rank {rank}")
+            ax.step(steps, scales, where="post", color=colours[j % 4], lw=2.4 - 0.6 * j, ls=dashes[j % 4],
+                    label=f"rank {rank}")
             skipped = list(case.skipped[rank])
-            ax.plot(skipped, [scales[s] for s in skipped], "x", ms=9, mew=2, color=colours[j % 4])
+            ax.plot(skipped, [scales[s] for s in skipped], "x", ms=9, mew=2, color=colours[j % 4],
+                    label=f"rank {rank} skipped the step")
         ax.set_yscale("log", base=2)
         ax.set_xlabel("step", fontsize=12)
-        ax.set_title(label.replace(", ", ",\n", 1), fontsize=12)
+        ax.set_title(textwrap.fill(label, 24), fontsize=11)
         ax.tick_params(labelsize=11)
         ax.grid(alpha=0.3)
         bad = [r for r, ok in case.weights_finite.items() if not ok]
@@ -71,6 +77,13 @@ def plot_rank_scales(study, labels=None) -> Figure:
             ax.text(0.03, 0.05, f"rank {', '.join(map(str, bad))}: weights not finite", transform=ax.transAxes,
                     fontsize=11, color="black")
     for row in axes:
-        row[0].set_ylabel("loss scale (x: step skipped)", fontsize=12)
-    axes[0][0].legend(fontsize=11, loc="lower left")
+        row[0].set_ylabel("loss scale", fontsize=12)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    spare = [ax for ax in axes.flat[len(labels):]]
+    if spare:   # an empty slot of the grid holds the legend
+        spare[0].set_visible(True)
+        spare[0].axis("off")
+        spare[0].legend(handles, names, loc="center", fontsize=11, frameon=False)
+    else:
+        fig.legend(handles, names, loc="lower center", ncol=2, fontsize=11, frameon=False)
     return finish_figure(fig)

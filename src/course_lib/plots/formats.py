@@ -121,7 +121,8 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
                                        (lim.min_normal, "--", "smallest normal"),
                                        (lim.max_finite, "-", "largest value")):
                 target.axvline(value, color=LIMIT_COLOUR, lw=1.0, ls=style, label=f"{lim.name} {what}")
-        axes[0].legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=8, ncol=2, frameon=False)
+        # the lines cross every panel: one legend under them all
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
     for target in axes:
         target.set_xscale("log", base=10)
         target.set_xlabel("magnitude |x| (log scale)")

@@ -17,7 +17,8 @@ def plot_block_sizes(study) -> Figure:
     """Relative error (log) of MX quantisation against block size, one panel per element format of a
     :class:`~course_lib.studies.microscaling.BlockSizeStudy`; one line per tensor, dashed for a tensor named "... + outlier"."""
     # each panel its own log range: FP8's errors would sit below the lowest labelled tick of FP4's
-    fig, axes = plt.subplots(1, len(study.elements), figsize=(5.6 * len(study.elements), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(study.elements), figsize=(min(COLUMN_INCHES, 4.3 * len(study.elements)), 4.6),
+                             squeeze=False)
     x = np.arange(len(study.blocks))
     for ax, element in zip(axes[0], study.elements):
         for j, tensor in enumerate(study.tensors):
@@ -25,7 +26,7 @@ def plot_block_sizes(study) -> Figure:
             errs = [study.errors[element][tensor][b].relative_error for b in study.blocks]
             ax.plot(x, errs, "o-" if base == tensor else "s--", color=_TENSOR_COLOURS.get(base, recipe_colour(j)),
                     lw=1.8, ms=5, label=tensor)
-        ax.set_xticks(x, ["1 (per element)" if b == "1" else ("whole tensor" if b == "tensor" else b)
+        ax.set_xticks(x, ["1\n(per\nelement)" if b == "1" else ("whole\ntensor" if b == "tensor" else b)
                           for b in study.blocks])
         ax.set_yscale("log")
         ax.set_xlabel("elements per E8M0 scale")
@@ -36,8 +37,10 @@ def plot_block_sizes(study) -> Figure:
             ax.yaxis.set_minor_formatter(mticker.FormatStrFormatter("%.3g"))
             ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
     axes[0][0].set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
-    for ax in axes[0]:   # a legend per panel: each panel has its own scale and its own crossing lines
-        ax.legend(fontsize=8, loc="best")
+    # one legend for both panels (a tensor has the same colour and line in each), under them: inside a
+    # panel it covered lines
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
     return finish_figure(fig)
 
 

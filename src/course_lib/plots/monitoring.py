@@ -13,7 +13,7 @@ def plot_recovery(demo) -> Figure:
     """Loss, loss scale and skipped steps against the optimizer step for the run without recovery (grey)
     and with it (colour) of a :class:`~course_lib.studies.monitoring.RecoveryDemo`; the fault's start and each rollback
     marked. A rolled-back run steps back along the x axis, so its line doubles back where it rolled back."""
-    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(10, 7.4), sharex=True,
+    fig, (top, mid, bottom) = plt.subplots(3, 1, figsize=(8.5, 7.8), sharex=True,
                                            gridspec_kw={"height_ratios": [2, 1.4, 0.8]})
     runs = (("FP16 + GradScaler, no recovery", demo.without, "#777777"),
             ("with recovery (rolls back, continues in BF16)", demo.with_recovery, "#0072B2"))
@@ -36,9 +36,10 @@ def plot_recovery(demo) -> Figure:
                      transform=top.get_xaxis_transform(), clip_on=False,
                      label=("no recovery" if j == 0 else "recovery") + ": loss inf/NaN")
         skipped = steps[np.asarray(log.skipped, dtype=bool)]
-        bottom.plot(skipped, np.full(len(skipped), j), "|", color=colour, ms=14, mew=2)
+        # above the fault's line, which runs through the same step
+        bottom.plot(skipped, np.full(len(skipped), j), "|", color=colour, ms=14, mew=2.4, zorder=3)
     for ax in (top, mid, bottom):
-        ax.axvline(demo.fault_at, color=LIMIT_COLOUR, ls="--", lw=1.2)
+        ax.axvline(demo.fault_at, color=LIMIT_COLOUR, ls="--", lw=1.2, zorder=1)
         ax.grid(alpha=0.3)
     for e in demo.events:
         top.annotate(f"alert at step {e.step}: rolled back to {e.rolled_back_to}, continued in {e.recipe}",
@@ -46,7 +47,8 @@ def plot_recovery(demo) -> Figure:
                      textcoords="offset points", fontsize=8, va="center")
     top.text(demo.fault_at, top.get_ylim()[0], " fault starts", color=LIMIT_COLOUR, fontsize=8, va="bottom")
     top.set_ylabel("loss\n(x along the top: inf or NaN)")
-    top.legend(fontsize=8, loc="lower left")
+    handles, labels = top.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False)   # under the panels: covers no data
     mid.set_yscale("log", base=2)
     mid.set_ylabel("loss scale (log2)")
     bottom.set_yticks([0, 1], ["no recovery", "recovery"])

@@ -266,8 +266,8 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
                                 mew=0.8)
         kind = "measured here and predicted" if device == ladder.own_prediction_device else "predicted only"
         top.set_title(f"{device}\n({kind})", fontsize=10)
-        top.set_ylabel("tokens per second (log)")
-        bottom.set_ylabel("MFU, % of the reference peak (log)")
+        top.set_ylabel("tokens per second")
+        bottom.set_ylabel("MFU (% of the reference peak)")
         bottom.set_xlabel("parameters (log)")
         for ax in (top, bottom):
             ax.set_xscale("log")
@@ -278,6 +278,7 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         bottom.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         handles, labels = top.get_legend_handles_labels()
-        bottom.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2,
+        # one entry per row: two columns of long entries ran into the other column's legend
+        bottom.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1,
                       frameon=False, title=f"{device}:", title_fontsize=8)
     return finish_figure(fig)

@@ -89,7 +89,13 @@ def finish_figure(fig: Figure) -> Figure:
     notebook's PNG uses."""
     enforce_min_font(fig)
     scale_text_to_column(fig)
-    fig.tight_layout()
+    # a legend of the whole figure sits along its bottom edge (fig.legend(loc="lower center")): the panels
+    # are laid out above it, however many rows it takes, so that it covers no tick label
+    bottom = 0.0
+    if fig.legends:
+        height = max(legend.get_window_extent().height for legend in fig.legends)   # pixels at fig.dpi
+        bottom = min(0.5, height / (fig.get_figheight() * fig.dpi) + 0.01)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     plt.close(fig)
     fig.set_dpi(FIGURE_DPI)   # after close(), which restores the figure's original dpi
     return fig

@@ -71,7 +71,7 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
         p1.append(q[0])
         p50.append(q[1])
         p99.append(q[2])
-    fig, ax = plt.subplots(figsize=(8.5, 0.28 * len(names) + 1.8))
+    fig, ax = plt.subplots(figsize=(8.5, 0.28 * len(names) + 2.2))
     y = np.arange(len(names))
     ax.hlines(y, p1, p99, color="#555555", lw=5)
     ax.plot(p50, y, "o", color="white", mec="black", ms=5, label="median")
@@ -83,6 +83,7 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     ax.set_xlabel(f"|{kind} gradient| (bar: 1st to 99th percentile)")
     ax.set_ylabel("layer (top: last layer, where backpropagation starts)")
     ax.set_title(title or f"{kind.capitalize()} gradients layer by layer, going backwards")
-    ax.legend(fontsize=8, loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)   # under the bars, covering none
     ax.grid(axis="x", alpha=0.3)
     return finish_figure(fig)
