@@ -257,7 +257,9 @@ def test_dashboard_draws_each_panel_and_groups_alerts():
     assert layer_lines["a"].get_linestyle() != layer_lines["b"].get_linestyle()
     assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients (2 parameters)"]
     assert list(fig.axes[2].get_lines()[0].get_xdata()) == [1]        # the skipped step
-    assert len(fig.axes[0].texts) == 0                                  # nothing left out, no note
+    # nothing left out, so no note: only the planted fault's line is named
+    assert [t.get_text() for t in fig.axes[0].texts] == [" fault starts"]
+    assert not plots.plot_dashboard(log, alerts).axes[0].texts
 
 
 def test_dashboard_leaves_out_empty_panels_and_draws_identical_series_once():

@@ -151,6 +151,9 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
         ax.grid(alpha=0.3)
         if mark_step is not None:
             ax.axvline(mark_step, color=LIMIT_COLOUR, ls="--", lw=1.2)
+    if mark_step is not None:   # named once, at the foot of the first panel's line
+        axes[0].text(mark_step, 0.0, " fault starts", color=LIMIT_COLOUR, fontsize=8, va="bottom",
+                     transform=axes[0].get_xaxis_transform())
     by_step: dict[int, list] = {}
     for a in alerts:
         by_step.setdefault(a.step, []).append(a)

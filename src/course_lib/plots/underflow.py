@@ -47,7 +47,12 @@ def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, titl
               ((top + hi) / 2, f"overflow\n{summary.overflow:.1%}")]
     for x, text in labels:
         if lo <= x <= hi:
-            ax.text(x, y, text, ha="center", va="top", fontsize=8)
+            # centred on its region, but kept inside the axes where the region is at an edge
+            where = (x - lo) / (hi - lo) if hi > lo else 0.5
+            ha = "right" if where > 0.9 else "left" if where < 0.1 else "center"
+            pad = 0.01 * (hi - lo)
+            ax.text(hi - pad if ha == "right" else lo + pad if ha == "left" else x, y, text, ha=ha, va="top",
+                    fontsize=8)
     ax.set_xlim(lo, hi)
     ax.set_xlabel(f"log2 |gradient x {loss_scale:g}|" if loss_scale != 1 else "log2 |gradient|")
     ax.set_ylabel("% of values")
