@@ -453,7 +453,7 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     assert measured[2].endswith("measured here 16 in all; BF16 weights with FP32 masters in the course's loop: 20.")
     assert measured[3] == ("Under torch.amp the persistent state is unchanged (16 bytes per parameter); only "
                            "activations shrink, here to 0.60 of FP32's.")
-    assert "(2 KiB during a step of the small model). For 7B parameters the persistent state is 112 GB." in measured[4]
+    assert "(2 KiB during a step of this page's model). For 7B parameters the persistent state is 112 GB." in measured[4]
     assert measured[5] == "On this machine FP16 autocast trains at 1.25 times FP32's speed."
     cpu = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64,
                                     device_label="this CPU", sweeps={"live": {"fp32": {8: 2.0}, "fp16": {8: 1.0}}},

@@ -508,7 +508,7 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
         ("With AMP a 7B model keeps an FP16 copy of its weights and FP16 gradients.",
          f"torch.amp keeps FP32 weights and FP32 gradients; its 16-bit weight copies are made in the forward pass "
          f"and freed after backward ({autocast.components['autocast_weight_copies'] / 1024:.0f} KiB "
-         f"during a step of the small model). For 7B parameters the persistent state is "
+         f"during a step of this page's model). For 7B parameters the persistent state is "
          f"{estimate_training_memory(7e9, 'bf16_autocast')['total'] / 1e9:.0f} GB."),
         ("Lower precision is always faster.",
          lower_precision_erratum(speed, device_label, sweeps or {}, studies or {})),
