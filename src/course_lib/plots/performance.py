@@ -5,7 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from ..bench import attainable_tflops
 from .style import FORMAT_COLOURS, finish_figure
@@ -154,6 +154,7 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figur
         if target and title in target:
             ax.axhline(target[title], color="#555555", ls=":", lw=1.2, label="target loss")
         ax.set_xlabel("wall-clock seconds")
+        ax.xaxis.set_major_locator(MaxNLocator(5))   # "0.000 0.025 ..." ran into each other on a fast run
         ax.set_ylabel("training loss (moving average)")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
