@@ -1,6 +1,7 @@
 """Lesson 5's facts, phrases, tables and errata rows (studies.bf16_prose), each computed from a result built by
 hand with known numbers."""
 
+import dataclasses
 import math
 
 import pytest
@@ -40,7 +41,8 @@ def test_parity_table_shows_mean_spread_and_every_seed():
     table = P.parity_table(_parity())
     assert isinstance(table, MarkdownTable)
     assert table.splitlines() == [
-        "| recipe | final loss, mean over seeds | spread (std. dev.) | per seed |", "|---|---|---|---|",
+        "| recipe | final loss (mean of the last 5 steps), mean over seeds | spread (std. dev.) | per seed |",
+        "|---|---|---|---|",
         "| `fp32` | 2.0000 | 1.4142 | 1.0000, 3.0000 |",          # std. dev. sqrt(2)
         "| `bf16_autocast` | 2.1000 | 0.8485 | 1.5000, 2.7000 |"]  # sqrt(0.72)
 
@@ -48,7 +50,10 @@ def test_parity_table_shows_mean_spread_and_every_seed():
 def test_parity_facts_compare_means_spreads_and_seeds():
     facts = P.parity_facts(_parity())
     assert set(facts) == {"parity_fp32", "parity_bf16_autocast", "parity_seeds", "parity_max_gap",
-                          "parity_max_spread", "parity_max_paired"}
+                          "parity_max_spread", "parity_max_paired", "parity_steps", "parity_tail"}
+    assert (facts["parity_steps"], facts["parity_tail"]) == (0, 5)     # no curves kept: the tail it was given
+    three = dataclasses.replace(_parity(), curves={"fp32": (3.0, 2.0, 1.0)}, tail=4)
+    assert (P.parity_facts(three)["parity_steps"], P.parity_facts(three)["parity_tail"]) == (3, 3)   # every step
     assert facts["parity_fp32"] == 2.0 and facts["parity_bf16_autocast"] == pytest.approx(2.1)
     assert facts["parity_seeds"] == 2
     assert facts["parity_max_gap"] == pytest.approx(0.1)

@@ -235,10 +235,13 @@ def test_loss_differences_and_final_loss_table():
     assert diffs["rowwise"] == (0.125, 0.25, 0.5) and diffs["bf16_autocast"] == (0.0, 0.0, 0.0)
     assert training_prose.final_loss_table(result) == (
         "| recipe | final loss per seed (mean of the last 5 steps) | minus BF16 (same seed) |\n|---|---|---|\n"
-        "| bf16_autocast | 3.000, 2.500, 2.000 | +0.000, +0.000, +0.000 |\n"
-        "| tensorwise | 3.250, 2.250, 2.000 | +0.250, -0.250, +0.000 |\n"
-        "| rowwise | 3.125, 2.750, 2.500 | +0.125, +0.250, +0.500 |\n"
-        "| unscaled | 3.500, 3.000, 2.250 | +0.500, +0.500, +0.250 |\n")
+        "| bf16_autocast | 3.000, 2.500, 2.000 | +0.0000, +0.0000, +0.0000 |\n"
+        "| tensorwise | 3.250, 2.250, 2.000 | +0.2500, -0.2500, +0.0000 |\n"
+        "| rowwise | 3.125, 2.750, 2.500 | +0.1250, +0.2500, +0.5000 |\n"
+        "| unscaled | 3.500, 3.000, 2.250 | +0.5000, +0.5000, +0.2500 |\n")
+    # a gap under 0.0005 keeps its sign on the page (three decimals printed -0.000)
+    tiny = training({"bf16_autocast": flat(3.0, 2.5, 2.0), "rowwise": flat(3.0, 2.5, 1.9998)})
+    assert "| rowwise | 3.000, 2.500, 2.000 | +0.0000, +0.0000, -0.0002 |" in training_prose.final_loss_table(tiny)
     with pytest.raises(ValueError, match="baseline 'fp32' did not run"):
         training_prose.loss_differences(result, "fp32")
 
@@ -256,9 +259,9 @@ def test_seed_consistency(above, below, mixed, sentence):
 
 
 def test_tile_note_says_why_the_tile_is_not_deepseeks():
-    assert fp8_prose.tile_note(128, 512) == "here the same 128"
-    assert fp8_prose.tile_note(32, 64) == "here 32, because 128 does not divide the model's width of 64"
-    assert fp8_prose.tile_note(64, 256) == "here 64"
+    assert fp8_prose.tile_note(128, 512) == "the same 128"
+    assert fp8_prose.tile_note(32, 64) == "32, because 128 does not divide the model's width of 64"
+    assert fp8_prose.tile_note(64, 256) == "64"
     assert fp8_studies.lab_block(SizeProfile("small")) == 32 and fp8_studies.lab_block(
         SizeProfile("full", forced=True)) == fp8_prose.DEEPSEEK_TILE
 
@@ -276,9 +279,11 @@ def test_recorded_training_note():
 
 
 @pytest.mark.parametrize("seeds, sentence", [
-    ((0,), "With one seed every recipe keeps one sign, so this is no evidence"),
-    ((0, 1), "With two seeds a recipe keeps one sign by chance one time in two, so this is weak evidence"),
-    ((0, 1, 2, 3, 4, 5), "With six seeds a recipe keeps one sign by chance one time in 32, so this is evidence"),
+    ((0,), "With one seed every recipe ends on one side of BF16, so this is no evidence"),
+    ((0, 1), "With two seeds, a recipe no different from BF16 would still end on the same side of it in every seed "
+             "one time in two, so this is weak evidence"),
+    ((0, 1, 2, 3, 4, 5), "With six seeds, a recipe no different from BF16 would still end on the same side of it in "
+                         "every seed one time in 32, so this is evidence"),
 ])
 def test_seed_facts_count_the_seeds(seeds, sentence):
     curves = {"bf16_autocast": tuple((3.0,) * 3 for _ in seeds)}
@@ -297,8 +302,8 @@ def test_fp8_training_facts():
         "train_unscaled_peak": 7.5, "train_bf16_peak": 3.5, "train_skip": 10,
         "train_recorded_note": training_prose.recorded_training_note(False),
         "train_seeds": "three", "train_tail": 5,
-        "train_sign_chance": "With three seeds a recipe keeps one sign by chance one time in four, so this is "
-                             "weak evidence"}
+        "train_sign_chance": "With three seeds, a recipe no different from BF16 would still end on the same "
+                             "side of it in every seed one time in four, so this is weak evidence"}
     assert training_prose.fp8_training_facts(fp8_result(), recorded=True, full_size=True)["train_recorded_note"] == (
         training_prose.recorded_training_note(True, full_size=True))
     assert isinstance(facts["train_consistent"], Prose)

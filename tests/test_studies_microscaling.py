@@ -221,8 +221,8 @@ def test_block_scaled_training_facts():
         "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 0, +0.250 against BF16's loss "
                           "from the same seed at that step; that run ended +0.250 from BF16's final loss.",
         "train_seeds": "three", "train_tail": 5,
-        "train_sign_chance": "With three seeds a recipe keeps one sign by chance one time in four, so this is "
-                             "weak evidence"}
+        "train_sign_chance": "With three seeds, a recipe no different from BF16 would still end on the same "
+                             "side of it in every seed one time in four, so this is weak evidence"}
     alone = Fp8Training(("bf16_autocast",), (0,), 8, 16, {"bf16_autocast": flat(3.0)})
     with pytest.raises(ValueError, match="no block-scaled recipe"):
         ms.block_scaled_training_facts(alone)
@@ -251,10 +251,10 @@ def fidelity() -> GradientFidelity:
 
 def test_fidelity_table_and_facts():
     assert ms.fidelity_table(fidelity()) == (
-        "| recipe | model seed 0: error per batch (minus NVFP4's, points ± one standard error over the draws) | "
-        "model seed 1: error per batch (minus NVFP4's, points ± one standard error over the draws) |\n|---|---|---|\n"
-        "| mxfp8 | 3.1% (-9.38±0.10) | 6.2% (-18.75±0.10) |\n| nvfp4 | 12.5% (+0.00) | 25.0% (+0.00) |\n"
-        "| nvfp4_no_sr | 9.4% (-3.12±0.10) | 28.1% (+3.12±0.10) |\n")
+        "| recipe | model seed 0: error per batch (minus NVFP4's, points ± 2 standard errors) | "
+        "model seed 1: error per batch (minus NVFP4's, points ± 2 standard errors) |\n|---|---|---|\n"
+        "| mxfp8 | 3.1% (-9.38±0.20) | 6.2% (-18.75±0.20) |\n| nvfp4 | 12.5% (+0.00) | 25.0% (+0.00) |\n"
+        "| nvfp4_no_sr | 9.4% (-3.12±0.20) | 28.1% (+3.12±0.20) |\n")
     exact = dataclasses.replace(fidelity(), single_stderr={r: ((0.0,), (0.0,)) for r in fidelity().recipes})
     assert "| mxfp8 | 3.1% (-9.38) | 6.2% (-18.75) |" in ms.fidelity_table(exact)   # no draws to vary
     facts = ms.fidelity_facts(fidelity())

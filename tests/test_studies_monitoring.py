@@ -255,7 +255,7 @@ def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
     assert P.overhead_sentence(UNRESOLVED).endswith(
         "from +0.0% to +20.0% (every 10 steps). So watching every step made the mean step 50.0% longer: a cost; "
         "watching every 10 steps changed the mean step time by +20.0%, more than that noise overall, but the step "
-        "was longer by more than the noise in only 2 of 3 rounds (it takes every round): no cost this run can tell "
+        "was longer by more than the noise in only 2 of 3 rounds (a cost must show in every round): no cost this run can tell "
         "from zero.")
     assert P.overhead_sentence(FASTER).endswith(
         "watching every 10 steps made the mean step 20.0% shorter, by more than that noise in every round; a "
@@ -405,7 +405,7 @@ def test_a_comparison_with_the_noise_prints_enough_decimals_to_be_checked():
     sentence = P.overhead_sentence(CLOSE)
     assert "moved by a median 4.00% from one round" in sentence
     assert sentence.endswith("changed the mean step time by -4.04%, more than that noise overall, but the step was "
-                             "shorter by more than the noise in only 4 of 6 rounds (it takes every round but at most "
+                             "shorter by more than the noise in only 4 of 6 rounds (a cost must show in every round but at most "
                              "one): no cost this run can tell from zero.")
     assert P.overhead_table(CLOSE).splitlines()[1:] == ["|---|---|---|", "| none | 1040.0 |  |",
                                                        "| every step | 1560.0 | +50.00% |",
@@ -468,8 +468,10 @@ def test_matmul_table_and_facts():
 
 @pytest.mark.parametrize("findings, phrase", [
     ((), "nothing"),
-    ((Finding("unaligned_matmul", 0, "m"), Finding("clip_before_unscale", 0, "m")),
-     "`unaligned_matmul`, `clip_before_unscale`"),
+    ((Finding("unaligned_matmul", 0, "A width is not a multiple of 8: pad it."),
+      Finding("clip_before_unscale", 0, "Gradients were clipped while still scaled: unscale first.")),
+     "`unaligned_matmul` (a width is not a multiple of 8) and `clip_before_unscale` (gradients were clipped while "
+     "still scaled)"),
 ])
 def test_checkup_facts(findings, phrase):
     report = Checkup("cpu", (), {}, (), 0.1, 2.0**18, "fp32", (), findings, True)

@@ -65,8 +65,9 @@ def plot_rank_scales(study, labels=None) -> Figure:
             ax.step(steps, scales, where="post", color=colours[j % 4], lw=2.4 - 0.6 * j, ls=dashes[j % 4],
                     label=f"rank {rank}")
             skipped = list(case.skipped[rank])
-            ax.plot(skipped, [scales[s] for s in skipped], "x", ms=9, mew=2, color=colours[j % 4],
-                    label=f"rank {rank} skipped the step")
+            # a marker per rank ("x", "+", ...): where every rank skipped a step, the marks overlap as a star
+            ax.plot(skipped, [scales[s] for s in skipped], "x+12"[j % 4], ms=10 - 1.5 * j, mew=2,
+                    color=colours[j % 4], label=f"rank {rank} skipped the step")
         ax.set_yscale("log", base=2)
         ax.set_xlabel("step", fontsize=12)
         ax.set_title(textwrap.fill(label, 24), fontsize=11)

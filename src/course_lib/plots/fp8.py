@@ -37,7 +37,7 @@ def plot_scaling_lab(lab) -> Figure:
     ax.set_ylim(floor, 5)
     ax.set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
     ax.grid(alpha=0.3, axis="y", which="both")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
     return finish_figure(fig)
 
 
@@ -133,7 +133,7 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
     ax.set_xlabel("M = K = N (log2)")
     ax.set_ylabel("speedup of FP8 over BF16")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     return finish_figure(fig)
 
 

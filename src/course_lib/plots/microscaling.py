@@ -85,7 +85,7 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
         left.plot([], [], _SEED_MARKERS[s % len(_SEED_MARKERS)], color="#555555", mfc="none", mew=1.3,
                   label=f"model seed {seed}")
     # above the panel, where no marker can hide behind it
-    left.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=n_models, frameon=False)
+    left.legend(fontsize=10, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=n_models, frameon=False)
 
     # each bar is one piece of a recipe, named by what it is (the recipe without it is the other run)
     names = {"sr": "stochastic rounding", "rht": "Hadamard transform", "2d": "16x16 weight blocks",

@@ -280,6 +280,6 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         handles, labels = top.get_legend_handles_labels()
         # one entry per row: two columns of long entries ran into the other column's legend
-        bottom.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1,
-                      frameon=False, title=f"{device}:", title_fontsize=8)
+        bottom.legend(handles, labels, fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1,
+                      frameon=False, title=f"{device}:", title_fontsize=9)
     return finish_figure(fig)

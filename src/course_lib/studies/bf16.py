@@ -143,6 +143,17 @@ class Parity:
     seeds: tuple[int, ...]
     final_losses: dict[str, tuple[float, ...]]
     curves: dict[str, tuple[float, ...]]   # the first seed's loss curve per recipe
+    tail: int = 5                          # records made before the field used convergence_parity's default, 5
+
+    @property
+    def steps(self) -> int:
+        """Steps per run (the length of the first seed's curves; 0 where none were kept)."""
+        return max((len(c) for c in self.curves.values()), default=0)
+
+    @property
+    def final_steps(self) -> int:
+        """How many last steps a final loss averaged: ``tail``, or every step of a shorter run."""
+        return min(self.tail, self.steps) if self.steps else self.tail
 
     def mean(self, recipe: str) -> float:
         v = self.final_losses[recipe]
@@ -174,5 +185,5 @@ def convergence_parity(profile, device: torch.device | str = "cpu", *,
             values.append(sum(h.losses[-tail:]) / len(h.losses[-tail:]))
             curves.setdefault(name, tuple(h.losses))
         finals[name] = tuple(values)
-    return Parity(tuple(recipes), tuple(seeds), finals, curves)
+    return Parity(tuple(recipes), tuple(seeds), finals, curves, tail)
 

@@ -51,20 +51,23 @@ def exercise_facts() -> dict[str, object]:
 def parity_table(parity: Parity) -> MarkdownTable:
     """Per recipe: the mean final loss over seeds, its sample standard deviation and each seed's value."""
     return markdown_table(
-        ("recipe", "final loss, mean over seeds", "spread (std. dev.)", "per seed"),
+        ("recipe", f"final loss (mean of the last {parity.final_steps} steps), mean over seeds",
+         "spread (std. dev.)", "per seed"),
         [(f"`{r}`", f"{parity.mean(r):.4f}", f"{parity.spread(r):.4f}",
           ", ".join(f"{v:.4f}" for v in parity.final_losses[r])) for r in parity.recipes])
 
 
 def parity_facts(parity: Parity) -> dict[str, object]:
-    """``parity_<recipe>``: each recipe's mean final loss; the number of seeds; the largest gap between two
+    """``parity_<recipe>``: each recipe's mean final loss; the number of seeds, of steps per run and of final
+    steps a final loss averages (``parity_tail``); the largest gap between two
     recipes' means (``parity_max_gap``), the largest standard deviation over seeds (``parity_max_spread``)
     and the largest difference of any recipe from FP32 with the same seed (``parity_max_paired``)."""
     if "fp32" not in parity.final_losses:
         raise ValueError("parity_facts compares against FP32: the parity study must include the 'fp32' recipe")
     means = [parity.mean(r) for r in parity.recipes]
     return {**{f"parity_{r}": parity.mean(r) for r in parity.recipes},
-            "parity_seeds": len(parity.seeds),
+            "parity_seeds": len(parity.seeds), "parity_steps": parity.steps,
+            "parity_tail": parity.final_steps,
             "parity_max_gap": max(means) - min(means),
             "parity_max_spread": max(parity.spread(r) for r in parity.recipes),
             "parity_max_paired": max(abs(a - b) for r in parity.recipes

@@ -183,13 +183,13 @@ DEEPSEEK_TILE = 128   # DeepSeek-V3's tile side: 1 x 128 activation tiles, 128 x
 
 
 def tile_note(block: int, width: int) -> Prose:
-    """Why this page's tiles are ``block`` wide: DeepSeek-V3's own where it divides the model's ``width``, a
-    smaller one where it does not."""
+    """This page's tile side ``block`` and why (the prose puts "here" before it): DeepSeek-V3's own where it
+    divides the model's ``width``, a smaller one where it does not."""
     if block == DEEPSEEK_TILE:
-        return Prose(f"here the same {block}")
+        return Prose(f"the same {block}")
     if width % DEEPSEEK_TILE == 0:
-        return Prose(f"here {block}")
-    return Prose(f"here {block}, because {DEEPSEEK_TILE} does not divide the model's width of {width}")
+        return Prose(f"{block}")
+    return Prose(f"{block}, because {DEEPSEEK_TILE} does not divide the model's width of {width}")
 
 
 def torchao_agreement(agree: bool) -> Prose:

@@ -253,16 +253,17 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
 
 def fidelity_table(fidelity: GradientFidelity, reference: str = REFERENCE) -> MarkdownTable:
     """One row per recipe, one column per model seed: the gradient error on each of that model's batches and,
-    in brackets, its difference from ``reference``'s on the same batch (percentage points), with its standard
-    error over the stochastic-rounding draws where there is one (``-0.47±0.30``)."""
+    in brackets, its difference from ``reference``'s on the same batch (percentage points), with the noise it
+    must exceed to count, :data:`NOISE_SIGMAS` standard errors over the stochastic-rounding draws, where there
+    is any (``-0.47±0.60``; for a recipe without stochastic rounding that is the reference's own noise)."""
     effects = {r: fidelity.effect(r, reference) for r in fidelity.recipes}
 
     def difference(d: float, noise: float, recipe: str) -> str:
-        return f"{d:+.2f}" + (f"±{noise:.2f}" if noise > 0 and recipe != reference else "")
+        return f"{d:+.2f}" + (f"±{NOISE_SIGMAS * noise:.2f}" if noise > 0 and recipe != reference else "")
 
     return markdown_table(
-        ["recipe", *(f"model seed {s}: error per batch (minus {reference.upper()}'s, points ± one standard error "
-                     "over the draws)" for s in fidelity.seeds)],
+        ["recipe", *(f"model seed {s}: error per batch (minus {reference.upper()}'s, points ± "
+                     f"{NOISE_SIGMAS:g} standard errors)" for s in fidelity.seeds)],
         [[r, *(", ".join(f"{100 * v:.1f}%" for v in errs) + " ("
                + ", ".join(difference(d, n, r) for d, n in zip(ds, ns)) + ")"
                for errs, ds, ns in zip(fidelity.single[r], effects[r].per_model, effects[r].noise))]

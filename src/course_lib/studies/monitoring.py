@@ -506,5 +506,11 @@ def matmul_facts(stats: Mapping[str, Sequence[MatmulStats]], *, fp16: str = "FP1
 
 
 def checkup_facts(report: Checkup) -> dict[str, object]:
-    """The pitfalls the check-up's audit of the reader's loop found, as a phrase (``"nothing"`` if none)."""
-    return {"checkup_findings": Prose(", ".join(_code(f.pitfall) for f in report.findings) or "nothing")}
+    """The pitfalls the check-up's audit of the reader's loop found, each with the first clause of its message
+    (``"`unaligned_matmul` (a linear layer's input or output width is not a multiple of 8)"``), as a phrase
+    (``"nothing"`` if none)."""
+    def gloss(message: str) -> str:
+        first = message.split(":")[0].rstrip(".")
+        return first[0].lower() + first[1:] if first else first
+    found = [f"{_code(f.pitfall)} ({gloss(f.message)})" for f in report.findings]
+    return {"checkup_findings": Prose(and_list(found) if found else "nothing")}

@@ -133,7 +133,7 @@ def _clause(cost: MonitorOverhead, every: int, decimals: int) -> str:
         "within noise": f"changed the mean step time by {signed}, within that noise: no cost this run can tell "
                         "from zero",
         "unresolved": f"changed the mean step time by {signed}, more than that noise overall, but the step was "
-                      f"{_beyond(cost, every)} (it takes {rule}): no cost this run can tell from zero",
+                      f"{_beyond(cost, every)} (a cost must show in {rule}): no cost this run can tell from zero",
         "faster": f"made the mean step {size} shorter, by more than that noise in {rule}; a monitor only adds "
                   "work, so the machine's load changed during the run",
     }[overhead_verdict(cost, every)]
