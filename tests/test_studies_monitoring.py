@@ -469,7 +469,7 @@ def test_matmul_table_and_facts():
 @pytest.mark.parametrize("findings, phrase", [
     ((), "nothing"),
     ((Finding("unaligned_matmul", 0, "A width is not a multiple of 8: pad it."),
-      Finding("clip_before_unscale", 0, "Gradients were clipped while still scaled: unscale first.")),
+      Finding("clip_before_unscale", 0, "Gradients were clipped (or measured) while still scaled: unscale first.")),
      "`unaligned_matmul` (a width is not a multiple of 8) and `clip_before_unscale` (gradients were clipped while "
      "still scaled)"),
 ])

@@ -4,6 +4,7 @@ the errata: studies.monitoring_prose)."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -509,8 +510,8 @@ def checkup_facts(report: Checkup) -> dict[str, object]:
     """The pitfalls the check-up's audit of the reader's loop found, each with the first clause of its message
     (``"`unaligned_matmul` (a linear layer's input or output width is not a multiple of 8)"``), as a phrase
     (``"nothing"`` if none)."""
-    def gloss(message: str) -> str:
-        first = message.split(":")[0].rstrip(".")
+    def gloss(message: str) -> str:   # its first clause, without asides in brackets (it goes inside brackets)
+        first = re.sub(r"\s*\([^)]*\)", "", message.split(":")[0]).rstrip(".")
         return first[0].lower() + first[1:] if first else first
     found = [f"{_code(f.pitfall)} ({gloss(f.message)})" for f in report.findings]
     return {"checkup_findings": Prose(and_list(found) if found else "nothing")}
