@@ -263,7 +263,7 @@ def test_tile_note_says_why_the_tile_is_not_deepseeks():
     assert fp8_prose.tile_note(32, 64) == "32, because 128 does not divide the model's width of 64"
     assert fp8_prose.tile_note(64, 256) == "64"
     assert fp8_studies.lab_block(SizeProfile("small")) == 32 and fp8_studies.lab_block(
-        SizeProfile("full", forced=True)) == fp8_prose.DEEPSEEK_TILE
+        SizeProfile("full", forced=True)) == fp8_studies.DEEPSEEK_TILE
 
 
 def test_recorded_training_note():

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from course_lib.bench.timing import Timing
 from course_lib.checkup import Checkup
 from course_lib.device import SizeProfile
 from course_lib.glue import Prose
@@ -339,14 +340,19 @@ def test_the_hunt_timing_note_names_the_model_the_device_and_the_repeats():
     assert M.NanHunt("fc", "nan", None, None, 1.0, 1.0, 1.0).repeats == 5   # a record from before the field
 
 
-def test_hunt_step_timings_wait_for_a_cuda_device(monkeypatch):
+def test_hunt_step_timings_go_through_the_device_aware_harness(monkeypatch):
     calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
-    seconds = M._step_seconds(lambda: calls.append("step"), 3, torch.device("cuda", 0))
-    assert seconds >= 0 and calls == [torch.device("cuda", 0), "step", torch.device("cuda", 0)] * 3
-    calls.clear()
-    M._step_seconds(lambda: calls.append("step"), 2, torch.device("cpu"))
-    assert calls == ["step", "step"]
+    seconds = M._step_seconds(lambda: calls.append("step"), 3, torch.device("cpu"))
+    assert seconds >= 0 and calls == ["step"] * 3          # exactly `repeats` timed calls, no warm-up
+    seen = {}
+
+    def fake(fn, **kwargs):
+        seen.update(kwargs)
+        return Timing((0.3, 0.1, 0.2), 0)
+    monkeypatch.setattr(M, "time_function", fake)
+    # on CUDA the harness times with events, so the step's kernels count, not only their launch
+    assert M._step_seconds(lambda: None, 3, torch.device("cuda", 0)) == 0.2
+    assert seen["device"] == torch.device("cuda", 0) and seen["min_repeats"] == seen["max_repeats"] == 3
 
 
 @pytest.mark.parametrize("repeats, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])

@@ -349,10 +349,13 @@ def outlier_sweep(activation: torch.Tensor, recipes: dict[str, ScalingRecipe], *
                         {k: tuple(v) for k, v in flushed.items()})
 
 
+DEEPSEEK_TILE = 128   # DeepSeek-V3's tile side: 1 x 128 activation tiles, 128 x 128 weight blocks
+
+
 def lab_block(profile) -> int:
     """The tile side of the blockwise recipes: DeepSeek-V3's 128 at full size; 32 on the small model, whose
     width (64) 128 does not divide."""
-    return profile.pick(small=32, full=128)
+    return profile.pick(small=32, full=DEEPSEEK_TILE)
 
 
 def sweep_recipes(block: int) -> dict[str, ScalingRecipe]:

@@ -14,6 +14,7 @@ from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
     CURRENT_SCALING_CAST,
+    DEEPSEEK_TILE,
     KNOWN_SCALE_CAST,
     TORCH_CAST,
     Fp8LinearSpeed,
@@ -177,9 +178,6 @@ def backend_facts(recipe: str, same: bool) -> dict[str, object]:
     """The recipe the two backends ran (as code) and whether their outputs and gradients were identical."""
     return {"backend_recipe": Prose(f"`{recipe}`"),
             "backends_same": Prose("**identical**" if same else "**different**")}
-
-
-DEEPSEEK_TILE = 128   # DeepSeek-V3's tile side: 1 x 128 activation tiles, 128 x 128 weight blocks
 
 
 def tile_note(block: int, width: int) -> Prose:

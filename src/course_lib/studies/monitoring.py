@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..bench import time_function
 from ..checkup import Checkup
 from ..formats import get_format
 from ..glue import Prose, and_list
@@ -44,22 +45,10 @@ class NanHunt:
 
 
 def _step_seconds(fn, repeats: int, device: torch.device) -> float:
-    """The median of ``repeats`` wall times of ``fn()``; on CUDA each waits for the device's queue to drain
-    first and last, so that a step's asynchronous kernels are in its time."""
-    import time
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    """The median wall time of ``repeats`` calls of ``fn()``, timed by the course's harness
+    (:func:`course_lib.bench.time_function`: CUDA events on a GPU, so a step's asynchronous kernels count)."""
+    return time_function(fn, device=device, warmup=0, budget_s=1e-9, min_repeats=repeats,
+                         max_repeats=repeats).median
 
 
 def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "blocks.1.attn.qkv",

@@ -58,6 +58,7 @@ def seed_facts(result: Fp8Training) -> dict[str, object]:
     n = len(check_training(result).seeds)
     if n < 1:
         raise ValueError("the training ran no seed")
+    # "weak" below six seeds: by chance one time in 16 or more often, more than the usual 5% level
     if n == 1:
         chance = "With one seed every recipe ends on one side of BF16, so this is no evidence"
     else:
