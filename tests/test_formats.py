@@ -314,6 +314,19 @@ def test_spacing_equals_numpy_spacing(np_type, name):
     np.testing.assert_array_equal(F.spacing(x.astype(np.float64), f), np.spacing(x).astype(np.float64))
 
 
+@pytest.mark.parametrize("name", ["FP8 E4M3", "FP8 E5M2", "FP6 E2M3", "FP6 E3M2", "FP4 E2M1"])
+def test_quantum32_is_the_spacing_of_the_grid_in_every_float32_binade(name):
+    f = F.get_format(name)
+    fields = torch.arange(0, 255, dtype=torch.int32)
+    # every finite float32 exponent field, with an empty, a full and a random mantissa (subnormals and 0 too)
+    bits = torch.cat([fields << 23, (fields << 23) | 0x7FFFFF, (fields << 23) | 0x2A5A5A])
+    a = bits.view(torch.float32)
+    expected = torch.as_tensor(F.spacing(a, f)).float()
+    top = 2.0 ** (f.max_exponent + 1 - f.mantissa_bits)   # beyond the format: its top spacing, overflow aside
+    assert torch.equal(F.quantum32(a, f), expected.clamp(max=top))
+    assert F.quantum32(a, f).max() == top and F.quantum32(a, f).min() == f.min_subnormal
+
+
 # ---- the subnormal range, against exact rational rounding ---------------------------------------------
 
 SIGNED_FORMATS = ["FP32", "TF32", "BF16", "FP16", "FP8 E4M3", "FP8 E5M2", "FP6 E2M3", "FP6 E3M2", "FP4 E2M1"]

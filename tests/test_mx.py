@@ -10,7 +10,7 @@ import torch.utils._pytree
 
 from course_lib import mx
 from course_lib.studies import microscaling as mx_studies
-from course_lib.formats import all_values, decode, encode, round_to_format
+from course_lib.formats import all_values, decode, encode, round_to_format, spacing
 
 E4M3_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e4m3").tolist() if math.isfinite(v)}))
 E2M1_VALUES = torch.tensor(sorted({abs(v) for v in all_values("e2m1").tolist()}))
@@ -185,6 +185,22 @@ def test_stochastic_rounding_leaves_grid_values_alone_and_saturates():
     assert torch.equal(a, b) and torch.isin(a, E4M3_VALUES).all()
     with pytest.raises(TypeError, match="Generator"):
         mx.stochastic_round(grid, "e2m1", generator=None)
+
+
+@pytest.mark.parametrize("element", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"])
+def test_stochastic_rounding_is_its_definition_draw_for_draw(element):
+    # the definition, in values: the neighbour at or below (round toward zero), and up by the gap there
+    # when u * gap < the distance to it, with u the generator's uniform draws in order
+    f = mx.element_format(element)
+    x = torch.cat([torch.randn(4000) * s for s in (1e-3, 0.3, 3.0, 100.0)]
+                  + [torch.tensor([0.0, -0.0, 1e-45, -1e-45, f.max_finite, -f.max_finite, 1e30])])
+    a = x.abs().clamp(max=f.max_finite)
+    lo = round_to_format(a, f, rounding="toward_zero")
+    gap = torch.as_tensor(spacing(lo, f)).float()
+    u = torch.rand(x.shape, generator=torch.Generator().manual_seed(5))
+    expected = torch.copysign(torch.where(u * gap < a - lo, lo + gap, lo), x)
+    got = mx.stochastic_round(x, element, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))   # signed zeros included
 
 
 def test_stochastic_rounding_refuses_nan_where_the_element_format_has_none():

@@ -511,10 +511,22 @@ def narrow_format(f: FloatFormat) -> bool:
 
 def round_magnitude32(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
     """:func:`_round_magnitude` for finite non-negative float32 ``a`` and a :func:`narrow_format` format."""
-    binade = (a.view(torch.int32) >> 23) - 127          # floor(log2 a); zero and subnormals give -127
-    quantum_exp = binade.clamp_(min=f.min_exponent, max=f.max_exponent + 1).sub_(f.mantissa_bits)
-    up = ((127 - quantum_exp) << 23).view(torch.float32)   # exact 2**-quantum_exp (a normal float32)
-    return _round_integral(a * up, rounding).div_(up)
+    quantum = quantum32(a, f)
+    return _round_integral(a / quantum, rounding).mul_(quantum)   # both exact: quantum is a power of two
+
+
+_EXPONENT_FIELD32 = 0x7F800000
+
+
+def quantum32(a: torch.Tensor, f: FloatFormat) -> torch.Tensor:
+    """The spacing of ``f``'s grid at each finite non-negative float32 ``a`` (float32, a power of two): its
+    binade ``2**floor(log2 a)`` is ``a`` with its mantissa bits cleared, one bitwise AND; times ``2**-m``
+    (``m`` mantissa bits) that is the spacing there, clamped to the format's binades: below the smallest
+    (zero and subnormals, whose field is 0, included) the subnormal spacing, beyond the largest its spacing
+    (the caller handles overflow). Three passes over ``a``, all exact."""
+    binade = (a.view(torch.int32) & _EXPONENT_FIELD32).view(torch.float32)
+    return binade.mul_(2.0 ** -f.mantissa_bits).clamp_(2.0 ** (f.min_exponent - f.mantissa_bits),
+                                                        2.0 ** (f.max_exponent + 1 - f.mantissa_bits))
 
 
 def _round_software(t: torch.Tensor, f: FloatFormat, overflow: Overflow, rounding: Rounding) -> torch.Tensor:

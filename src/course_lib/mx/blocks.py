@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..formats import encode, get_format, narrow_format, native_cast_agrees, pow2, round_magnitude32, round_to_format
+from ..formats import (encode, get_format, narrow_format, native_cast_agrees, pow2, quantum32, round_magnitude32,
+                       round_to_format)
 from ..fp8 import QuantizationError, as_2d, block_amax, check_finite_amax, resolve_block
 
 MX_ELEMENTS = {"e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "e2m3": "FP6 E2M3", "e3m2": "FP6 E3M2",
@@ -358,12 +359,16 @@ def _check_generator(generator, device: torch.device) -> None:
 
 
 def _stochastic_round_unchecked(x: torch.Tensor, f, generator: torch.Generator) -> torch.Tensor:
-    """:func:`stochastic_round` of ``x`` (NaN-free) into the narrow format ``f``, without its checks."""
-    a = x.float().abs().clamp(max=f.max_finite)
-    lo = round_magnitude32(a, f, "toward_zero")          # the neighbour at or below, on the grid
-    binade = (lo.view(torch.int32) >> 23) - 127
-    ulp = ((binade.clamp(min=f.min_exponent) - f.mantissa_bits + 127) << 23).view(torch.float32)
-    u = torch.rand(a.shape, generator=generator, device=x.device)
-    # up by one spacing with probability (a - lo) / spacing; a value on the grid never moves
-    out = torch.where(u * ulp < a - lo, lo + ulp, lo)
-    return torch.copysign(out, x.float())
+    """:func:`stochastic_round` of ``x`` (NaN-free) into the narrow format ``f``, without its checks.
+
+    In units of the grid's spacing at each value (a power of two, so every step is exact) the value is
+    ``t``, its lower neighbour ``trunc(t)``, and it moves up one unit when a uniform draw ``u`` is below the
+    fraction ``t - trunc(t)``: with that probability. Up by one unit is the next grid value even at the top
+    of a binade (the binade above starts there)."""
+    a = x.float().abs().clamp_(max=f.max_finite)
+    quantum = quantum32(a, f)
+    t = a.div_(quantum)
+    lo = t.trunc()
+    u = torch.rand(t.shape, generator=generator, device=x.device)
+    up = torch.lt(u, t.sub_(lo), out=u)      # 1.0 or 0.0 in place: adding a bool tensor would convert it first
+    return lo.add_(up).mul_(quantum).copysign_(x)
