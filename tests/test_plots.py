@@ -51,6 +51,13 @@ def test_run_differences():
     fig = plots.plot_runs({"ref": [1.0, 2.0, 3.0], "b": [1.5, 2.5, 3.5]}, ylabel="y", title="t", minus="ref")
     lines = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "b"]
     assert list(lines[0].get_ydata()) == [0.5, 0.5, 0.5]
+    # runs that coincide stay visible: each its own dash, the earlier ones wider; whole steps on the axis
+    fig = plots.plot_runs({"ref": [1.0] * 5, "a": [1.0] * 5, "b": [1.0] * 5, "c": [1.0] * 5}, ylabel="y",
+                          title="t", minus="ref")
+    runs = [ln for ln in fig.axes[0].get_lines() if ln.get_label() in "abc"]
+    assert len({ln.get_linestyle() for ln in runs}) == 3
+    assert runs[0].get_linewidth() > runs[1].get_linewidth() > runs[2].get_linewidth()
+    assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())
     with pytest.raises(ValueError, match="no run named"):
         plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", minus="z")
 
@@ -236,6 +243,9 @@ def test_monitoring_figures_draw_their_data():
     fig = plots.plot_underflow_trend(trend, top_n=2)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["c", "a"]
     assert list(fig.axes[0].get_lines()[1].get_ydata()) == pytest.approx([10.0, 20.0])
+    # series that run close together differ in marker and dash, not in colour alone
+    c, a = fig.axes[0].get_lines()
+    assert c.get_marker() != a.get_marker() and c.get_linestyle() != a.get_linestyle()
 
 
 def test_dashboard_draws_each_panel_and_groups_alerts():
@@ -256,6 +266,13 @@ def test_dashboard_draws_each_panel_and_groups_alerts():
     assert layer_lines["a"].get_marker() != layer_lines["b"].get_marker()
     assert layer_lines["a"].get_linestyle() != layer_lines["b"].get_linestyle()
     assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients (2 parameters)"]
+    # the alert's marker hangs inside the panel, under its top edge, not half above it
+    marker = next(ln for ln in fig.axes[3].get_lines() if ln.get_marker() == "v" and ln.get_label().startswith("_"))
+    fig.canvas.draw()
+    top = fig.axes[3].get_window_extent().y1
+    centre = marker.get_transform().transform((2, 1.0))[1]
+    half = marker.get_markersize() / 2 * fig.dpi / 72
+    assert centre + half <= top + 0.5
     assert list(fig.axes[2].get_lines()[0].get_xdata()) == [1]        # the skipped step
     # nothing left out, so no note: only the planted fault's line is named
     assert [t.get_text() for t in fig.axes[0].texts] == [" fault starts"]

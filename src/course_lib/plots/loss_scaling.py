@@ -163,7 +163,7 @@ def plot_qk_growth(divergence) -> Figure:
                 label=f"seed {run.seed}, {names[run.attention]}"
                       + ("" if run.first_nonfinite is None else f": loss not finite at step {run.first_nonfinite}"))
         if run.first_nonfinite is not None and len(peak) and np.isfinite(peak[-1]):
-            ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=10, mec="#000000", mew=0.8)
+            ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=8, mec="#000000", mew=0.8, alpha=0.9)
     ax.axhline(fp16_max, color="#000000", lw=1)
     ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:,.0f}", fontsize=8, va="bottom")
     ax.set_ylim(bottom=0)

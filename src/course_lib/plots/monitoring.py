@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import matplotlib.transforms as mtransforms
 import numpy as np
 from matplotlib.figure import Figure
 
@@ -63,8 +64,7 @@ def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
     an unscaled low-precision format would flush to zero, against the step. Right: the loss."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.5, 1]})
     ranked = sorted(trend.flush.items(), key=lambda kv: -max(kv[1]))[:top_n]
-    for j, (name, series) in enumerate(ranked):
-        left.plot(trend.steps, np.asarray(series) * 100, "o-", color=recipe_colour(j), lw=1.6, ms=3, label=name)
+    _ranked_lines(left, trend.steps, ranked)
     left.set_xlabel("optimizer step")
     left.set_ylabel(f"gradient values {trend.fmt} would flush (%)")
     left.grid(alpha=0.3)
@@ -74,6 +74,16 @@ def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
     right.set_ylabel("loss")
     right.grid(alpha=0.3)
     return finish_figure(fig)
+
+
+def _ranked_lines(ax, steps, ranked) -> None:
+    """One line per :func:`_identical_groups` group of ``ranked`` ``(name, shares)`` in percent, each in its own
+    colour, marker and dash: two series that run close together stay apart where their colours would not."""
+    markers, dashes = ["o", "s", "^", "D", "v", "P"], ["-", "--", "-.", ":"]
+    for j, (names, values) in enumerate(_identical_groups(ranked)):
+        label = names[0] if len(names) == 1 else f"{len(names)} identical series:\n" + "\n".join(names)
+        ax.plot(steps, np.asarray(values) * 100, marker=markers[j % len(markers)], ls=dashes[j % len(dashes)],
+                color=recipe_colour(j), lw=1.6, ms=4, label=label)
 
 
 def _identical_groups(ranked):
@@ -136,11 +146,7 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
         _note(loss_ax, "; ".join(absent))
     series = log.layer_series(attribute)
     ranked = sorted(series.items(), key=lambda kv: -max(kv[1]))[:top_n]
-    markers, dashes = ["o", "s", "^", "D", "v", "P"], ["-", "--", "-.", ":"]
-    for j, (names, values) in enumerate(_identical_groups(ranked)):
-        label = names[0] if len(names) == 1 else f"{len(names)} identical series:\n" + "\n".join(names)
-        layer_ax.plot(log.sampled_steps, np.asarray(values) * 100, marker=markers[j % len(markers)],
-                      ls=dashes[j % len(dashes)], color=recipe_colour(j), lw=1.6, ms=4, label=label)
+    _ranked_lines(layer_ax, log.sampled_steps, ranked)
     layer_ax.set_ylabel(f"gradient values {attribute} (%)")
     layer_ax.set_xlabel("optimizer step")
     if ranked:
@@ -164,6 +170,7 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
         layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -18),
                           textcoords="offset points", fontsize=7, va="top",
                           bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
-        layer_ax.plot([step], [1.0], "v", color=LIMIT_COLOUR, ms=6, transform=layer_ax.get_xaxis_transform(),
-                      clip_on=False)
+        # the marker hangs from the panel's top edge: centred 4 points below it, a 6-point triangle is inside
+        hang = mtransforms.offset_copy(layer_ax.get_xaxis_transform(), fig=fig, y=-4, units="points")
+        layer_ax.plot([step], [1.0], "v", color=LIMIT_COLOUR, ms=6, transform=hang, clip_on=False)
     return finish_figure(fig)

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.text import Text
+from matplotlib.ticker import MaxNLocator
 
 from ..formats import FloatFormat, get_format, list_formats
 
@@ -134,14 +135,18 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     fig, ax = plt.subplots(figsize=(8.5, 4))
     if minus is not None:
         ax.axhline(0.0, color="#000000", lw=1, label=minus)
-    for i, (label, raw) in enumerate(series.items()):
-        if label == minus:
-            continue
-        values = prepared(raw)
-        ax.plot(np.arange(len(values)) + (smooth - 1), values,
-                color=FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)], lw=1.5, label=label)
+    # runs that agree for a while lie on top of each other: each has its own dash as well as its own colour,
+    # and the earlier ones are drawn wider, so that a covered line still shows along both edges of the next
+    drawn = [label for label in series if label != minus]
+    dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
+    for j, label in enumerate(drawn):
+        values = prepared(series[label])
+        ax.plot(np.arange(len(values)) + (smooth - 1), values, ls=dashes[j % len(dashes)],
+                color=FORMAT_COLOURS[(list(series).index(label) + 2) % len(FORMAT_COLOURS)],
+                lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
     if logy:
         ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))   # whole steps, round ticks
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
