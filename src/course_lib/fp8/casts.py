@@ -236,7 +236,7 @@ def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
         return torch.maximum(-lo, hi).float().reshape(1, 1)
     if rows * cols <= _CHUNK or on_accelerator(x.device):
         tiles = x.abs().reshape(rows // br, br, cols // bc, bc)
-        return (tiles.amax(dim=3) if bc > 1 else tiles.squeeze(3)).amax(dim=1).float()
+        return tiles.amax(dim=(1, 3)).float()    # one reduction over both block dimensions
     out = torch.full((rows // br, cols // bc), 0.0, dtype=torch.float32, device=x.device)
     buffer = torch.empty(min(rows * cols, max(_CHUNK, cols)), dtype=x.dtype, device=x.device)
     for r0, r1, b0, b1 in _row_slices(rows, cols, br):

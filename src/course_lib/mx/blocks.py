@@ -206,20 +206,19 @@ class BlockScaling:
             block_scales = torch.where(amax > 0, amax / big, torch.ones_like(amax))
             scales = block_scales
             scaled = _apply(x2, scales, block, torch.div)
-        unclamped = scaled
-        scaled = scaled.clamp(-big, big)
+        unclamped = scaled      # finite (checked above); each branch saturates it at the format's max
         native = f.torch_dtype_or_none()
         elements: torch.Tensor
         if self.stochastic:
             assert generator is not None
-            # finite and clamped already: stochastic_round's NaN check has nothing to find
+            # finite already: stochastic_round's NaN check has nothing to find; it clamps the magnitudes
             _check_generator(generator, scaled.device)
             elements = _stochastic_round_unchecked(scaled, f, generator)
         elif native is not None and native_cast_agrees(f, "saturate", "nearest_even", x2.device):
-            elements = scaled.to(native).float()   # torch's FP8 cast rounds the same way
+            elements = scaled.clamp(-big, big).to(native).float()   # torch's FP8 cast rounds the same way
         elif narrow_format(f):
-            # finite and clamped already: only the rounding itself is left to do
-            elements = round_magnitude32(scaled.abs(), f, "nearest_even").copysign_(scaled)
+            # finite already: only the saturation and the rounding itself are left to do
+            elements = round_magnitude32(scaled.abs().clamp_(max=big), f, "nearest_even").copysign_(scaled)
         else:  # pragma: no cover - every MX element format is narrow
             elements = torch.as_tensor(round_to_format(scaled, f, overflow="saturate"))
         return BlockTensor(elements.reshape(rows, cols), scales, block_scales, tensor_scale, block, self,
