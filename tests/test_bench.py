@@ -1,6 +1,7 @@
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -167,6 +168,28 @@ def test_capability_probe_is_measured_and_cached():
     assert "measured here at n=32" in a.summary()
     slow = B.CapabilityProbe("cpu", 64, {"fp32": 1.0, "bf16": 2.345, "fp8": 0.0032}, {"tf32": "no TF32"})
     assert slow.summary() == "matmul speed against FP32, measured here at n=64: BF16 x2.35, FP8 x0.003"
+
+
+def test_capability_probe_keeps_each_dtypes_best_round_and_times_a_slow_product_once(monkeypatch):
+    # a burst of load in the first round (FP32 80 times slower) does not set the line; FP8 emulated on a CPU
+    # (one product longer than the budget) is timed once
+    from course_lib.bench import matmul as BM
+    rates = {"fp32": [0.005, 0.40, 0.39], "bf16": [0.93, 0.95, 0.94], "fp16": [0.30, 0.34, 0.33], "fp8": [1e-4]}
+    calls = []
+
+    def fake_measure(dtype, m, n, k, device, **kw):
+        calls.append(dtype)
+        return SimpleNamespace(tflops=rates[dtype][calls.count(dtype) - 1])
+
+    monkeypatch.setattr(BM, "measure_matmul", fake_measure)
+    monkeypatch.setattr(BM, "format_unsupported_reason", lambda dtype, device: "no TF32" if dtype == "tf32" else None)
+    BM._probe.cache_clear()
+    try:
+        probe = B.capability_probe("cpu", n=256, budget_s=0.03)
+    finally:
+        BM._probe.cache_clear()
+    assert probe.tflops == {"fp32": 0.40, "bf16": 0.95, "fp16": 0.34, "fp8": 1e-4}
+    assert calls == ["fp32", "bf16", "fp16", "fp8"] + ["fp32", "bf16", "fp16"] * (BM.PROBE_ROUNDS - 1)
 
 
 def test_copy_bandwidth_positive_and_bad_size():
