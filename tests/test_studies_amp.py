@@ -165,6 +165,21 @@ def test_attention_order_facts_name_what_each_ordering_gave():
         A.attention_order_facts(0, 1.0, True, True)
 
 
+def test_sdpas_math_backend_scales_before_the_product(monkeypatch):
+    # measured: FP32 vectors whose product is twice FP32's largest value overflow when written out, and the
+    # math backend stays finite (it multiplies q and k each by d**-0.25 first)
+    facts = A.math_backend_order_facts("cpu")
+    assert str(facts["attn_math_order"]).startswith("the written-out order overflows FP32 itself")
+    # a backend that scaled after the product would overflow as the written-out order does: the check says so
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v)
+    assert "does not scale before the product" in str(A.math_backend_order_facts("cpu")["attn_math_order"])
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", real)
+    with pytest.raises(ValueError, match="head_dim"):
+        A.math_backend_order_facts("cpu", head_dim=0)
+
+
 def test_the_written_out_order_overflows_fp16_where_sdpa_does_not():
     """The lesson's demonstration, run: q . k is twice FP16's largest value before the 1/sqrt(d) scale."""
     import torch.nn.functional as F
@@ -183,11 +198,13 @@ def test_sdpa_under_autocast_returns_the_autocast_dtype_on_the_cpu():
     assert A.sdpa_autocast_dtype("cpu", torch.bfloat16) == {"attn_sdpa_dtype": "`bfloat16`"}
 
 
-def test_scaler_dtype_note_explains_a_scaler_beside_bf16_only():
-    assert A.scaler_dtype_note(torch.float16) == {"scaler_dtype_note": "Here they run with FP16 autocast, as there."}
-    assert "BF16 needs no scaler" in A.scaler_dtype_note(torch.bfloat16)["scaler_dtype_note"]
-    with pytest.raises(ValueError, match="amp_dtype"):
-        A.scaler_dtype_note(torch.float32)
+def test_scaler_dtype_note_runs_the_loops_in_fp16_and_refuses_bf16():
+    assert A.scaler_dtype_note(torch.float16, "cuda") == {"scaler_dtype_note": "Here they run with FP16 autocast, as there."}
+    assert "on this CPU" in A.scaler_dtype_note(torch.float16, "cpu")["scaler_dtype_note"]
+    with pytest.raises(ValueError, match="BF16 needs no scaler"):
+        A.scaler_dtype_note(torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="loop_dtype"):
+        A.scaler_dtype_note(torch.float32, "cpu")
 
 
 def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():

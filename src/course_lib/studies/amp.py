@@ -137,6 +137,30 @@ def attention_order_facts(head_dim: int, entry: float, manual_finite: bool, fuse
             "attn_scaled": raw / head_dim ** 0.5, "attn_headroom": head_dim ** 0.5, "attn_verdict": Prose(verdict)}
 
 
+def math_backend_order_facts(device: torch.device | str, head_dim: int = 64) -> dict[str, object]:
+    """Whether ``scaled_dot_product_attention``'s math backend scales before the product, measured: FP32
+    query and key vectors whose raw product is twice FP32's largest value (no accumulator is wider), attention
+    written out (product, then scale) against the math backend alone. ``attn_math_order``: a phrase saying
+    what the two gave."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    entry = (2 * torch.finfo(torch.float32).max / head_dim) ** 0.5
+    q = torch.full((1, 1, 4, head_dim), entry, device=device)
+    v = torch.randn(1, 1, 4, head_dim, device=device)
+    written = torch.softmax(q @ q.transpose(-2, -1) / head_dim ** 0.5, dim=-1) @ v
+    with sdpa_kernel(SDPBackend.MATH):
+        math = torch.nn.functional.scaled_dot_product_attention(q, q, v)
+    written_ok, math_ok = bool(torch.isfinite(written).all()), bool(torch.isfinite(math).all())
+    if math_ok and not written_ok:
+        order = ("the written-out order overflows FP32 itself, while the math backend stays finite: it scales "
+                 "before the product")
+    elif math_ok:
+        order = "both stay finite here, so this input does not tell the orders apart"
+    else:
+        order = "the math backend overflows too: here it does not scale before the product"
+    return {"attn_math_order": Prose(order)}
+
+
 def sdpa_autocast_dtype(device_type: str, dtype: torch.dtype) -> dict[str, object]:
     """``attn_sdpa_dtype``: the dtype ``scaled_dot_product_attention`` returns for FP32 inputs under
     ``torch.autocast(device_type, dtype)``, measured, as code."""
@@ -184,18 +208,20 @@ def sdpa_backend_facts(backends: Mapping[str, object]) -> dict[str, object]:
             "attn_backend_chosen": Prose(f"`{chosen}`" if chosen else "a kernel this torch does not name")}
 
 
-def scaler_dtype_note(amp_dtype: torch.dtype) -> dict[str, object]:
-    """``scaler_dtype_note``: why the production loops pair a GradScaler with ``amp_dtype`` when it is BF16
-    (a CPU's autocast dtype here), which needs no scaler; empty for FP16."""
-    if amp_dtype == torch.float16:
+def scaler_dtype_note(loop_dtype: torch.dtype, device_type: str) -> dict[str, object]:
+    """``scaler_dtype_note``: which autocast dtype the production loops run with on ``device_type``. FP16, the
+    dtype a GradScaler is for, on any device (a CPU runs FP16 autocast too, at the speed lesson 4's recipe
+    table measures); BF16 would be the pair lesson 3's pitfall detector flags."""
+    if loop_dtype == torch.bfloat16:
+        raise ValueError("the production loops pair autocast with a GradScaler: run them in torch.float16 "
+                         "(BF16 needs no scaler; lesson 3's pitfall detector flags the pair)")
+    if loop_dtype != torch.float16:
+        raise ValueError(f"loop_dtype must be torch.float16, got {loop_dtype!r}")
+    if device_type == "cuda":
         return {"scaler_dtype_note": Prose("Here they run with FP16 autocast, as there.")}
-    if amp_dtype != torch.bfloat16:
-        raise ValueError(f"amp_dtype must be torch.float16 or torch.bfloat16, got {amp_dtype!r}")
     return {"scaler_dtype_note": Prose(
-        "Here they run with BF16 autocast, this device's autocast dtype, and BF16 needs no scaler (lesson 3's "
-        "pitfall detector flags the pair). The scaler still does everything the loops show, whatever the "
-        "autocast dtype: it scales, finds infinities, skips and backs off. The resume loop uses FP16 itself, "
-        "because there the size of the scale matters.")}
+        f"Here they run with FP16 autocast too, on this {device_type.upper()}, which runs it at the speed the "
+        "recipe table above measured; these models are tiny.")}
 
 
 def recipes_table(device: torch.device | str) -> MarkdownTable:
