@@ -9,7 +9,7 @@ import pytest
 
 import course_lib.experiments as E
 from course_lib.device import SizeProfile
-from course_lib.record import executed_notebooks_markdown, main, parse_overrides
+from course_lib.record import NO_NBMAKE_RUNS, executed_notebooks_markdown, main, parse_overrides
 from course_lib.results import load_records
 
 
@@ -37,8 +37,9 @@ def test_times_span_the_first_start_and_the_last_reply(tmp_path):
 
 def test_notebooks_without_timing_give_nothing(tmp_path):
     plain = _write(tmp_path / "a.ipynb", [{"cell_type": "code", "source": "", "outputs": [], "metadata": {}}])
-    assert executed_notebooks_markdown([plain]) == ""
-    assert executed_notebooks_markdown([]) == ""
+    # never empty: IPython shows an empty Markdown as "<IPython.core.display.Markdown object>"
+    assert executed_notebooks_markdown([plain]) == executed_notebooks_markdown([]) == NO_NBMAKE_RUNS
+    assert "executed every page itself" in NO_NBMAKE_RUNS
     broken = tmp_path / "b.ipynb"
     broken.write_text("{not json")
     with pytest.raises(ValueError, match="cannot read notebook"):

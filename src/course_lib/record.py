@@ -156,11 +156,16 @@ def _iso(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
+NO_NBMAKE_RUNS = ("This book build executed every page itself, the lessons included: the table below lists "
+                  "them.")
+
+
 def executed_notebooks_markdown(paths) -> str:
     """The execution of notebooks that nbclient (nbmake, in ``make test``) ran and saved: per notebook, when it
     started, its wall time from the first cell's start to the last cell's reply, its code cells, and whether
-    any cell raised. Empty where no notebook carries nbclient's timing metadata (``make book`` executes the
-    lessons itself, and its execution table covers them)."""
+    any cell raised. Where no notebook carries nbclient's timing metadata (``make book`` executes the lessons
+    itself), a sentence that says so and points to the book's own execution table: never an empty string,
+    which IPython would display as the Markdown object's repr."""
     rows = []
     for path in paths:
         path = Path(path)
@@ -179,7 +184,7 @@ def executed_notebooks_markdown(paths) -> str:
         rows.append((path.stem, start.strftime("%Y-%m-%d %H:%M UTC"), f"{(end - start).total_seconds():.1f}",
                      len(cells), "error" if failed else "ok"))
     if not rows:
-        return ""
+        return NO_NBMAKE_RUNS
     return ("The lessons were executed as notebooks before this book was assembled (nbmake, in `make test`), so "
             "the book build did not execute them again. Their runs:\n\n"
             + markdown_table(("lesson", "started", "wall time (s)", "code cells", "status"), rows))
