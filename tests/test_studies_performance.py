@@ -458,10 +458,11 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     cpu = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64,
                                     device_label="this CPU", sweeps={"live": {"fp32": {8: 2.0}, "fp16": {8: 1.0}}},
                                     studies={"the recorded GPU": _study()})
-    assert cpu[5][1] == ("On this CPU FP16 autocast trains at 1.25 times FP32's speed (a CPU: no tensor cores, so "
-                         "this is not a GPU's figure). In the live sweep, FP16 ran at 0.50 times the throughput of "
-                         "FP32 (TF32 off) at n = 8: fewer bits, slower product. On the recorded GPU, a whole BF16 autocast training step "
-                         "(eager) ran at 2.00 times FP32's token rate.")
+    assert cpu[5][1] == ("On the recorded GPU, a whole BF16 autocast training step (eager) ran at 2.00 times FP32's "
+                         "token rate. On this CPU FP16 autocast trains at 1.25 times FP32's speed (a CPU: no tensor "
+                         "cores, so this is not a GPU's figure). In the live sweep on this CPU (its FP8 product, an "
+                         "emulation, left out), FP16 ran at 0.50 times the throughput of FP32 (TF32 off) at n = 8: "
+                         "fewer bits, slower product.")
 
 
 def test_normalisation_erratum_places_layer_norm_below_the_ridge():
@@ -505,10 +506,17 @@ def test_slowest_lower_precision_orders_dtypes_by_bits():
 
 def test_lower_precision_erratum_says_when_a_sweep_never_slows():
     text = E.lower_precision_erratum(0.8, "this GPU", {"recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
-    assert text == ("On this GPU FP16 autocast trains at 0.80 times FP32's speed. In the recorded X sweep, fewer bits "
-                    "were never slower.")
+    assert text == ("In the recorded X sweep, fewer bits were never slower. On this GPU FP16 autocast trains at "
+                    "0.80 times FP32's speed.")
+    # the records lead; the live machine's evidence follows, a CPU's said to be one
+    text = E.lower_precision_erratum(0.5, "this CPU", {"live": {"fp32": {8: 1.0}, "bf16": {8: 0.5}},
+                                                      "recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
+    assert text == ("In the recorded X sweep, fewer bits were never slower. On this CPU FP16 autocast trains at 0.50 "
+                    "times FP32's speed (a CPU: no tensor cores, so this is not a GPU's figure). In the live sweep on "
+                    "this CPU (its FP8 product, an emulation, left out), BF16 ran at 0.50 times the throughput of FP32 "
+                    "(TF32 off) at n = 8: fewer bits, slower product.")
     with_tf32 = dataclasses.replace(_study(), runs=_study().runs + (_run("tf32", 0.25),))
-    assert E.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).endswith(
+    assert E.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).startswith(
         "On G, a whole BF16 autocast training step (eager) ran at 1.00 times TF32's token rate.")
     with pytest.raises(ValueError, match="live_fp16_speed"):
         E.lower_precision_erratum(0.0, "x", {}, {})
@@ -517,8 +525,13 @@ def test_lower_precision_erratum_says_when_a_sweep_never_slows():
 def test_speed_evidence_labels_live_and_recorded_runs():
     live = MatmulSweep("cpu", (_point("fp32", 8, 1e-6), _point("bf16", 8, 2e-6), _point("fp16", 8, 2e-6)), {})
     assert E.speed_evidence(live, "cpu", {}) == {
-        "device_label": "this CPU", "sweeps": {"live": {"fp32": {8: _tflops(8, 1e-6)}, "bf16": {8: _tflops(8, 2e-6)},
-                                                        "fp16": {8: _tflops(8, 2e-6)}}}, "studies": {}}
+        "device_label": "this CPU", "sweeps": {"live": {
+            "fp32": {8: _tflops(8, 1e-6)}, "bf16": {8: _tflops(8, 2e-6)}, "fp16": {8: _tflops(8, 2e-6)}}},
+        "studies": {}}
+    # a CPU's FP8 product is emulated: left out of the evidence, where a GPU's stays
+    with_fp8 = MatmulSweep("cpu", live.points + (_point("fp8", 16, 1.0),), {})
+    assert "fp8" not in E.speed_evidence(with_fp8, "cpu", {})["sweeps"]["live"]
+    assert "fp8" in E.speed_evidence(with_fp8, "cuda", {})["sweeps"]["live"]
     recorded = {"matmul_throughput": _record("matmul_throughput", _matmul([("fp32", 256, 2.0), ("fp8", 256, 1.0)])),
                 "training_throughput": _record("training_throughput", _study())}
     evidence = E.speed_evidence(live, "cuda", recorded)

@@ -306,7 +306,9 @@ def fp8_cast_seconds(rung: RungFacts, recipe: str, *, bf16_tflops: float, fp8_tf
 
 def reference_peak(device: torch.device | str) -> tuple[float, str]:
     """The one peak MFU divides by (TFLOP/s) and where it comes from: a GPU's dense BF16 datasheet peak;
-    on a CPU (no datasheet) the best matmul throughput measured here (the capability probe)."""
+    on a CPU (no datasheet) the fastest dtype's throughput in the capability probe, whose products are small:
+    larger ones can run faster there, so the source says that such an MFU is a share of that rate, not of a
+    peak."""
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_properties(device).name
@@ -317,8 +319,9 @@ def reference_peak(device: torch.device | str) -> tuple[float, str]:
         return peak, f"the dense BF16 datasheet peak of the {entry.name}"
     probe = capability_probe(device)
     dtype = max((d for d in ("fp32", "bf16", "fp16") if d in probe.tflops), key=lambda d: probe.tflops[d])
-    return probe.tflops[dtype], (f"the best matmul throughput measured on this CPU ({dtype.upper()} at n={probe.n}; "
-                                 f"a CPU has no datasheet peak)")
+    return probe.tflops[dtype], (f"the fastest matmul throughput of the capability probe on this CPU "
+                                 f"({dtype.upper()} at n={probe.n}; a CPU has no datasheet peak, and larger "
+                                 f"products can run faster, which would lower these MFUs)")
 
 
 # ---- the measurement ---------------------------------------------------------------------------------------

@@ -62,7 +62,10 @@ def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
     the live sweep and a recorded ``matmul_throughput`` one, and a recorded ``training_throughput`` study,
     from the lesson's ``recorded`` records by experiment name."""
     device = torch.device(device)
-    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": measured_tflops(sweep)}
+    live = measured_tflops(sweep)
+    if device.type == "cpu":   # a CPU's FP8 product is an emulation: its slowness says nothing about fewer bits
+        live = {dtype: points for dtype, points in live.items() if dtype != "fp8"}
+    sweeps: dict[str, Mapping[str, Mapping[int, float]]] = {"live": live}
     studies: dict[str, ThroughputStudy] = {}
     if "matmul_throughput" in recorded:
         result = recorded["matmul_throughput"].result
@@ -109,16 +112,20 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
     FP32's, where TF32 did not run). Says so where a sweep shows no such product."""
     if not live_fp16_speed > 0:
         raise ValueError(f"live_fp16_speed must be positive, got {live_fp16_speed!r}")
-    parts = [f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
-             + (" (a CPU: no tensor cores, so this is not a GPU's figure)" if "CPU" in device_label else "") + "."]
-    for label, tflops in sweeps.items():
+
+    def sweep_part(label: str, tflops: Mapping[str, Mapping[int, float]]) -> str:
+        where = f"the {label} sweep"
+        if label == "live" and "CPU" in device_label:   # speed_evidence leaves a CPU's emulated FP8 out
+            where += f" on {device_label} (its FP8 product, an emulation, left out)"
         worst = slowest_lower_precision(tflops)
         if worst is None:
-            parts.append(f"In the {label} sweep, fewer bits were never slower.")
-        else:
-            low, high, n, ratio = worst
-            parts.append(f"In the {label} sweep, {DTYPE_LABELS[low]} ran at {ratio_text(ratio)} times the throughput "
-                         f"of {DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
+            return f"In {where}, fewer bits were never slower."
+        low, high, n, ratio = worst
+        return (f"In {where}, {DTYPE_LABELS[low]} ran at {ratio_text(ratio)} times the throughput of "
+                f"{DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
+
+    # the GPU evidence (records) first; this machine's after it, a CPU's said to be one
+    parts = [sweep_part(label, tflops) for label, tflops in sweeps.items() if label != "live"]
     for label, other in studies.items():
         rows = {row["recipe"]: row for row in other.table() if not row["compiled"]}
         base = "tf32" if "tf32" in rows else "fp32"
@@ -126,4 +133,7 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
             ratio = rows["bf16_autocast"]["tokens_per_s"] / rows[base]["tokens_per_s"]
             parts.append(f"On {label}, a whole BF16 autocast training step (eager) ran at {ratio:.2f} times "
                          f"{base.upper()}'s token rate.")
+    parts.append(f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
+                 + (" (a CPU: no tensor cores, so this is not a GPU's figure)" if "CPU" in device_label else "") + ".")
+    parts += [sweep_part(label, tflops) for label, tflops in sweeps.items() if label == "live"]
     return " ".join(parts)
