@@ -349,6 +349,9 @@ def test_scale_gradient_fidelity_shows_what_adam_hides():
     median = {sc: sorted(fid.error[sc].values())[len(fid.names) // 2] for sc in (1.0, 2.0**16)}
     assert median[1.0] > 3 * median[2.0**16]
     assert all(0.0 <= v <= 1.0 for d in fid.lost.values() for v in d.values())
+    # the key biases' gradients, zero in exact arithmetic, are FP32 rounding noise: left out of "lost", counted
+    assert set(fid.noise) == {"blocks.0.attn.qkv.bias", "blocks.1.attn.qkv.bias"}
+    assert all(v == 64.0 for v in fid.noise.values())          # d_model = 64 key entries in each
     from course_lib import plots
     labels = [t.get_text() for t in plots.plot_scale_fidelity(fid).axes[0].get_legend().get_texts()]
     assert any("overflowed" in t for t in labels) and len(labels) == 3

@@ -100,7 +100,8 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
         "underflow and overflow; it cannot repair a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
         "same failure over seeds). " + P.forward_nan_where())
     # the caveat points at where the operation is located, and names the suspect without claiming it
-    assert P.forward_nan_where().startswith("Lesson 5's {ref}`fp16-divergence` trains this loop again")
+    assert P.forward_nan_where().startswith("Lesson 5's {ref}`fp16-divergence` trains the course model with FP16 "
+                                            "and a GradScaler into such a failure (at a higher learning rate")
     assert P.forward_nan_where(on_lesson_5=True).startswith("The section below, {ref}`fp16-divergence`, trains")
     assert "{doc}`04_amp`" in P.forward_nan_where() and "no verdict on FP16 autocast" in P.forward_nan_where()
     partly = _recording([3.0, math.inf, 2.0], [4.0, 4.0, 2.0], [False, True, False])
@@ -204,11 +205,19 @@ def test_fidelity_facts_pick_the_best_scale_by_its_worst_error_and_the_plateau_b
     facts = P.fidelity_facts(_fidelity())
     assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2^8",
                      "fid_median_ratio": 0.02 / 0.0015, "fid_within": 25.0, "fid_batches": 2,
-                     "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24"}
+                     "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24", "fid_noise": "No FP32 entry was that small here"}
     assert all(isinstance(facts[k], Prose) for k in ("fid_worst_1", "fid_worst_best", "fid_best", "fid_plateau"))
     assert P.fidelity_facts(_fidelity(), within=1.0)["fid_plateau"] == "2^8 and 2^16"   # 2^16's median is lower
     no_overflow = P.fidelity_facts(_fidelity(top_overflows=False))
     assert no_overflow["fid_overflow"] == "none" and no_overflow["fid_plateau"] == "2^8 and 2^16"
+
+
+def test_noise_note_names_what_entries_lost_left_out_and_why_a_key_bias_is_noise():
+    fid = dataclasses.replace(_fidelity(), noise={"blocks.0.attn.qkv.bias": 64.0, "b": 1.5})
+    note = P.noise_note(fid)
+    assert note.startswith("Left out here: 64 of `blocks.0.attn.qkv.bias` and 1.5 of `b` per batch. ")
+    assert "zero in exact arithmetic" in note
+    assert P.noise_note(dataclasses.replace(_fidelity(), noise={"b": 2.0})) == "Left out here: 2 of `b` per batch"
 
 
 def test_fidelity_facts_need_scale_1_without_overflow_and_a_factor_of_at_least_1():

@@ -451,7 +451,8 @@ def test_mx_errata_rows():
          "Not each: a single NVFP4 gradient was 18.8% off with it and 18.8% without. It removes bias, so averages "
          "converge: 18.8% for one draw, 12.5% for the mean of 8."),
         ("FP4 training needs Blackwell.",
-         "FP4 *speed* does; FP4 numerics run anywhere, as here, exactly. The course's emulation agrees with "
+         "FP4 *speed* does; FP4 numerics run anywhere, as here: the elements and scales exactly, the sums in "
+         "FP32, which a block-scaled tensor core is not documented to match. The course's emulation agrees with "
          "torchao's reference quantisation bit for bit."),
     ]
     other = ms.mx_errata_rows(comparison(0.125, 0.15, rceil_saturated=0.0625), scale_errors(), fidelity(),

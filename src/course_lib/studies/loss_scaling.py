@@ -4,7 +4,7 @@ gradient fidelity of each loss scale."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -205,8 +205,12 @@ class ScaleFidelity:
 
     ``error[scale][name]``: relative L2 error of the unscaled FP16-autocast gradient against the FP32
     gradient of the same weights and batch (mean over the batches); ``lost[scale][name]``: share of the
-    entries that are non-zero in FP32 and exactly zero under autocast; ``overflowed[scale]``: whether any
-    gradient was inf/NaN on any batch (the step a scaler would skip; no error is measured then)."""
+    entries that are non-zero in FP32, beyond its own rounding, and exactly zero under autocast;
+    ``overflowed[scale]``: whether any gradient was inf/NaN on any batch (the step a scaler would skip; no
+    error is measured then). ``noise[name]``: per batch, the FP32 entries that were non-zero but no larger
+    than :data:`NOISE_FLOOR` times the parameter's largest, left out of ``lost``: rounding noise, such as the
+    gradient of attention's key bias, zero in exact arithmetic (a bias added to every key shifts all of a
+    query's scores by one amount, which softmax ignores)."""
 
     scales: tuple[float, ...]
     names: tuple[str, ...]
@@ -215,11 +219,17 @@ class ScaleFidelity:
     error: dict[float, dict[str, float]]
     lost: dict[float, dict[str, float]]
     overflowed: dict[float, bool]
+    noise: dict[str, float] = field(default_factory=dict)
 
     def worst(self, scale: float) -> tuple[str, float]:
         """The parameter with the largest error under ``scale``, and that error."""
         name = max(self.error[scale], key=lambda n: self.error[scale][n])
         return name, self.error[scale][name]
+
+
+# an FP32 gradient entry no larger than this times its parameter's largest is FP32's rounding noise (2**-24,
+# FP32's unit roundoff): "entries lost" leaves such entries out
+NOISE_FLOOR = 2.0 ** -24
 
 
 def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
@@ -248,6 +258,7 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
     lost = {sc: {n: 0.0 for n, _ in named} for sc in scales}
     overflowed = {sc: False for sc in scales}
     ref_sq = {n: 0.0 for n, _ in named}
+    noise = {n: 0.0 for n, _ in named}
     for b in range(batches):
         x, y = sampler.batch(setup.steps + b, dev)
         model.zero_grad(set_to_none=True)
@@ -266,15 +277,17 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                     overflowed[sc] = True
                     continue
                 sq_err[sc][n] += float(((g - ref[n]) ** 2).sum()) / batches
-                nonzero = ref[n] != 0
-                lost[sc][n] += float(((g == 0) & nonzero).sum()) / max(1, int(nonzero.sum())) / batches
+                real = ref[n].abs() > NOISE_FLOOR * ref[n].abs().max()
+                lost[sc][n] += float(((g == 0) & real).sum()) / max(1, int(real.sum())) / batches
         for n, r in ref.items():
             ref_sq[n] += float((r ** 2).sum()) / batches
+            noise[n] += float(((r != 0) & (r.abs() <= NOISE_FLOOR * r.abs().max())).sum()) / batches
     names = tuple(n for n, _ in named if ref_sq[n] > 0)
     error = {sc: {n: math.nan if overflowed[sc] else math.sqrt(sq_err[sc][n] / ref_sq[n]) for n in names}
              for sc in scales}
     return ScaleFidelity(scales, names, setup.steps, batches, error,
-                         {sc: {n: lost[sc][n] for n in names} for sc in scales}, overflowed)
+                         {sc: {n: lost[sc][n] for n in names} for sc in scales}, overflowed,
+                         {n: noise[n] for n in names if noise[n] > 0})
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose, plural
+from ..glue import Prose, and_list, plural
 from ..gradients import ScaleSweep
 from ..results import RecordedResult, describe_records
 from ..scaling import (
@@ -142,7 +142,8 @@ def forward_nan_where(*, on_lesson_5: bool = False) -> Prose:
     where = ("The section below, {ref}`fp16-divergence`," if on_lesson_5
              else "Lesson 5's {ref}`fp16-divergence`")
     return Prose(
-        where + " trains this loop again until it fails and names the operation that overflowed. The course "
+        where + " trains the course model with FP16 and a GradScaler into such a failure (at a higher learning "
+        "rate, so that it fails within the steps a lesson can afford) and names the operation that overflowed. The course "
         "model forms attention's $q k^\\top$ in FP16 before its $1/\\sqrt{d}$ scale, an order that overflows "
         "where PyTorch's fused attention does not ({doc}`04_amp` shows it), so one model written this way going "
         "NaN is no verdict on FP16 autocast for GPTs in general.")
@@ -254,7 +255,21 @@ def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object
         "fid_batches": fid.batches,
         "fid_plateau": Prose(" and ".join(power_of_two(sc) for sc in plateau)),
         "fid_overflow": Prose(", ".join(overflowed) or "none"),
+        "fid_noise": noise_note(fid),
     }
+
+
+def noise_note(fid: ScaleFidelity) -> Prose:
+    """What "entries lost" left out as FP32's rounding noise (:attr:`ScaleFidelity.noise`): per parameter, the
+    entries per batch, and why a key bias's gradient is such noise."""
+    if not fid.noise:
+        return Prose("No FP32 entry was that small here")
+    listed = and_list([f"{count:g} of `{name}`" for name, count in fid.noise.items()])
+    keys = any(name.endswith("qkv.bias") for name in fid.noise)
+    return Prose(f"Left out here: {listed} per batch" + (
+        ". Attention's query-key-value bias holds the key bias, whose gradient is zero in exact arithmetic (a "
+        "bias added to every key shifts all of a query's scores by one amount, which softmax ignores): FP32 "
+        "computes it as rounding noise" if keys else ""))
 
 
 # ---- pitfalls ------------------------------------------------------------------------------------------

@@ -513,7 +513,8 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
          f"{100 * averaged[0]:.1f}% for one draw, {100 * averaged[-1]:.1f}% "
          f"for the mean of {fidelity.ks[-1]}."),
         ("FP4 training needs Blackwell.",
-         "FP4 *speed* does; FP4 numerics run anywhere, as here, exactly. The course's emulation "
+         "FP4 *speed* does; FP4 numerics run anywhere, as here: the elements and scales exactly, the sums in "
+         "FP32, which a block-scaled tensor core is not documented to match. The course's emulation "
          + ("agrees with torchao's reference quantisation bit for bit." if torchao_agrees else
             "did not agree with torchao's reference quantisation on this page's check.")),
     ]
