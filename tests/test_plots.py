@@ -40,6 +40,10 @@ def test_spacing_figure_one_curve_per_format():
     ax = fig.axes[0]
     assert [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")] == ["FP32", "FP16"]
     assert len(plots.plot_relative_spacing().axes[0].get_legend().get_texts()) == len(list_formats())
+    # TF32 shares FP16's mantissa width: the later of the two is dashed and narrower, so both show
+    lines = {ln.get_label(): ln for ln in plots.plot_relative_spacing(["TF32", "FP16"]).axes[0].get_lines()}
+    assert lines["FP16 (dashed)"].get_linestyle() == "--" and lines["TF32"].get_linestyle() == "-"
+    assert lines["FP16 (dashed)"].get_linewidth() < lines["TF32"].get_linewidth()
 
 
 def test_unknown_format_is_an_error():
@@ -246,6 +250,19 @@ def test_monitoring_figures_draw_their_data():
     # series that run close together differ in marker and dash, not in colour alone
     c, a = fig.axes[0].get_lines()
     assert c.get_marker() != a.get_marker() and c.get_linestyle() != a.get_linestyle()
+
+
+def test_loss_against_time_colours_recipes_by_dtype_and_dashes_each():
+    runs = [((0.1, 0.1, 0.1), (3.0, 2.5, 2.0))] * 2
+    fig = plots.plot_loss_against_time({"GPU": {"fp32": runs, "tf32": runs, "bf16_autocast": runs,
+                                                "fp16_autocast_scaler": runs}}, target={"GPU": 2.2})
+    first = {ln.get_label(): ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")}
+    colours = {k.split(" ")[0]: ln.get_color() for k, ln in first.items() if k != "target loss"}
+    assert colours == {"fp32": "#000000", "tf32": "#999999", "bf16_autocast": "#0072B2",
+                       "fp16_autocast_scaler": "#D55E00"}
+    styles = [ln.get_linestyle() for k, ln in first.items() if k != "target loss"]
+    assert len(set(styles)) == 4 and first["target loss"].get_linewidth() < min(
+        ln.get_linewidth() for k, ln in first.items() if k != "target loss")
 
 
 def test_dashboard_draws_each_panel_and_groups_alerts():

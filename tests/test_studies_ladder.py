@@ -233,6 +233,8 @@ def test_plot_draws_measured_marks_only_where_they_were_measured(small_ladder):
     assert "BF16 autocast and FP16 autocast (predicted)" in labels
     assert "FP8 tensorwise (predicted)" in labels and "FP8 rowwise (predicted)" in labels   # casts differ
     assert len({tuple(line.get_ydata()) for line in dashed}) == len(dashed)
+    # lines that nearly agree stay visible: each recipe's line has its own width (and dash)
+    assert len({line.get_linewidth() for line in dashed}) == len(dashed)
 
 
 def test_the_ladder_pieces_cover_every_rung_recipe_and_mode_once():

@@ -148,7 +148,11 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
             continue
         rel = spacing(x[mask], f) / x[mask]
         colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
-        ax.step(x[mask], rel, where="post", color=colour, lw=1.4, label=f.name)
+        # formats with as many mantissa bits as an earlier one share its curve where both exist (TF32 and
+        # FP16): the later one is dashed and narrower, so the earlier one shows along it
+        shared = any(g.mantissa_bits == f.mantissa_bits for g in fmts[:i])
+        ax.step(x[mask], rel, where="post", color=colour, lw=1.4 if shared else 2.4,
+                ls=(0, (4, 2)) if shared else "-", label=f.name + (" (dashed)" if shared else ""))
         if lo <= f.min_normal <= hi:
             ax.axvline(f.min_normal, color=colour, lw=0.8, ls=":", alpha=0.8)
     ax.set_xscale("log")

@@ -141,18 +141,22 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figur
     drawn as a horizontal line."""
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
     recipes = list(dict.fromkeys(r for by_recipe in panels.values() for r in by_recipe))
-    colours = {r: FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)] for i, r in enumerate(recipes)}
+    # one colour per recipe in every panel: its dtype's, as in the matmul figure (FP32 black, TF32 grey, BF16
+    # blue, FP16 vermillion), and its own dash, since seeds of recipes that run alike overlap
+    dashes = ["-", "--", "-.", ":"]
+    styles = {r: (_DTYPE_COLOURS.get(r.split("_")[0], FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]),
+                  dashes[i % len(dashes)]) for i, r in enumerate(recipes)}
     for ax, (title, by_recipe) in zip(axes[0], panels.items()):
         for recipe, runs in by_recipe.items():
-            colour = colours[recipe]  # one colour per recipe in every panel
+            colour, ls = styles[recipe]
             for j, (seconds, losses) in enumerate(runs):
                 # a moving average over about a thirtieth of the run, so seeds stay distinguishable
                 window = max(1, len(losses) // 30)
                 smooth = np.convolve(np.asarray(losses, float), np.ones(window) / window, mode="valid")
-                ax.plot(np.cumsum(seconds)[window - 1:], smooth, color=colour, lw=1.2, alpha=0.85,
+                ax.plot(np.cumsum(seconds)[window - 1:], smooth, color=colour, ls=ls, lw=1.2, alpha=0.85,
                         label=f"{recipe} ({len(runs)} seeds)" if j == 0 else None)
         if target and title in target:
-            ax.axhline(target[title], color="#555555", ls=":", lw=1.2, label="target loss")
+            ax.axhline(target[title], color="#555555", ls="-", lw=0.8, zorder=0, label="target loss")
         ax.set_xlabel("wall-clock seconds")
         ax.xaxis.set_major_locator(MaxNLocator(5))   # "0.000 0.025 ..." ran into each other on a fast run
         ax.set_ylabel("training loss (moving average)")
@@ -220,10 +224,15 @@ _LADDER_LABELS = {"fp32": "FP32", "tf32": "TF32", "bf16_autocast": "BF16 autocas
                   "fp8_tensorwise": "FP8 tensorwise", "fp8_rowwise": "FP8 rowwise"}
 
 
+# the dash of each recipe's predicted line in the ladder figure (none solid: solid is nothing here)
+_PREDICTED_DASHES = [(0, (5, 2)), (0, (1.5, 1.5)), (0, (7, 2, 1.5, 2)), (0, (3, 1)), (0, (9, 2, 1.5, 2, 1.5, 2)),
+                     (0, (2, 3))]
+
+
 def plot_scale_ladder(ladder, *, devices=None) -> Figure:
     """Tokens per second (top) and MFU (bottom) against parameters, log axes, one column per device of the
     ladder's predictions (``devices``: a subset, in order). Lines: the roofline's prediction per recipe
-    (dashed, a bound without launch overhead); filled markers: measured runs (circles eager, squares
+    (dashed, each recipe its own dash; a bound without launch overhead); filled markers: measured runs (circles eager, squares
     compiled), drawn only in the column of the device that measured them. ``ladder``: a ``ScaleLadder``."""
     devices = list(devices) if devices is not None else ladder.predicted_devices()
     if not devices:
@@ -249,8 +258,11 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
             if preds and same[tuple(preds)][0] == recipe:
                 xs, rates, mfus = zip(*preds)
                 label = " and ".join(_LADDER_LABELS[r] for r in same[tuple(preds)])
-                top.plot(xs, rates, "--", color=colour, lw=1.3, label=f"{label} (predicted)")
-                bottom.plot(xs, [100 * m for m in mfus], "--", color=colour, lw=1.3)
+                # each recipe its own dash, earlier ones wider: predictions that nearly agree (FP32 and FP16 on a
+                # CPU) run along each other and both stay visible
+                style = dict(color=colour, ls=_PREDICTED_DASHES[j % len(_PREDICTED_DASHES)], lw=2.2 - 0.25 * j)
+                top.plot(xs, rates, label=f"{label} (predicted)", **style)
+                bottom.plot(xs, [100 * m for m in mfus], **style)
             if device != ladder.own_prediction_device:
                 continue
             # measured marks of one rung sit side by side (a few percent apart along the log axis), so that
