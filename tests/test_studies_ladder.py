@@ -2,6 +2,7 @@
 
 import dataclasses
 import inspect
+import types
 
 import matplotlib
 import pytest
@@ -282,3 +283,26 @@ def test_the_page_says_which_rungs_it_runs_from_the_registry():
         "1 rung of the model ladder (`gpt2_large`), compiled")
     assert PROSE.page_rungs({"rungs": ["a", "b", "c"], "compile_modes": [False, True]}).endswith(
         "(`a`, `b` and `c`), eagerly and compiled")
+
+
+def test_speedup_by_size_erratum_separates_the_baselines_and_says_what_is_measured(small_ladder):
+    claim, text = PROSE.speedup_by_size_erratum(small_ladder, "H200 SXM", {}, [])
+    assert claim == PROSE.SPEEDUP_BY_SIZE_CLAIM
+    over_fp32 = PROSE.predicted_speedups(small_ladder, "H200 SXM", "fp32")
+    over_tf32 = PROSE.predicted_speedups(small_ladder, "H200 SXM", "tf32")
+    assert f"{over_fp32['course_small']:.1f}x FP32 with TF32 off for `course_small`" in text
+    assert f"{over_fp32['gpt2_large']:.1f}x for `gpt2_large`" in text
+    assert f"{min(over_tf32.values()):.2f}x to {max(over_tf32.values()):.2f}x TF32" in text
+    assert text.endswith("so the growth with size is predicted here, not measured.")
+    rows = [{"recipe": "fp32", "compiled": False, "tokens_per_s": 100.0},
+            {"recipe": "tf32", "compiled": False, "tokens_per_s": 180.0},
+            {"recipe": "bf16_autocast", "compiled": False, "tokens_per_s": 183.0},
+            {"recipe": "bf16_autocast", "compiled": True, "tokens_per_s": 999.0}]
+    study = types.SimpleNamespace(table=lambda: rows)
+    measured = PROSE.speedup_by_size_erratum(small_ladder, "H200 SXM", {"the recorded H100": study}, [])[1]
+    assert ("Measured on the recorded H100: BF16 autocast ran at 1.83x FP32's token rate with TF32 off and 1.02x "
+            "TF32's (eager).") in measured
+    assert PROSE.speedup_by_size_erratum(small_ladder, "H200 SXM", {}, ["a record"])[1].endswith(
+        "The ladder's own GPU records are above.")
+    with pytest.raises(ValueError, match="no BF16 and FP32 predictions"):
+        PROSE.speedup_by_size_erratum(small_ladder, "B300", {}, [])

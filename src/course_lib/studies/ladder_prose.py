@@ -4,12 +4,13 @@ merged per device."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..glue import Prose, and_list, plural
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
 from .ladder import LADDER_PIECES, LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
+from .performance import ThroughputStudy
 
 RECIPE_LABELS = {"fp32": "FP32", "tf32": "TF32", "bf16_autocast": "BF16", "fp16_autocast_scaler": "FP16",
                  "fp8_tensorwise": "FP8 tensorwise", "fp8_rowwise": "FP8 rowwise"}
@@ -231,3 +232,37 @@ def page_rungs(parameters: dict) -> Prose:
     rungs, modes = list(parameters["rungs"]), set(parameters["compile_modes"])
     how = "eagerly and compiled" if modes == {False, True} else ("compiled" if True in modes else "eagerly")
     return Prose(f"{plural(len(rungs), 'rung')} of the model ladder ({and_list([f'`{r}`' for r in rungs])}), {how}")
+
+
+SPEEDUP_BY_SIZE_CLAIM = "Mixed precision speeds training up more the larger the model: up to 4x."
+
+
+def speedup_by_size_erratum(ladder: ScaleLadder, device: str, studies: Mapping[str, ThroughputStudy],
+                            ladder_records: Sequence[RecordedResult]) -> tuple[str, str]:
+    """The circulating "speed-up by model size, up to 4x" against the roofline's BF16 autocast speed-up on
+    ``device`` over FP32 (TF32 off) and over TF32 at the smallest and the largest rung, the measured eager
+    speed-ups of each labelled throughput ``studies`` (``{label: ThroughputStudy}``), and whether a GPU has
+    recorded the ladder (``ladder_records``)."""
+    over_fp32, over_tf32 = predicted_speedups(ladder, device, "fp32"), predicted_speedups(ladder, device, "tf32")
+    if not over_fp32:
+        raise ValueError(f"the ladder has no BF16 and FP32 predictions for {device!r}")
+    rungs = list(over_fp32)
+    first, last = rungs[0], rungs[-1]
+    text = ("A speed-up is one set-up's time over another's, and this claim names neither its baseline nor its "
+            f"machine. For the {device}, the roofline (FLOPs and bytes only, so a ceiling) puts BF16 autocast at "
+            f"{over_fp32[first]:.1f}x FP32 with TF32 off for `{first}` and {over_fp32[last]:.1f}x for `{last}`")
+    if over_tf32:
+        lo, hi = min(over_tf32.values()), max(over_tf32.values())
+        text += (f", and at {lo:.2f}x to {hi:.2f}x TF32 over the same sizes: against FP32 the ceiling grows with "
+                 f"the model, against TF32 it barely moves")
+    text += "."
+    for label, study in studies.items():
+        rows = {row["recipe"]: row for row in study.table() if not row["compiled"]}
+        if "bf16_autocast" in rows and "fp32" in rows:
+            rate = rows["bf16_autocast"]["tokens_per_s"]
+            text += (f" Measured on {label}: BF16 autocast ran at {rate / rows['fp32']['tokens_per_s']:.2f}x "
+                     f"FP32's token rate with TF32 off" + (f" and {rate / rows['tf32']['tokens_per_s']:.2f}x TF32's"
+                                                           if "tf32" in rows else "") + " (eager).")
+    text += (" The ladder's own GPU records are above." if ladder_records else
+             " No GPU has recorded the ladder yet, so the growth with size is predicted here, not measured.")
+    return SPEEDUP_BY_SIZE_CLAIM, text
