@@ -143,6 +143,10 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["BF16 one", "BF16 two"]
     colours = {ln.get_label(): ln.get_color() for ln in fig.axes[0].get_lines()}
     assert len(set(colours.values())) == 3        # "bf16" in both names must not paint them alike
+    # the reference is drawn wide and underneath, so a recipe that runs on it leaves it visible at its edges
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert lines["FP32"].get_linewidth() > 2 * lines["BF16 one"].get_linewidth()
+    assert lines["FP32"].get_zorder() < lines["BF16 one"].get_zorder()
     with pytest.raises(ValueError, match="finals has no values for BF16 two"):
         plots.plot_seeded_runs(res, reference="FP32", finals={"FP32": (1.0, 2.0), "BF16 one": (1.0, 1.0)})
 

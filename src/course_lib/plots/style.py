@@ -205,11 +205,12 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
         runs = np.asarray(result.curves[recipe], dtype=float)
         x = np.arange(runs.shape[1])
         style = "-" if recipe == reference else dashes[others.index(recipe) % len(dashes)]
-        left.plot(x, runs.mean(axis=0), color=colours[recipe], lw=1.8 if recipe != reference else 2.2,
-                  ls=style, label=recipe)
+        # the reference is drawn wide and underneath: where a recipe runs on it, it shows along both edges
+        left.plot(x, runs.mean(axis=0), color=colours[recipe], lw=1.8 if recipe != reference else 4.5,
+                  ls=style, label=recipe, zorder=2 if recipe != reference else 1.5)
         if colours[recipe] == "#000000":
             left.fill_between(x, runs.min(axis=0), runs.max(axis=0), facecolor="none", edgecolor="#000000",
-                              hatch="////", lw=0, alpha=0.5)
+                              hatch="////", lw=0, alpha=0.85)
         else:
             left.fill_between(x, runs.min(axis=0), runs.max(axis=0), color=colours[recipe], alpha=0.15, lw=0)
     left.set_xlabel("training step")
