@@ -301,13 +301,15 @@ def test_spike_facts_compute_the_jump_and_the_verdicts():
     assert (facts["clip_none_lo"], facts["clip_none_hi"], facts["clip_none_mean"]) == (3.0, 4.0, 3.5)
     assert facts["clip_none_over_global"] == pytest.approx(3.5 / 1.2)
     assert "beyond seed noise" in facts["clip_verdict"]
-    assert facts["clip_vs_ref"].startswith("within")
+    # (1.1, 1.3) overlaps the no-spike range (1.0, 1.2) without lying inside it: "within" would overstate it
+    assert facts["clip_vs_ref"].startswith("overlapping the seed-to-seed range") and "seed noise" in facts["clip_vs_ref"]
     assert facts["clip_max_norm"] == 1.0 and facts["clip_steps"] == 8 and facts["clip_spikes"] == 2
 
 
 @pytest.mark.parametrize("none, glob, verdict, vs_ref", [
-    ((1.2, 1.5), (1.1, 1.3), "within seed noise", "within"),
-    ((0.5, 0.6), (1.1, 1.3), "clipping cost more", "within"),
+    ((1.2, 1.5), (1.1, 1.3), "within seed noise", "overlapping"),
+    ((0.5, 0.6), (1.1, 1.3), "clipping cost more", "overlapping"),
+    ((3.0, 4.0), (1.05, 1.15), "beyond seed noise", "within the seed-to-seed range"),
     ((3.0, 4.0), (1.5, 1.6), "beyond seed noise", "above every seed"),
     ((3.0, 4.0), (0.5, 0.6), "beyond seed noise", "below every seed"),
 ])

@@ -78,7 +78,8 @@ def _recording(losses, scales, skipped, growth_interval=10):
 def test_flight_facts_count_steps_and_skips_and_read_the_last_scale():
     rec = _recording([3.0, 2.9, 2.8, 2.7], [65536.0, 65536.0, 32768.0, 131072.0], [False, False, True, False])
     facts = P.flight_facts(rec)
-    assert facts == {"rec_steps": 4, "rec_skipped": 1, "rec_interval": 10, "rec_final_log2": 17}
+    assert facts == {"rec_steps": 4, "rec_skipped": 1, "rec_interval": 10, "rec_final_log2": 17,
+                     "rec_final_scale": "2\u00b9\u2077"}
     assert type(facts["rec_skipped"]) is int
     with pytest.raises(ValueError, match="no step"):
         P.flight_facts(_recording([], [], []))
@@ -270,7 +271,7 @@ def test_pitfall_table_says_what_was_caught_raised_and_how_far_the_weights_moved
 
 def test_pitfall_facts_compare_each_demo_with_the_correct_loop():
     facts = P.pitfall_facts(_demos())
-    assert facts == {"clip_ratio": 0.125, "clip_scale_log2": 20, "sched_ratio": 0.375, "micro_steps": 6,
+    assert facts == {"clip_ratio": 0.125, "clip_scale_log2": 20, "clip_scale": "2\u00b2\u2070", "sched_ratio": 0.375, "micro_steps": 6,
                      "correct_steps": 3}
     with pytest.raises(ValueError, match="no correct loop"):
         P.pitfall_facts(_demos()[:-1])

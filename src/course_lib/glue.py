@@ -75,3 +75,14 @@ def glue_facts(facts: Mapping[str, object]) -> None:
 def glue_errata(name: str, rows: Sequence[tuple[str, str]]) -> None:
     """Glue a lesson's errata table (claim, what this page measured) under ``name`` for ``{glue:md}``."""
     glue_facts({name: errata_table(rows)})
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+
+
+def power_of_two_text(exponent: int) -> str:
+    """``2`` with ``exponent`` as superscript digits (2\u00b9\u2076), for prose that a glued number cannot
+    put inside a formula."""
+    if isinstance(exponent, bool) or not isinstance(exponent, int):
+        raise TypeError(f"exponent must be an int, got {type(exponent).__name__}")
+    return "2" + str(exponent).translate(_SUPERSCRIPT)

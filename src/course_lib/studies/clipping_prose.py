@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose, and_list
+from ..glue import Prose, and_list, power_of_two_text
 from ..tables import MarkdownTable, markdown_table
 from ..scaling.clipping import AGC_EPS
 from .clipping import (
@@ -129,8 +129,12 @@ def spike_facts(runs: SpikyRuns) -> dict[str, object]:
         "spikes did" if verdict == "below" else
         "the two ranges overlap: at this size the difference is within seed noise, and this run cannot claim it")
     against_ref = compare_ranges(runs.finals[GLOBAL_NORM], runs.finals[NO_SPIKES])
+    inside = min(runs.finals[NO_SPIKES]) <= min(runs.finals[GLOBAL_NORM]) and max(runs.finals[GLOBAL_NORM]) <= max(
+        runs.finals[NO_SPIKES])
     facts["clip_vs_ref"] = Prose({
-        "within": "within the seed-to-seed range of the runs that saw no spikes at all",
+        "within": "within the seed-to-seed range of the runs that saw no spikes at all" if inside else
+                  "overlapping the seed-to-seed range of the runs that saw no spikes at all, a difference this run "
+                  "cannot tell from seed noise",
         "above": "above every seed of the runs that saw no spikes: clipping bounded the damage without undoing it",
         "below": "below every seed of the runs that saw no spikes"}[against_ref])
     return facts
@@ -210,7 +214,8 @@ def order_facts(order: EditOrder, overflow: OverflowStep) -> dict[str, object]:
     """The order section's facts (edits before and after ``unscale_``, the step that overflowed)."""
     returned = "nan" if math.isnan(overflow.returned_norm) else f"{overflow.returned_norm:g}"
     return {
-        "ord_scale_log2": _log2(order.scale), "ord_max_norm": order.max_norm, "ord_true_norm": order.true_norm,
+        "ord_scale_log2": _log2(order.scale), "ord_scale": Prose(power_of_two_text(_log2(order.scale))),
+        "ord_max_norm": order.max_norm, "ord_true_norm": order.true_norm,
         "ord_threshold": order.effective_threshold, "ord_clip_before": order.before["clip_grad_norm_"],
         "ord_penalty_before": order.before["L2 penalty"], "ord_step_over_grad": order.step_over_grad,
         "ord_kept": Prose("left the gradients exactly as `unscale_` and the edit had made them"
@@ -225,6 +230,7 @@ def order_facts(order: EditOrder, overflow: OverflowStep) -> dict[str, object]:
                              "stepped, and the weights changed" if overflow.stepped else
                              "skipped the step, yet the weights changed"),
         "ovf_scale_after_log2": _log2(overflow.scale_after),
+        "ovf_scale_after": Prose(power_of_two_text(_log2(overflow.scale_after))),
         "ovf_strict": Prose(f"`` RuntimeError: {overflow.strict_error.split('. ')[0]}. ``"
                             if overflow.strict_error != "(no error)" else "no error"),
     }

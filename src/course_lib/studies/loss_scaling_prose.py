@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose, and_list, plural
+from ..glue import Prose, and_list, plural, power_of_two_text
 from ..gradients import ScaleSweep
 from ..results import RecordedResult, describe_records
 from ..scaling import (
@@ -39,17 +39,6 @@ def _index_of(scales: Sequence[float], scale: float, what: str) -> int:
 
 
 # ---- what a scale does to the gradients ---------------------------------------------------------------
-
-_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
-
-
-def power_of_two_text(exponent: int) -> str:
-    """``2`` with ``exponent`` as superscript digits (2\u00b9\u2076), for prose that a glued number cannot
-    put inside a formula."""
-    if isinstance(exponent, bool) or not isinstance(exponent, int):
-        raise TypeError(f"exponent must be an int, got {type(exponent).__name__}")
-    return "2" + str(exponent).translate(_SUPERSCRIPT)
-
 
 def sweep_facts(sweep: ScaleSweep, init_scale: float, tolerance: float = 0.005) -> dict[str, object]:
     """Percent of non-zero gradients that survive (``survive_*``) and survive as normal numbers
@@ -111,7 +100,8 @@ def flight_facts(recording: FlightRecording) -> dict[str, object]:
         raise ValueError(f"the last recorded scale is {recording.scales[-1]!r}: it has no log2")
     return {"rec_steps": recording.steps, "rec_skipped": sum(recording.skipped),
             "rec_interval": recording.growth_interval,
-            "rec_final_log2": int(round(math.log2(recording.scales[-1])))}
+            "rec_final_log2": int(round(math.log2(recording.scales[-1]))),
+            "rec_final_scale": Prose(power_of_two_text(int(round(math.log2(recording.scales[-1])))))}
 
 
 def nan_collapse_note(recording: FlightRecording) -> Prose:
@@ -310,6 +300,7 @@ def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
     return {
         "clip_ratio": clip.update_norm / correct.update_norm,
         "clip_scale_log2": int(math.log2(clip.final_scale)),
+        "clip_scale": Prose(power_of_two_text(int(math.log2(clip.final_scale)))),
         "sched_ratio": by_name["scheduler_on_skipped_step"].update_norm / correct.update_norm,
         "micro_steps": by_name["update_every_microbatch"].optimizer_steps,
         "correct_steps": correct.optimizer_steps,
