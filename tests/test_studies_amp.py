@@ -121,8 +121,12 @@ def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
     assert rows[1][1] == ("On CUDA it is on the FP32 list (fp32, via dtype argument); on the CPU it is not: here "
                           "`softmax` of a BF16 matmul output returns `torch.bfloat16` and `exp` returns "
                           "`torch.bfloat16` (CUDA: fp32).")
-    assert rows[2][1] == ("The weights stay `torch.float32`; autocast casts a copy of each weight for each op that "
-                          "runs in lower precision, during the forward pass only.")
+    assert rows[2][1] == ("The weights stay `torch.float32`; autocast makes a lower-precision copy of a weight when "
+                          "an op first needs it and reuses it until the autocast region exits.")
+    cached = A.amp_errata(mean_dtype=torch.bfloat16, softmax_dtype=torch.bfloat16, exp_dtype=torch.bfloat16,
+                          weight_dtype=torch.float32, warnings_seen=[], lists=LISTS, casts=(1, 1))
+    assert cached[2][1].endswith(": here 3 calls of one linear layer in one region cast its weight once, and a "
+                                 "second region once more.")
     assert rows[3][1] == ("Both are deprecated: torch says \"`torch.cuda.amp.autocast(args...)` is deprecated\". "
                           "`torch.amp` takes the device type as an argument, so one code path serves CUDA, the CPU "
                           "and other devices.")
@@ -130,6 +134,15 @@ def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
                          weight_dtype=torch.float32, warnings_seen=[], lists=LISTS)
     assert quiet[3][1].startswith("The installed torch does not warn about them. `torch.amp` takes")
     assert "here is `torch.float32`" in quiet[0][1]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_casts_a_weight_once_per_region(dtype):
+    # measured with a dispatch mode: three calls in one region cast the weight once, a second region once more
+    assert A.weight_casts("cpu", dtype) == (1, 1)
+    assert A.weight_casts("cpu", dtype, calls=1) == (1, 1)
+    with pytest.raises(ValueError, match="calls"):
+        A.weight_casts("cpu", dtype, calls=0)
 
 
 def test_amp_errata_refuse_dtypes_given_as_text():

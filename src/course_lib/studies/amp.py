@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..amp import AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
 from ..device import SizeProfile
@@ -250,11 +251,41 @@ def recipe_facts(histories: Mapping[str, History]) -> dict[str, object]:
             / statistics.median(histories["fp16_autocast_scaler"].tokens_per_second)}
 
 
+def weight_casts(device_type: str, dtype: torch.dtype, *, calls: int = 3) -> tuple[int, int]:
+    """How often autocast casts a linear layer's weight, measured with a dispatch mode: ``calls`` calls in one
+    autocast region, then one call in a second region. Autocast caches the cast of a leaf tensor that requires
+    grad (a weight) until its region exits, so torch gives ``(1, 1)``."""
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive int, got {calls!r}")
+    layer, x = torch.nn.Linear(8, 8, device=device_type), torch.randn(2, 8, device=device_type)
+    counts = [0, 0]
+
+    class _Count(TorchDispatchMode):
+        region = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].data_ptr() == layer.weight.data_ptr():
+                counts[self.region] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as mode:
+        with torch.autocast(device_type, dtype=dtype):
+            for _ in range(calls):
+                layer(x)
+        mode.region = 1
+        with torch.autocast(device_type, dtype=dtype):
+            layer(x)
+    return counts[0], counts[1]
+
+
 def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype: torch.dtype,
                weight_dtype: torch.dtype, warnings_seen: Sequence[str],
-               lists: Mapping[str, frozenset[str]] | None = None) -> list[tuple[str, str]]:
+               lists: Mapping[str, frozenset[str]] | None = None,
+               casts: tuple[int, int] | None = None, calls: int = 3) -> list[tuple[str, str]]:
     """The errata rows (claim, measured): the dtypes of ``mean``, ``softmax`` and ``exp`` of a matmul's
-    output under BF16 autocast on the CPU, a linear layer's weight dtype after running under autocast, and
+    output under BF16 autocast on the CPU, a linear layer's weight dtype after running under autocast, how
+    often its weight was cast (``casts``: :func:`weight_casts` for ``calls`` calls in one region, one in a
+    second), and
     the warnings ``torch.cuda.amp.autocast()`` gave (``warnings_seen``, messages); CUDA's policy for each op
     is read from ``lists`` (torch's header when None)."""
     for name, value in (("mean_dtype", mean_dtype), ("softmax_dtype", softmax_dtype), ("exp_dtype", exp_dtype),
@@ -266,6 +297,10 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
     # a policy label such as "fp32 (via dtype argument)" goes inside parentheses: no nested ones
     policy = {op: cuda_policy(op, None if lists is None else dict(lists)).replace(" (", ", ").replace(")", "")
               for op in ("sum", "layer_norm", "softmax", "exp")}
+    weight_cast_text = ("" if casts is None else
+                        f"here {calls} calls of one linear layer in one region cast its weight "
+                        f"{'once' if casts[0] == 1 else f'{casts[0]} times'}, and a second region "
+                        f"{'once more' if casts[1] == 1 else f'{casts[1]} more times'}.")
     deprecated = (f"Both are deprecated: torch says \"{warnings_seen[0].rstrip('.')}\"." if warnings_seen
                   else "The installed torch does not warn about them.")
     return [
@@ -277,8 +312,9 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
          f"On CUDA it is on the FP32 list ({policy['softmax']}); on the CPU it is not: here `softmax` of a "
          f"BF16 matmul output returns `{softmax_dtype}` and `exp` returns `{exp_dtype}` (CUDA: {policy['exp']})."),
         ("Autocast converts the model's weights to FP16.",
-         f"The weights stay `{weight_dtype}`; autocast casts a copy of each weight for each op that runs in "
-         f"lower precision, during the forward pass only."),
+         f"The weights stay `{weight_dtype}`; autocast makes a lower-precision copy of a weight when an op first "
+         "needs it and reuses it until the autocast region exits"
+         + (f": {weight_cast_text}" if weight_cast_text else ".")),
         ("Use `torch.cuda.amp.autocast()` and `torch.cuda.amp.GradScaler()`.",
          f"{deprecated} `torch.amp` takes the device type as an argument, "
          f"so one code path serves CUDA, the CPU and other devices."),
