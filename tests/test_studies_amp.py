@@ -1,5 +1,7 @@
 """Lesson 4's facts, phrases, tables and errata, each computed from a result built by hand with known numbers."""
 
+import types
+
 import pytest
 import torch
 
@@ -232,3 +234,12 @@ def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
         "attn_backends_run": "`MATH`", "attn_backend_chosen": "a kernel this torch does not name"}
     with pytest.raises(ValueError, match="no attention kernel ran"):
         A.sdpa_backend_facts({"runs": {"MATH": False}, "chosen": None})
+
+
+def test_skip_note_names_the_skipped_steps_and_their_scales():
+    ran = types.SimpleNamespace(skipped=[False, False, True, False], scales=[65536.0, 65536.0, 65536.0, 32768.0])
+    clean = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4)
+    note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran})["recipe_skips"]
+    assert note.startswith("`fp16_autocast_scaler` skipped step 2 (its scaled gradients overflowed FP16 at a scale "
+                           "of 2\u00b9\u2076). A skipped step is an update not taken")
+    assert A.skip_note({"fp32": clean})["recipe_skips"] == "No run skipped a step here."

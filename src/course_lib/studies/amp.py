@@ -3,6 +3,7 @@ phrases and tables the lesson glues from what autocast did."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import warnings
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..amp import AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
 from ..device import SizeProfile
-from ..glue import Prose
+from ..glue import Prose, and_list, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup
 from ..results import RecordedResult
@@ -249,6 +250,25 @@ def recipe_facts(histories: Mapping[str, History]) -> dict[str, object]:
         raise ValueError(f"the recipe runs lack {', '.join(missing)}")
     return {"fp32_over_fp16": statistics.median(histories["fp32"].tokens_per_second)
             / statistics.median(histories["fp16_autocast_scaler"].tokens_per_second)}
+
+
+def skip_note(histories: Mapping[str, History]) -> dict[str, object]:
+    """``recipe_skips``: which recipe runs skipped which steps (and at what loss scale), and what a skipped step
+    does to the table's final loss (the last step's, one batch's)."""
+    parts = []
+    for name, h in histories.items():
+        steps = [i for i, s in enumerate(h.skipped) if s]
+        if steps:
+            scales = and_list([power_of_two_text(int(round(math.log2(h.scales[i])))) for i in steps])
+            parts.append(f"`{name}` skipped {'step' if len(steps) == 1 else 'steps'} "
+                         f"{and_list([str(i) for i in steps])} (its scaled gradients overflowed FP16 at a scale of "
+                         f"{scales})")
+    if not parts:
+        return {"recipe_skips": Prose("No run skipped a step here.")}
+    return {"recipe_skips": Prose(
+        and_list(parts) + ". A skipped step is an update not taken, so such a run ends behind the others, and the "
+        "table's final loss, the last step's loss on one batch, can show it; {doc}`05_bf16_vs_fp16` compares "
+        "recipes over seeds and over the mean of several steps.")}
 
 
 def weight_casts(device_type: str, dtype: torch.dtype, *, calls: int = 3) -> tuple[int, int]:
