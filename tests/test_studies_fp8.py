@@ -471,7 +471,8 @@ def test_fp8_errata_rows():
         "product.")
     assert rows[4][1] == (
         "In E4M3 it copes with a lot: a 1,000x outlier channel flushed 12.5% of the other values of the course "
-        "model's activation; it is at 100,000x that 50% go. Per-token scales do not help; 1 x 32 tiles do.")
+        "model's activation; it is at 100,000x that 50% go. Per-token scales help little (the outlier section "
+        "above); 1 x 32 tiles do.")
     unrecorded = fp8_prose.fp8_errata_rows(overflow, sweep(), block=32, estimates=ESTIMATES, measured={})
     assert "one recorded H100 product reached nanx;" in unrecorded[1][1]
 

@@ -428,9 +428,8 @@ def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
         raise ValueError("the study timed no FP8 implementation next to BF16")
     device = speed.device.split(":")[0]
     on_cpu = device != "cuda"
-    where = ("A CPU has **no FP8 tensor cores**: its `_scaled_mm` converts the codes back to wider floats and "
-             "multiplies those, so FP8 can only cost time here, and these timings say nothing about a GPU. "
-             if on_cpu else "")
+    where = ("A CPU has **no FP8 tensor cores** (as for the eager layers above): these timings say nothing "
+             "about a GPU. " if on_cpu else "")
     if not faster and not even:
         shown = f"FP8 was slower than BF16 everywhere it ran: {and_list(slower)}."
     else:
@@ -568,7 +567,7 @@ def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
         ("Per-tensor scaling cannot cope with outlier channels.",
          f"In E4M3 it copes with a lot: a 1,000x outlier channel flushed {100 * flushed[i3]:.1f}% of the other "
          f"values of the course model's activation; it is at 100,000x that {100 * flushed[i5]:.0f}% go. "
-         f"Per-token scales do not help; 1 x {block} tiles do."),
+         f"Per-token scales help little (the outlier section above); 1 x {block} tiles do."),
     ]
 
 
