@@ -266,7 +266,13 @@ def test_loss_against_time_colours_recipes_by_dtype_and_dashes_each():
                        "fp16_autocast_scaler": "#D55E00"}
     styles = [ln.get_linestyle() for k, ln in first.items() if k != "target loss"]
     assert len(set(styles)) == 4 and first["target loss"].get_linewidth() < min(
-        ln.get_linewidth() for k, ln in first.items() if k != "target loss")
+        ln.get_linewidth() for k, ln in first.items() if k not in ("target loss",))
+    # each run's measured time to the target is a tick on the target line, in its recipe's colour
+    fig = plots.plot_loss_against_time({"GPU": {"fp32": runs}}, target={"GPU": 2.2},
+                                       times={"GPU": {"fp32": [0.25, None]}})
+    ticks = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "|" and len(ln.get_xdata())]
+    assert len(ticks) == 1 and list(ticks[0].get_xdata()) == [0.25] and list(ticks[0].get_ydata()) == [2.2]
+    assert ticks[0].get_color() == "#000000"
 
 
 def test_dashboard_draws_each_panel_and_groups_alerts():

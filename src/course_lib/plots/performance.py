@@ -135,10 +135,12 @@ def plot_throughput(panels: dict) -> Figure:
     return finish_figure(fig)
 
 
-def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figure:
+def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: dict | None = None) -> Figure:
     """Training loss against wall-clock seconds, one line per run, coloured by recipe; one panel per
     device. ``panels``: ``{title: {recipe: [(seconds, losses), ...]}}``; ``target``: ``{title: loss}``
-    drawn as a horizontal line."""
+    drawn as a horizontal line; ``times``: ``{title: {recipe: [seconds or None per run]}}``, each run's time to
+    the target as the study measures it (its own averaging window), marked on the target line: the drawn
+    curves are smoothed for display and need not cross the line where the measurement does."""
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
     recipes = list(dict.fromkeys(r for by_recipe in panels.values() for r in by_recipe))
     # one colour per recipe in every panel: its dtype's, as in the matmul figure (FP32 black, TF32 grey, BF16
@@ -155,8 +157,13 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None) -> Figur
                 smooth = np.convolve(np.asarray(losses, float), np.ones(window) / window, mode="valid")
                 ax.plot(np.cumsum(seconds)[window - 1:], smooth, color=colour, ls=ls, lw=1.2, alpha=0.85,
                         label=f"{recipe} ({len(runs)} seeds)" if j == 0 else None)
+            reached = [t for t in ((times or {}).get(title, {}).get(recipe) or []) if t is not None]
+            if reached and target and title in target:
+                ax.plot(reached, [target[title]] * len(reached), "|", color=colour, ms=14, mew=2.2, zorder=4)
         if target and title in target:
             ax.axhline(target[title], color="#555555", ls="-", lw=0.8, zorder=0, label="target loss")
+            if times and title in times:
+                ax.plot([], [], "|", color="#555555", ms=10, mew=2, label="time to target (each run)")
         ax.set_xlabel("wall-clock seconds")
         ax.xaxis.set_major_locator(MaxNLocator(5))   # "0.000 0.025 ..." ran into each other on a fast run
         ax.set_ylabel("training loss (moving average)")
