@@ -150,7 +150,7 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, handlelength=4)   # long enough samples to show each dash pattern
     ax.grid(alpha=0.3)
     return finish_figure(fig)
 
