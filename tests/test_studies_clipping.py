@@ -279,14 +279,14 @@ def test_scaler_phrase_branches():
     text = CP.scaler_phrase(_runs(BASE, skipped=first_skipped, scales=scales))
     assert isinstance(text, Prose)
     assert text == ("In every seed the scaler skipped the first spike: it overflowed FP16 at the scale of the "
-                    "time (2^3), and the back-off halved the scale. The spike at step 5 fit under 2^2 and reached "
+                    "time (2\u00b3), and the back-off halved the scale. The spike at step 5 fit under 2\u00b2 and reached "
                     "the optimizer.")
     two = {C.NO_CLIPPING: [[False, False, True, False, False, True, False, False]] * 2}
     runs = dataclasses.replace(_runs(BASE, skipped=two, scales={C.NO_CLIPPING: [[8.0] * 3 + [4.0] * 5] * 2}),
                                spike_steps=(2, 5, 7))
     assert CP.scaler_phrase(runs).startswith("In every seed the scaler skipped the first 2 spikes: each overflowed "
-                                            "FP16 at the scale of the time (from 2^3 down to 2^2)")
-    assert CP.scaler_phrase(_runs(BASE)) == "The spike at step 2 fit under 2^3 and reached the optimizer."
+                                            "FP16 at the scale of the time (from 2\u00b3 down to 2\u00b2)")
+    assert CP.scaler_phrase(_runs(BASE)) == "The spike at step 2 fit under 2\u00b3 and reached the optimizer."
 
 
 def test_spike_facts_compute_the_jump_and_the_verdicts():

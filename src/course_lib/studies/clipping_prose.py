@@ -76,12 +76,13 @@ def scaler_phrase(runs: SpikyRuns) -> Prose:
     scales = runs.scales[NO_CLIPPING][0]
     if len(skipped) > 1:
         lead = (f"In every seed the scaler skipped the first {len(skipped)} spikes: each overflowed FP16 at the "
-                f"scale of the time (from 2^{_log2(scales[skipped[0]])} down to 2^{_log2(scales[skipped[-1]])}), "
-                f"and each back-off halved the scale. ")
+                f"scale of the time (from {power_of_two_text(_log2(scales[skipped[0]]))} down to "
+                f"{power_of_two_text(_log2(scales[skipped[-1]]))}), and each back-off halved the scale. ")
     else:
         lead = (f"In every seed the scaler skipped the first spike: it overflowed FP16 at the scale of the time "
-                f"(2^{_log2(scales[skipped[0]])}), and the back-off halved the scale. " if skipped else "")
-    return Prose(f"{lead}The spike at step {step} fit under 2^{_log2(scales[step])} and reached the optimizer.")
+                f"({power_of_two_text(_log2(scales[skipped[0]]))}), and the back-off halved the scale. " if skipped else "")
+    return Prose(f"{lead}The spike at step {step} fit under {power_of_two_text(_log2(scales[step]))} and reached "
+                 "the optimizer.")
 
 
 def spike_facts(runs: SpikyRuns) -> dict[str, object]:
