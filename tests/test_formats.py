@@ -325,6 +325,8 @@ def test_quantum32_is_the_spacing_of_the_grid_in_every_float32_binade(name):
     top = 2.0 ** (f.max_exponent + 1 - f.mantissa_bits)   # beyond the format: its top spacing, overflow aside
     assert torch.equal(F.quantum32(a, f), expected.clamp(max=top))
     assert F.quantum32(a, f).max() == top and F.quantum32(a, f).min() == f.min_subnormal
+    with pytest.raises(TypeError, match="float32 tensor"):
+        F.quantum32(a.double(), f)
 
 
 # ---- the subnormal range, against exact rational rounding ---------------------------------------------

@@ -206,7 +206,8 @@ def test_fidelity_facts_pick_the_best_scale_by_its_worst_error_and_the_plateau_b
     facts = P.fidelity_facts(_fidelity())
     assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2^8",
                      "fid_median_ratio": 0.02 / 0.0015, "fid_within": 25.0, "fid_batches": 2,
-                     "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24", "fid_noise": "No FP32 entry was that small here"}
+                     "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24", "fid_noise": "No FP32 entry was that small here",
+                     "fid_noise_floor": "2\u207b\u00b2\u2074"}
     assert all(isinstance(facts[k], Prose) for k in ("fid_worst_1", "fid_worst_best", "fid_best", "fid_plateau"))
     assert P.fidelity_facts(_fidelity(), within=1.0)["fid_plateau"] == "2^8 and 2^16"   # 2^16's median is lower
     no_overflow = P.fidelity_facts(_fidelity(top_overflows=False))

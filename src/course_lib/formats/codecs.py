@@ -523,7 +523,10 @@ def quantum32(a: torch.Tensor, f: FloatFormat) -> torch.Tensor:
     binade ``2**floor(log2 a)`` is ``a`` with its mantissa bits cleared, one bitwise AND; times ``2**-m``
     (``m`` mantissa bits) that is the spacing there, clamped to the format's binades: below the smallest
     (zero and subnormals, whose field is 0, included) the subnormal spacing, beyond the largest its spacing
-    (the caller handles overflow). Three passes over ``a``, all exact."""
+    (the caller handles overflow). Three passes over ``a``, all exact. TypeError for any other dtype: the
+    bits of a float64 read as int32 would give a wrong spacing, not an error."""
+    if not isinstance(a, torch.Tensor) or a.dtype != torch.float32:
+        raise TypeError(f"quantum32 takes a float32 tensor, got {getattr(a, 'dtype', type(a).__name__)}")
     binade = (a.view(torch.int32) & _EXPONENT_FIELD32).view(torch.float32)
     return binade.mul_(2.0 ** -f.mantissa_bits).clamp_(2.0 ** (f.min_exponent - f.mantissa_bits),
                                                         2.0 ** (f.max_exponent + 1 - f.mantissa_bits))

@@ -151,8 +151,8 @@ def math_backend_order_facts(device: torch.device | str, head_dim: int = 64) -> 
     v = torch.randn(1, 1, 4, head_dim, device=device)
     written = torch.softmax(q @ q.transpose(-2, -1) / head_dim ** 0.5, dim=-1) @ v
     with sdpa_kernel(SDPBackend.MATH):
-        math = torch.nn.functional.scaled_dot_product_attention(q, q, v)
-    written_ok, math_ok = bool(torch.isfinite(written).all()), bool(torch.isfinite(math).all())
+        backend = torch.nn.functional.scaled_dot_product_attention(q, q, v)
+    written_ok, math_ok = bool(torch.isfinite(written).all()), bool(torch.isfinite(backend).all())
     if math_ok and not written_ok:
         order = ("the written-out order overflows FP32 itself, while the math backend stays finite: it scales "
                  "before the product")

@@ -264,6 +264,8 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
         model.zero_grad(set_to_none=True)
         model(x, y)[1].backward()
         ref = {n: p.grad.detach().clone() for n, p in named if p.grad is not None}
+        # entries above FP32's own rounding noise, per parameter: the ones "lost" counts
+        real = {n: r.abs() > NOISE_FLOOR * r.abs().max() for n, r in ref.items()}
         for sc in scales:
             model.zero_grad(set_to_none=True)
             with torch.autocast(dev.type, dtype=torch.float16):
@@ -277,11 +279,10 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                     overflowed[sc] = True
                     continue
                 sq_err[sc][n] += float(((g - ref[n]) ** 2).sum()) / batches
-                real = ref[n].abs() > NOISE_FLOOR * ref[n].abs().max()
-                lost[sc][n] += float(((g == 0) & real).sum()) / max(1, int(real.sum())) / batches
+                lost[sc][n] += float(((g == 0) & real[n]).sum()) / max(1, int(real[n].sum())) / batches
         for n, r in ref.items():
             ref_sq[n] += float((r ** 2).sum()) / batches
-            noise[n] += float(((r != 0) & (r.abs() <= NOISE_FLOOR * r.abs().max())).sum()) / batches
+            noise[n] += float(((r != 0) & ~real[n]).sum()) / batches
     names = tuple(n for n, _ in named if ref_sq[n] > 0)
     error = {sc: {n: math.nan if overflowed[sc] else math.sqrt(sq_err[sc][n] / ref_sq[n]) for n in names}
              for sc in scales}

@@ -19,7 +19,7 @@ from ..scaling import (
     steps_to_double,
 )
 from ..tables import MarkdownTable, markdown_table
-from .loss_scaling import FlightRecording, ScaleFidelity, ScalingRun, adam_update_change
+from .loss_scaling import NOISE_FLOOR, FlightRecording, ScaleFidelity, ScalingRun, adam_update_change
 
 CORRECT_LOOP = "correct loop"   # the name run_pitfall_demo(None) gives the loop without a mistake
 SMALLEST_FLOAT32 = 2.0 ** -149
@@ -246,6 +246,7 @@ def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object
         "fid_plateau": Prose(" and ".join(power_of_two(sc) for sc in plateau)),
         "fid_overflow": Prose(", ".join(overflowed) or "none"),
         "fid_noise": noise_note(fid),
+        "fid_noise_floor": Prose(power_of_two_text(int(math.log2(NOISE_FLOOR)))),
     }
 
 
