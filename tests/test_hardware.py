@@ -91,3 +91,52 @@ def test_tf32_switch_restores_the_previous_setting():
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+@pytest.fixture
+def fresh_matmul_precision():
+    """Puts torch's matmul precision back as a new process has it: legacy "highest", per-backend "none"."""
+    yield
+    torch.set_float32_matmul_precision("highest")
+    for switch in HW._per_backend_switches().values():
+        switch.fp32_precision = "none"
+
+
+def _backend_state() -> dict[str, str]:
+    return {b: s.fp32_precision for b, s in HW._per_backend_switches().items()}
+
+
+def test_precision_block_restores_the_per_backend_switches_too(fresh_matmul_precision):
+    before = _backend_state()
+    with HW.float32_matmul_precision("medium"):
+        assert torch.get_float32_matmul_precision() == "medium"
+        for backend, value in _backend_state().items():   # torch maps the legacy setting onto each backend
+            assert value == HW.MATMUL_PRECISIONS["medium"][backend]
+    assert _backend_state() == before
+    assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_precision_block_works_after_a_reader_mixed_the_two_apis(fresh_matmul_precision):
+    switches = HW._per_backend_switches()
+    if "cuda" not in switches:
+        pytest.skip("this torch has no per-backend fp32_precision switches (before 2.9)")
+    torch.set_float32_matmul_precision("highest")
+    switches["cuda"].fp32_precision = "tf32"       # the new API, after the legacy one
+    with pytest.raises(RuntimeError):
+        torch.get_float32_matmul_precision()        # torch refuses: the state the block must survive
+    before = _backend_state()
+    with HW.tf32_matmuls(False):
+        assert switches["cuda"].fp32_precision == "ieee"
+        with HW.tf32_matmuls(True):
+            assert _backend_state() == HW.MATMUL_PRECISIONS["high"]
+        assert switches["cuda"].fp32_precision == "ieee"
+    assert _backend_state() == before
+
+
+def test_precision_block_refuses_an_unknown_setting():
+    with pytest.raises(ValueError, match="precision must be one of"):
+        with HW.float32_matmul_precision("tf32"):
+            pass
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with HW.tf32_matmuls(1):  # type: ignore[arg-type]
+            pass

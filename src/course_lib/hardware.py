@@ -5,7 +5,8 @@
   is answered from this table by :func:`format_unsupported_reason`.
 * :func:`scaled_mm_unsupported_reason`: whether ``torch._scaled_mm`` runs here, measured by running it.
 * :data:`DATASHEET_PEAKS`: dense peaks (TFLOP/s) and bandwidth (GB/s) of common GPUs, each with its source.
-* :func:`tf32_matmuls`: the switch for TF32 tensor cores in FP32 matrix products.
+* :func:`tf32_matmuls`: the switch for TF32 tensor cores in FP32 matrix products, and
+  :func:`float32_matmul_precision` under it, which works beside either of torch's two APIs for it.
 """
 
 from __future__ import annotations
@@ -186,13 +187,61 @@ def find_gpu_peaks(device_name: str) -> GPUPeaks | None:
     return None
 
 
+# torch.set_float32_matmul_precision's settings -> the per-backend switches that torch 2.9 added for them
+# (torch.backends.<backend>.matmul.fp32_precision), as torch itself maps them
+MATMUL_PRECISIONS: dict[str, dict[str, str]] = {
+    "highest": {"cuda": "ieee", "mkldnn": "ieee"},
+    "high": {"cuda": "tf32", "mkldnn": "tf32"},
+    "medium": {"cuda": "tf32", "mkldnn": "bf16"},
+}
+
+
+def _per_backend_switches() -> dict[str, object]:
+    """The ``matmul`` switches of torch 2.9's per-backend FP32 precision API that this torch has, by backend."""
+    out = {}
+    for backend in ("cuda", "mkldnn"):
+        switch = getattr(getattr(torch.backends, backend, None), "matmul", None)
+        if switch is not None and hasattr(switch, "fp32_precision"):
+            out[backend] = switch
+    return out
+
+
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str):
+    """Within the block, FP32 matrix products run at ``precision`` (one of :data:`MATMUL_PRECISIONS`:
+    "highest" is full FP32, "high" allows TF32, "medium" allows BF16); everything comes back afterwards.
+
+    The block works whichever API the caller used before it. Where the caller mixed the legacy
+    ``set_float32_matmul_precision`` with torch 2.9's per-backend ``fp32_precision`` switches, torch refuses to
+    read the legacy setting (a RuntimeError): the block then sets and restores the per-backend switches only.
+    """
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(MATMUL_PRECISIONS)}, got {precision!r}")
+    switches = _per_backend_switches()
+    saved = {backend: switch.fp32_precision for backend, switch in switches.items()}  # type: ignore[attr-defined]
+    try:
+        legacy: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:   # the legacy and per-backend APIs were mixed: torch will not read the legacy one
+        legacy = None
+    try:
+        if legacy is not None:
+            torch.set_float32_matmul_precision(precision)
+        else:
+            for backend, switch in switches.items():
+                switch.fp32_precision = MATMUL_PRECISIONS[precision][backend]  # type: ignore[attr-defined]
+        yield
+    finally:
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
+        for backend, switch in switches.items():   # after the legacy call, which overwrites them
+            switch.fp32_precision = saved[backend]  # type: ignore[attr-defined]
+
+
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool):
     """Within the block, FP32 matrix products use TF32 tensor cores (``enabled``) or full FP32; the previous
     setting comes back afterwards. The training loop's switch for the ``tf32`` recipe and the TF32 matmuls."""
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    try:
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    with float32_matmul_precision("high" if enabled else "highest"):
         yield
-    finally:
-        torch.set_float32_matmul_precision(previous)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..hardware import tf32_matmuls
 from .codecs import Rounding, round_to_format
 
 
@@ -64,11 +65,7 @@ def tf32_matmul_check(n: int, device: torch.device | str, *, seed: int = 0) -> T
     a = torch.randn(n, n, generator=gen) * torch.exp2(torch.randint(-20, 20, (n, n), generator=gen).float())
     a = a.to(device)
     eye = torch.eye(n, device=device)
-    previous = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("high")  # allow TF32 tensor cores for float32 matmuls
+    with tf32_matmuls(True):   # allow TF32 tensor cores for float32 matmuls
         product = a @ eye
         torch.cuda.synchronize(device)
-    finally:
-        torch.set_float32_matmul_precision(previous)
     return TF32Check(n=n, device=str(device), agreement=tf32_rounding_agreement(a, product))

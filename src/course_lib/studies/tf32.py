@@ -9,12 +9,13 @@ import torch
 
 from ..formats import get_format
 from ..glue import Prose
+from ..hardware import MATMUL_PRECISIONS, float32_matmul_precision
 from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
 from .performance import ThroughputStudy
 
 # torch.set_float32_matmul_precision's settings: full FP32, TF32 (or better), BF16 (or better)
-PRECISIONS = ("highest", "high", "medium")
+PRECISIONS = tuple(MATMUL_PRECISIONS)
 
 
 def matmul_precision_errors(device: torch.device | str, *, n: int = 256, seed: int = 0) -> dict[str, float]:
@@ -26,14 +27,10 @@ def matmul_precision_errors(device: torch.device | str, *, n: int = 256, seed: i
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(n, n, generator=gen).to(device)
     b = torch.randn(n, n, generator=gen).to(device)
-    previous = torch.get_float32_matmul_precision()
     products = {}
-    try:
-        for precision in PRECISIONS:
-            torch.set_float32_matmul_precision(precision)
+    for precision in PRECISIONS:
+        with float32_matmul_precision(precision):
             products[precision] = (a @ b).double()
-    finally:
-        torch.set_float32_matmul_precision(previous)
     exact = products["highest"]
     scale = float(exact.abs().max())
     return {p: float((products[p] - exact).abs().max()) / scale for p in PRECISIONS}
