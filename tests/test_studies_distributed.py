@@ -87,12 +87,12 @@ def test_scaler_facts():
         "plant_step": 4, "ddp_scale_after": 4.0, "wrong_scale0": 8.0, "wrong_scale1": 4.0, "wrong_bad_weights": 3,
         "wrong_loss0": 3.25, "byte0_sentence": "Byte 0 never occurs in the training text, so that row is never read.",
         "fsdp_first_skip": "0", "torch_version": f"torch {torch.__version__}",
-        "initial_scale_log2": "2^16 = 65536", "fp16_max": 65504.0,
+        "initial_scale_log2": "2\u00b9\u2076 = 65536", "fp16_max": 65504.0,
     }
     only_planted = {**CASES, "FSDP2 (FP16 compute), plain GradScaler": _case(
         {0: (4,), 1: (4,)}, {0: (1024.0,), 1: (1024.0,)}, None, {0: True, 1: True})}
     other = D.scaler_facts(_study(scaler_cases=only_planted), byte0_count=7)
-    assert other["fsdp_first_skip"] == "none" and other["initial_scale_log2"] == "2^10 = 1024"
+    assert other["fsdp_first_skip"] == "none" and other["initial_scale_log2"] == "2\u00b9\u2070 = 1024"
     assert other["byte0_sentence"] == "Byte 0 occurs 7 times in the training text."
     with pytest.raises(ValueError, match="scaler set-ups"):
         D.scaler_facts(_study(scaler_cases={}), byte0_count=0)

@@ -15,7 +15,7 @@ from ..device import SizeProfile
 from ..distributed.launch import launch_local
 from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean, ring_chunks
 from ..distributed.worker import DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, single_process_run
-from ..glue import Prose
+from ..glue import Prose, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup, gpt_config_for
 from ..tables import MarkdownTable, markdown_table
@@ -407,7 +407,7 @@ def scaler_facts(study: DataParallelStudy, *, byte0_count: int) -> dict[str, obj
         "fsdp_first_skip": Prose(", ".join(str(s) for s in fsdp.skipped[0] if s != study.plant_step) or "none"),
         "torch_version": Prose(f"torch {torch.__version__}"),
         # plain text: a glued phrase inside a list item does not get its math typeset
-        "initial_scale_log2": Prose(f"2^{int(math.log2(initial))} = {initial:g}"),
+        "initial_scale_log2": Prose(f"{power_of_two_text(int(math.log2(initial)))} = {initial:g}"),
         "fp16_max": torch.finfo(torch.float16).max,
     }
 
