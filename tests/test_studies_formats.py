@@ -189,11 +189,18 @@ def test_recorded_magnitudes_beside_a_live_cpu_run_only():
 
 # ---- precision -------------------------------------------------------------------------------------------
 
-def test_lost_update_facts_add_half_bf16s_epsilon():
-    assert S.lost_update_facts(256.0, 1.0) == {"bf16_256_plus_1": 256.0, "bf16_1_plus_half_eps": 1.0,
-                                               "bf16_half_eps": 2.0**-8}
-    with pytest.raises(TypeError, match="sum_256_plus_1 must be a number, got Tensor"):
-        S.lost_update_facts(torch.tensor(256.0), 1.0)
+def test_lost_update_facts_sort_the_updates_against_half_the_bf16_gap():
+    big = torch.tensor(256.0, dtype=torch.bfloat16)
+    sums = {u: (big + u).item() for u in (1.1, 0.9, 1.0)}
+    facts = S.lost_update_facts(256.0, sums, 1.0)
+    assert facts["bf16_gap"] == 2.0 and facts["bf16_half_eps"] == 2.0**-8
+    assert (facts["bf16_update_below"], facts["bf16_sum_below"]) == (0.9, 256.0)
+    assert (facts["bf16_update_tie"], facts["bf16_sum_tie"]) == (1.0, 256.0)     # the tie goes to the even 256
+    assert (facts["bf16_update_above"], facts["bf16_sum_above"]) == (1.1, 258.0)
+    with pytest.raises(ValueError, match="one update below, one at and one above half the BF16 gap at 256"):
+        S.lost_update_facts(256.0, {0.5: 256.0, 0.9: 256.0, 1.1: 258.0}, 1.0)
+    with pytest.raises(TypeError, match="one_plus_half_eps must be a number, got Tensor"):
+        S.lost_update_facts(256.0, sums, torch.tensor(1.0))
 
 
 # ---- errata and exercises ------------------------------------------------------------------------------
@@ -202,8 +209,9 @@ def test_formats_errata_quote_the_registry_and_the_measurements():
     rows = S.formats_errata(IEEE_E4M3, 2.0**-14, 2.0**-24)
     assert rows == [
         ("FP16 covers roughly 1e-8 to 1e4.",
-         "FP16's largest value is 65,504; its smallest normal is 6.104e-05 and its smallest subnormal 5.960e-08. "
-         "Values between the two have reduced precision."),
+         "Wrong at both ends. The top is 65,504, above 1e4; at the bottom, the smallest subnormal is 5.960e-08, "
+         "above 1e-8, and torch casts 1e-8 to FP16 as 0. Below the smallest normal, 6.104e-05, values keep fewer "
+         "significant bits the smaller they get."),
         ("BF16 has the same range as FP32.",
          "Same smallest normal (1.175e-38) and nearly the same largest value (3.3895e+38 against 3.4028e+38), but "
          "its subnormals stop at 9.18e-41, not 1.40e-45."),

@@ -61,7 +61,7 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
 
     ``magnitudes``: a :class:`~course_lib.studies.formats.TrainingMagnitudes` measured live (optional);
     ``recorded``: an optional ``(label, TrainingMagnitudes)`` from a GPU record, drawn beside it.
-    Formats: light bar = subnormal range, dark bar = normal range. Tensors: thick bar = 1st to 99th
+    Formats: thin bar = subnormal range, thick bar = normal range. Tensors: thick bar = 1st to 99th
     percentile of the non-zero magnitudes, thin line = smallest to largest, dot = median.
     ``limits_of``: a format whose smallest subnormal, smallest normal and largest value are drawn as
     vertical lines across the figure (None for none).
@@ -85,14 +85,18 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
     for i, f in enumerate(fmts):
         y = len(fmts) - 1 - i
         colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        # subnormal and normal told apart by height, not shade (a light black is another format's grey),
+        # each outlined so that a pale colour still shows on white
         if f.min_subnormal < f.min_normal:
-            ax.plot([f.min_subnormal, f.min_normal], [y, y], color=colour, lw=7, alpha=0.35,
-                    solid_capstyle="butt")
-        ax.plot([f.min_normal, f.max_finite], [y, y], color=colour, lw=7, solid_capstyle="butt")
+            ax.barh(y, f.min_normal - f.min_subnormal, left=f.min_subnormal, height=0.28, color=colour,
+                    edgecolor="#333333", lw=0.6)
+        ax.barh(y, f.max_finite - f.min_normal, left=f.min_normal, height=0.66, color=colour,
+                edgecolor="#333333", lw=0.6)
         labels.append((y, f.name))
     ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
     ax.set_ylim(-0.8, len(fmts) - 0.2)
-    ax.set_title("Representable magnitudes\n(light: subnormal, dark: normal)", fontsize=11)
+    ax.set_xlim(min(f.min_subnormal for f in fmts) / 30, max(f.max_finite for f in fmts) * 30)   # bars start at 0
+    ax.set_title("Representable magnitudes\n(thin: subnormal, thick: normal)", fontsize=11)
     axes = [ax]
     if tax is not None:
         tlabels = []
@@ -113,6 +117,8 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
                 y -= 1
         tax.set_yticks([p for p, _ in tlabels], [t for _, t in tlabels])
         tax.set_ylim(-0.8, n_tensor_rows - 0.2)
+        if limits_of is not None:   # the limit lines drawn below must fall inside this panel too
+            spans += [get_format(limits_of).min_subnormal, get_format(limits_of).max_finite]
         if spans:
             tax.set_xlim(min(spans) / 8, max(spans) * 8)
         tax.set_title("A real model's tensors\n(bar: 1st-99th percentile, line: min-max, dot: median)", fontsize=11)

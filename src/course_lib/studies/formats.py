@@ -4,7 +4,7 @@ activations, gradients and Adam moments, and the facts, phrases and errata the l
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..device import SizeProfile
-from ..formats import FloatFormat, TF32Check, all_values, bit_string, encode, get_format, round_to_format
+from ..formats import FloatFormat, TF32Check, all_values, bit_string, encode, get_format, round_to_format, spacing
 from ..glue import Prose
 from ..magnitudes import HistogramAccumulator, LogHistogram, log2_histogram
 from ..models import GPTConfig, course_setup
@@ -238,14 +238,26 @@ def magnitude_facts(magnitudes: TrainingMagnitudes) -> dict[str, object]:
 
 # ---- precision -------------------------------------------------------------------------------------------
 
-def lost_update_facts(sum_256_plus_1: float, one_plus_half_eps: float) -> dict[str, object]:
-    """The two BF16 sums the lesson computes, ``256 + 1`` and ``1 + eps/2`` (``bf16_256_plus_1``,
-    ``bf16_1_plus_half_eps``), and half BF16's epsilon (``bf16_half_eps``)."""
-    for name, value in (("sum_256_plus_1", sum_256_plus_1), ("one_plus_half_eps", one_plus_half_eps)):
+def lost_update_facts(base: float, sums: Mapping[float, float], one_plus_half_eps: float) -> dict[str, object]:
+    """Glue for the lesson's BF16 sums: ``sums`` maps each update added to ``base`` to the BF16 result, and
+    must hold one update below half the gap between BF16 values at ``base``, one exactly half (a tie, which
+    rounds to the even neighbour) and one above (``bf16_update_below`` / ``_tie`` / ``_above`` and each sum,
+    ``bf16_sum_below`` ...); ``one_plus_half_eps`` is the BF16 sum ``1 + eps/2``, the same tie at 1."""
+    for name, value in (("base", base), ("one_plus_half_eps", one_plus_half_eps), *(
+            (f"sums[{u!r}]", v) for u, v in sums.items())):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    return {"bf16_256_plus_1": sum_256_plus_1, "bf16_1_plus_half_eps": one_plus_half_eps,
-            "bf16_half_eps": get_format("BF16").epsilon / 2}
+    half_gap = float(spacing(base, "BF16")) / 2
+    kinds = {"below": [u for u in sums if abs(u) < half_gap], "tie": [u for u in sums if abs(u) == half_gap],
+             "above": [u for u in sums if abs(u) > half_gap]}
+    if any(len(updates) != 1 for updates in kinds.values()):
+        raise ValueError(f"sums must hold one update below, one at and one above half the BF16 gap at {base:g} "
+                         f"({half_gap:g}), got {sorted(sums)}")
+    out: dict[str, object] = {"bf16_base": base, "bf16_gap": 2 * half_gap, "bf16_1_plus_half_eps": one_plus_half_eps,
+                              "bf16_half_eps": get_format("BF16").epsilon / 2}
+    for kind, (update,) in kinds.items():
+        out[f"bf16_update_{kind}"], out[f"bf16_sum_{kind}"] = update, sums[update]
+    return out
 
 
 # ---- errata and exercises ------------------------------------------------------------------------------
@@ -261,8 +273,10 @@ def formats_errata(ieee_e4m3: FloatFormat, finfo_tiny: float, smallest_fp16: flo
     fp32, bf16, fp16, e4m3 = (get_format(n) for n in ("FP32", "BF16", "FP16", "FP8 E4M3"))
     return [
         ("FP16 covers roughly 1e-8 to 1e4.",
-         f"FP16's largest value is {fp16.max_finite:,.0f}; its smallest normal is {fp16.min_normal:.3e} and "
-         f"its smallest subnormal {fp16.min_subnormal:.3e}. Values between the two have reduced precision."),
+         f"Wrong at both ends. The top is {fp16.max_finite:,.0f}, above 1e4; at the bottom, the smallest "
+         f"subnormal is {fp16.min_subnormal:.3e}, above 1e-8, and torch casts 1e-8 to FP16 as "
+         f"{torch.tensor(1e-8).half().item():g}. Below the smallest normal, {fp16.min_normal:.3e}, values keep "
+         "fewer significant bits the smaller they get."),
         ("BF16 has the same range as FP32.",
          f"Same smallest normal ({bf16.min_normal:.3e}) and nearly the same largest value "
          f"({bf16.max_finite:.4e} against {fp32.max_finite:.4e}), but its subnormals stop at "
