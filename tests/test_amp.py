@@ -49,14 +49,24 @@ def test_cuda_lists_from_the_installed_header():
         autocast_op_lists("/nonexistent/autocast_mode.h")
 
 
-def test_sensitive_loss_needs_the_disabled_region():
-    import math
+def test_a_hand_written_norm_needs_the_disabled_region():
+    from course_lib.amp import autocast_op_lists, cuda_policy, fp16_square_limit, sensitive_norm_demo
 
-    from course_lib.amp import sensitive_loss_demo
+    limit = fp16_square_limit()
+    below = torch.tensor(limit, dtype=torch.float16).nextafter(torch.tensor(0.0, dtype=torch.float16))
+    assert limit == 256.0 and torch.isfinite(below * below) and limit**2 > torch.finfo(torch.float16).max
 
-    r = sensitive_loss_demo("cpu")
-    assert r["logits dtype"] == "float16" and math.isinf(r["naive loss (FP16)"])
-    assert abs(r["loss in autocast(enabled=False)"] - r["FP64 reference"]) < 1e-2
+    r = sensitive_norm_demo("cpu")
+    assert r["activations dtype"] == "float16" and r["naive norm dtype"] == "float16"
+    # every row holding a value whose FP16 square overflows is zeroed, and only those rows
+    assert 0 < r["rows the naive norm set to zero"] == r["rows holding a value of that size or more"] < r["rows"]
+    assert r["largest error, naive"] > 1 and r["largest error, in autocast(enabled=False)"] < 1e-6
+    # the demo holds on a GPU too: none of its ops is on CUDA's lists (exp, sum and log would be)
+    lists = autocast_op_lists()
+    assert [cuda_policy(op, lists) for op in ("mul", "mean", "sqrt", "div")] == ["-"] * 4
+    assert cuda_policy("exp", lists) != "-"
+    with pytest.raises(ValueError, match="rows must be a positive int"):
+        sensitive_norm_demo("cpu", rows=0)
 
 
 def test_exceptions_custom_function_and_checkpointing():

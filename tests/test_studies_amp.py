@@ -65,12 +65,15 @@ def test_exceptions_table_shows_code_and_dtype():
         "| `acc.add_(a @ b)` | float32 |"]
 
 
-def test_loss_demo_facts_read_the_three_losses():
-    lse = {"logits dtype": "float16", "max logit": 31.0, "naive loss (FP16)": float("inf"),
-           "loss in autocast(enabled=False)": 23.5, "FP64 reference": 23.25}
-    assert A.loss_demo_facts(lse) == {"lse_naive": float("inf"), "lse_safe": 23.5, "lse_ref": 23.25}
-    with pytest.raises(ValueError, match="lacks FP64 reference"):
-        A.loss_demo_facts({"naive loss (FP16)": 1.0, "loss in autocast(enabled=False)": 1.0})
+def test_norm_demo_facts_read_the_counts_and_errors():
+    demo = {"activations dtype": "float16", "rows": 8, "smallest FP16 value whose FP16 square is inf": 256.0,
+            "rows holding a value of that size or more": 3,
+            "rows the naive norm set to zero": 3, "largest error, naive": 2.5,
+            "largest error, in autocast(enabled=False)": 1e-7}
+    assert A.norm_demo_facts(demo) == {"norm_rows": 8, "norm_square_limit": 256.0, "norm_big_rows": 3, "norm_zeroed": 3,
+                                       "norm_err_naive": 2.5, "norm_err_safe": 1e-7}
+    with pytest.raises(ValueError, match="lacks rows the naive norm set to zero"):
+        A.norm_demo_facts({k: v for k, v in demo.items() if k != "rows the naive norm set to zero"})
 
 
 def test_checkpoint_facts_say_identical_or_different():
@@ -239,7 +242,16 @@ def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
 def test_skip_note_names_the_skipped_steps_and_their_scales():
     ran = types.SimpleNamespace(skipped=[False, False, True, False], scales=[65536.0, 65536.0, 65536.0, 32768.0])
     clean = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4)
-    note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran})["recipe_skips"]
+    note = A.skip_note({"fp16_autocast_scaler": ran})["recipe_skips"]   # no reference run: no gaps
     assert note.startswith("`fp16_autocast_scaler` skipped step 2 (its scaled gradients overflowed FP16 at a scale "
                            "of 2\u00b9\u2076). A skipped step is an update not taken")
     assert A.skip_note({"fp32": clean})["recipe_skips"] == "No run skipped a step here."
+    # with losses: the skipped step's gap and the next one, beside a same-prefix run that skipped nothing
+    ran.losses, clean.losses = [3.0, 2.8, 2.9, 2.7], [3.0, 2.8, 2.6, 2.5]
+    peer = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=[3.0, 2.8, 2.85, 2.5])
+    note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran, "fp16_autocast_no_scaler": peer,
+                        "bf16_autocast": peer})["recipe_skips"]
+    assert ("Its loss minus `fp32`'s was +0.300 and +0.200 at steps 2 and 3: a step's loss is measured before its "
+            "update, so step 3 is the first to miss the skipped one (`fp16_autocast_no_scaler`, which skipped "
+            "nothing: +0.250 and +0.000). A difference at step 2 cannot come from the skip.") in note
+    assert "bf16_autocast" not in note

@@ -259,25 +259,44 @@ def sensitive_ops_trace(device: torch.device | str, dtype: torch.dtype | None = 
                 "exp": _name(torch.exp(h)), "sum": _name(h.sum())}
 
 
-def sensitive_loss_demo(device_type: str = "cpu", logit_scale: float = 16.0, seed: int = 0) -> dict[str, float | str]:
-    """A hand-written log-sum-exp loss under FP16 autocast, computed naively and inside an
-    ``autocast(enabled=False)`` region on FP32 inputs.
+def fp16_square_limit() -> float:
+    """The smallest positive FP16 value whose square, computed in FP16, is infinite: every finite positive
+    FP16 bit pattern squared, the first that overflows."""
+    values = torch.arange(1, 0x7C00, dtype=torch.int16).view(torch.float16)   # 0x7C00 is FP16's +inf
+    return float(values[torch.isinf(values * values)][0])
 
-    The logits come from a matrix product, so autocast makes them FP16; ``exp`` of a logit above
-    log(65504) is infinite in FP16, and the naive loss is inf. Inside the disabled region, after
-    ``.float()``, the same formula is finite. Returns both losses and the FP64 reference."""
+
+def sensitive_norm_demo(device_type: str = "cpu", rows: int = 8, width: int = 32, seed: int = 0) -> dict[str, float | int | str]:
+    """A hand-written RMS norm, ``h / sqrt(mean(h * h))``, on activations made under FP16 autocast: computed
+    as written, and inside an ``autocast(enabled=False)`` region on FP32 copies (``h.float()``).
+
+    ``h`` comes from a matrix product, so autocast makes it FP16 on every device. ``*``, ``mean`` and
+    ``sqrt`` are on none of autocast's lists, on CUDA or on the CPU, so they run in FP16 as well: the square
+    of a value of :func:`fp16_square_limit` or more is inf in FP16, its row's mean is inf, and the naive norm
+    divides that whole row to zero.
+    Row ``i``'s activations are about ``2**(i + 3)`` in size, so the later rows cross the limit. Returns the counts
+    and each version's largest error against the same norm of the same FP16 ``h`` computed in FP64."""
+    for name, value in (("rows", rows), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(4, 16, generator=gen).to(device_type)
-    w = (torch.randn(16, 8, generator=gen) * logit_scale / 4).to(device_type)
+    a = (torch.randn(rows, width, generator=gen) * torch.exp2(torch.arange(rows) + 3.0)[:, None]).to(device_type)
+    w = (torch.randn(width, width, generator=gen) / width**0.5).to(device_type)
     with torch.autocast(device_type, dtype=torch.float16):
-        logits = a @ w
-        naive = torch.log(torch.exp(logits).sum(-1)).mean()
+        h = a @ w
+        naive = h / torch.sqrt((h * h).mean(-1, keepdim=True))
         with torch.autocast(device_type, enabled=False):
-            safe = torch.log(torch.exp(logits.float()).sum(-1)).mean()
-    reference = torch.logsumexp((a.double() @ w.double()), -1).mean()
-    return {"logits dtype": _name(logits), "max logit": float(logits.float().max()),
-            "naive loss (FP16)": float(naive.float()), "loss in autocast(enabled=False)": float(safe),
-            "FP64 reference": float(reference)}
+            hf = h.float()
+            safe = hf / torch.sqrt((hf * hf).mean(-1, keepdim=True))
+    hd = h.double()
+    reference = hd / torch.sqrt((hd * hd).mean(-1, keepdim=True))
+    limit = fp16_square_limit()
+    return {"activations dtype": _name(h), "naive norm dtype": _name(naive), "rows": rows,
+            "smallest FP16 value whose FP16 square is inf": limit,
+            "rows holding a value of that size or more": int((h.abs() >= limit).any(-1).sum()),
+            "rows the naive norm set to zero": int((naive == 0).all(-1).sum()),
+            "largest error, naive": float((naive.double() - reference).abs().max()),
+            "largest error, in autocast(enabled=False)": float((safe.double() - reference).abs().max())}
 
 
 def op_table_markdown(trace, phase: str = "forward", lists: dict[str, frozenset[str]] | None = None):

@@ -142,7 +142,7 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     for j, label in enumerate(drawn):
         values = prepared(series[label])
         ax.plot(np.arange(len(values)) + (smooth - 1), values, ls=dashes[j % len(dashes)],
-                color=FORMAT_COLOURS[(list(series).index(label) + 2) % len(FORMAT_COLOURS)],
+                color=recipe_colour(j),   # never the reference's black, nor vermillion beside orange
                 lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
     if logy:
         ax.set_yscale("log")

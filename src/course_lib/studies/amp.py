@@ -99,15 +99,18 @@ def exceptions_table(exceptions: Mapping[str, str]) -> MarkdownTable:
     return markdown_table(["code, run under autocast", "result dtype"], [(f"`{k}`", v) for k, v in exceptions.items()])
 
 
-def loss_demo_facts(lse: Mapping[str, object]) -> dict[str, object]:
-    """From :func:`~course_lib.amp.sensitive_loss_demo`: the naive FP16 loss (``lse_naive``, inf when
-    ``exp`` overflowed), the loss in a disabled-autocast region (``lse_safe``) and the FP64 one (``lse_ref``)."""
-    keys = {"lse_naive": "naive loss (FP16)", "lse_safe": "loss in autocast(enabled=False)",
-            "lse_ref": "FP64 reference"}
-    missing = [k for k in keys.values() if k not in lse]
+def norm_demo_facts(demo: Mapping[str, object]) -> dict[str, object]:
+    """From :func:`~course_lib.amp.sensitive_norm_demo`: its rows (``norm_rows``), the smallest FP16 value
+    whose FP16 square overflows (``norm_square_limit``), the rows holding one that large (``norm_big_rows``), the rows the naive norm zeroed (``norm_zeroed``), and
+    each version's largest error (``norm_err_naive``, ``norm_err_safe``)."""
+    keys = {"norm_rows": "rows", "norm_square_limit": "smallest FP16 value whose FP16 square is inf",
+            "norm_big_rows": "rows holding a value of that size or more",
+            "norm_zeroed": "rows the naive norm set to zero", "norm_err_naive": "largest error, naive",
+            "norm_err_safe": "largest error, in autocast(enabled=False)"}
+    missing = [k for k in keys.values() if k not in demo]
     if missing:
-        raise ValueError(f"not a sensitive_loss_demo result: it lacks {', '.join(missing)}")
-    return {name: lse[key] for name, key in keys.items()}
+        raise ValueError(f"not a sensitive_norm_demo result: it lacks {', '.join(missing)}")
+    return {name: demo[key] for name, key in keys.items()}
 
 
 def checkpoint_facts(ckpt: Mapping[str, object]) -> dict[str, object]:
@@ -252,23 +255,38 @@ def recipe_facts(histories: Mapping[str, History]) -> dict[str, object]:
             / statistics.median(histories["fp16_autocast_scaler"].tokens_per_second)}
 
 
-def skip_note(histories: Mapping[str, History]) -> dict[str, object]:
+def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict[str, object]:
     """``recipe_skips``: which recipe runs skipped which steps (and at what loss scale), and what a skipped step
-    does to the table's final loss (the last step's, one batch's)."""
+    does to the table's final loss (the last step's, one batch's). For the first skip of each run, where
+    ``reference`` ran: its loss minus the reference's at the skipped step (measured before the update it did not
+    take) and at the next step (the first loss after it), beside the same two numbers of every run with the
+    same name prefix (``fp16``) that skipped nothing, so that a jump both show is not read as the skip's."""
     parts = []
     for name, h in histories.items():
         steps = [i for i, s in enumerate(h.skipped) if s]
-        if steps:
-            scales = and_list([power_of_two_text(int(round(math.log2(h.scales[i])))) for i in steps])
-            parts.append(f"`{name}` skipped {'step' if len(steps) == 1 else 'steps'} "
-                         f"{and_list([str(i) for i in steps])} (its scaled gradients overflowed FP16 at a scale of "
-                         f"{scales})")
+        if not steps:
+            continue
+        scales = and_list([power_of_two_text(int(round(math.log2(h.scales[i])))) for i in steps])
+        text = (f"`{name}` skipped {'step' if len(steps) == 1 else 'steps'} {and_list([str(i) for i in steps])} "
+                f"(its scaled gradients overflowed FP16 at a scale of {scales})")
+        first, ref = steps[0], histories.get(reference)
+        if ref is not None and name != reference and first + 1 < min(len(h.losses), len(ref.losses)):
+            def gaps(run: History) -> str:
+                return (f"{run.losses[first] - ref.losses[first]:+.3f} and "
+                        f"{run.losses[first + 1] - ref.losses[first + 1]:+.3f}")
+            peers = [(n, r) for n, r in histories.items() if n != name and n.split("_")[0] == name.split("_")[0]
+                     and not any(r.skipped) and first + 1 < len(r.losses)]
+            text += (f". Its loss minus `{reference}`'s was {gaps(h)} at steps {first} and {first + 1}: a step's loss "
+                     f"is measured before its update, so step {first + 1} is the first to miss the skipped one")
+            if peers:
+                text += " (" + and_list([f"`{n}`, which skipped nothing: {gaps(r)}" for n, r in peers]) + ")"
+            text += f". A difference at step {first} cannot come from the skip"
+        parts.append(text)
     if not parts:
         return {"recipe_skips": Prose("No run skipped a step here.")}
     return {"recipe_skips": Prose(
-        and_list(parts) + ". A skipped step is an update not taken, so such a run ends behind the others, and the "
-        "table's final loss, the last step's loss on one batch, can show it; {doc}`05_bf16_vs_fp16` compares "
-        "recipes over seeds and over the mean of several steps.")}
+        ". ".join(parts) + ". A skipped step is an update not taken, so such a run ends behind the others, and the "
+        "table's final loss, the last step's loss on one batch, can show it.")}
 
 
 def weight_casts(device_type: str, dtype: torch.dtype, *, calls: int = 3) -> tuple[int, int]:
