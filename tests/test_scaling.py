@@ -243,6 +243,17 @@ def test_teaching_scaler_refuses_a_second_unscale_and_round_trips_its_state():
     assert other.state_dict() == state
     with pytest.raises(ValueError, match="lacks"):
         other.load_state_dict({"scale": 1.0})
+    # a GradScaler's state loads; a state the constructor would refuse does not, and changes nothing
+    real = torch.amp.GradScaler("cpu", init_scale=2.0**7, growth_interval=5).state_dict()
+    other.load_state_dict(real)
+    assert (other.scale, other.growth_interval) == (2.0**7, 5)
+    for bad, message in (({"scale": -4.0}, "init_scale must be > 0"), ({"growth_factor": 0.5}, "growth_factor must be > 1"),
+                         ({"backoff_factor": 2.0}, "backoff_factor must lie in"),
+                         ({"growth_interval": 0}, "growth_interval must be a positive int"),
+                         ({"_growth_tracker": -3}, "_growth_tracker must be a non-negative int")):
+        with pytest.raises(ValueError, match=message):
+            other.load_state_dict({**state, **bad})
+        assert other.state_dict() == {**real, "_growth_tracker": 0}
 
 
 def test_replay_and_flight_recording_bad_input():

@@ -174,7 +174,8 @@ def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_
                      device_type: str = "cpu") -> int:
     """Bytes the course model's forward pass saves for backward (what :func:`saved_tensor_bytes` counts as
     activations), from its shape: ``batch`` sequences of ``seq_len`` tokens, ``attention`` ``"explicit"``
-    (scores stored; ``"scaled_first"`` keeps the scaled q in place of q: the same bytes) or ``"sdpa"``
+    (scores stored; ``"scaled_first"`` keeps the scaled q in place of q: the same bytes, except with one
+    sequence or one head, where it keeps ``r d`` more) or ``"sdpa"``
     (fused: a log-sum-exp per row instead), in FP32 (``autocast_bytes`` None) or under a 16-bit autocast
     (``autocast_bytes=2``).
 
@@ -203,6 +204,10 @@ def activation_bytes(*, batch: int, seq_len: int, d_model: int, n_heads: int, n_
         block += batch * n_heads * t * t * score_bytes + t * t
     else:
         block += batch * n_heads * t * 4
+    if attention == "scaled_first" and (batch == 1 or n_heads == 1):
+        # one sequence or one head: the head split is a free view, so Q, K and V stay views of the qkv output,
+        # which is kept whole, and the scaled q is a tensor of its own beside it
+        block += r * d * e
     outside = r * d * 4 + 2 * r * 4 + r * d * e + r * vocab_size * 4 + 8 * (2 * r + t) + 4
     return n_layers * block + outside
 

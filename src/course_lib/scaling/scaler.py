@@ -232,6 +232,11 @@ class TeachingLossScaler:
                    if k not in state]
         if missing:
             raise ValueError(f"scaler state lacks {', '.join(missing)}")
+        # the constructor's checks: a loaded state must not make a scaler that could not be built
+        check_scaler_args(state["scale"], state["growth_factor"], state["backoff_factor"], state["growth_interval"])
+        tracker = state["_growth_tracker"]
+        if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral) or tracker < 0:
+            raise ValueError(f"_growth_tracker must be a non-negative int (clean steps), got {tracker!r}")
         self.scale = _to_float32(float(state["scale"]))
         self.growth_factor = float(state["growth_factor"])
         self.backoff_factor = float(state["backoff_factor"])
