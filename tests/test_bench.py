@@ -165,9 +165,12 @@ def test_capability_probe_is_measured_and_cached():
     b = B.capability_probe("cpu", n=32)
     assert a is b and a.relative("fp32") == 1.0 and "tf32" in a.unsupported
     assert a.relative("tf32") is None and a.faster_than_fp32("tf32") is None
-    assert "measured here at n=32" in a.summary()
+    assert "matmul speed against FP32 at n=32" in a.summary()
     slow = B.CapabilityProbe("cpu", 64, {"fp32": 1.0, "bf16": 2.345, "fp8": 0.0032}, {"tf32": "no TF32"})
-    assert slow.summary() == "matmul speed against FP32, measured here at n=64: BF16 x2.35, FP8 x0.003"
+    assert slow.summary() == ("matmul speed against FP32 at n=64: BF16 x2.35, FP8 x0.003 (a CPU has no FP8 "
+                              "matrix unit: torch computes the product in wider types)")
+    gpu = B.CapabilityProbe("cuda", 64, {"fp32": 1.0, "fp8": 4.0}, {})
+    assert gpu.summary() == "matmul speed against FP32 at n=64: FP8 x4.00"
 
 
 def test_capability_probe_keeps_each_dtypes_best_round_and_times_a_slow_product_once(monkeypatch):

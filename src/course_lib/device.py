@@ -147,7 +147,8 @@ class HardwareInfo:
             parts.append("Experiments on this page ran at reduced size (the 'small' profile).")
         if self.device_type != "cuda":
             parts.append("Timings measured here are CPU timings, not GPU timings; speed claims in this "
-                         "course come only from recorded GPU runs.")
+                         "course come only from recorded GPU runs. A CPU's BF16 or FP16 instructions speed up a "
+                         "product only where torch's kernels use them: the measured speeds say whether they do.")
         return " ".join(parts)
 
     def banner_markdown(self, *, measure: bool = True) -> str:
@@ -155,7 +156,7 @@ class HardwareInfo:
         dtype (``measure``: run the cached capability probe), and, where it applies, the caveat."""
         text = f"**Ran on:** {self.summary}."
         if measure:
-            text += f" Measured {capability_probe(self.device_type).summary()}."
+            text += f" Measured here: {capability_probe(self.device_type).summary()}."
         return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
 
 

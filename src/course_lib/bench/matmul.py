@@ -202,9 +202,11 @@ class CapabilityProbe:
             r = self.relative(d)
             if r is not None:
                 # an emulated dtype (FP8 on a CPU) runs at a thousandth of FP32: one significant digit, not "x0.00"
-                parts.append(f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.2f}" if r >= 0.01 else
-                             f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.1g}")
-        return (f"matmul speed against FP32, measured here at n={self.n}: " + ", ".join(parts)) if parts \
+                part = f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.2f}" if r >= 0.01 else f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.1g}"
+                if d == "fp8" and torch.device(self.device).type == "cpu":
+                    part += " (a CPU has no FP8 matrix unit: torch computes the product in wider types)"
+                parts.append(part)
+        return (f"matmul speed against FP32 at n={self.n}: " + ", ".join(parts)) if parts \
             else "no low-precision matmul measured"
 
 
