@@ -83,7 +83,11 @@ def test_recorded_parity_note_has_table_and_both_notes():
         "At full size, `fp16_autocast_scaler` ended with a NaN loss in 2 of 3 seeds. The loss itself became NaN, "
         "so the forward pass produced non-finite values in FP16; a loss scale acts on the backward pass only and "
         "cannot repair that ({doc}`03_loss_scaling` shows the recorded scale collapsing after it). BF16 has the "
-        "range to avoid it. " + forward_nan_where(on_lesson_5=True))
+        "range to avoid it. That `fp16_autocast_no_scaler` ended finite in every seed does not make the scaler the "
+        "cause: the scaler multiplies the loss after the forward pass, and cannot itself make a forward pass overflow. The "
+        "two runs had different weights by then: with the gradients FP16 flushes to zero, the unscaled run trains "
+        "more slowly, and its activations need not have grown to the values that overflowed. "
+        + forward_nan_where(on_lesson_5=True))
 
 
 def test_recorded_parity_notes_are_left_out_when_they_do_not_apply():

@@ -1,5 +1,5 @@
 """Lesson 5's studies: convergence of the recipes over seeds, BF16 weight-update stagnation and its repairs,
-a BF16-trained model fine-tuned in FP16."""
+a model with activations only BF16 holds (lesson 2's planted stand-in), fine-tuned in FP16."""
 
 from __future__ import annotations
 

@@ -113,11 +113,18 @@ def nan_seeds_note(parity: Parity) -> Prose:
               if len(finite[r]) < len(parity.final_losses[r])}
     if not failed:
         return Prose("")
+    unscaled = "fp16_autocast_no_scaler"
+    # the scaler's run failed where the unscaled one did not: a reader must not take the scaler for the cause
+    survivor = ("" if "fp16_autocast_scaler" not in failed or unscaled in failed or unscaled not in finite else
+                f"That `{unscaled}` ended finite in every seed does not make the scaler the cause: the scaler "
+                "multiplies the loss after the forward pass, and cannot itself make a forward pass overflow. The two runs "
+                "had different weights by then: with the gradients FP16 flushes to zero, the unscaled run trains "
+                "more slowly, and its activations need not have grown to the values that overflowed. ")
     return Prose("At full size, " + ", ".join(f"`{r}` ended with a NaN loss in {n} of {len(parity.seeds)} seeds"
                                               for r, n in failed.items())
                  + ". The loss itself became NaN, so the forward pass produced non-finite values in FP16; a "
                  "loss scale acts on the backward pass only and cannot repair that ({doc}`03_loss_scaling` "
-                 "shows the recorded scale collapsing after it). BF16 has the range to avoid it. "
+                 "shows the recorded scale collapsing after it). BF16 has the range to avoid it. " + survivor
                  + forward_nan_where(on_lesson_5=True))
 
 
