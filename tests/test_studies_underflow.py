@@ -74,9 +74,25 @@ def test_layer_facts_compare_the_first_and_last_layer():
     capture = GradientCapture((_layer("l0", "activation", 0, [2.0**-26, 1.0, 1.0, 1.0]),
                                _layer("l0", "weight", 0, [8.0]),
                                _layer("l1", "activation", 1, [2.0, 4.0, 4.0])), 1.0)
-    assert S.layer_facts(capture) == {"mlp_first_flushed": 25.0, "mlp_last_flushed": 0.0, "mlp_ratio": 4.0}
+    assert S.layer_facts(capture) == {"mlp_first_flushed": 25.0, "mlp_last_flushed": 0.0, "mlp_ratio": 4.0,
+                                      "mlp_layers": 2}
     with pytest.raises(ValueError, match="no activation gradient"):
         S.layer_facts(GradientCapture((_layer("l0", "weight", 0, [1.0]),), 1.0))
+
+
+def test_gpt_layer_facts_read_the_residual_writers_the_inner_layers_and_the_head():
+    capture = GradientCapture((_layer("blocks.0.attn.qkv", "activation", 0, [1e-6, 0.0]),
+                               _layer("blocks.0.attn.proj", "activation", 1, [2e-5]),
+                               _layer("blocks.0.fc", "activation", 2, [3e-5]),
+                               _layer("blocks.0.out", "activation", 3, [8e-5]),
+                               _layer("blocks.1.out", "activation", 4, [4e-5]),
+                               _layer("head", "activation", 5, [1e-8])), 1.0)
+    facts = S.gpt_layer_facts(capture)
+    assert facts["gpt_blocks"] == 2 and facts["gpt_writer_spread"] == pytest.approx(4.0)
+    assert facts["gpt_inner_place"] == "1 of 2 below the lowest of them"
+    assert facts["gpt_head_median"] == pytest.approx(1e-8) and facts["gpt_head_place"] == "the lowest of all"
+    with pytest.raises(ValueError, match="not a capture of the course GPT"):
+        S.gpt_layer_facts(GradientCapture((_layer("l0", "activation", 0, [1.0]),), 1.0))
 
 
 # ---- naive FP16 ----------------------------------------------------------------------------------------------
@@ -115,7 +131,7 @@ def test_naive_facts_summarise_the_seeds():
     facts = S.naive_facts(_naive(), tail=2, early=2)
     assert facts == {
         "naive_steps": 4, "naive_tail": 2, "naive_seeds": 2, "naive_early": 2, "naive_eps": 1e-4,
-        "naive_worse": "in every one of the 2 seeds",
+        "naive_worse": "in every one of the 2 seeds", "naive_sign_chance": 0.5,
         "naive_diff_range": "+0.250 to +0.500",
         "zero32_range": "12.5%", "zero16_range": "25.0-50.0%",
         "lost16_range": "3.00-6.25%", "lost32_range": "under 0.001%",
@@ -134,7 +150,8 @@ def test_naive_facts_other_branches():
     curves = {FP32: naive.curves[FP32], FP16: (naive.curves[FP16][0], (2.5, 1.5, 1.0, 0.5))}
     unchanged = {FP32: ((0.001,) * 4, (0.0,) * 4), FP16: naive.unchanged_fraction[FP16]}
     facts = S.naive_facts(dataclasses.replace(naive, curves=curves, unchanged_fraction=unchanged), tail=2, early=2)
-    assert facts["naive_worse"] == "in 1 of the 2 seeds"
+    assert facts["naive_worse"] == "in 1 of the 2 seeds" and facts["naive_sign_chance"] == 1.0
+    assert S._sign_test(3, 3) == 0.25 and S._sign_test(9, 10) == pytest.approx(22 / 1024)
     assert facts["lost32_range"] == "0.000-0.100%"
     assert facts["naive_below"] == "and FP16's loss was below FP32's at 1 to 4 of the 4 steps of a seed"
     never = {FP32: naive.curves[FP32], FP16: tuple(tuple(v + 1 for v in c) for c in naive.curves[FP32])}

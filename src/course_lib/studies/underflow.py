@@ -281,8 +281,8 @@ def recorded_underflow_texts(records: Sequence[RecordedResult]) -> tuple[str, ..
 
 def layer_facts(capture: GradientCapture) -> dict[str, object]:
     """For a capture of a stack of layers: percent of the first and the last layer's activation gradients
-    FP16 flushes to zero (``mlp_first_flushed``, ``mlp_last_flushed``) and the last layer's median
-    ``|gradient|`` over the first's (``mlp_ratio``)."""
+    FP16 flushes to zero (``mlp_first_flushed``, ``mlp_last_flushed``), the last layer's median
+    ``|gradient|`` over the first's (``mlp_ratio``), and the number of layers (``mlp_layers``)."""
     acts = capture.of_kind("activation")
     if not acts:
         raise ValueError("the capture holds no activation gradient")
@@ -290,7 +290,37 @@ def layer_facts(capture: GradientCapture) -> dict[str, object]:
         "mlp_first_flushed": summarize_underflow(acts[0].values, "FP16").flushed * 100,
         "mlp_last_flushed": summarize_underflow(acts[-1].values, "FP16").flushed * 100,
         "mlp_ratio": float(acts[-1].values.abs().median() / acts[0].values.abs().median()),
+        "mlp_layers": len(acts),
     }
+
+
+# the course GPT's layers whose output is added to the residual stream: they receive its gradient
+RESIDUAL_WRITERS = (".attn.proj", ".out")
+
+
+def gpt_layer_facts(capture: GradientCapture) -> dict[str, object]:
+    """For a capture of the course GPT: its number of blocks (``gpt_blocks``), the largest over the smallest
+    median ``|gradient|`` of the layers that write into the residual stream (``gpt_writer_spread``), a phrase
+    placing the other block layers (``qkv``, ``fc``) against them (``gpt_inner_place``), and the head's median
+    with a phrase placing it (``gpt_head_median``, ``gpt_head_place``)."""
+    medians = {}
+    for g in capture.of_kind("activation"):
+        v = g.values.abs()
+        v = v[v > 0]
+        if v.numel():
+            medians[g.name] = float(v.double().median())
+    writers = [n for n in medians if n.startswith("blocks.") and n.endswith(RESIDUAL_WRITERS)]
+    inner = [n for n in medians if n.startswith("blocks.") and n not in writers]
+    if not writers or not inner or "head" not in medians:
+        raise ValueError(f"not a capture of the course GPT: it needs block layers and a head, got {sorted(medians)}")
+    low, high = min(medians[n] for n in writers), max(medians[n] for n in writers)
+    inner_low = sum(medians[n] < low for n in inner)
+    inner_place = ("all below the lowest of them" if inner_low == len(inner) else
+                   f"{inner_low} of {len(inner)} below the lowest of them")
+    head = medians["head"]
+    head_place = "the lowest of all" if head <= min(medians.values()) else "not the lowest"
+    return {"gpt_blocks": len({n.split(".")[1] for n in writers}), "gpt_writer_spread": high / low,
+            "gpt_inner_place": Prose(inner_place), "gpt_head_median": head, "gpt_head_place": Prose(head_place)}
 
 
 def value_span(values: Sequence[float], fmt: str, unit: str = "%", times: float = 100) -> Prose:
@@ -328,10 +358,16 @@ def naive_table(naive: NaiveFP16Comparison, *, tail: int, early: int) -> Markdow
                                                      step32, step16)])
 
 
+def _sign_test(k: int, n: int) -> float:
+    """Two-sided sign test: the chance that ``n`` fair coin flips split at least as unevenly as ``k`` of ``n``."""
+    extreme = max(k, n - k)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(extreme, n + 1)) / 2**n)
+
+
 def naive_facts(naive: NaiveFP16Comparison, *, tail: int, early: int) -> dict[str, object]:
     """What the naive FP16 comparison measured, under the names the prose glues: the steps, ``tail`` and
-    ``early`` windows and seeds; in how many seeds FP16 ended higher (``naive_worse``) and by how much
-    (``naive_diff_range``); the spans over seeds of the zero gradients, updates rounded away, underflowed
+    ``early`` windows and seeds; in how many seeds FP16 ended higher (``naive_worse``), how likely so even a
+    split is by chance (``naive_sign_chance``, a two-sided sign test) and by how much (``naive_diff_range``); the spans over seeds of the zero gradients, updates rounded away, underflowed
     second moments and early step sizes (``*_range``); the steps of the first ``early`` at which FP16's loss
     was below FP32's (``naive_lead``), the largest first-step gap (``naive_start_gap``) and the steps of
     the whole run at which FP16 was below (``naive_below``); and the Adam ``eps`` both ran with."""
@@ -351,6 +387,8 @@ def naive_facts(naive: NaiveFP16Comparison, *, tail: int, early: int) -> dict[st
         "naive_early": early,
         "naive_eps": naive.adam_eps,
         "naive_worse": Prose(f"in {'every one' if worse == len(diffs) else worse} of the {len(diffs)} seeds"),
+        # a two-sided sign test: how often a coin would give a split at least this lopsided
+        "naive_sign_chance": _sign_test(worse, len(diffs)),
         "naive_diff_range": Prose(f"{min(diffs):+.3f} to {max(diffs):+.3f}"),
         "zero32_range": value_span(naive.mean_over_steps("zero_grad_fraction", fp32), ".1f"),
         "zero16_range": value_span(naive.mean_over_steps("zero_grad_fraction", fp16), ".1f"),
