@@ -442,7 +442,7 @@ def test_mx_errata_rows():
     assert rows == [
         ("MX scales are chosen so that nothing overflows.",
          "The spec's rule (FLOOR) saturates the largest value of 25% of this activation's FP4 blocks; RCEIL, "
-         "NVIDIA's rule, saturates none {cite:p}`ocp_mx,torchao_mx`."),
+         "NVIDIA's rule, saturates none {cite:p}`ocp2023mx,torchao_mx`."),
         ("NVFP4 is MXFP4 with smaller blocks.",
          "The scale differs too: E4M3 rather than a power of two, under an FP32 tensor scale. Without the tensor "
          "scale, 100% of the course model's gradient flushes to zero; with it, the weight's error is 9.4% against "
@@ -457,7 +457,7 @@ def test_mx_errata_rows():
     ]
     other = ms.mx_errata_rows(comparison(0.125, 0.15, rceil_saturated=0.0625), scale_errors(), fidelity(),
                               torchao_agrees=False)
-    assert other[0][1].endswith("RCEIL, NVIDIA's rule, saturates that of 6% {cite:p}`ocp_mx,torchao_mx`.")
+    assert other[0][1].endswith("RCEIL, NVIDIA's rule, saturates that of 6% {cite:p}`ocp2023mx,torchao_mx`.")
     assert other[3][1].endswith("The course's emulation did not agree with torchao's reference quantisation on "
                                 "this page's check.")
 

@@ -500,7 +500,7 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
         ("MX scales are chosen so that nothing overflows.",
          f"The spec's rule (FLOOR) saturates the largest value of {100 * modes.top_saturated['floor']:.0f}% of "
          f"this activation's FP4 blocks; RCEIL, NVIDIA's rule, saturates "
-         + ("none" if rceil == 0 else f"that of {100 * rceil:.0f}%") + " {cite:p}`ocp_mx,torchao_mx`."),
+         + ("none" if rceil == 0 else f"that of {100 * rceil:.0f}%") + " {cite:p}`ocp2023mx,torchao_mx`."),
         ("NVFP4 is MXFP4 with smaller blocks.",
          f"The scale differs too: E4M3 rather than a power of two, under an FP32 tensor scale. Without the tensor "
          f"scale, {100 * scale_errors['gradient'][no_tensor_scale].flushed:.0f}% of the course model's gradient "
