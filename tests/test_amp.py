@@ -65,6 +65,8 @@ def test_a_hand_written_norm_needs_the_disabled_region():
     lists = autocast_op_lists()
     assert [cuda_policy(op, lists) for op in ("mul", "mean", "sqrt", "div")] == ["-"] * 4
     assert cuda_policy("exp", lists) != "-"
+    # lesson 4's sentence: torch's own norms are on the FP32 list, and pow (its exercise) too
+    assert [cuda_policy(op, lists) for op in ("rms_norm", "layer_norm", "pow")] == ["fp32"] * 3
     with pytest.raises(ValueError, match="rows must be a positive int"):
         sensitive_norm_demo("cpu", rows=0)
 
