@@ -251,6 +251,83 @@ def test_fp32_rounding_of_float64_equals_torch_cast():
     _assert_same_values(F.round_to_format(x, "FP32"), theirs)
 
 
+FP64 = F.FloatFormat("FP64", 11, 52)
+
+
+def _float64_bit_patterns(n=400_000, seed=2):
+    """Random float64 bit patterns (every exponent, subnormals included), the extremes, zeros and infs."""
+    bits = np.random.default_rng(seed).integers(-2**63, 2**63 - 1, n, dtype=np.int64, endpoint=True)
+    subnormals = bits[: n // 8] & np.int64(2**52 - 1) | (bits[: n // 8] & np.int64(-2**63))
+    x = np.concatenate([bits, subnormals]).view(np.float64)
+    fi = np.finfo(np.float64)
+    edges = np.array([fi.max, fi.smallest_normal, fi.smallest_subnormal, np.nextafter(fi.smallest_normal, 0),
+                      0.0, np.inf, 2.0**1023, 2.0**-1022, 1e-310])
+    return np.concatenate([x, edges, -edges])
+
+
+def test_a_float64_shaped_format_rounds_every_float64_to_itself():
+    x = _float64_bit_patterns()
+    out = F.round_to_format(x, FP64)
+    keep = ~np.isnan(x)
+    np.testing.assert_array_equal(np.isnan(out), ~keep)
+    np.testing.assert_array_equal(out[keep].view(np.int64), x[keep].view(np.int64))  # signed zeros too
+    np.testing.assert_array_equal(F.encode(x[keep], FP64), x[keep].view(np.int64))
+    positive = x[keep & ~np.signbit(x)]
+    np.testing.assert_array_equal(F.decode(positive.view(np.int64), FP64), positive)
+    assert F.spacing(np.array([0.0, 1.0, 2.0**1023]), FP64).tolist() == [2.0**-1074, 2.0**-52, 2.0**971]
+
+
+@pytest.mark.parametrize("fmt", ["FP32", F.FloatFormat("E8M23", 8, 23)])
+def test_float32_shaped_format_rounds_every_float64_as_torch_casts(fmt):
+    """Over float64's whole range: beyond float32's it overflows to inf and flushes to zero as the cast does."""
+    x = _float64_bit_patterns(seed=3)
+    _assert_same_values(F.round_to_format(x, fmt), torch.from_numpy(x).to(torch.float32).double().numpy())
+
+
+@pytest.mark.parametrize("name", list(F.FORMATS))
+def test_float64_beyond_float32s_range_follows_each_formats_overflow_and_underflow_rule(name):
+    f = F.get_format(name)
+    huge = np.array([2.0**1023, np.finfo(np.float64).max, 1e300, 2.0**129])
+    tiny = np.array([1e-300, 2.0**-1074, 2.0**-1023, 2.0**-150])
+    for overflow in ("inf", "saturate", "nan"):
+        if (overflow == "inf" and not f.has_inf) or (f.specials == "finite" and overflow != "saturate"):
+            continue
+        want = {"inf": np.inf, "saturate": f.max_finite, "nan": np.nan}[overflow]
+        _assert_same_values(F.round_to_format(huge, f, overflow=overflow), np.full(4, want))
+        if f.signed:
+            _assert_same_values(F.round_to_format(-huge, f, overflow=overflow), np.full(4, -want))
+        toward_zero = F.round_to_format(huge, f, overflow=overflow, rounding="toward_zero")
+        _assert_same_values(toward_zero, np.full(4, np.nan if overflow == "nan" else f.max_finite))
+    if f.signed:
+        _assert_same_values(F.round_to_format(np.concatenate([tiny, -tiny]), f), np.array([0.0] * 4 + [-0.0] * 4))
+    else:
+        assert F.round_to_format(tiny, f).tolist() == [f.min_subnormal] * 4
+
+
+def test_e8m0_overflow_from_float64_is_its_nan_code():
+    x = np.array([2.0**1023, 2.0**128, 1.5 * 2.0**127, 2.0**127])
+    _assert_same_values(F.round_to_format(x, "E8M0"), [np.nan, np.nan, np.nan, 2.0**127])
+    with np.errstate(over="ignore"):
+        theirs = x.astype(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+    _assert_same_values(F.round_to_format(x, "E8M0"), theirs)
+    assert F.encode(x, "E8M0").tolist() == [255, 255, 255, 254]
+    assert F.round_to_format(x, "E8M0", overflow="saturate").tolist() == [2.0**127] * 4
+
+
+def test_long_double_is_rounded_once_or_refused():
+    value = 1 + 2.0**-11 + 2.0**-40  # just above FP16's tie at 1 + 2**-11: through float32 it became the tie
+    out = F.round_to_format(np.array([value, np.nan], dtype=np.longdouble), "fp16")
+    assert out.dtype == np.float64 and out[0] == 1.0009765625 and np.isnan(out[1])
+    if np.finfo(np.longdouble).nmant <= 52:
+        pytest.skip("long double is float64 here: nothing float64 cannot hold")
+    beyond = np.longdouble(2) ** 1100
+    for x in (np.longdouble(1) + np.longdouble(2) ** -60, beyond, -beyond):
+        with pytest.raises(TypeError, match=f"dtype {np.dtype(np.longdouble)}.*pass float64 or float32"):
+            F.round_to_format(np.array([1.0, x], dtype=np.longdouble), "fp16")
+        with pytest.raises(TypeError, match="1 of its 2 values"):
+            F.spacing(np.array([1.0, x], dtype=np.longdouble), "fp16")
+
+
 def _tf32_by_bits(x: np.ndarray) -> np.ndarray:
     """Independent TF32 round-to-nearest-even: integer arithmetic on the float32 bit pattern."""
     b = x.astype(np.float32).view(np.uint32).astype(np.uint64)
@@ -572,6 +649,9 @@ def test_clear_errors_for_bad_input():
     (dict(exponent_bits=1, mantissa_bits=2, specials="ieee"), "no binade of normal numbers"),
     (dict(exponent_bits=1, mantissa_bits=0, specials="fn"), "no binade of normal numbers"),
     (dict(exponent_bits=4, mantissa_bits=0, specials="ieee"), "no NaN code"),
+    (dict(exponent_bits=11, mantissa_bits=3, specials="fn", overflow="saturate"), "beyond float64"),
+    (dict(exponent_bits=11, mantissa_bits=0, specials="finite", overflow="saturate"), "beyond float64"),
+    (dict(exponent_bits=11, mantissa_bits=52, subnormals=False), "beyond float64"),
 ])
 def test_user_formats_whose_derived_range_would_not_match_their_codes_are_refused(kwargs, match):
     from course_lib.formats import FloatFormat

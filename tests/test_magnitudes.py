@@ -20,6 +20,30 @@ def test_histogram_counts_each_binade_exactly():
     assert h.quantile(0.0) == 2.0**-140 and h.quantile(1.0) == 2.0
 
 
+def test_float64_values_land_in_their_own_binade_or_the_edge_bins():
+    """Beyond float32's range too: in float32 these were inf, 0, and (1 - 2**-30) the next binade's 1."""
+    x = torch.tensor([1e300, -1e-300, 1.0, 1 - 2.0**-30, 2.0**-1074, 0.0], dtype=torch.float64)
+    h = log2_histogram(x)
+    assert (h.zeros, h.nonfinite, h.nonzero) == (1, 0, 5)
+    assert h.counts[-1] == 1 and h.counts[0] == 2 and h.counts[-LOG2_LO] == 1 and h.counts[-1 - LOG2_LO] == 1
+    assert (h.min_nonzero, h.max_abs) == (2.0**-1074, 1e300)
+    assert h.fraction_below(2.0**-1074) == 1 / 6  # only the zero
+    assert h.fraction_below(1.0) == 4 / 6 and h.fraction_below(1e301) == 1.0
+
+
+def test_fraction_below_zero_infinity_and_bad_thresholds():
+    h = log2_histogram(torch.tensor([0.0, 1.0, 2.0**-20, float("inf")]))
+    assert h.fraction_below(0.0) == 0.0  # no magnitude, not even 0, is below 0
+    assert h.fraction_below(math.inf) == 1.0  # every finite value is: the inf itself is not counted
+    assert h.fraction_below(2.0**-20) == 1 / 3 and h.fraction_below(3.0) == 1.0
+    for bad in (-1.0, float("nan"), -math.inf):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            h.fraction_below(bad)
+    with pytest.raises(TypeError, match="real number"):
+        h.fraction_below("1e-3")
+    assert math.isnan(log2_histogram(torch.tensor([float("nan")])).fraction_below(math.inf))
+    assert log2_histogram(torch.zeros(3)).fraction_below(math.inf) == 1.0
+
 def test_quantiles_are_monotone_and_within_a_binade():
     x = torch.exp2(torch.linspace(-30, 10, 100_001))
     h = log2_histogram([x[:50_000], x[50_000:]])

@@ -8,6 +8,7 @@ its activations. Percentiles are read off the histogram (interpolated within a b
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,11 +68,24 @@ class LogHistogram:
     def fraction_below(self, threshold: float) -> float:
         """Fraction of all finite values (zeros included) with ``|x| < threshold``, to binade accuracy.
 
-        Exact when ``threshold`` is a power of two.
+        Exact when ``threshold`` is a power of two within the bins' range, at most the smallest non-zero
+        magnitude (0 gives 0) or above the largest (inf gives 1). NaN when there is no finite value;
+        ``ValueError`` for a negative or NaN threshold.
         """
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            raise TypeError(f"threshold must be a real number, got {type(threshold).__name__}")
+        if not threshold >= 0:
+            raise ValueError(f"threshold is a magnitude, so it must be >= 0 (not NaN), got {threshold}")
         finite = self.total - self.nonfinite
         if finite == 0:
             return math.nan
+        # exact answers beyond the recorded extremes, where the edge bins (clamped) would only approximate
+        if threshold == 0:
+            return 0.0
+        if threshold > self.max_abs:
+            return 1.0
+        if threshold <= self.min_nonzero:
+            return self.zeros / finite
         k = math.floor(math.log2(threshold))
         idx = min(max(k - LOG2_LO, 0), len(self.counts))
         below: float = self.zeros + sum(self.counts[:idx])
@@ -92,7 +106,9 @@ class HistogramAccumulator:
         self.max_abs = 0.0
 
     def add(self, tensor: torch.Tensor) -> None:
-        x = tensor.detach().abs().float().flatten()
+        # float64 stays float64: in float32 its magnitudes beyond float32's range would count as inf or 0
+        x = tensor.detach().abs().flatten()
+        x = x.to(torch.promote_types(x.dtype, torch.float32))
         finite = torch.isfinite(x)
         self.nonfinite += int((~finite).sum())
         x = x[finite]
@@ -102,7 +118,7 @@ class HistogramAccumulator:
             return
         self.min_nonzero = min(self.min_nonzero, float(nz.min()))
         self.max_abs = max(self.max_abs, float(nz.max()))
-        # exponent field of a float32 is exact floor(log2) for normal numbers; frexp handles subnormals
+        # frexp's exponent is exact floor(log2) + 1, subnormals included
         _, e = torch.frexp(nz)
         idx = torch.clamp(e.to(torch.int64) - 1 - LOG2_LO, 0, LOG2_HI - LOG2_LO - 1)
         counts = torch.bincount(idx, minlength=LOG2_HI - LOG2_LO)

@@ -1,11 +1,13 @@
 """Number formats from their bits: FP32, TF32, BF16, FP16, the FP8, FP6 and FP4 formats and E8M0.
 
-``codecs``: the formats and exact encode/decode/round; ``tables``: single values explained, property tables;
-``tf32``: TF32 rounding checked against a GPU's own TF32 matmul.
+``codecs``: the formats and exact encode/decode/round; ``arrays``: numpy or torch in, the same kind out;
+``tables``: single values explained, property tables; ``tf32``: TF32 rounding checked against a GPU's own
+TF32 matmul.
 """
 
 from __future__ import annotations
 
+from .arrays import like_input, to_tensor
 from .codecs import (
     FORMATS,
     ArrayLike,
@@ -41,6 +43,8 @@ __all__ = [
     "Overflow",
     "Rounding",
     "ArrayLike",
+    "to_tensor",
+    "like_input",
     "FloatFormat",
     "FORMATS",
     "get_format",

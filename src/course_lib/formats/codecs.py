@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 import torch
+
+from .arrays import ArrayLike, like_input, to_tensor
 
 Specials = Literal["ieee", "fn", "finite"]
 Overflow = Literal["inf", "saturate", "nan"]
@@ -51,8 +53,6 @@ Rounding = Literal["nearest_even", "nearest_away", "toward_zero"]
 _SPECIALS = ("ieee", "fn", "finite")
 _OVERFLOWS = ("inf", "saturate", "nan")
 _ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero")
-
-ArrayLike = Union[np.ndarray, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,9 @@ class FloatFormat:
             raise ValueError(f"{self.name}: {self.exponent_bits} exponent bit(s) with specials="
                              f"{self.specials!r} leave no binade of normal numbers, so the derived range "
                              "would not match the codes; add an exponent bit")
+        if self.max_exponent > 1023 or self.min_exponent - self.mantissa_bits < -1074:
+            raise ValueError(f"{self.name}: its largest binade or finest spacing lies beyond float64's, in "
+                             "which the codecs compute exactly; drop an exponent or mantissa bit")
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
@@ -311,29 +314,6 @@ def list_formats(*names: str) -> list[FloatFormat]:
     return [get_format(n) for n in names] if names else list(FORMATS.values())
 
 
-# ---- array plumbing ---------------------------------------------------------------------------------
-
-def _to_tensor(x: ArrayLike | float | list, *, what: str) -> tuple[torch.Tensor, bool]:
-    """Return (tensor, came_from_numpy). Python scalars and lists count as numpy input."""
-    if isinstance(x, torch.Tensor):
-        return x, False
-    if isinstance(x, (float, int, list, tuple, np.generic)):
-        x = np.asarray(x)
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{what} must be a numpy array or torch tensor, got {type(x).__name__}")
-    if x.dtype in (np.float32, np.float64) or x.dtype.kind in "iub":
-        # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
-        return torch.from_numpy(x if x.flags.c_contiguous else x.copy()), True
-    if x.dtype.kind == "f" or x.dtype.kind == "V":
-        # float16 and the ml_dtypes types (which numpy reports as kind 'V'): every value fits in float32
-        return torch.from_numpy(x.astype(np.float32)), True
-    raise TypeError(f"{what} has unsupported dtype {x.dtype}")
-
-
-def _back(t: torch.Tensor, numpy_input: bool) -> ArrayLike:
-    return t.cpu().numpy() if numpy_input else t
-
-
 # ---- decoding ---------------------------------------------------------------------------------------
 
 def decode(codes: ArrayLike | int, fmt: str | FloatFormat) -> ArrayLike:
@@ -342,7 +322,7 @@ def decode(codes: ArrayLike | int, fmt: str | FloatFormat) -> ArrayLike:
     Returns the same kind of container (numpy or torch, same device) as ``codes``.
     """
     f = get_format(fmt)
-    t, from_numpy = _to_tensor(codes, what="codes")
+    t, from_numpy = to_tensor(codes, what="codes")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"codes must be integers (bit patterns), got dtype {t.dtype}")
     c = t.to(torch.int64)
@@ -368,7 +348,7 @@ def decode(codes: ArrayLike | int, fmt: str | FloatFormat) -> ArrayLike:
         out = torch.where(top & (man != 0), torch.full_like(out, math.nan), out)
     elif f.specials == "fn":
         out = torch.where(top & (man == 2**m - 1), torch.full_like(out, math.nan), out)
-    return _back(out, from_numpy)
+    return like_input(out, from_numpy)
 
 
 def all_values(fmt: str | FloatFormat) -> np.ndarray:
@@ -388,6 +368,14 @@ def pow2(exponent: torch.Tensor) -> torch.Tensor:
     return ((exponent + 1023) << 52).view(torch.float64)
 
 
+def _pow2_from(exponent: torch.Tensor, lowest: int) -> torch.Tensor:
+    """:func:`pow2` for exponents from ``lowest`` >= -1074 up: below -1022, 2**e is a float64 subnormal,
+    which has no exponent field to build, so it is the exact product 2**-1022 * 2**(e + 1022)."""
+    if lowest >= -1022:
+        return pow2(exponent)
+    return pow2(exponent.clamp(min=-1022)).mul_(pow2((exponent + 1022).clamp_(max=0)))
+
+
 def _binade(a: torch.Tensor) -> torch.Tensor:
     """floor(log2(a)) for finite non-negative float64 ``a``, read off the exponent field (int64).
 
@@ -397,10 +385,13 @@ def _binade(a: torch.Tensor) -> torch.Tensor:
 
 
 def _round_magnitude(a: torch.Tensor, f: FloatFormat, rounding: Rounding) -> torch.Tensor:
-    """Round finite non-negative float64 magnitudes onto the format's grid (no overflow handling)."""
-    quantum_exp = torch.clamp_(_binade(a), min=f.min_exponent).sub_(f.mantissa_bits)
-    scaled = _round_integral(a * pow2(-quantum_exp), rounding)  # the scaling is exact: a power of two
-    return scaled.mul_(pow2(quantum_exp))
+    """Round finite non-negative float64 magnitudes onto the format's grid (no overflow handling).
+
+    Beyond the largest binade its spacing is kept, which keeps the quantum a float64 whatever ``a`` is;
+    such values still round above the largest value, for the caller's overflow rule."""
+    exponent = torch.clamp_(_binade(a), f.min_exponent, f.max_exponent).sub_(f.mantissa_bits)
+    quantum = _pow2_from(exponent, f.min_exponent - f.mantissa_bits)
+    return _round_integral(a / quantum, rounding).mul_(quantum)  # both exact: quantum is a power of two
 
 
 def _round_integral(scaled: torch.Tensor, rounding: Rounding) -> torch.Tensor:
@@ -432,8 +423,9 @@ def round_to_format(
     ``overflow``: ``"inf"``, ``"saturate"`` or ``"nan"``; default: the format's own rule.
     ``rounding``: ``"nearest_even"``, ``"nearest_away"`` or ``"toward_zero"``; default: the format's.
 
-    Returns the same container kind and device; the dtype is float64 for float64 input and float32
-    otherwise (every value of every registered format fits in float32 exactly). NaN stays NaN; NaN in
+    Returns the same container kind and device; the dtype is float64 for float64 input (and long double,
+    accepted only where float64 holds it exactly) and float32 otherwise (every value of every registered
+    format fits in float32 exactly). NaN stays NaN; NaN in
     ``x`` raises ``ValueError`` for a format without NaN (FP6, FP4), where infinities saturate.
     """
     f = get_format(fmt)
@@ -447,7 +439,7 @@ def round_to_format(
         raise ValueError(f"{f.name} has no inf and no NaN: it can only saturate on overflow")
     if overflow == "inf" and not f.has_inf:
         raise ValueError(f"{f.name} has no infinity: use overflow='saturate' or 'nan'")
-    t, from_numpy = _to_tensor(x, what="x")
+    t, from_numpy = to_tensor(x, what="x")
     if not t.is_floating_point():
         raise TypeError(f"round_to_format needs floating-point values, got dtype {t.dtype}")
     if not f.has_nan:
@@ -459,8 +451,8 @@ def round_to_format(
     if t.dtype == torch.float32 and rounding == "nearest_even" and native_cast_agrees(f, overflow, rounding,
                                                                                       t.device):
         # torch's own cast rounds exactly like the codec here (measured once): 80-300x faster
-        return _back(t.to(f.torch_dtype_or_none()).to(torch.float32), from_numpy)
-    return _back(_round_software(t, f, overflow, rounding), from_numpy)
+        return like_input(t.to(f.torch_dtype_or_none()).to(torch.float32), from_numpy)
+    return like_input(_round_software(t, f, overflow, rounding), from_numpy)
 
 
 _NATIVE_AGREES: dict[tuple, bool] = {}
@@ -570,7 +562,7 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     cannot be encoded in a format that has none (FP6, FP4): :func:`round_to_format` raises ``ValueError``.
     """
     f = get_format(fmt)
-    t, from_numpy = _to_tensor(x, what="x")
+    t, from_numpy = to_tensor(x, what="x")
     rounded = round_to_format(t, f, **round_kwargs)
     assert isinstance(rounded, torch.Tensor)
     r = rounded.to(torch.float64)
@@ -581,7 +573,7 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     # a == binade's power of two times 1.fraction (normal) or 0.fraction (subnormal, binade clamped)
     is_normal = a >= f.min_normal
     exp_field = torch.where(is_normal, binade + f.bias, 0)
-    significand = a * pow2(-binade)
+    significand = a / _pow2_from(binade, f.min_exponent)
     man_field = torch.where(is_normal, significand - 1.0, significand).mul_(2.0**m).to(torch.int64)
     code = (exp_field << m) | man_field
     all_ones = (2**e - 1) << m | (2**m - 1)
@@ -592,7 +584,7 @@ def encode(x: ArrayLike | float, fmt: str | FloatFormat, **round_kwargs) -> Arra
     if f.signed:
         negative = torch.signbit(torch.where(nan, t.to(torch.float64), r))  # a NaN keeps its input's sign
         code = code | (negative.to(torch.int64) << (m + e))
-    return _back(code, from_numpy)
+    return like_input(code, from_numpy)
 
 
 def spacing(x: ArrayLike | float, fmt: str | FloatFormat) -> ArrayLike:
@@ -602,11 +594,11 @@ def spacing(x: ArrayLike | float, fmt: str | FloatFormat) -> ArrayLike:
     spacing ``spacing(x)/x`` grows there.
     """
     f = get_format(fmt)
-    t, from_numpy = _to_tensor(x, what="x")
+    t, from_numpy = to_tensor(x, what="x")
     if not t.is_floating_point():
         raise TypeError(f"spacing needs floating-point values, got dtype {t.dtype}")
     a = t.to(torch.float64).abs()
     a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
     binade = torch.clamp(_binade(a), min=f.min_exponent)
-    gap = pow2(binade - f.mantissa_bits)
-    return _back(torch.where(torch.isfinite(t), gap, torch.full_like(gap, math.nan)), from_numpy)
+    gap = _pow2_from(binade - f.mantissa_bits, f.min_exponent - f.mantissa_bits)
+    return like_input(torch.where(torch.isfinite(t), gap, torch.full_like(gap, math.nan)), from_numpy)
