@@ -583,7 +583,13 @@ def test_markdown_tables_hold_every_format():
     table = F.properties_markdown()
     for name in F.FORMATS:
         assert f"| {name} |" in table
-    assert "65504" in table
+    assert "| 65504 |" in table and "| 0.25 |" in table   # FP16's largest; E5M2's epsilon
+    assert F.properties_markdown(["FP16"], columns="range").splitlines()[:3] == [
+        "| format | bits (S/E/M) | bias | max finite | min normal | min subnormal | binades |", "|---|---|---|---|---|---|---|",
+        "| FP16 | 16 (1/5/10) | 15 | 65504 | 6.104e-05 | 5.960e-08 | 40.0 |"]
+    assert F.properties_markdown(["BF16"], columns="precision").splitlines()[2] == "| BF16 | 7.812e-03 | 2.41 | 65,280 | yes | yes |"
+    with pytest.raises(ValueError, match="columns must be one of"):
+        F.properties_markdown(columns="bits")
     assert "0 01111 0000000000" in F.explain_values_markdown([1.0], ["FP16"])
     labelled = F.explain_values_markdown([1 / 3], ["FP16"], labels=["1/3"])
     assert str(labelled).splitlines()[2].startswith("| 1/3 | FP16 |")

@@ -3,8 +3,10 @@
 import copy
 import logging
 import math
+import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -14,7 +16,9 @@ from course_lib import fp8
 from course_lib.fp8 import accumulation as fp8_accumulation
 from course_lib.fp8 import casts as fp8_casts
 from course_lib.studies import fp8 as fp8_studies
-from course_lib.formats import round_to_format
+from course_lib.formats import get_format, list_formats, round_to_format
+from course_lib.formats import overflow_boundary as formats_overflow_boundary
+from course_lib.formats import rounds_past_max as formats_rounds_past_max
 
 # torchao is the reference for some tests only: without it those skip, and the course's own FP8 code is still
 # tested against torch's casts and torch._scaled_mm
@@ -215,6 +219,133 @@ def test_delayed_scaling_refuses_non_finite_but_keeps_its_scale():
     with pytest.raises(ValueError, match="previous scale"):
         d.quantize(torch.tensor([math.inf]))
     assert d.current_scale == before
+
+
+def _te_fused_scale(fp8_max: float, amax: float, margin: float) -> np.float32:
+    """Transformer Engine's default (fused) delayed-scaling update, in numpy's IEEE float32: ``scaled_max =
+    fp8_max * 2**-margin``, then ``scaled_max / amax``; an inf becomes FP32's max (delayed_scaling.cu)."""
+    with np.errstate(over="ignore"):
+        scale = np.float32(fp8_max) * np.float32(2.0 ** -margin) / np.float32(amax)
+    return np.finfo(np.float32).max if np.isinf(scale) else scale
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("margin", [0, 1, 3, -2, 0.5])
+def test_delayed_scale_is_transformer_engines_fp32_arithmetic_bit_for_bit(fmt, margin):
+    d = fp8.DelayedScaling(fmt, margin=margin)
+    g = np.random.default_rng(0)
+    # ordinary amaxes, and tiny ones whose quotient overflows FP32 or lands just below its max
+    amaxes = [*(10.0 ** g.uniform(-38, 38, 200)), 1e-36, 2e-36, 1.3e-36, 1e-40, 1.4e-45, 3.3e38]
+    for amax in amaxes:
+        got = d.next_scale([amax], 1.0)
+        want = _te_fused_scale(fp8.fp8_max(fmt), amax, margin)
+        assert np.float32(got) == got and np.float32(got).view(np.int32) == want.view(np.int32), (amax, got, want)
+
+
+def test_delayed_scale_of_a_tiny_amax_divides_by_the_margin_before_it_can_overflow():
+    fp32_max = float(torch.finfo(torch.float32).max)
+    # 448 / 1e-36 overflows FP32: FP32's max. With margin 1, TE's fused update divides 224 by the amax,
+    # 2.24e38 (TE's unfused Python path, NVTE_UNFUSED_FP8_UPDATE=1, would overflow first and give FP32's max)
+    assert fp8.DelayedScaling("e4m3").next_scale([1e-36], 1.0) == fp32_max
+    scale = fp8.DelayedScaling("e4m3", margin=1).next_scale([1e-36], 1.0)
+    assert scale == float(np.float32(224.0) / np.float32(1e-36)) and scale < fp32_max
+    # the amax is read as FP32, as TE's history holds it: zero there, or inf there, keeps the previous scale
+    assert fp8.DelayedScaling().next_scale([1e-46], 2.0) == 2.0
+    assert fp8.DelayedScaling().next_scale([1e39], 2.0) == 2.0
+    for bad in (127, -127, 1000, math.nan, math.inf):
+        with pytest.raises(ValueError, match="margin"):
+            fp8.DelayedScaling(margin=bad)
+
+
+def _torch_rounds_past_max(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Which float32 values torch's own cast carries past the format's max. E5M2 rounds them to inf. torch
+    2.13's E4M3 cast saturates, so ask it one binade lower, where the grid's last bits are the same and the
+    value above max / 2 exists (240): x overflows exactly when x / 2 rounds above 224 (the halving is exact)."""
+    if fmt == "e5m2":
+        return torch.isinf(x.to(torch.float8_e5m2).float())
+    return (x / 2).to(torch.float8_e4m3fn).float().abs() > 224.0
+
+
+def _around(values) -> torch.Tensor:
+    """Each value and the float32 on either side of it."""
+    t = torch.tensor(values, dtype=torch.float32)
+    return torch.cat([torch.nextafter(t, torch.zeros_like(t)), t, torch.nextafter(t, torch.full_like(t, math.inf))])
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_overflow_boundary_is_where_torchs_cast_overflows(fmt):
+    top, _ = formats_overflow_boundary(fmt)
+    big = fp8.fp8_max(fmt)
+    x = _around([big, top, 1.5 * big, 2 * big, 1.0])
+    assert torch.equal(formats_rounds_past_max(x, fmt), _torch_rounds_past_max(x, fmt))
+    # and for every torch dtype the registry knows, IEEE-style ones by their inf
+    for f in list_formats():
+        dtype = f.torch_dtype_or_none()
+        if f.has_inf and dtype is not None and dtype != torch.float32:
+            t, _ = formats_overflow_boundary(f)
+            y = _around([f.max_finite, t])
+            assert torch.equal(formats_rounds_past_max(y, f), torch.isinf(y.to(dtype).float())), f.name
+    assert formats_overflow_boundary("e4m3") == (464.0, False) and formats_overflow_boundary("e5m2") == (61440.0, True)
+    with pytest.raises(ValueError, match="toward zero"):
+        formats_overflow_boundary(get_format("fp16").__class__("FP16 RZ", 5, 10, rounding="toward_zero"))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_the_saturated_share_is_what_torchs_cast_carries_past_max(fmt):
+    f = get_format(fmt)
+    big = f.max_finite
+    top = big + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2
+    for v in _around([big, top, 2 * big]).tolist():
+        x = torch.tensor([[v, 1.0]])
+        want = float(_torch_rounds_past_max(torch.tensor([v]), fmt)) / 2
+        assert fp8.quantization_error(x, fp8.StaticScaling(fmt)).saturated == want, v
+
+
+def test_a_tie_at_the_top_that_rounds_to_max_is_not_saturated():
+    # 464 = 448 + half of E4M3's top spacing ties to 448 (its last bit even), so nothing saturates
+    assert fp8.quantization_error(torch.tensor([[464.0, 1.0]]), fp8.StaticScaling("e4m3")).saturated == 0.0
+
+
+EMPTY_CASES = [(fp8.CurrentScaling(), (0,)), (fp8.StaticScaling(), (0,)), (fp8.DelayedScaling(), (0,)),
+               (fp8.CurrentScaling(), (3, 0)), (fp8.RowwiseScaling(axis=0), (0, 4)), (fp8.RowwiseScaling(), (4, 0)),
+               (fp8.BlockwiseScaling(), (2, 0)), (fp8.BlockwiseScaling(block=(1, 4)), (0, 8, 4))]
+
+
+@pytest.mark.parametrize("recipe,shape", EMPTY_CASES)
+def test_an_empty_tensor_is_refused_by_name(recipe, shape):
+    name = type(recipe).__name__
+    pattern = re.escape(f"{name}.quantize needs a non-empty tensor, got shape {tuple(shape)}")
+    with pytest.raises(ValueError, match=pattern):
+        recipe.quantize(torch.empty(shape))
+    with pytest.raises(ValueError, match="needs a non-empty tensor"):
+        fp8.quantization_error(torch.empty(shape), recipe)
+    if name != "DelayedScaling":   # its scale is the one it holds, whatever the tensor
+        with pytest.raises(ValueError, match=f"{name}.scale needs a non-empty tensor"):
+            recipe.scale(torch.empty(shape))
+
+
+@pytest.mark.parametrize("recipe", [fp8.CurrentScaling(), fp8.StaticScaling(), fp8.RowwiseScaling(),
+                                    fp8.BlockwiseScaling(block=(1, 32)), fp8.DelayedScaling()],
+                         ids=lambda r: type(r).__name__)
+def test_float64_beyond_fp32s_range_is_not_called_inf_or_nan(recipe):
+    x = torch.full((1, 32), 1e300, dtype=torch.float64)
+    message = r"outside float32's range \(largest magnitude 1e\+300\)"
+    with pytest.raises(ValueError, match=message):
+        recipe.quantize(x)
+    with pytest.raises(ValueError, match=message):
+        fp8.quantization_error(x, recipe)
+    x[0, 3] = math.inf      # now it does hold one
+    with pytest.raises(ValueError, match="inf or NaN"):
+        recipe.quantize(x)
+
+
+def test_float64_beyond_fp32s_range_on_an_accelerator_names_both_causes(monkeypatch):
+    monkeypatch.setattr(fp8_casts, "on_accelerator", lambda device: True)
+    with pytest.raises(RuntimeError, match="or, being float64, values beyond FP32's range"):
+        fp8.CurrentScaling().quantize(torch.full((2, 2), -1e300, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="inf or NaN") as float32_error:
+        fp8.CurrentScaling().quantize(torch.tensor([1.0, math.inf]))
+    assert "float64" not in str(float32_error.value)     # a float32 tensor's amax is inf only if it holds one
 
 
 # ---- matmuls and linear layers ----------------------------------------------------------------------

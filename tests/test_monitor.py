@@ -14,6 +14,7 @@ from course_lib import monitor as mon
 from course_lib.monitor import recovery
 from course_lib.studies import monitoring as monitoring_studies
 from course_lib.device import size_profile
+from course_lib.formats import list_formats, round_to_format
 from course_lib.gradients import summarize_underflow
 from course_lib.models import course_setup
 
@@ -47,6 +48,64 @@ def test_gradient_stats_classify_like_the_exact_codec(fmt, scale):
 def test_gradient_stats_count_non_finite_values():
     s = mon.gradient_stats("p", torch.tensor([1.0, math.nan, math.inf, 0.0]), "FP16")
     assert s.non_finite == 2 and s.zero == 0.25 and s.norm == 1.0
+
+
+def _rounds_past_max(x: float, f) -> bool:
+    """Whether round to nearest even carries ``x`` past ``f``'s max, from the codec alone: ``x / 2`` lies in
+    the binade below max's, whose grid has the same last mantissa bits one binade down and holds the value
+    above max / 2, so it rounds past max / 2 exactly when ``x`` rounds past max (the halving is exact)."""
+    return float(round_to_format(torch.tensor([x / 2], dtype=torch.float64), f)[0]) > f.max_finite / 2
+
+
+def _edges(f) -> list[float]:
+    """Every rounding boundary the classes use, and the float64 on either side of each."""
+    half = f.min_subnormal / 2
+    top = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2
+    points = [half, f.min_subnormal, f.min_normal - half, f.min_normal, f.max_finite, top]
+    return [v for p in points for v in (math.nextafter(p, 0), p, math.nextafter(p, math.inf))] + [100 * f.max_finite]
+
+
+@pytest.mark.parametrize("fmt", [f.name for f in list_formats() if f.signed])
+@pytest.mark.parametrize("scale", [1.0, 2.0**10, 3.0])
+def test_gradient_stats_classify_each_boundary_as_summarize_underflow_and_rounding_do(fmt, scale):
+    f = next(f for f in list_formats() if f.name == fmt)
+    for v in _edges(f):
+        g = torch.tensor([v / scale, -v / scale], dtype=torch.float64)
+        ours = mon.gradient_stats("p", g, f, scale)
+        x = float(g[0]) * scale                      # the product both classify
+        assert ours.overflow == float(_rounds_past_max(x, f)), (fmt, v)
+        exact = summarize_underflow(g, f, scale)   # between max and the boundary (FP4's 6.5): both say no
+        assert (ours.zero, ours.flush, ours.subnormal, ours.overflow) == (
+            exact.zero, exact.flushed, exact.subnormal, exact.overflow), (fmt, v)
+
+
+def test_gradient_stats_overflow_where_rounding_carries_past_max():
+    # 464 = 448 + half of E4M3's top spacing: a tie that rounds to even, 448 (torch's cast agrees)
+    assert float(torch.tensor([464.0]).to(torch.float8_e4m3fn).float()) == 448.0
+    assert mon.gradient_stats("g", torch.tensor([464.0]), "e4m3").overflow == 0.0
+    assert mon.gradient_stats("g", torch.tensor([464.0001]), "e4m3").overflow == 1.0
+    # FP4 and FP6 have no inf and no NaN, and still overflow: their max (6, 7.5, 28) has an odd last bit
+    assert mon.gradient_stats("g", torch.tensor([100.0]), "e2m1").overflow == 1.0
+    assert mon.gradient_stats("g", torch.tensor([7.0, 6.99]), "e2m1").overflow == 0.5
+    assert mon.gradient_stats("g", torch.tensor([7.75]), "e2m3").overflow == 1.0
+    assert mon.gradient_stats("g", torch.tensor([30.0]), "e3m2").overflow == 1.0
+
+
+def test_gradient_stats_refuse_a_bad_scale_and_an_unsigned_format():
+    g = torch.ones(3)
+    for bad in (-1.0, math.nan, math.inf, 0.0):
+        with pytest.raises(ValueError, match="positive finite"):
+            mon.gradient_stats("g", g, "FP16", bad)
+    for bad in (True, "2", None):
+        with pytest.raises(TypeError, match="real number"):
+            mon.gradient_stats("g", g, "FP16", bad)
+    for fmt in ("E8M0", torch.float8_e8m0fnu):
+        with pytest.raises(ValueError, match="unsigned format"):
+            mon.gradient_stats("g", g, fmt)
+        with pytest.raises(ValueError, match="unsigned format"):
+            summarize_underflow(g, fmt)
+    with pytest.raises(ValueError, match="unsigned format"):
+        mon.GradientHealthMonitor(nn.Linear(2, 2), dtype=torch.float8_e8m0fnu)
 
 
 # ---- the monitor ----------------------------------------------------------------------------------------

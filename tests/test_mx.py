@@ -2,6 +2,7 @@
 storage dtypes, and against torchao's reference MX and NVFP4 code bit for bit."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -437,6 +438,66 @@ def test_bad_input_is_refused_clearly():
         mx.pack_fp4(torch.tensor([3, 16]))
     with pytest.raises(ValueError, match="unknown block-scaled recipe"):
         mx.block_recipe("nvfp8")
+
+
+def _past_max(x: float, element: str) -> bool:
+    """Whether the element format's round to nearest even carries ``x`` past its max: torch's own cast where
+    torch has the format (E5M2 overflows to inf; torch 2.13's E4M3 saturates, so it is asked one binade
+    lower, where x / 2 rounds above max / 2 exactly when x rounds above max), else the codec, asked the same
+    way (FP6 and FP4 saturate too)."""
+    f = mx.element_format(element)
+    if element == "e5m2":
+        return bool(torch.isinf(torch.tensor([x]).to(torch.float8_e5m2).float()))
+    if element == "e4m3":
+        return float(torch.tensor([x / 2]).to(torch.float8_e4m3fn).float()) > f.max_finite / 2
+    return float(round_to_format(torch.tensor([x / 2]), f)[0]) > f.max_finite / 2
+
+
+@pytest.mark.parametrize("element", ["e4m3", "e5m2", "e2m3", "e3m2", "e2m1"])
+def test_saturated_counts_what_rounding_carries_past_the_elements_max(element):
+    f = mx.element_format(element)
+    top = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2
+    # a block whose FLOOR scale is 1 (amax in [2**emax, 2**(emax + 1))): the elements are the values themselves
+    amax = 2.0 ** f.max_exponent
+    for v in (f.max_finite, top):
+        for x in (math.nextafter(v, 0), v, math.nextafter(v, math.inf)):
+            x = float(torch.tensor(x, dtype=torch.float32))
+            q = mx.BlockScaling(element, 32).quantize(_block(x, fill=amax))
+            assert float(q.scales[0, 0]) == 1.0
+            assert q.saturated == int(_past_max(x, element)), (element, x)
+
+
+def test_saturated_rounds_a_tie_at_the_top_to_even():
+    # E4M3's 464 rounds down to 448 (even last bit), E2M1's 7 up past 6 (odd)
+    assert mx.BlockScaling("e4m3", 32).quantize(_block(464.0, fill=256.0)).saturated == 0
+    assert mx.BlockScaling("e2m1", 32).quantize(_block(7.0, fill=4.0)).saturated == 1
+
+
+@pytest.mark.parametrize("scaling,shape", [
+    (mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True), (0, 16)),
+    (mx.BlockScaling("e4m3", 32), (0,)), (mx.BlockScaling("e4m3", 32), (4, 0)),
+    (mx.BlockScaling("e2m1", 16, block_rows=16, scale_format="fp32"), (0, 32))])
+def test_an_empty_tensor_is_refused_by_name(scaling, shape):
+    with pytest.raises(ValueError, match=re.escape(f"BlockScaling.quantize needs a non-empty tensor, got shape "
+                                                   f"{tuple(shape)}")):
+        scaling.quantize(torch.empty(shape))
+    with pytest.raises(ValueError, match="needs a non-empty tensor"):
+        mx.block_error(torch.empty(shape), scaling)
+
+
+@pytest.mark.parametrize("scaling", [mx.BlockScaling("e4m3", 32), mx.BlockScaling("e2m1", 16, scale_format="fp32"),
+                                     mx.BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True)],
+                         ids=lambda s: s.label)
+def test_float64_beyond_fp32s_range_is_not_called_inf_or_nan(scaling):
+    x = torch.full((1, 32), 1e300, dtype=torch.float64)
+    message = r"outside float32's range \(largest magnitude 1e\+300\)"
+    with pytest.raises(ValueError, match=message):
+        scaling.quantize(x)
+    with pytest.raises(ValueError, match=message):
+        mx.block_error(x, scaling)
+    x[0, 0] = math.nan
+    with pytest.raises(ValueError, match="inf or NaN"):
+        scaling.quantize(x)
 
 
 # ---- torchao, bit for bit -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .formats import FloatFormat, get_format, round_to_format
+from .formats import FloatFormat, get_format, round_to_format, rounds_past_max
 from .tables import MarkdownTable, markdown_table
 
 UNDERFLOW_FORMATS = ("FP16", "BF16", "FP8 E4M3", "FP8 E5M2")
@@ -158,7 +158,8 @@ def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale
     r = round_to_format(scaled, f, overflow="inf" if f.has_inf else ("nan" if f.has_nan else "saturate"))
     assert isinstance(r, torch.Tensor)
     zero = v == 0
-    overflow = ~torch.isfinite(r) if f.has_nan else (scaled.abs() > f.max_finite)
+    # a format without NaN saturates: what overflows is what rounds past max (6.5 in FP4 rounds to 6)
+    overflow = ~torch.isfinite(r) if f.has_nan else rounds_past_max(scaled.abs(), f)
     flushed = ~zero & (r == 0)
     subnormal = (r != 0) & torch.isfinite(r) & (r.abs() < f.min_normal)
     return UnderflowSummary(f.name, float(loss_scale), n, float(zero.double().mean()),

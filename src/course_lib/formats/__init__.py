@@ -28,6 +28,7 @@ from .codecs import (
     round_to_format,
     spacing,
 )
+from .limits import overflow_boundary, rounds_past_max
 from .tables import (
     ValueInFormat,
     bit_string,
@@ -59,6 +60,8 @@ __all__ = [
     "round_magnitude32",
     "encode",
     "spacing",
+    "overflow_boundary",
+    "rounds_past_max",
     "bit_string",
     "ValueInFormat",
     "explain_value",

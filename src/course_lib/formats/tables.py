@@ -88,23 +88,38 @@ def neighbours(code: int, fmt: str | FloatFormat) -> tuple[float | None, float |
 
 
 def _num(x: float) -> str:
+    """Scientific with four significant digits outside [0.01, 1e5); inside, up to six (so that 65504 and 448
+    read in full): one style per magnitude, whatever a value's digits."""
     if math.isinf(x):
         return "inf"
-    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-2):
         return f"{x:.3e}"
     return f"{x:.6g}"
 
 
-def properties_markdown(formats=None) -> MarkdownTable:
-    """A Markdown table of every derived property, one row per format (values from the registry)."""
+# the properties table's columns, in two groups: where a format's values lie, and how finely and with which codes
+_RANGE_COLUMNS = ("bits (S/E/M)", "bias", "max finite", "min normal", "min subnormal", "binades")
+_PRECISION_COLUMNS = ("epsilon", "decimal digits", "finite values", "inf", "NaN")
+
+
+def properties_markdown(formats=None, columns: str = "all") -> MarkdownTable:
+    """A Markdown table of every derived property, one row per format (values from the registry).
+    ``columns``: ``"all"``, ``"range"`` (bits, bias, extreme values, binades) or ``"precision"`` (epsilon,
+    decimal digits, the count of finite values, whether inf and NaN exist): two narrower tables that fit a
+    page's width where the whole one does not."""
+    groups = {"all": _RANGE_COLUMNS + _PRECISION_COLUMNS, "range": _RANGE_COLUMNS, "precision": _PRECISION_COLUMNS}
+    if columns not in groups:
+        raise ValueError(f"columns must be one of {sorted(groups)}, got {columns!r}")
     fmts = list_formats() if formats is None else [get_format(f) for f in formats]
-    header = ("format", "bits (S/E/M)", "bias", "max finite", "min normal", "min subnormal", "epsilon",
-              "decimal digits", "binades", "finite values", "inf", "NaN")
-    return markdown_table(header, [
-        (f.name, f"{f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits})", f.bias, _num(f.max_finite),
-         _num(f.min_normal), _num(f.min_subnormal), _num(f.epsilon), f"{f.decimal_digits:.2f}",
-         f"{f.binades:.1f}", f"{f.n_finite_codes:,}", "yes" if f.has_inf else "no", "yes" if f.has_nan else "no")
-        for f in fmts])
+    rows = []
+    for f in fmts:
+        cells = {"bits (S/E/M)": f"{f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits})", "bias": f.bias,
+                 "max finite": _num(f.max_finite), "min normal": _num(f.min_normal),
+                 "min subnormal": _num(f.min_subnormal), "binades": f"{f.binades:.1f}", "epsilon": _num(f.epsilon),
+                 "decimal digits": f"{f.decimal_digits:.2f}", "finite values": f"{f.n_finite_codes:,}",
+                 "inf": "yes" if f.has_inf else "no", "NaN": "yes" if f.has_nan else "no"}
+        rows.append((f.name, *(cells[c] for c in groups[columns])))
+    return markdown_table(("format", *groups[columns]), rows)
 
 
 def explain_values_markdown(values, formats=None, labels=None) -> MarkdownTable:

@@ -40,11 +40,13 @@ from .casts import (
     cast_blocks,
     cast_saturating,
     check_finite_amax,
+    check_nonempty,
     expand_blocks,
     fp8_dtype,
     fp8_format,
     fp8_max,
     native_cast_saturates,
+    nonfinite_error,
     resolve_block,
 )
 from .linear import (
@@ -82,6 +84,8 @@ __all__ = [
     "expand_blocks",
     "as_2d",
     "check_finite_amax",
+    "check_nonempty",
+    "nonfinite_error",
     "block_amax",
     "amax_to_scale",
     "resolve_block",

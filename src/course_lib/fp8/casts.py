@@ -197,16 +197,39 @@ def as_2d(x: torch.Tensor, what: str = "x") -> torch.Tensor:
         return x.reshape(1, 1)
     if x.dim() == 1:
         return x.reshape(1, -1)
-    return x.reshape(-1, x.shape[-1])
+    # not -1: with a last dimension of 0 the row count would be ambiguous to reshape
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 NONFINITE_MESSAGE = ("the tensor holds inf or NaN: a scale computed from it would be 0 or NaN, and every value "
                      "would quantise to 0 or NaN (find the overflow first; lesson 9)")
 
 
-def check_finite_amax(amax: torch.Tensor, message: str = NONFINITE_MESSAGE) -> None:
+def check_nonempty(x: torch.Tensor, who: str) -> None:
+    """ValueError naming ``who`` (the public entry) for a tensor with no elements: it has no amax to scale
+    from, and each recipe's reduction would fail with an error about its own internals instead."""
+    if x.numel() == 0:
+        raise ValueError(f"{who} needs a non-empty tensor, got shape {tuple(x.shape)}")
+
+
+def nonfinite_error(source: torch.Tensor, message: str) -> ValueError:
+    """The error for ``source`` whose FP32 amax is inf or NaN: ``message`` if it holds an inf or a NaN. A
+    float64 tensor can hold neither and still have an FP32 amax of inf (a value beyond about 3.4e38): then
+    the error says so. Called only once the check has failed, so the pass over ``source`` costs nothing on
+    the way through."""
+    if source.dtype == torch.float64 and source.numel() and bool(torch.isfinite(source).all()):
+        largest = float(source.abs().max())
+        return ValueError(f"the tensor holds values outside float32's range (largest magnitude {largest:.3g}) "
+                          "but no inf or NaN: scales and casts work in FP32, where those values are inf; "
+                          "scale the tensor into FP32's range (below about 3.4e38) first")
+    return ValueError(message)
+
+
+def check_finite_amax(amax: torch.Tensor, message: str = NONFINITE_MESSAGE, *,
+                      source: torch.Tensor | None = None) -> None:
     """Refuse a tensor whose block amaxes show an inf or a NaN, with ``message`` (the caller's words for what
-    a non-finite value means there).
+    a non-finite value means there). ``source``: the tensor the amaxes came from, when it may be float64,
+    whose values beyond FP32's range give an amax of inf without holding one (see :func:`nonfinite_error`).
 
     On the CPU: ValueError, at once. On an accelerator (:func:`on_accelerator`) the check must not read a
     flag back to the host, which would wait for every kernel queued so far in each quantize: it is queued
@@ -221,10 +244,13 @@ def check_finite_amax(amax: torch.Tensor, message: str = NONFINITE_MESSAGE) -> N
         return
     finite = amax.abs().amax() < math.inf
     if on_accelerator(amax.device) and hasattr(torch, "_assert_async"):
-        torch._assert_async(finite, message)
+        wide = source is not None and source.dtype == torch.float64
+        # the queued message cannot look at the tensor, so it names both causes a float64 one may have
+        torch._assert_async(finite, f"{message} (or, being float64, values beyond FP32's range)" if wide
+                            else message)
         return
     if not bool(finite):
-        raise ValueError(message)
+        raise nonfinite_error(source, message) if source is not None else ValueError(message)
 
 
 def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import get_format
+from ..formats import rounds_past_max
 from .casts import (
     Fp8Tensor,
     amax_to_scale,
@@ -16,11 +16,15 @@ from .casts import (
     block_amax,
     cast_blocks,
     check_finite_amax,
+    check_nonempty,
     expand_blocks,
     fp8_format,
     fp8_max,
+    nonfinite_error,
     resolve_block,
 )
+
+_FP32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class ScalingRecipe:
@@ -39,14 +43,16 @@ class ScalingRecipe:
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         """The FP32 scales this recipe would use for ``x``, one per block (shape ``[rows/br, cols/bc]``)."""
         x2 = as_2d(x).detach()
+        check_nonempty(x, f"{type(self).__name__}.scale")
         return self.scale_from_amax(block_amax(x2, self.block_for(tuple(x2.shape))))
 
     def quantize(self, x: torch.Tensor) -> Fp8Tensor:
         """``x`` as FP8 codes and scales (raises ValueError for inf/NaN input)."""
         x2 = as_2d(x).detach()
+        check_nonempty(x, f"{type(self).__name__}.quantize")
         block = self.block_for(tuple(x2.shape))
         amax = block_amax(x2, block)
-        check_finite_amax(amax)
+        check_finite_amax(amax, source=x2)
         return cast_blocks(x2, self.scale_from_amax(amax), block, self.fmt)
 
     def scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
@@ -155,8 +161,13 @@ class DelayedScaling(ScalingRecipe):
 
     The scale used for a tensor at step *t* comes from the amaxes of earlier steps, kept in a history of
     ``amax_history_len`` values (default 1024): ``amax_compute_algo="max"`` takes the largest in the history,
-    ``"most_recent"`` the last one. ``scale = fp8_max / amax / 2**margin``. A step whose amax is zero or not
-    finite keeps the previous scale. The first step uses scale 1.
+    ``"most_recent"`` the last one. ``scale = fp8_max / amax / 2**margin``, in FP32 as TE's default, fused
+    update computes it (``delayed_scaling.cu``): ``scaled_max = fp8_max * 2**-margin``, then
+    ``scaled_max / amax``, each rounded to FP32, the amax read as FP32. A quotient that overflows FP32 (a
+    tiny amax) gives FP32's max; an amax that is zero or not finite in FP32 keeps the previous scale. (TE's
+    unfused Python update, ``NVTE_UNFUSED_FP8_UPDATE=1``, divides by the margin last, so where
+    ``fp8_max / amax`` alone overflows it gives FP32's max, not a scale below it.) The first step uses
+    scale 1. ``margin``: an exponent in -126..126, where ``2**margin`` and ``2**-margin`` are normal FP32.
 
     Stateful: each :meth:`quantize` casts with the current scale, then records the tensor's amax and
     updates the scale for the next step (TE updates once per iteration; here one tensor, one call).
@@ -171,8 +182,9 @@ class DelayedScaling(ScalingRecipe):
             raise ValueError(f"amax_history_len must be a positive int, got {amax_history_len!r}")
         if amax_compute_algo not in ("max", "most_recent"):
             raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', got {amax_compute_algo!r}")
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
-            raise ValueError(f"margin must be a finite number (a power-of-two exponent), got {margin!r}")
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not -126 <= margin <= 126:
+            # beyond, 2**-margin is 0 or inf in FP32 (or overflows Python's float), and so is every scale
+            raise ValueError(f"margin must be a number in -126..126 (a power-of-two exponent), got {margin!r}")
         self.amax_history_len, self.amax_compute_algo, self.margin = amax_history_len, amax_compute_algo, margin
         self.history: list[float] = []
         self.current_scale = 1.0
@@ -190,11 +202,17 @@ class DelayedScaling(ScalingRecipe):
         if not history:
             return previous
         amax = max(history) if self.amax_compute_algo == "max" else history[-1]
-        if not (math.isfinite(amax) and amax > 0):
+        # TE's history is FP32: an amax that is finite and non-zero only in float64 keeps the scale there too
+        amax32 = torch.tensor(amax, dtype=torch.float32)
+        if not (bool(torch.isfinite(amax32)) and float(amax32) > 0):
             return previous
-        scale = float(torch.tensor(fp8_max(self.fmt) / amax / 2.0 ** self.margin, dtype=torch.float32))
+        scaled_max = torch.tensor(fp8_max(self.fmt), dtype=torch.float32) * torch.tensor(2.0 ** -self.margin,
+                                                                                       dtype=torch.float32)
+        # tensor by tensor: torch computes a Python number over a tensor as its reciprocal times the number,
+        # which rounds twice
+        scale = float(scaled_max / amax32)
         # TE: a scale that overflows FP32 (a tiny amax) becomes FP32's max
-        return scale if math.isfinite(scale) else float(torch.finfo(torch.float32).max)
+        return scale if math.isfinite(scale) else _FP32_MAX
 
     def observe(self, amax: float) -> None:
         """Record one step's amax and update the scale for the next step."""
@@ -205,12 +223,13 @@ class DelayedScaling(ScalingRecipe):
 
     def quantize(self, x):
         x2 = as_2d(x).detach()
+        check_nonempty(x, f"{type(self).__name__}.quantize")
         amax = float(block_amax(x2, tuple(x2.shape)))
         if not math.isfinite(amax):
             # TE keeps the previous scale; casting the tensor itself would give NaN codes
             self.observe(amax)
-            raise ValueError("the tensor holds inf or NaN: delayed scaling keeps its previous scale (as "
-                             "Transformer Engine does) but the tensor cannot be cast")
+            raise nonfinite_error(x2, "the tensor holds inf or NaN: delayed scaling keeps its previous scale "
+                                      "(as Transformer Engine does) but the tensor cannot be cast")
         q = cast_blocks(x2, self.scale(x2), tuple(x2.shape), self.fmt)
         self.observe(amax)
         return q
@@ -244,20 +263,19 @@ def quantization_error(x: torch.Tensor, recipe: ScalingRecipe, *, label: str | N
     """Quantise ``x`` with ``recipe`` (a stateful recipe advances one step) and measure the damage."""
     if not isinstance(recipe, ScalingRecipe):
         raise TypeError(f"recipe must be a ScalingRecipe, got {type(recipe).__name__}")
-    x2 = as_2d(x).detach().float()
-    q = recipe.quantize(x2)
+    x2 = as_2d(x).detach()
+    q = recipe.quantize(x2)     # before the FP32 copy: a float64 value beyond FP32's range is no inf
+    x2 = x2.float()
     back = q.dequantize()
     # in float64: a float32 norm sums in float32 (off by about 1e-7 relative at 4k values, 4e-5 at 1M) and
     # its squares overflow above about 1.8e19
     err = float(torch.linalg.vector_norm(back.double() - x2.double()))
     norm = float(torch.linalg.vector_norm(x2.double()))
     rel = err / norm if norm > 0 else 0.0
-    # saturated: |x| * scale would round above max (beyond max + half its spacing), so the clamp changed it;
-    # the block's own amax lands on max (give or take the scale's FP32 rounding) and does not count
-    f = get_format(q.fmt)
-    boundary = f.max_finite + 2.0 ** (math.floor(math.log2(f.max_finite)) - f.mantissa_bits) / 2
+    # saturated: the FP32 product |x| * scale the cast rounds would round past max, so the clamp changed
+    # it; the block's own amax lands on max (give or take the scale's FP32 rounding) and does not count
     scaled = x2.abs() * expand_blocks(q.scales, q.block, x2.shape)
-    saturated = float((scaled >= boundary).float().mean())
+    saturated = float(rounds_past_max(scaled, q.fmt).float().mean())
     nonzero = x2 != 0
     flushed = float(((back == 0) & nonzero).sum()) / max(1, int(nonzero.sum()))
     bits = -math.log2(rel) if rel > 0 else math.inf

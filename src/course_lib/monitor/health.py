@@ -4,12 +4,13 @@ overflowing in a format, the alerts they raise, and the monitor that samples the
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..formats import FloatFormat, get_format
+from ..formats import FloatFormat, get_format, rounds_past_max
 from .faults import unwrapped_name
 
 ALERT_KINDS = ("zero_gradients", "underflow", "non_finite_gradient", "non_finite_loss", "scale_collapse",
@@ -50,7 +51,7 @@ class GradientStats:
 
     Shares are of all its values: ``zero`` exactly zero; ``flush`` non-zero but zero once multiplied by the
     scale and rounded to the training dtype; ``subnormal`` landing in that dtype's subnormals; ``overflow``
-    beyond its largest value. ``non_finite``: count of inf/NaN values. ``norm``: L2 norm (of finite ones)."""
+    rounding past its largest value (:func:`course_lib.formats.overflow_boundary`). ``non_finite``: count of inf/NaN values. ``norm``: L2 norm (of finite ones)."""
 
     name: str
     numel: int
@@ -64,9 +65,19 @@ class GradientStats:
 
 def gradient_stats(name: str, grad: torch.Tensor, fmt: str | FloatFormat, scale: float = 1.0) -> GradientStats:
     """Classify the values of ``grad`` (a true gradient) as they would be stored in ``fmt`` after
-    multiplying by ``scale`` (round to nearest even; the same classes as
-    :func:`course_lib.gradients.summarize_underflow`, by comparison with the rounding boundaries, in float64)."""
+    multiplying by ``scale`` (a positive finite number), rounding to nearest even: the classes of
+    :func:`course_lib.gradients.summarize_underflow`, by comparison with the rounding boundaries, in float64.
+    ``fmt`` must be signed (E8M0, unsigned, is refused as there)."""
     return gradient_stats_many([(name, grad)], fmt, scale)[0]
+
+
+def _signed_format(fmt: str | FloatFormat | torch.dtype) -> FloatFormat:
+    f = get_format(fmt)
+    if not f.signed:
+        raise ValueError(f"fmt {f.name!r} is an unsigned format (no sign bit"
+                         f"{'' if f.subnormals else ', no zero'}): it cannot represent signed gradients; "
+                         "use a signed format such as 'FP16' or 'FP8 E4M3'")
+    return f
 
 
 def gradient_stats_many(named: list[tuple[str, torch.Tensor]] | tuple[tuple[str, torch.Tensor], ...],
@@ -75,7 +86,11 @@ def gradient_stats_many(named: list[tuple[str, torch.Tensor]] | tuple[tuple[str,
     host in one transfer per device (one ``tolist()`` of a ``[gradients, 6]`` float64 tensor: five counts,
     exact below 2**53, and the norm), so that a GPU waits for the host once per call, not once per statistic.
     The same arithmetic as one gradient at a time, so the same values bit for bit."""
-    f = get_format(fmt)
+    f = _signed_format(fmt)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number, got {type(scale).__name__} {scale!r}")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
     for name, grad in named:
         if not isinstance(grad, torch.Tensor):
             raise TypeError(f"the gradient of {name!r} must be a tensor, got {type(grad).__name__}")
@@ -111,10 +126,8 @@ def _device_statistics(grads: list[torch.Tensor], f: FloatFormat, scale: float) 
     a, ok = torch.cat(finite_abs), torch.cat(finite)
     x = a * scale
     half_sub = f.min_subnormal / 2                      # at or below: rounds to zero (a tie goes to even, 0)
-    top = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2    # at or above: rounds past max
-    overflow = x >= top if f.has_inf or f.has_nan else torch.zeros_like(x, dtype=torch.bool)
     classes = torch.stack([~ok, ok & (a == 0), (a > 0) & (x <= half_sub),
-                           (x > half_sub) & (x < f.min_normal - half_sub), overflow])
+                           (x > half_sub) & (x < f.min_normal - half_sub), rounds_past_max(x, f)])
     # integer counts: exact in any order of summation
     counts = torch.stack([c.sum(1) for c in classes.split([g.numel() for g in grads], dim=1)])
     return torch.cat([counts.double(), norms[:, None]], 1)
@@ -188,7 +201,7 @@ class GradientHealthMonitor:
         self.params = params
         self._sparse = {unwrapped_name(model, f"{mn}.{pn}" if mn else pn) for mn, m in model.named_modules()
                         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for pn, _ in m.named_parameters(recurse=False)}
-        self.format = get_format(dtype if isinstance(dtype, str) else str(dtype).replace("torch.", ""))
+        self.format = _signed_format(dtype if isinstance(dtype, str) else str(dtype).replace("torch.", ""))
         self.every = every
         self.thresholds = thresholds if thresholds is not None else Thresholds()
         if not isinstance(self.thresholds, Thresholds):

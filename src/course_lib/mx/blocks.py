@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..formats import (encode, get_format, narrow_format, native_cast_agrees, pow2, quantum32, round_magnitude32,
-                       round_to_format)
-from ..fp8 import QuantizationError, as_2d, block_amax, check_finite_amax, resolve_block
+                       round_to_format, rounds_past_max)
+from ..fp8 import QuantizationError, as_2d, block_amax, check_finite_amax, check_nonempty, resolve_block
 
 MX_ELEMENTS = {"e4m3": "FP8 E4M3", "e5m2": "FP8 E5M2", "e2m3": "FP6 E2M3", "e3m2": "FP6 E3M2",
                "e2m1": "FP4 E2M1"}
@@ -158,7 +158,9 @@ class BlockScaling:
         (:func:`course_lib.fp8.casts.on_accelerator`) the checks of the values (inf/NaN, a tensor scale
         whose reciprocal overflows) are queued on the device by :func:`course_lib.fp8.check_finite_amax`
         and fail at a later synchronisation (RuntimeError), where on the CPU they raise ValueError at once."""
-        x2 = as_2d(x, "x").detach().float()
+        given = as_2d(x, "x").detach()
+        check_nonempty(x, "BlockScaling.quantize")
+        x2 = given.float()
         rows, cols = x2.shape
         try:
             block = resolve_block((self.block_rows, self.block), (rows, cols))
@@ -170,7 +172,8 @@ class BlockScaling:
                 "do not change a block's amax) or choose another block size") from None
         amax = block_amax(x2, block)
         check_finite_amax(amax, "the tensor holds inf or NaN: MX and NVFP4 have no way to scale it (an MX block "
-                                "with a NaN gets the NaN scale, every element NaN); find the overflow first")
+                                "with a NaN gets the NaN scale, every element NaN); find the overflow first",
+                          source=given)
         if self.stochastic and generator is None:
             raise ValueError("stochastic rounding needs a torch.Generator (generator=...)")
         f = element_format(self.element)
@@ -249,12 +252,12 @@ class BlockTensor:
 
     @property
     def saturated(self) -> int:
-        """How many elements the clamp changed: scaled beyond the format's max plus half its top spacing
-        (the block's own amax, landing on max give or take a rounding of its scale, does not count)."""
+        """How many elements the clamp changed: scaled values that round past the format's max
+        (:func:`course_lib.formats.overflow_boundary`; the block's own amax, landing on max give or take a
+        rounding of its scale, does not count)."""
         if "saturated" not in self._cache:
             f = element_format(self.scaling.element)
-            boundary = f.max_finite + 2.0 ** (f.max_exponent - f.mantissa_bits) / 2
-            self._cache["saturated"] = int((self._cache.pop("unclamped").abs() >= boundary).sum())
+            self._cache["saturated"] = int(rounds_past_max(self._cache.pop("unclamped").abs(), f).sum())
         return self._cache["saturated"]
 
     def dequantize(self) -> torch.Tensor:
@@ -316,9 +319,10 @@ def block_error(x: torch.Tensor, scaling: BlockScaling, *, label: str | None = N
     non-zero values flushed to zero, effective bits), as :func:`course_lib.fp8.quantization_error` does.
     ``skip_columns``: columns quantised with the rest but left out of the error and flushed share (to see
     what an outlier channel does to the *other* values)."""
-    x2 = as_2d(x, "x").detach().float()
+    x2 = as_2d(x, "x").detach()
     gen = torch.Generator(device=x2.device).manual_seed(0) if scaling.stochastic else None
-    q = scaling.quantize(x2, generator=gen)
+    q = scaling.quantize(x2, generator=gen)     # before the FP32 copy: a float64 value beyond FP32's range is no inf
+    x2 = x2.float()
     back = q.dequantize()
     if skip_columns:
         keep = torch.ones(x2.shape[1], dtype=torch.bool, device=x2.device)
