@@ -2,7 +2,7 @@
 // RCEIL) or NVFP4. quantizeBlock ports course_lib.mx.BlockScaling.quantize operation by operation: the
 // library computes in FP32 (torch), so every FP32 step here is rounded with Math.fround, and the element
 // and scale roundings are codecs.js's. tests/test_widgets_blocks.py checks it against the library bit for bit.
-import { getFormat, roundToFormat, encode, bitString, pow2, binade } from "./codecs.js";
+import { getFormat, roundToFormat, roundsPastMax, encode, bitString, pow2, binade } from "./codecs.js";
 import { make, exact, approx, parseNumber } from "./page.js";
 
 export const BLOCK_SIZE = 32;
@@ -101,13 +101,12 @@ export function quantizeBlock(values, name, outlierIndex = -1) {
     for (let i = 0; i < BLOCK_SIZE; i++) scaled[i] = f32(x[i] * reciprocals[blockOf(i)]);
   }
   const big = f.maxFinite;
-  const boundary = big + pow2(f.maxExponent - f.mantissaBits) / 2;   // beyond it the clamp changes the value
   const elements = scaled.map((s) => roundToFormat(clamp(s, -big, big), f));
   const dequantised = elements.map((e, i) => f32(e * scales[blockOf(i)]));
   return {
     name, spec, outlierIndex, values: x, amaxes, exponents, blockScales, scales, scaleCodes, tensorScale, scaled, elements, dequantised,
     elementCodes: elements.map((e) => encode(e, f)),
-    saturated: scaled.map((s) => Math.abs(s) >= boundary),
+    saturated: scaled.map((s) => roundsPastMax(Math.abs(s), f)),   // where the clamp changes the value
     flushed: x.map((v, i) => v !== 0 && dequantised[i] === 0),
     relativeError: relativeError(x, dequantised, -1),
     otherError: outlierIndex >= 0 ? relativeError(x, dequantised, outlierIndex) : NaN,

@@ -105,7 +105,9 @@ export function roundToFormat(x, fmt, options = {}) {
   }
   const finite = Number.isFinite(x);
   const a = finite ? Math.abs(x) : 0;
-  const quantum = Math.max(binade(a), f.minExponent) - f.mantissaBits;
+  // beyond the largest binade its spacing is kept (a value there still rounds past the largest value), which
+  // keeps 2**-quantum a float64: as round_to_format does
+  const quantum = Math.min(Math.max(binade(a), f.minExponent), f.maxExponent) - f.mantissaBits;
   let r = roundIntegral(a * pow2(-quantum), rounding) * pow2(quantum);
   let beyond;
   if (rounding === "toward_zero" && overflow === "inf") {
@@ -196,6 +198,16 @@ export function neighbours(code, fmt) {
 export function overflowThreshold(fmt) {
   const f = getFormat(fmt);
   return f.maxFinite + pow2(f.maxExponent - f.mantissaBits) / 2;
+}
+
+/** Whether rounding to nearest carries the magnitude `magnitude` past the largest finite value: beyond the
+ *  overflow threshold, or on it when the tie goes up (the largest value's code is odd, as in every format but
+ *  E4M3, or the format rounds ties away). course_lib.formats.rounds_past_max. */
+export function roundsPastMax(magnitude, fmt) {
+  const f = getFormat(fmt);
+  const top = overflowThreshold(f);
+  const tieOver = f.rounding === "nearest_away" || encode(f.maxFinite, f) % 2 === 1;
+  return tieOver ? magnitude >= top : magnitude > top;
 }
 
 /** The rounding bin of code `code` under the format's own rules: the numbers roundToFormat turns into its

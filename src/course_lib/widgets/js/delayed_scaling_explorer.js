@@ -6,7 +6,7 @@
 // previous scale, an FP32 overflow becomes FP32's max, the first step uses 1), as TE's DelayedScaling recipe
 // and nvte_delayed_scaling_recipe_amax_and_scale_update define it. Every product is FP32 as in torch:
 // Math.fround of the exact double product of two float32 values is torch's float32 product.
-import { getFormat, roundToFormat, pow2, binade } from "./codecs.js";
+import { getFormat, roundToFormat, roundsPastMax } from "./codecs.js";
 import { make, approx, percent, parseNumber } from "./page.js";
 import { lineChart } from "./line_chart.js";
 
@@ -23,12 +23,11 @@ export function decodeValues(base64) {
 }
 
 /** quantization_error of one per-tensor cast: x (float32 values) times scale s in FP32, cast to f with
- *  saturation, dequantised with the FP32 inverse scale. saturated: share with |x * s| at or beyond the
- *  largest value plus half its spacing (float32 mean of 0/1: the float32 nearest count / n); flushed: share
+ *  saturation, dequantised with the FP32 inverse scale. saturated: share with |x * s| rounding past the
+ *  largest value (roundsPastMax) (float32 mean of 0/1: the float32 nearest count / n); flushed: share
  *  of the non-zero values that became 0 (float64); error: ||back - x|| / ||x||. torch sums the norms'
  *  float32 squares in float32; here they are summed in float64, so the error agrees to about 1e-6. */
 export function castStats(x, normSquared, s, f) {
-  const boundary = f.maxFinite + pow2(binade(f.maxFinite) - f.mantissaBits) / 2;
   const inverse = Math.fround(1 / s);
   let saturated = 0, flushed = 0, nonzero = 0, errorSquared = 0;
   for (let i = 0; i < x.length; i++) {
@@ -36,7 +35,7 @@ export function castStats(x, normSquared, s, f) {
     const back = Math.fround(roundToFormat(y, f, { overflow: "saturate" }) * inverse);
     const d = Math.fround(back - x[i]);
     errorSquared += d * d;
-    if (Math.abs(y) >= boundary) saturated++;
+    if (roundsPastMax(Math.abs(y), f)) saturated++;
     if (x[i] !== 0) {
       nonzero++;
       if (back === 0) flushed++;

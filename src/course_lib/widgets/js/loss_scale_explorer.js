@@ -4,19 +4,19 @@
 // power-of-two scale. Each cell's two ends are classified here with the codec's rounding, as
 // course_lib.gradients.summarize_underflow classifies every value; the shares are formed as
 // sweep_loss_scale forms them, so they equal Python's to the bit.
-import { getFormat, roundToFormat, pow2 } from "./codecs.js";
+import { getFormat, roundToFormat, roundsPastMax, pow2 } from "./codecs.js";
 import { make, exact, percent } from "./page.js";
 
 export const CLASSES = ["normal", "subnormal", "flushed", "overflow"];
 
 /** What casting |a| * 2^log2Scale to format f does, as summarize_underflow says: "overflow" (beyond the
- *  largest finite value: rounds to inf, or NaN where there is no inf; above the largest value in a format
- *  without either), "flushed" (rounds to zero), "subnormal" or "normal". `a` is a positive magnitude. */
+ *  largest finite value: rounds to inf, or NaN where there is no inf; rounds past the largest value in a
+ *  format without either), "flushed" (rounds to zero), "subnormal" or "normal". `a` is a positive magnitude. */
 export function classify(a, log2Scale, fmt) {
   const f = getFormat(fmt);
   const scaled = a * pow2(log2Scale);   // exact: a power of two only moves the exponent
   const r = roundToFormat(scaled, f, { overflow: f.hasInf ? "inf" : f.hasNan ? "nan" : "saturate" });
-  if (f.hasNan ? !Number.isFinite(r) : scaled > f.maxFinite) return "overflow";
+  if (f.hasNan ? !Number.isFinite(r) : roundsPastMax(scaled, f)) return "overflow";
   if (r === 0) return "flushed";
   return r < f.minNormal ? "subnormal" : "normal";
 }
