@@ -72,6 +72,10 @@ def test_norm_demo_facts_read_the_counts_and_errors():
             "largest error, in autocast(enabled=False)": 1e-7}
     assert A.norm_demo_facts(demo) == {"norm_rows": 8, "norm_square_limit": 256.0, "norm_big_rows": 3, "norm_zeroed": 3,
                                        "norm_err_naive": 2.5, "norm_err_safe": 1e-7}
+    assert A.norm_demo_table(demo).splitlines()[2:] == [
+        "| activations dtype | float16 |", "| rows | 8 |", "| smallest FP16 value whose FP16 square is inf | 256 |",
+        "| rows holding a value of that size or more | 3 |", "| rows the naive norm set to zero | 3 |",
+        "| largest error, naive | 2.5 |", "| largest error, in autocast(enabled=False) | 1e-07 |"]
     with pytest.raises(ValueError, match="lacks rows the naive norm set to zero"):
         A.norm_demo_facts({k: v for k, v in demo.items() if k != "rows the naive norm set to zero"})
 

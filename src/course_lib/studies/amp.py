@@ -99,6 +99,12 @@ def exceptions_table(exceptions: Mapping[str, str]) -> MarkdownTable:
     return markdown_table(["code, run under autocast", "result dtype"], [(f"`{k}`", v) for k, v in exceptions.items()])
 
 
+def norm_demo_table(demo: Mapping[str, object]) -> MarkdownTable:
+    """:func:`~course_lib.amp.sensitive_norm_demo`'s result as a two-column table, errors to three digits."""
+    return markdown_table(["", "value"], [(k, f"{v:.3g}" if isinstance(v, float) and k.startswith("largest error")
+                                           else f"{v:g}" if isinstance(v, float) else v) for k, v in demo.items()])
+
+
 def norm_demo_facts(demo: Mapping[str, object]) -> dict[str, object]:
     """From :func:`~course_lib.amp.sensitive_norm_demo`: its rows (``norm_rows``), the smallest FP16 value
     whose FP16 square overflows (``norm_square_limit``), the rows holding one that large (``norm_big_rows``), the rows the naive norm zeroed (``norm_zeroed``), and
