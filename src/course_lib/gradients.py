@@ -128,15 +128,22 @@ class UnderflowSummary:
         return self.flushed + self.overflow
 
 
-def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale: float = 1.0) -> UnderflowSummary:
-    """Fractions of ``values`` (any float tensor) that are zero, flush, go subnormal or overflow in ``fmt``
-    after multiplying by ``loss_scale`` (computed exactly, in float64). ``fmt`` must be signed: gradients
-    have both signs, and an unsigned scale format such as E8M0 holds neither negatives nor zero."""
+def signed_format(fmt) -> FloatFormat:
+    """The format ``fmt`` names, refused (ValueError) when it is unsigned: gradients have both signs, and an
+    unsigned scale format such as E8M0 holds neither negatives nor zero."""
     f = get_format(fmt)
     if not f.signed:
         raise ValueError(f"fmt {f.name!r} is an unsigned format (no sign bit"
                          f"{'' if f.subnormals else ', no zero'}): it cannot represent signed gradients; "
                          "use a signed format such as 'FP16' or 'FP8 E4M3'")
+    return f
+
+
+def summarize_underflow(values: torch.Tensor, fmt: str | FloatFormat, loss_scale: float = 1.0) -> UnderflowSummary:
+    """Fractions of ``values`` (any float tensor) that are zero, flush, go subnormal or overflow in ``fmt``
+    after multiplying by ``loss_scale`` (computed exactly, in float64). ``fmt`` must be signed: gradients
+    have both signs, and an unsigned scale format such as E8M0 holds neither negatives nor zero."""
+    f = signed_format(fmt)
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"values must be a floating-point torch tensor, got {type(values).__name__}")
     if not values.is_floating_point():

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..formats import FloatFormat, get_format, rounds_past_max
+from ..formats import FloatFormat, rounds_past_max
+from ..gradients import signed_format
 from .faults import unwrapped_name
 
 ALERT_KINDS = ("zero_gradients", "underflow", "non_finite_gradient", "non_finite_loss", "scale_collapse",
@@ -71,22 +72,13 @@ def gradient_stats(name: str, grad: torch.Tensor, fmt: str | FloatFormat, scale:
     return gradient_stats_many([(name, grad)], fmt, scale)[0]
 
 
-def _signed_format(fmt: str | FloatFormat | torch.dtype) -> FloatFormat:
-    f = get_format(fmt)
-    if not f.signed:
-        raise ValueError(f"fmt {f.name!r} is an unsigned format (no sign bit"
-                         f"{'' if f.subnormals else ', no zero'}): it cannot represent signed gradients; "
-                         "use a signed format such as 'FP16' or 'FP8 E4M3'")
-    return f
-
-
 def gradient_stats_many(named: list[tuple[str, torch.Tensor]] | tuple[tuple[str, torch.Tensor], ...],
                         fmt: str | FloatFormat, scale: float = 1.0) -> tuple[GradientStats, ...]:
     """:func:`gradient_stats` of each ``(name, grad)``, computed on the gradients' device and brought to the
     host in one transfer per device (one ``tolist()`` of a ``[gradients, 6]`` float64 tensor: five counts,
     exact below 2**53, and the norm), so that a GPU waits for the host once per call, not once per statistic.
     The same arithmetic as one gradient at a time, so the same values bit for bit."""
-    f = _signed_format(fmt)
+    f = signed_format(fmt)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number, got {type(scale).__name__} {scale!r}")
     if not (scale > 0 and math.isfinite(scale)):
@@ -201,7 +193,7 @@ class GradientHealthMonitor:
         self.params = params
         self._sparse = {unwrapped_name(model, f"{mn}.{pn}" if mn else pn) for mn, m in model.named_modules()
                         if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for pn, _ in m.named_parameters(recurse=False)}
-        self.format = _signed_format(dtype if isinstance(dtype, str) else str(dtype).replace("torch.", ""))
+        self.format = signed_format(dtype if isinstance(dtype, str) else str(dtype).replace("torch.", ""))
         self.every = every
         self.thresholds = thresholds if thresholds is not None else Thresholds()
         if not isinstance(self.thresholds, Thresholds):
