@@ -675,3 +675,33 @@ def test_a_rollback_restores_the_cuda_random_state_of_the_last_good_checkpoint(t
     assert saves[:3] == [0, 2, 4] and run.events[0].step == 5 and run.events[0].rolled_back_to == 4
     assert len(drawn) == len(saves)                        # each checkpoint kept the CUDA states once
     assert [int(t) for t in restored[0]] == [int(t) for t in drawn[2]] == [2, 102]
+
+
+def test_a_fault_that_survives_the_fallback_triggers_the_next_recovery(tmp_path):
+    # a NaN planted in the forward pass is NaN in BF16 too: after the first rollback the same alert
+    # (non-finite loss, no layer) comes again, and must use the second recovery the policy allows
+    from course_lib.train import TrainConfig, TrainState, get_recipe
+
+    setup = _setup(8)
+    model = setup.model(0)
+    mon.plant_fault(model, "blocks.0.fc", "nan", after=3)
+    state = TrainState(model, get_recipe("fp16_autocast_scaler", "cpu"), TrainConfig(steps=8), torch.device("cpu"))
+    watch = mon.GradientHealthMonitor(model, every=1)
+    run = recovery.train_with_recovery(state, setup.sampler, tmp_path / "ck.pt", monitor=watch,
+                                       policy=recovery.RecoveryPolicy(max_recoveries=2, checkpoint_every=1))
+    assert [e.alert.kind for e in run.events] == ["non_finite_loss", "non_finite_loss"]
+    assert [e.recipe for e in run.events] == ["bf16_autocast", "bf16_autocast"]
+    assert run.events[1].step == run.events[0].step == 3   # the fault fires again on the same step
+    # the alert log keeps each: two that were recovered from, and a third with no recovery left
+    assert len(watch.alerts_of("non_finite_loss")) == 3
+
+
+def test_rearm_lets_each_alert_be_raised_again():
+    model = nn.Linear(4, 2)
+    watch = mon.GradientHealthMonitor(model, every=1)
+    watch._alert(0, "non_finite_loss", None, "x")
+    watch._alert(1, "non_finite_loss", None, "x")
+    assert len(watch.alerts) == 1
+    watch.rearm()
+    watch._alert(2, "non_finite_loss", None, "x")
+    assert [a.step for a in watch.alerts] == [0, 2]

@@ -164,8 +164,9 @@ class GradientHealthMonitor:
     scaler, ``torch.bfloat16`` for BF16). ``every``: measure gradients every this many steps (1: every step;
     the run-level checks run every step). ``layers``: parameter names to watch (default: every parameter
     with ``requires_grad``; a name may leave out the ``.module`` segment of a wrapper such as a planted fault,
-    as every name the monitor reports does). Each (kind, layer) alert is raised once, where first seen. Embedding tables are
-    not checked for zero gradients: the rows of tokens absent from a batch are zero by construction.
+    as every name the monitor reports does). Each (kind, layer) alert is raised once, where first seen, until
+    :meth:`rearm` (a run rolled back to a checkpoint is watched afresh). Embedding tables are not checked
+    for zero gradients: the rows of tokens absent from a batch are zero by construction.
 
     ``activations``: also watch the gradient of every ``nn.Linear``'s *output* (named ``"<layer>:grad_output"``).
     Under autocast these are the low-precision tensors of the backward pass, where FP16 underflow happens; a
@@ -225,6 +226,12 @@ class GradientHealthMonitor:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    def rearm(self) -> None:
+        """Forget which alerts were raised and the run of skipped steps, so that each can be raised again
+        (``alerts`` and ``log`` keep what happened). Call it when the run is rolled back to a checkpoint."""
+        self._raised.clear()
+        self._skipped_run = 0
 
     def _alert(self, step: int, kind: str, layer: str | None, message: str) -> None:
         if (kind, layer) not in self._raised:

@@ -42,12 +42,13 @@ def _checkpoint(state) -> dict:
 
 @dataclass(frozen=True)
 class RecoveryPolicy:
-    """What to do when the run goes wrong: on the first alert of a kind in ``triggers``, roll back to the
+    """What to do when the run goes wrong: on an alert of a kind in ``triggers``, roll back to the
     last good checkpoint (model, optimizer, scheduler, the CPU's and, when CUDA is in use, every CUDA
     device's random state; written every ``checkpoint_every`` steps that
     ended finite and not skipped) and continue with the ``fallback`` recipe (BF16's range does not overflow
     where FP16's does), or, with ``keep_fp32`` (module names), continue with the same recipe but those
-    modules computed in FP32. At most ``max_recoveries`` times."""
+    modules computed in FP32. At most ``max_recoveries`` times: after each rollback the monitor is re-armed,
+    so a fault that survives the safer recipe triggers the next recovery."""
 
     fallback: str = "bf16_autocast"
     keep_fp32: tuple[str, ...] = ()
@@ -149,7 +150,7 @@ def train_with_recovery(state, sampler, checkpoint_path: str | Path, *, policy: 
             fresh.step = int(saved["step"])
             restore_rng_states(saved)
             events.append(RecoveryEvent(state.step - 1, fresh.step, triggered[0], label))
-            monitor._skipped_run = 0
+            monitor.rearm()   # the same fault after the rollback must trigger the next recovery
             state = fresh
             continue
         ok = not history.skipped[-1] and math.isfinite(history.losses[-1]) and not triggered
