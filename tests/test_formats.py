@@ -658,6 +658,7 @@ def test_clear_errors_for_bad_input():
     (dict(exponent_bits=11, mantissa_bits=3, specials="fn", overflow="saturate"), "beyond float64"),
     (dict(exponent_bits=11, mantissa_bits=0, specials="finite", overflow="saturate"), "beyond float64"),
     (dict(exponent_bits=11, mantissa_bits=52, subnormals=False), "beyond float64"),
+    (dict(exponent_bits=4, mantissa_bits=3, subnormals=False), "no code for zero"),
 ])
 def test_user_formats_whose_derived_range_would_not_match_their_codes_are_refused(kwargs, match):
     from course_lib.formats import FloatFormat

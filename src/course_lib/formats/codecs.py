@@ -110,6 +110,11 @@ class FloatFormat:
         if self.max_exponent > 1023 or self.min_exponent - self.mantissa_bits < -1074:
             raise ValueError(f"{self.name}: its largest binade or finest spacing lies beyond float64's, in "
                              "which the codecs compute exactly; drop an exponent or mantissa bit")
+        if self.signed and not self.subnormals:
+            raise ValueError(f"{self.name}: a signed format without subnormals has no code for zero (the "
+                             "all-zeros exponent would be its smallest binade, as E8M0's is), yet the codecs "
+                             "round small values to zero; keep subnormals=True (only an unsigned scale "
+                             "format such as E8M0 goes without)")
 
     # ---- layout -------------------------------------------------------------------------------------
     @property
