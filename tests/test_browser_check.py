@@ -55,6 +55,11 @@ PLANTED = {
     "figure_glyph.html": '<div class="output stderr"><pre>UserWarning: Glyph 9989 (\\N{WHITE HEAVY CHECK MARK}) '
                          "missing from font(s) DejaVu Sans.</pre></div>",
     "heavy.html": '<script src="heavy.js"></script><p>A page that loads more than the limit.</p>',
+    # a visible code cell wider than the page scrolls; the same line in a hidden-input cell is the reader's choice
+    "wide_code.html": '<div style="width: 600px"><div class="cell"><div class="cell_input"><pre>x = 1\n'
+                      + "y = compute(" + "argument, " * 12 + ")</pre></div></div>"
+                      '<div class="cell tag_hide-input"><div class="cell_input"><pre>'
+                      + "z = " + "hidden + " * 20 + "</pre></div></div></div>",
 }
 PLANTED_HEAVY_BYTES = bc.PAGE_WEIGHT_LIMIT + 200_000   # one script alone over the limit
 
@@ -146,6 +151,13 @@ def test_requests_off_the_machine_are_blocked_and_fail(planted_results):
     problems = _problems(planted_results, "offline.html")
     assert "blocked request off the machine: http://planted.invalid/figure.png" in problems
     assert "image not loaded" in problems
+
+
+@needs_browser
+def test_a_visible_code_cell_that_scrolls_sideways_fails(planted_results):
+    problems = planted_results["wide_code.html"].problems
+    widest = ("y = compute(" + "argument, " * 12 + ")")[:80]
+    assert problems == [f"a code cell scrolls sideways, widest line: {widest}"], problems
 
 
 @needs_browser

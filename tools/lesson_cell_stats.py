@@ -6,7 +6,9 @@ A cell is *visible* when a reader sees its code without a click: no ``remove-cel
 ``hide-input`` or ``hide-cell`` tag. Lines are non-blank source lines. A statement is *wiring* when it
 glues (``glue(...)``), displays Markdown built in the cell, builds a Markdown table by hand (a string
 holding ``|---`` or starting ``"|``) or builds a sentence in an f-string (a literal part of four words or
-more); all its lines count. The glue share is wiring lines over visible lines.
+more); all its lines count. The glue share is wiring lines over visible lines. A *long* line is wider than
+``WIDTH`` characters, what a code cell of the built book shows at a 1280-px window without scrolling
+sideways (a reader misses what lies beyond, often a comment).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
+WIDTH = 78
 CELL_RE = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 
 
@@ -76,16 +79,22 @@ def cell_lines(source: str) -> tuple[int, int]:
     return len(nonblank), len(wiring & nonblank)
 
 
+def long_lines(source: str, width: int = WIDTH) -> list[str]:
+    """The lines of one cell's source wider than ``width`` characters."""
+    return [line for line in source.split("\n") if len(line) > width]
+
+
 def lesson_stats(path: Path) -> dict:
-    visible = [cell_lines(src) for tags, src in code_cells(path.read_text(encoding="utf-8"))
-               if not tags & HIDDEN_TAGS]
+    sources = [src for tags, src in code_cells(path.read_text(encoding="utf-8")) if not tags & HIDDEN_TAGS]
+    visible = [cell_lines(src) for src in sources]
     lines = [n for n, _ in visible if n]
     total = sum(lines)
     wiring = sum(w for _, w in visible)
     return {"lesson": path.stem, "visible_cells": len(lines),
             "mean_lines": round(statistics.mean(lines), 1) if lines else 0.0,
             "max_lines": max(lines, default=0),
-            "glue_share": round(wiring / total, 3) if total else 0.0}
+            "glue_share": round(wiring / total, 3) if total else 0.0,
+            "long_lines": sum(len(long_lines(src)) for src in sources)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print("| lesson | visible cells | mean lines | max lines | glue share |\n|---|---|---|---|---|")
+    print(f"| lesson | visible cells | mean lines | max lines | glue share | lines over {WIDTH} characters |\n"
+          "|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['lesson']} | {r['visible_cells']} | {r['mean_lines']} | {r['max_lines']} | "
-              f"{r['glue_share']:.0%} |")
+              f"{r['glue_share']:.0%} | {r['long_lines']} |")
     return 0
 
 
