@@ -64,6 +64,59 @@ def test_recorded_underflow_texts_give_the_recorded_table_then_the_provenance():
     )
 
 
+def _summary(fmt, zero=0.0, flushed=0.0):
+    return UnderflowSummary(fmt, 1.0, 100, zero, flushed, 0.0, 0.0)
+
+
+def _zero_stats(qkv_zeros=(0.85, 0.89), fc_zeros=(0.04, 0.44), bf16_fc=0.02):
+    rows = []
+    for i, (q, f) in enumerate(zip(qkv_zeros, fc_zeros)):
+        for layer, zero, bf16 in ((f"blocks.{i}.attn.qkv", q, 0.0), (f"blocks.{i}.attn.proj", 0.0, 0.0),
+                                  (f"blocks.{i}.fc", f, bf16_fc), (f"blocks.{i}.out", 0.0, 0.0)):
+            rows += [S.LayerUnderflow(layer, _summary("FP16", zero, 0.5)),
+                     S.LayerUnderflow(layer, _summary("BF16", zero, bf16))]
+    rows += [S.LayerUnderflow("head", _summary("FP16")), S.LayerUnderflow("head", _summary("BF16"))]
+    overall = {"FP16": _summary("FP16", 0.251, 0.7), "BF16": _summary("BF16", 0.251, 0.0054)}
+    early = S.StepUnderflow({"activation": {"FP16": _summary("FP16", 0.0003)}}, ())
+    return S.UnderflowStatistics((), {0: early, 2999: S.StepUnderflow({"activation": overall}, tuple(rows))})
+
+
+def test_exact_zero_text_places_the_last_steps_zeros_by_kind_of_layer():
+    assert S.exact_zero_text(_zero_stats()) == (
+        "At step 2999 of the recorded run, 25.1% of the activation gradients are exactly zero already in FP32, "
+        "before any cast: they are in the `attn.qkv` layers (85-89% of each one's) and the `fc` layers (4-44% of "
+        "each one's), and `attn.proj`, `out` and `head` hold none. No cast made them: the operation after the "
+        "layer passed back zeros. After `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 "
+        "passes back an exact zero (its Jacobian vanishes); after `fc`, GELU's derivative is exactly zero in "
+        "FP32 far below zero. The record keeps no attention weights or activations, so it cannot say which "
+        "inputs did it. BF16's 0.54% flushed are in the same kinds of layer (`fc`): values too small for "
+        "BF16's smallest subnormal, 9.2e-41, that FP32 holds only as subnormals.")
+    # equal shares print once; nothing flushed in BF16, nothing said of it
+    text = S.exact_zero_text(_zero_stats(qkv_zeros=(0.5, 0.5), fc_zeros=(0.0, 0.0), bf16_fc=0.0))
+    assert "the `attn.qkv` layers (50% of each one's), and `attn.proj`, `fc`, `out` and `head` hold none" in text
+    assert "GELU" not in text and "BF16" not in text
+
+
+def test_exact_zero_text_is_silent_below_its_threshold_and_refuses_bad_input():
+    stats = _zero_stats()
+    assert S.exact_zero_text(stats, at_least=0.3) is None
+    last = stats.steps[2999]
+    few = S.UnderflowStatistics((), {5: S.StepUnderflow({"activation": {"FP16": _summary("FP16", 0.002),
+                                                                        "BF16": _summary("BF16", 0.002)}},
+                                                        last.per_layer_activation)})
+    assert S.exact_zero_text(few) is None
+    with pytest.raises(TypeError, match="UnderflowStatistics"):
+        S.exact_zero_text({"steps": {}})
+    with pytest.raises(ValueError, match="at_least"):
+        S.exact_zero_text(stats, at_least=2)
+
+
+def test_recorded_underflow_texts_add_the_zero_paragraph_after_the_table():
+    texts = S.recorded_underflow_texts([RecordedResult(Record("underflow_statistics", {}, {}, _provenance()),
+                                                       _zero_stats())])
+    assert len(texts) == 3 and texts[1] == S.exact_zero_text(_zero_stats())
+
+
 def test_recorded_underflow_texts_without_a_record_say_so():
     assert S.recorded_underflow_texts([]) == (
         "Recorded GPU runs (`python -m course_lib.record underflow_statistics`):\n\n"

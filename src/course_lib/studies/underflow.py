@@ -12,7 +12,7 @@ import torch
 from ..data import BatchSampler, load_corpus
 from ..device import SizeProfile
 from ..formats import get_format, round_to_format
-from ..glue import Prose
+from ..glue import Prose, and_list
 from ..gradients import (
     UNDERFLOW_FORMATS,
     GradientCapture,
@@ -265,6 +265,60 @@ def capture_facts(run: CapturedTraining) -> dict[str, object]:
     }
 
 
+def _layer_kind(name: str) -> str:
+    """``blocks.3.attn.qkv`` -> ``attn.qkv``; a layer outside the blocks keeps its name."""
+    parts = name.split(".")
+    return ".".join(parts[2:]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else name
+
+
+def _share_range(shares: list[float]) -> str:
+    lo, hi = min(shares) * 100, max(shares) * 100
+    return f"{lo:.0f}%" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}%"
+
+
+def exact_zero_text(stats: UnderflowStatistics, *, at_least: float = 0.01) -> str | None:
+    """A paragraph on the last captured step's activation gradients that are exactly zero before any cast, by
+    kind of layer, when they are at least ``at_least`` of all of them (None otherwise): which layers hold
+    them, what in the model passes back an exact zero there, and which layers hold BF16's flushed values."""
+    if not isinstance(stats, UnderflowStatistics):
+        raise TypeError(f"stats must be UnderflowStatistics, got {type(stats).__name__}")
+    if not 0 <= at_least <= 1:
+        raise ValueError(f"at_least must be a share in [0, 1], got {at_least!r}")
+    step = max(stats.steps)
+    data = stats.steps[step]
+    zero = data.overall["activation"]["FP16"].zero
+    if zero < at_least or zero == 0:
+        return None
+    zeros: dict[str, list[float]] = {}
+    bf16_flushed: set[str] = set()
+    for row in data.per_layer_activation:
+        kind = _layer_kind(row.layer)
+        if row.summary.format == "FP16":
+            zeros.setdefault(kind, []).append(row.summary.zero)
+        elif row.summary.format == "BF16" and row.summary.flushed > 0:
+            bf16_flushed.add(kind)
+    holding = sorted(((k, v) for k, v in zeros.items() if max(v) > 0), key=lambda kv: -max(kv[1]))
+    without = [f"`{k}`" for k in zeros if max(zeros[k]) == 0]
+    where = and_list([f"the `{k}` layers ({_share_range(v)} of each one's)" for k, v in holding])
+    causes = {"attn.qkv": "after `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 passes "
+                          "back an exact zero (its Jacobian vanishes)",
+              "fc": "after `fc`, GELU's derivative is exactly zero in FP32 far below zero"}
+    named = "; ".join(causes[k] for k, _ in holding if k in causes)
+    text = (f"At step {step} of the recorded run, {zero * 100:.1f}% of the activation gradients are exactly zero "
+            f"already in FP32, before any cast: they are in {where}")
+    text += f", and {and_list(without)} hold none. " if without else ". "
+    text += "No cast made them: the operation after the layer passed back zeros. "
+    if named:
+        text += named[0].upper() + named[1:] + ". "
+    text += "The record keeps no attention weights or activations, so it cannot say which inputs did it."
+    bf16 = data.overall["activation"]["BF16"].flushed
+    if bf16 > 0 and bf16_flushed:
+        text += (f" BF16's {bf16 * 100:.2f}% flushed are in the same kinds of layer "
+                 f"({and_list([f'`{k}`' for k in sorted(bf16_flushed)])}): values too small for BF16's smallest "
+                 f"subnormal, {get_format('BF16').min_subnormal:.1e}, that FP32 holds only as subnormals.")
+    return text
+
+
 def recorded_underflow_texts(records: Sequence[RecordedResult]) -> tuple[str, ...]:
     """Markdown to show under the live table: the first recorded ``underflow_statistics`` run's table at full
     size, when there is a record, then the records' provenance."""
@@ -274,6 +328,9 @@ def recorded_underflow_texts(records: Sequence[RecordedResult]) -> tuple[str, ..
             raise TypeError(f"expected recorded UnderflowStatistics, got {type(records[0].result).__name__}")
         table = summary_markdown(records[0].result.summary_rows())
         texts.append(f"The same experiment recorded at full size on **{records[0].label}**:\n\n{table}")
+        zeros = exact_zero_text(records[0].result)
+        if zeros is not None:
+            texts.append(zeros)
     texts.append("Recorded GPU runs (`python -m course_lib.record underflow_statistics`):\n\n"
                  + describe_records(records))
     return tuple(texts)
