@@ -37,6 +37,8 @@ PLANTED = {
     "thrown.html": '<script>throw new Error("planted exception")</script><p>text</p>',
     "raw_tex.html": '<p>Spacing \\(2^{-m-1}\\) and</p><div class="math notranslate">\\[x^2\\]</div>',
     "glue.html": "<p>The loss fell by {glue:text}`loss_drop` percent.</p>",
+    "repr.html": "<p>The head is <strong>&lt;IPython.core.display.Markdown object&gt;</strong> here.</p>"
+                 "<pre>&lt;object object at 0x7f&gt; in code is fine</pre>",
     "quoted_glue.html": "<p>It trains <span class=\"pasted-text\">'6 recipes x 3 seeds'</span>, and "
                         "<span class=\"pasted-text\">0.25</span> of them.</p>",
     "offline.html": '<p><img src="http://planted.invalid/figure.png" alt="remote"></p>',
@@ -138,6 +140,13 @@ def test_raw_tex_and_untypeset_math_fail(planted_results):
 @needs_browser
 def test_unresolved_glue_fails(planted_results):
     assert "unresolved glue in the text" in _problems(planted_results, "glue.html")
+
+
+@needs_browser
+def test_a_python_objects_repr_in_the_text_fails(planted_results):
+    problems = planted_results["repr.html"].problems
+    assert problems == ["a Python object's repr in the text (1x), first: ...The head is "
+                        "<IPython.core.display.Markdown object> here...."], problems
 
 
 @needs_browser

@@ -57,10 +57,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--disable-quic", "--no-first-run", "--disable-sync"]
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 EXPLORER = ".course-explorer"
-# in the page's text, outside code: TeX that MathJax did not typeset, glue or substitutions left unresolved
+# in the page's text, outside code: TeX that MathJax did not typeset, glue or substitutions left unresolved,
+# and a Python object's default repr (a Markdown object glued with {glue:text} instead of {glue:md})
 RAW_TEXT_PATTERNS = {
     "raw TeX": re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$"),
     "unresolved glue": re.compile(r"\{glue(?::\w+)?\}|\{\{\s*\w+\s*\}\}"),
+    "a Python object's repr": re.compile(r"<[\w.]+ object(?: at 0x[0-9a-fA-F]+)?>"),
 }
 # a glued value that is a Python str shows its repr, quotes and all ('6 recipes'): glue it as Markdown (Prose)
 _QUOTED_GLUE_JS = """() => [...document.querySelectorAll('.pasted-text')]
