@@ -1,5 +1,6 @@
 """Lesson 4's facts, phrases, tables and errata, each computed from a result built by hand with known numbers."""
 
+import math
 import types
 
 import pytest
@@ -258,4 +259,10 @@ def test_skip_note_names_the_skipped_steps_and_their_scales():
     assert ("Its loss minus `fp32`'s was +0.300 and +0.200 at steps 2 and 3: a step's loss is measured before its "
             "update, so step 3 is the first to miss the skipped one (`fp16_autocast_no_scaler`, which skipped "
             "nothing: +0.250 and +0.000). A difference at step 2 cannot come from the skip.") in note
-    assert "bf16_autocast" not in note
+    assert "bf16_autocast" not in note and "gradient norms" not in note    # no norms kept: none printed
+    ran.grad_norms, clean.grad_norms = [1.0, 1.0, math.inf, 11.0], [1.0, 1.0, 1.01, 1.0]
+    peer.grad_norms = [1.0, 1.0, 14.5, 1.0]
+    note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran, "fp16_autocast_no_scaler": peer})["recipe_skips"]
+    assert ("A difference at step 2 cannot come from the skip. The unscaled gradient norms at those steps say how "
+            "large the update was: `fp16_autocast_scaler` inf and 11, `fp32` 1.01 and 1 and "
+            "`fp16_autocast_no_scaler` 14.5 and 1 (inf: the overflow that made the skip). A skipped step") in note

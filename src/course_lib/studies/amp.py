@@ -266,7 +266,8 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict
     does to the table's final loss (the last step's, one batch's). For the first skip of each run, where
     ``reference`` ran: its loss minus the reference's at the skipped step (measured before the update it did not
     take) and at the next step (the first loss after it), beside the same two numbers of every run with the
-    same name prefix (``fp16``) that skipped nothing, so that a jump both show is not read as the skip's."""
+    same name prefix (``fp16``) that skipped nothing, so that a jump both show is not read as the skip's; and
+    each of those runs' unscaled gradient norms at the two steps (how large an update the skip left out)."""
     parts = []
     for name, h in histories.items():
         steps = [i for i, s in enumerate(h.skipped) if s]
@@ -287,12 +288,21 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict
             if peers:
                 text += " (" + and_list([f"`{n}`, which skipped nothing: {gaps(r)}" for n, r in peers]) + ")"
             text += f". A difference at step {first} cannot come from the skip"
+            runs = [(name, h), (reference, ref)] + peers
+            if all(len(getattr(r, "grad_norms", ())) > first + 1 for _, r in runs):
+                def norms(run: History) -> str:
+                    return f"{run.grad_norms[first]:.3g} and {run.grad_norms[first + 1]:.3g}"
+                text += (". The unscaled gradient norms at those steps say how large the update was: "
+                         + and_list([f"`{n}` {norms(r)}" for n, r in runs])
+                         + (f" ({h.grad_norms[first]:g}: the overflow that made the skip)"
+                            if not math.isfinite(h.grad_norms[first]) else ""))
         parts.append(text)
     if not parts:
         return {"recipe_skips": Prose("No run skipped a step here.")}
     return {"recipe_skips": Prose(
-        ". ".join(parts) + ". A skipped step is an update not taken, so such a run ends behind the others, and the "
-        "table's final loss, the last step's loss on one batch, can show it.")}
+        ". ".join(parts) + ". A skipped step is an update not taken: where the other runs took a large one there, "
+        "the run that skipped it stays behind until it takes one, and the table's final loss, the last step's "
+        "loss on one batch, can show it.")}
 
 
 def weight_casts(device_type: str, dtype: torch.dtype, *, calls: int = 3) -> tuple[int, int]:
