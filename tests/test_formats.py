@@ -587,6 +587,9 @@ def test_markdown_tables_hold_every_format():
     assert F.properties_markdown(["FP16"], columns="range").splitlines()[:3] == [
         "| format | bits (S/E/M) | bias | max finite | min normal | min subnormal | binades |", "|---|---|---|---|---|---|---|",
         "| FP16 | 16 (1/5/10) | 15 | 65504 | 6.104e-05 | 5.960e-08 | 40.0 |"]
+    # E8M0 has no subnormals: its row says so rather than repeat its smallest normal
+    assert F.properties_markdown(["E8M0"], columns="range").splitlines()[2] == (
+        "| E8M0 | 8 (0/8/0) | 127 | 1.701e+38 | 5.877e-39 | none | 254.0 |")
     assert F.properties_markdown(["BF16"], columns="precision").splitlines()[2] == "| BF16 | 7.812e-03 | 2.41 | 65,280 | yes | yes |"
     with pytest.raises(ValueError, match="columns must be one of"):
         F.properties_markdown(columns="bits")

@@ -172,6 +172,11 @@ def test_exercise_facts_name_exps_dtypes_and_the_master_copys_bytes():
     assert isinstance(facts["ex_exp_cpu"], Prose) and isinstance(facts["ex_exp_cuda"], Prose)
     with pytest.raises(TypeError, match="exp_dtype"):
         A.exercise_facts("bfloat16", LISTS)
+    lists = {**LISTS, "fp32": LISTS["fp32"] | {"pow"}}
+    facts = A.exercise_facts(torch.bfloat16, lists, pow_dtype=torch.float16)
+    assert (facts["ex_pow_cpu"], facts["ex_pow_cuda"]) == ("`torch.float16`", "fp32")
+    with pytest.raises(TypeError, match="pow_dtype"):
+        A.exercise_facts(torch.bfloat16, LISTS, pow_dtype="float16")
 
 
 def test_attention_order_facts_name_what_each_ordering_gave():

@@ -163,7 +163,41 @@ def test_magnitude_facts_place_each_kind_against_fp16():
         "act_max": 6.5,
         "v_median": 2.0 ** (-40 + 2 / 3),   # the 2nd of 4, two thirds into the binade of 3
         "agrad_median": 2.0**-19,           # the 4th of 8, at the top of the binade of 2**-20
+        "agrad_zero": 0.0, "v_zero": 0.0,
     }
+    kinds = _four_kinds()
+    kinds["Adam second moment"] = _hist({-40: 3, -10: 1}, zeros=4, min_nonzero=2.0**-40, max_abs=1.5 * 2.0**-10)
+    facts = S.magnitude_facts(_magnitudes(**kinds))
+    assert facts["v_zero"] == 50.0 and facts["v_below_fp16"] == 87.5   # zeros count as below
+
+
+def test_recorded_magnitude_note_splits_the_gap_between_the_medians():
+    live = _magnitudes(**_four_kinds())                                  # 2 x 64 tokens, median 2**-19
+    kinds = _four_kinds()
+    # the live binades shifted down by 11: the median is 2**-30, a factor 2**11 below; two exact zeros added
+    kinds["activation gradients"] = _hist({-37: 1, -36: 1, -31: 2, -21: 4}, zeros=2, min_nonzero=2.0**-37,
+                                          max_abs=1.5 * 2.0**-21)
+    rec = S.TrainingMagnitudes(histograms=kinds, steps=600, config=GPTConfig(context=128), batch_size=16,
+                               final_loss=1.5, device="cuda:0")                # 16 x 128 tokens: a factor 16
+    note = S.recorded_magnitude_note(live, ("H100", rec))
+    assert note.startswith("The GPU rows of the figure (H100, after 600 steps at full size) sit further down: the "
+                           "median activation gradient is 9.31e-10, 60.0% lie below FP16's smallest subnormal, "
+                           "60.0% round to zero in FP16 and 20.0% are exactly zero already.")
+    assert ("2,048 tokens per batch there against 128 here, a factor of 16, while the medians differ by a factor "
+            "of 2.05e+03; the other differences between the runs") in note
+    same = S.TrainingMagnitudes(histograms=_four_kinds(), steps=600, config=GPTConfig(context=128), batch_size=16,
+                                final_loss=1.5, device="cuda:0")
+    assert S.recorded_magnitude_note(live, ("H100", same)).endswith(
+        "a factor of 16, while the medians differ by a factor of 1: less than the token count alone predicts; the "
+        "other differences between the runs pull the other way.")
+    kinds["activation gradients"] = _hist({-30: 1, -29: 1, -24: 2, -14: 4}, min_nonzero=2.0**-30,
+                                          max_abs=1.5 * 2.0**-14)                  # shifted by 4: a factor 16
+    four = dataclasses.replace(rec, histograms=kinds)
+    assert S.recorded_magnitude_note(live, ("H100", four)).endswith(
+        "a factor of 16: the token count accounts for about all of it.")
+    assert S.recorded_magnitude_note(live, None) == ""
+    with pytest.raises(TypeError, match="TrainingMagnitudes"):
+        S.recorded_magnitude_note(live, ("H100", {"histograms": {}}))
 
 
 def test_magnitude_facts_name_the_missing_kinds():

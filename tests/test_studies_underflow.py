@@ -256,6 +256,27 @@ def test_softmax_matmul_and_activation_facts():
                                                 "act_nonfinite": 12}
 
 
+def test_softmax_and_activation_tables_show_each_form_in_columns():
+    sm = SoftmaxOverflow((1.0, 12.0), (2.718, math.inf), (0.0, math.nan), (1.7e-5, 1.0), (1.7e-5, 1.0),
+                         (1.67e-5, 0.99998), math.nan, 1.67e-5, 11.09)
+    assert S.softmax_table(sm).splitlines() == [
+        "| computed as | x = 1 | x = 12 |", "|---|---|---|",
+        "| exp(x), FP16 | 2.718 | inf |", "| naive exp(x) / sum, FP16 | 0 | nan |",
+        "| exp(x - max) / sum, FP16 | 1.7e-05 | 1 |", "| F.softmax, FP16 | 1.7e-05 | 1 |",
+        "| reference, FP64 | 1.67e-05 | 1 |",
+        "| cross-entropy, naive | nan |  |", "| cross-entropy, F.cross_entropy | 1.67e-05 |  |"]
+    act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0)
+    assert S.activation_overflow_table(act).splitlines()[2:] == [
+        "| largest activation | 200,704 | inf (max 65504) |", "| loss | 5.594 | nan |",
+        "| non-finite output logits | (not counted) | 12 |"]
+    small = S.ActivationOverflow(1000.0, 5.5, 5.5, 0, 65504.0)
+    assert "| largest activation | 1,000 | (not measured) (max 65504) |" in S.activation_overflow_table(small)
+    with pytest.raises(TypeError, match="SoftmaxOverflow"):
+        S.softmax_table(act)
+    with pytest.raises(TypeError, match="ActivationOverflow"):
+        S.activation_overflow_table(sm)
+
+
 # ---- errata and exercises --------------------------------------------------------------------------------------
 
 def _errata(**changes):

@@ -115,7 +115,9 @@ def properties_markdown(formats=None, columns: str = "all") -> MarkdownTable:
     for f in fmts:
         cells = {"bits (S/E/M)": f"{f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits})", "bias": f.bias,
                  "max finite": _num(f.max_finite), "min normal": _num(f.min_normal),
-                 "min subnormal": _num(f.min_subnormal), "binades": f"{f.binades:.1f}", "epsilon": _num(f.epsilon),
+                 # a format without subnormals (E8M0) has none: its min_subnormal is its smallest normal
+                 "min subnormal": _num(f.min_subnormal) if f.subnormals and f.mantissa_bits else "none",
+                 "binades": f"{f.binades:.1f}", "epsilon": _num(f.epsilon),
                  "decimal digits": f"{f.decimal_digits:.2f}", "finite values": f"{f.n_finite_codes:,}",
                  "inf": "yes" if f.has_inf else "no", "NaN": "yes" if f.has_nan else "no"}
         rows.append((f.name, *(cells[c] for c in groups[columns])))

@@ -375,15 +375,23 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
     ]
 
 
-def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None) -> dict[str, object]:
+def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None, *,
+                   pow_dtype: torch.dtype | None = None) -> dict[str, object]:
     """For the exercises: the dtype ``exp`` returned on the CPU (``ex_exp_cpu``), CUDA's policy for ``exp``
     (``ex_exp_cuda``), and the bytes per parameter ``bf16_master`` keeps beyond ``bf16_pure``
-    (``ex_master_extra``)."""
+    (``ex_master_extra``); with ``pow_dtype`` (what ``pow`` of an FP16 autocast output returned on the CPU),
+    that dtype (``ex_pow_cpu``) and CUDA's policy for ``pow`` (``ex_pow_cuda``)."""
     if not isinstance(exp_dtype, torch.dtype):
         raise TypeError(f"exp_dtype must be a torch.dtype, got {type(exp_dtype).__name__}")
-    return {
+    if pow_dtype is not None and not isinstance(pow_dtype, torch.dtype):
+        raise TypeError(f"pow_dtype must be a torch.dtype, got {type(pow_dtype).__name__}")
+    found = None if lists is None else dict(lists)
+    facts: dict[str, object] = {
         "ex_exp_cpu": _code(exp_dtype),
         "ex_master_extra": sum(bytes_per_parameter("bf16_master").values())
         - sum(bytes_per_parameter("bf16_pure").values()),
-        "ex_exp_cuda": Prose(cuda_policy("exp", None if lists is None else dict(lists))),
+        "ex_exp_cuda": Prose(cuda_policy("exp", found)),
     }
+    if pow_dtype is not None:
+        facts.update(ex_pow_cpu=_code(pow_dtype), ex_pow_cuda=Prose(cuda_policy("pow", found)))
+    return facts

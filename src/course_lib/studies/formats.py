@@ -210,7 +210,8 @@ def magnitude_facts(magnitudes: TrainingMagnitudes) -> dict[str, object]:
     kind: activation gradients below FP16's smallest subnormal (``agrad_below_fp16``), below half of it
     (``agrad_flushed_fp16``, they round to zero) and in its subnormal range (``agrad_sub_fp16``); weight
     gradients below its smallest normal (``wgrad_sub_fp16``); Adam's second moment below its smallest
-    subnormal (``v_below_fp16``). Also the largest activation, the medians of the activation gradients and
+    subnormal (``v_below_fp16``); the shares of activation gradients and second-moment entries that are
+    exactly zero (``agrad_zero``, ``v_zero``; zeros count as below every threshold). Also the largest activation, the medians of the activation gradients and
     second moment, the training steps and the last loss (nats per byte)."""
     kinds = ("activations", "activation gradients", "weight gradients", "Adam second moment")
     missing = [k for k in kinds if k not in magnitudes.histograms]
@@ -233,7 +234,47 @@ def magnitude_facts(magnitudes: TrainingMagnitudes) -> dict[str, object]:
         "act_max": hist["activations"].max_abs,
         "v_median": hist["Adam second moment"].quantile(0.5),
         "agrad_median": hist["activation gradients"].quantile(0.5),
+        "agrad_zero": _zero_share(hist["activation gradients"]) * 100,
+        "v_zero": _zero_share(hist["Adam second moment"]) * 100,
     }
+
+
+def _zero_share(h: LogHistogram) -> float:
+    finite = h.total - h.nonfinite
+    return h.zeros / finite if finite else math.nan
+
+
+def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, TrainingMagnitudes] | None) -> Prose:
+    """What the GPU record (``recorded``: ``(label, magnitudes)``, as :func:`recorded_magnitudes_beside` gives,
+    or None) found for the activation gradients against this page's run: its median, the shares below FP16's
+    smallest subnormal, rounded to zero and exactly zero; and how much of the gap between the medians the
+    tokens per batch explain (the loss is a mean over them, so every activation gradient carries a factor of
+    one over their number). Empty without a record."""
+    if recorded is None:
+        return Prose("")
+    label, rec = recorded
+    if not isinstance(live, TrainingMagnitudes) or not isinstance(rec, TrainingMagnitudes):
+        raise TypeError("live and the recorded run must be TrainingMagnitudes")
+    f = magnitude_facts(rec)
+    here, there = live.batch_size * live.config.context, rec.batch_size * rec.config.context
+    token_ratio = there / here
+    median_ratio = magnitude_facts(live)["agrad_median"] / f["agrad_median"]
+    text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps at full size) sit further down: "
+            f"the median activation gradient is {f['agrad_median']:.2e}, {f['agrad_below_fp16']:.1f}% lie below "
+            f"FP16's smallest subnormal, {f['agrad_flushed_fp16']:.1f}% round to zero in FP16 and "
+            f"{f['agrad_zero']:.1f}% are exactly zero already. The loss is a mean over a batch's tokens, so "
+            f"every activation gradient carries a factor of one over their number: {there:,} tokens per batch "
+            f"there against {here:,} here, a factor of {token_ratio:.3g}, while the medians differ by a factor "
+            f"of {median_ratio:.3g}")
+    if median_ratio > 1.5 * token_ratio:
+        text += ("; the other differences between the runs (the model's size, the steps trained) account for "
+                 "the rest.")
+    elif median_ratio * 1.5 >= token_ratio:
+        text += ": the token count accounts for about all of it."
+    else:
+        text += ": less than the token count alone predicts; the other differences between the runs pull the "
+        text += "other way."
+    return Prose(text)
 
 
 # ---- precision -------------------------------------------------------------------------------------------

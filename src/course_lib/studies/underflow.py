@@ -495,6 +495,30 @@ def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
             "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits))}
 
 
+def softmax_table(sm: SoftmaxOverflow) -> MarkdownTable:
+    """Each form of the softmax, one row per form and one column per logit, then the cross-entropies."""
+    if not isinstance(sm, SoftmaxOverflow):
+        raise TypeError(f"sm must be a SoftmaxOverflow, got {type(sm).__name__}")
+    forms = (("exp(x), FP16", sm.exp_fp16), ("naive exp(x) / sum, FP16", sm.naive_fp16),
+             ("exp(x - max) / sum, FP16", sm.max_subtracted_fp16), ("F.softmax, FP16", sm.torch_softmax_fp16),
+             ("reference, FP64", sm.reference_fp64))
+    rows = [(name, *(f"{v:.4g}" for v in values)) for name, values in forms]
+    rows += [("cross-entropy, naive", f"{sm.naive_cross_entropy_fp16:.4g}", *[""] * (len(sm.logits) - 1)),
+             ("cross-entropy, F.cross_entropy", f"{sm.torch_cross_entropy_fp16:.4g}", *[""] * (len(sm.logits) - 1))]
+    return markdown_table(("computed as", *(f"x = {v:g}" for v in sm.logits)), rows)
+
+
+def activation_overflow_table(act: ActivationOverflow) -> MarkdownTable:
+    """The planted-activation model in BF16 and in FP16: its largest activation, loss and non-finite logits."""
+    if not isinstance(act, ActivationOverflow):
+        raise TypeError(f"act must be an ActivationOverflow, got {type(act).__name__}")
+    fp16_largest = "inf" if act.largest_activation_bf16 > act.fp16_max else "(not measured)"
+    return markdown_table(("quantity", "BF16", "FP16"), [
+        ("largest activation", f"{act.largest_activation_bf16:,.0f}", f"{fp16_largest} (max {act.fp16_max:g})"),
+        ("loss", f"{act.loss_bf16:.3f}", f"{act.loss_fp16:g}"),
+        ("non-finite output logits", "(not counted)", f"{act.nonfinite_fp16_outputs:,}")])
+
+
 def matmul_table(mm: MatmulOverflow) -> MarkdownTable:
     """The overflowing dot product's result in each precision it was computed in."""
     return markdown_table(("computed in", "result"), [(k, f"{v:g}") for k, v in mm.results.items()])
