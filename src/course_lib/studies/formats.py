@@ -258,7 +258,7 @@ def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, Train
     f = magnitude_facts(rec)
     here, there = live.batch_size * live.config.context, rec.batch_size * rec.config.context
     token_ratio = there / here
-    median_ratio = magnitude_facts(live)["agrad_median"] / f["agrad_median"]
+    median_ratio = live.histograms["activation gradients"].quantile(0.5) / rec.histograms["activation gradients"].quantile(0.5)
     text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps at full size) sit further down: "
             f"the median activation gradient is {f['agrad_median']:.2e}, {f['agrad_below_fp16']:.1f}% lie below "
             f"FP16's smallest subnormal, {f['agrad_flushed_fp16']:.1f}% round to zero in FP16 and "
