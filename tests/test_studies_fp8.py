@@ -171,17 +171,27 @@ def test_cast_cost_table_and_facts():
                      "| current scaling (amax, then cast) | 4.50 | 2.25 |\n")
     known, current = fp8_studies.KNOWN_SCALE_CAST, fp8_studies.CURRENT_SCALING_CAST
     # the second timing moved the known-scale cast by 10%, current scaling by 2%: noise 10%
-    facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02})
-    phrase = facts.pop("cost_phrase")
+    facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02}, device="cpu")
+    phrase, where, note = facts.pop("cost_phrase"), facts.pop("cost_where"), facts.pop("cost_device_note")
     assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 10.0})
     assert phrase.startswith("takes 1.50 times as long") and "price of the extra pass" in phrase
-    within = fp8_prose.cast_cost_facts({**times, current: 0.00305}, {**times, known: 0.0031})["cost_phrase"]
+    # a CPU timing says so where it is quoted, and that a GPU's cast costs differently
+    assert where == "Here (on this CPU)" and isinstance(where, Prose)
+    assert note.startswith("A GPU's cast is bound by memory bandwidth") and "this CPU timing" in note
+    gpu_run = fp8_prose.cast_cost_facts(times, times, device=torch.device("cuda", 0))
+    assert (gpu_run["cost_where"], gpu_run["cost_device_note"]) == ("Here (on this GPU)", "")
+    assert fp8_prose.cast_cost_facts(times, times, device="mps")["cost_where"] == "Here (on this mps device)"
+    within = fp8_prose.cast_cost_facts({**times, current: 0.00305}, {**times, known: 0.0031},
+                                       device="cpu")["cost_phrase"]
     assert "does not show" in within and "price" not in within
     # faster with the extra pass, beyond the 3% noise: not the pass
-    faster = fp8_prose.cast_cost_facts({**times, current: 0.0027}, {**times, known: 0.0031, current: 0.0027})
+    faster = fp8_prose.cast_cost_facts({**times, current: 0.0027}, {**times, known: 0.0031, current: 0.0027},
+                                       device="cpu")
     assert "cannot cause" in faster["cost_phrase"]
     with pytest.raises(ValueError, match="again lacks"):
-        fp8_prose.cast_cost_facts(times, {})
+        fp8_prose.cast_cost_facts(times, {}, device="cpu")
+    with pytest.raises(ValueError, match="device must name"):
+        fp8_prose.cast_cost_facts(times, times, device=None)
 
 
 def test_time_scaled_casts_times_the_three_casts():
@@ -346,12 +356,9 @@ def test_speedup_facts_with_and_without_a_record():
     facts = fp8_prose.speedup_facts(ESTIMATES, MEASURED, gpu())
     assert facts == {"pred_1k": 0.75, "pred_16k": 2.0, "pred_breakeven": 2048,
                      "pred_crossing": "first passes 1 (1.25) at", "rec_mm_8k": "1.82",
-                     "rec_mm_small": "0.91 and 1.32", "rec_mm_small_verdict": fp8_prose.small_product_verdict(
-                         [0.91, 1.32]),
                      "h100_fp8": 250.0, "h100_bf16_peak": 100.0, "peak_ratio": 2.5}
     none = fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2] + [estimate(16384, 0.9)]}, {}, gpu())
-    assert (none["pred_breakeven"], none["rec_mm_8k"], none["rec_mm_small"]) == (None, "not recorded",
-                                                                                 "(not recorded)")
+    assert (none["pred_breakeven"], none["rec_mm_8k"]) == (None, "not recorded")
     assert none["pred_crossing"] == "stays below 1 up to"
     # the H100's model gives 1.003 at 2048: break-even, not "reaches 1"; 0.995 at 1024 is break-even too
     even = fp8_prose.speedup_facts({"tensorwise": [estimate(512, 0.5), estimate(1024, 0.995), estimate(2048, 1.003),
@@ -369,14 +376,6 @@ def test_crossing_phrase():
     assert fp8_prose.crossing_phrase(None) == "stays below 1 up to"
     with pytest.raises(ValueError, match="below break-even"):
         fp8_prose.crossing_phrase(0.9)
-
-
-def test_small_product_verdict_counts_the_faster_sizes():
-    assert fp8_prose.small_product_verdict([0.91, 1.2, 1.32]).startswith("faster than BF16 at 2 of those 3 sizes")
-    assert "every one" in fp8_prose.small_product_verdict([1.1, 1.2]) and "does not make" in \
-        fp8_prose.small_product_verdict([1.1, 1.2])
-    assert "even the bare product loses" in fp8_prose.small_product_verdict([0.5, 1.0])   # a tie is not faster
-    assert fp8_prose.small_product_verdict([]) == "with no recorded product to compare"
 
 
 def test_roofline_speedups_are_the_roofline_per_variant():
@@ -470,9 +469,9 @@ def test_fp8_errata_rows():
         "either. E5M2 rounds a million to inf. FP8 recipes clamp to ±max before the cast, so none of this reaches a "
         "product.")
     assert rows[4][1] == (
-        "In E4M3 it copes with a lot: a 1,000x outlier channel flushed 12.5% of the other values of the course "
-        "model's activation; it is at 100,000x that 50% go. Per-token scales help little (the outlier section "
-        "above); 1 x 32 tiles do.")
+        "In E4M3 it copes with small outliers only: a 1,000x outlier channel flushed 12.5% of the other values of "
+        "this page's activation; it is at 100,000x that 50.0% go. Per-token scales help little (the outlier "
+        "section above); 1 x 32 tiles do.")
     unrecorded = fp8_prose.fp8_errata_rows(overflow, sweep(), block=32, estimates=ESTIMATES, measured={})
     assert "one recorded H100 product reached nanx;" in unrecorded[1][1]
 

@@ -258,8 +258,8 @@ def training_size(parameters: Mapping[str, object]) -> str:
 
 
 def merge_fp8_training(pieces: Sequence[Fp8Training]) -> Fp8Training:
-    """One :class:`Fp8Training` from pieces recorded a few recipes at a time (a GPU session records one
-    recipe per 10-minute command), newest first: each recipe's curves come from the newest piece that ran it,
+    """One :class:`Fp8Training` from pieces recorded a few recipes at a time (the GPU session records one
+    recipe per step, a few steps to a 10-minute part), newest first: each recipe's curves come from the newest piece that ran it,
     recipes in :data:`FP8_TRAINING_RECIPES` order. The pieces must share seeds, steps and block size."""
     if not pieces:
         raise ValueError("no fp8_training pieces to merge")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..formats import get_format
 from ..fp8.accumulation import AccumulationStudy
 from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
-from ..glue import Prose, and_list, ratio_text
+from ..glue import Prose, and_list, count_word, ratio_text
 from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
@@ -18,11 +18,14 @@ from .fp8 import (
     KNOWN_SCALE_CAST,
     TORCH_CAST,
     Fp8LinearSpeed,
+    Fp8Training,
     LinearTensors,
     OutlierSweep,
     ScalingLab,
     SpikeRun,
 )
+from .fp8_recorded import percent_text
+from .training_prose import BASELINE, loss_differences
 from .fp8_speed import (BF16, BF16_EAGER, BREAK_EVEN, COURSE_EAGER, LAYER_GROUPS, Fp8CompiledSpeed, Fp8LayerProfile,
                         shape_label, speed_class)
 
@@ -149,10 +152,12 @@ def cast_cost_table(times: Mapping[str, float]) -> MarkdownTable:
                                                         for k, v in times.items()])
 
 
-def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float]) -> dict[str, object]:
+def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float], *, device: object) -> dict[str, object]:
     """``cost_current``: current scaling's time over the cast with a known scale in ``times``; ``cost_noise``:
-    how far (%) the same casts' medians in a second timing, ``again``, moved at most; and ``cost_phrase``,
-    the sentence's verb phrase, which counts a difference within that noise as none."""
+    how far (%) the same casts' medians in a second timing, ``again``, moved at most; ``cost_phrase``, the
+    sentence's verb phrase, which counts a difference within that noise as none; ``cost_where``, where the
+    sentence's timing ran ("Here (on this CPU)", from ``device``, a torch device or its name); and
+    ``cost_device_note``: off a GPU, that a GPU's cast costs differently."""
     for name, t in (("times", times), ("again", again)):
         missing = [k for k in (KNOWN_SCALE_CAST, CURRENT_SCALING_CAST) if k not in t]
         if missing:
@@ -171,7 +176,15 @@ def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float]) -> d
     else:
         phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, within the {noise:.0f}% two "
                   "timings of the same cast differed by: on this device the extra pass does not show")
-    return {"cost_current": ratio, "cost_noise": noise, "cost_phrase": Prose(phrase)}
+    kind = str(device).split(":")[0]
+    if not kind or kind == "None":
+        raise ValueError(f"device must name where the casts were timed, got {device!r}")
+    where = {"cpu": "CPU", "cuda": "GPU"}.get(kind, f"{kind} device")
+    note = "" if kind == "cuda" else (
+        "A GPU's cast is bound by memory bandwidth, not by arithmetic, so there the extra pass costs what its extra "
+        f"read of the tensor costs in bandwidth, which this {where} timing does not measure.")
+    return {"cost_current": ratio, "cost_noise": noise, "cost_phrase": Prose(phrase),
+            "cost_where": Prose(f"Here (on this {where})"), "cost_device_note": Prose(note)}
 
 
 def backend_facts(recipe: str, same: bool) -> dict[str, object]:
@@ -193,6 +206,37 @@ def tile_note(block: int, width: int) -> Prose:
 def torchao_agreement(agree: bool) -> Prose:
     """How the course's quantisation compares with torchao's: "bit for bit" or "not exactly" (bold)."""
     return Prose("**bit for bit**" if agree else "**not exactly**")
+
+
+def unscaled_seed_facts(result: Fp8Training, unscaled: str = "unscaled") -> dict[str, object]:
+    """The ``unscaled`` recipe's final loss against BF16's, seed by seed: on which side of BF16 it ended in
+    how many seeds, by how much in each, and whether every gap lies beyond the scaled recipes' (all but BF16
+    and ``unscaled``) in every seed (``train_unscaled_seeds``, a sentence; ``train_unscaled_short``, a
+    clause for the takeaways)."""
+    diffs = loss_differences(result)
+    scaled = [r for r in result.recipes if r not in (BASELINE, unscaled)]
+    if unscaled not in diffs or not scaled:
+        raise ValueError(f"need {unscaled!r} and at least one scaled recipe beside {BASELINE!r}")
+    gaps, n = diffs[unscaled], len(result.seeds)
+    lo, hi = min(min(diffs[r]) for r in scaled), max(max(diffs[r]) for r in scaled)
+    above = sum(g > 0 for g in gaps)
+    every = {1: "its one seed", 2: "both seeds"}.get(n, f"all {count_word(n)} seeds")
+    side = (f"above BF16 in {every}" if above == n else f"below BF16 in {every}" if above == 0 else
+            f"above BF16 in {count_word(above)} of {count_word(n)} seeds")
+    if min(gaps) > hi or max(gaps) < lo:
+        beyond, short = (f"each gap beyond every scaled recipe's in every seed ({lo:+.3f} to {hi:+.3f})",
+                         "beyond every scaled recipe's gap")
+    elif max(gaps) > hi or min(gaps) < lo:
+        beyond, short = (f"only some of these gaps beyond the scaled recipes' range ({lo:+.3f} to {hi:+.3f})",
+                         "only partly beyond the scaled recipes' gaps")
+    else:
+        beyond, short = (f"every gap within the scaled recipes' range ({lo:+.3f} to {hi:+.3f})",
+                         "within the scaled recipes' gaps")
+    seeds = and_list([str(s) for s in result.seeds])
+    seeds = f"seed {seeds}" if n == 1 else f"seeds {seeds} in turn"
+    return {"train_unscaled_seeds": Prose(
+                f"FP8 without scales ended {side}, by {and_list([f'{g:+.3f}' for g in gaps])} ({seeds}): {beyond}."),
+            "train_unscaled_short": Prose(f"unscaled FP8 ended {side}, {short}")}
 
 
 # ---- accumulation and speed ----------------------------------------------------------------------------
@@ -219,10 +263,6 @@ def accumulation_facts(studies: Mapping[str, AccumulationStudy], *, k: int = 409
     return facts
 
 
-def _ratio_range(ratios: Sequence[float], *, missing: str) -> Prose:
-    return Prose(f"{min(ratios):.2f} and {max(ratios):.2f}" if ratios else missing)
-
-
 def product_ratios(measured: Mapping[str, Mapping[int, float]]) -> Mapping[int, float]:
     """The first recorded GPU's FP8/BF16 product ratios by size (``{}`` with none recorded)."""
     return next(iter(measured.values()), {})
@@ -231,8 +271,9 @@ def product_ratios(measured: Mapping[str, Mapping[int, float]]) -> Mapping[int, 
 def speedup_facts(estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
                   measured: Mapping[str, Mapping[int, float]], gpu: GPUPeaks) -> dict[str, object]:
     """The unfused tensorwise roofline's speedup at 1024 and 16384 and the first size where it reaches 1
-    (None if none does); the recorded product's ratio at 8192 and its range up to 2048 (phrases); the GPU's
-    dense FP8 and BF16 peaks (TFLOP/s) and their ratio."""
+    (None if none does); the recorded product's ratio at 8192 (a phrase; its spread and the smaller sizes:
+    :func:`~course_lib.studies.fp8_recorded.small_product_note`); the GPU's dense FP8 and BF16 peaks
+    (TFLOP/s) and their ratio."""
     tw = estimates["tensorwise"]
     at = {e.m: e.speedup for e in tw}
     for n in (1024, 16384):
@@ -247,8 +288,6 @@ def speedup_facts(estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
             "pred_breakeven": crossing.m if crossing else None,
             "pred_crossing": crossing_phrase(crossing.speedup if crossing else None),
             "rec_mm_8k": Prose(f"{rec[8192]:.2f}" if 8192 in rec else "not recorded"),
-            "rec_mm_small": _ratio_range([v for n, v in rec.items() if n <= 2048], missing="(not recorded)"),
-            "rec_mm_small_verdict": small_product_verdict([v for n, v in rec.items() if n <= 2048]),
             "h100_fp8": fp8, "h100_bf16_peak": bf16, "peak_ratio": fp8 / bf16}
 
 
@@ -262,21 +301,6 @@ def crossing_phrase(ratio: float | None) -> Prose:
     if kind == "slower":
         raise ValueError(f"{ratio!r} is below break-even; pass the first ratio that is not")
     return Prose(f"breaks even ({ratio:.2f}) at" if kind == "break-even" else f"first passes 1 ({ratio:.2f}) at")
-
-
-def small_product_verdict(ratios: Sequence[float]) -> Prose:
-    """What recorded FP8-over-BF16 product ratios at small sizes show about the bare product: at how many
-    sizes FP8 was faster, and whether the product alone can explain slow small FP8 layers."""
-    if not ratios:
-        return Prose("with no recorded product to compare")
-    faster = sum(r > 1 for r in ratios)
-    if faster == len(ratios):
-        return Prose("faster than BF16 at every one of those sizes: the bare product does not make small FP8 "
-                     "layers slow")
-    if faster == 0:
-        return Prose("slower than BF16 at every one of those sizes: there even the bare product loses")
-    return Prose(f"faster than BF16 at {faster} of those {len(ratios)} sizes: the bare product alone does not "
-                 "make small FP8 layers slow")
 
 
 def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
@@ -372,14 +396,18 @@ def _fp8_implementations(speed: Fp8CompiledSpeed) -> list[str]:
     return [k for k in speed.linear_s if k not in (BF16, BF16_EAGER)]
 
 
-def compiled_speed_table(speed: Fp8CompiledSpeed) -> MarkdownTable:
+def compiled_speed_table(speed: Fp8CompiledSpeed, columns: str = "all") -> MarkdownTable:
     """Per linear size and for the block: BF16's milliseconds (and eager BF16's, where the course's eager
     layer was compared with it), then each FP8 implementation's speed as a multiple of its BF16 baseline's
     (above 1: faster; two significant figures below 0.1) and the roofline's prediction per recipe ("-": not
-    run)."""
-    fp8s = _fp8_implementations(speed)
-    recipes = list(speed.predicted_linear)
-    bases = [b for b in (BF16, BF16_EAGER) if b in speed.linear_s or b in speed.block_s]
+    run). ``columns``: ``"all"``, ``"measured"`` (the times and ratios) or ``"predicted"`` (the roofline's):
+    two narrower tables that fit a page's width where the whole one does not."""
+    if columns not in ("all", "measured", "predicted"):
+        raise ValueError(f"columns must be 'all', 'measured' or 'predicted', got {columns!r}")
+    measured, predicted = columns != "predicted", columns != "measured"
+    fp8s = _fp8_implementations(speed) if measured else []
+    recipes = list(speed.predicted_linear) if predicted else []
+    bases = [b for b in (BF16, BF16_EAGER) if b in speed.linear_s or b in speed.block_s] if measured else []
 
     def ratio(value: float | None) -> str:
         return ratio_text(value) if value is not None else "-"
@@ -517,6 +545,8 @@ def fp8_pays_takeaway(recorded: Fp8CompiledSpeed | None, label: str = "") -> Pro
 
 # ---- errata and exercises ------------------------------------------------------------------------------
 
+COPES_BELOW = 0.05   # per-tensor scaling "copes" with a 1,000x outlier that flushes less than this share
+
 @dataclass(frozen=True)
 class OverflowCasts:
     """What unscaled casts past a format's largest value give: 1000 to E4M3 (max 448) in torch and in
@@ -531,10 +561,13 @@ class OverflowCasts:
 
 def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
                     estimates: Mapping[str, Sequence[Fp8LinearEstimate]],
-                    measured: Mapping[str, Mapping[int, float]]) -> list[tuple[str, str]]:
+                    measured: Mapping[str, Mapping[int, float]], recorded_sweep: OutlierSweep | None = None,
+                    recorded_where: str = "") -> list[tuple[str, str]]:
     """Lesson 7's errata, (claim, what was measured) pairs: datasheet peaks of the L4, the RTX 4090 and the
     H100; the recorded product ratio at 8192 and the roofline's largest layer; ``overflow``; and the outlier
-    sweep's per-tensor flushing at 1,000x and 100,000x."""
+    sweep's per-tensor flushing at 1,000x and 100,000x, here and, with ``recorded_sweep``, as recorded
+    (``recorded_where``: see :func:`~course_lib.studies.fp8_recorded.record_where`). It "copes with a lot"
+    while a 1,000x outlier flushes under :data:`COPES_BELOW` of the other values in both."""
     l4, rtx, h100 = DATASHEET_PEAKS["L4"], DATASHEET_PEAKS["RTX 4090"], DATASHEET_PEAKS["H100 SXM5"]
     h100_fp8, h100_bf16 = h100.peak("fp8"), h100.peak("bf16")
     if h100_fp8 is None or h100_bf16 is None:
@@ -543,6 +576,13 @@ def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
     rec = product_ratios(measured)
     flushed = sweep.flushed["per tensor, E4M3"]
     i3, i5 = _factor_index(sweep, 1e3), _factor_index(sweep, 1e5)
+    at_1e3, at_1e5, there = flushed[i3], flushed[i5], ("", "")
+    if recorded_sweep is not None:
+        shares = recorded_sweep.flushed["per tensor, E4M3"]
+        r3, r5 = shares[_factor_index(recorded_sweep, 1e3)], shares[_factor_index(recorded_sweep, 1e5)]
+        there = (f" ({percent_text(r3)}% recorded {recorded_where})", f" ({percent_text(r5)}% recorded)")
+        at_1e3 = max(at_1e3, r3)
+    copes = "In E4M3 it copes with a lot" if at_1e3 < COPES_BELOW else "In E4M3 it copes with small outliers only"
     return [
         ("FP8 needs Hopper.",
          f"Ada GPUs (compute capability 8.9) have FP8 tensor cores: the L4's datasheet lists {l4.peak('fp8'):g} "
@@ -565,8 +605,8 @@ def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
          "Transformer Engine's HYBRID and torchao's tensorwise do; torchao's rowwise recipes and DeepSeek-V3 use "
          "E4M3 everywhere, relying on finer scales for range {cite:p}`deepseek2024v3`."),
         ("Per-tensor scaling cannot cope with outlier channels.",
-         f"In E4M3 it copes with a lot: a 1,000x outlier channel flushed {100 * flushed[i3]:.1f}% of the other "
-         f"values of the course model's activation; it is at 100,000x that {100 * flushed[i5]:.0f}% go. "
+         f"{copes}: a 1,000x outlier channel flushed {percent_text(flushed[i3])}% of the other values of this "
+         f"page's activation{there[0]}; it is at 100,000x that {percent_text(at_1e5)}%{there[1]} go. "
          f"Per-token scales help little (the outlier section above); 1 x {block} tiles do."),
     ]
 
