@@ -22,7 +22,9 @@ STOCHASTIC, KAHAN = "BF16, stochastic rounding", "BF16, Kahan-compensated"
 def test_format_facts_read_the_format_tables():
     facts = P.format_facts()
     # BF16 keeps 7 mantissa bits, FP16 10: epsilons 2^-7 and 2^-10
-    assert facts == {"eps_ratio": 8.0, "extra_bits": 3, "half_ulp_lo": 512, "half_ulp_hi": 256, "bf16_mantissa": 7}
+    # FP16's largest finite value: (2 - 2^-10) * 2^15
+    assert facts == {"eps_ratio": 8.0, "extra_bits": 3, "half_ulp_lo": 512, "half_ulp_hi": 256, "bf16_mantissa": 7,
+                     "fmt_fp16_max": 65504.0}
     assert isinstance(facts["eps_ratio"], float) and all(
         isinstance(facts[k], int) for k in ("extra_bits", "half_ulp_lo", "half_ulp_hi", "bf16_mantissa"))
 
@@ -41,7 +43,7 @@ def test_parity_table_shows_mean_spread_and_every_seed():
     table = P.parity_table(_parity())
     assert isinstance(table, MarkdownTable)
     assert table.splitlines() == [
-        "| recipe | final loss (mean of the last 5 steps), mean over seeds | spread (std. dev.) | per seed |",
+        "| recipe | final loss (mean of the last 5 steps), mean over seeds | std. dev. over seeds | per seed |",
         "|---|---|---|---|",
         "| `fp32` | 2.0000 | 1.4142 | 1.0000, 3.0000 |",          # std. dev. sqrt(2)
         "| `bf16_autocast` | 2.1000 | 0.8485 | 1.5000, 2.7000 |"]  # sqrt(0.72)
@@ -73,12 +75,13 @@ def test_recorded_parity_note_has_table_and_both_notes():
     assert isinstance(note, Prose)
     assert note == (
         "On **H100 (sm 9.0)**:\n\n"
-        "| recipe | seeds that ended finite | final loss, mean of those | range |\n|---|---|---|---|\n"
+        "| recipe | seeds that ended finite | final loss, mean of those | range over those seeds (max - min) |\n"
+        "|---|---|---|---|\n"
         "| `fp32` | 3 of 3 | 2.6000 | 0.2000 |\n| `fp16_autocast_scaler` | 1 of 3 | 2.9000 | - |\n"
         "| `fp16_autocast_no_scaler` | 3 of 3 | 3.2000 | 0.2000 |\n\n"
         "At full size, FP16 without a scaler ended finite but behind: every seed's final loss (3.100 to 3.300) is "
-        "above every FP32 seed's (2.500 to 2.700). Unlike the short run above, this gap is larger than the "
-        "spread; {doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a scale. "
+        "above every FP32 seed's (2.500 to 2.700). Unlike the short run above, this gap is larger than either "
+        "recipe's range over seeds; {doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a scale. "
         "Finishing finite is not finishing well.\n\n"
         "At full size, `fp16_autocast_scaler` ended with a NaN loss in 2 of 3 seeds. The loss itself became NaN, "
         "so the forward pass produced non-finite values in FP16; a loss scale acts on the backward pass only and "
@@ -87,7 +90,21 @@ def test_recorded_parity_note_has_table_and_both_notes():
         "cause: the scaler multiplies the loss after the forward pass, and cannot itself make a forward pass overflow. The "
         "two runs had different weights by then: with the gradients FP16 flushes to zero, the unscaled run trains "
         "more slowly, and its activations need not have grown to the values that overflowed. "
-        + forward_nan_where(on_lesson_5=True))
+        + forward_nan_where(on_lesson_5=True) + "\n\n"
+        "The only `fp16_autocast_scaler` seed that ended finite (seed 1 at 2.900, +0.300 from FP32 with the same "
+        "seed) ended above every FP32 seed (2.500 to 2.700). One seed has no spread, so this says that run ended "
+        "behind, not by how much the recipe does.")
+
+
+def test_survivors_behind_note_only_where_every_finite_seed_is_above_fp32():
+    two = _recorded_parity(scaler=(2.8, 2.75, NAN))
+    assert P.survivors_behind_note(two) == (
+        "The 2 `fp16_autocast_scaler` seeds that ended finite (seed 0 at 2.800, +0.300 from FP32 with the same seed "
+        "and seed 1 at 2.750, +0.150 from FP32 with the same seed) ended above every FP32 seed (2.500 to 2.700).")
+    assert P.survivors_behind_note(_recorded_parity(scaler=(NAN, 2.65, NAN))) == ""      # inside FP32's range
+    assert P.survivors_behind_note(_recorded_parity(scaler=(2.8, 2.9, 3.0))) == ""       # no seed failed
+    assert P.survivors_behind_note(_recorded_parity(scaler=(NAN, NAN, NAN))) == ""       # no survivor
+    assert P.survivors_behind_note(_parity()) == ""                                      # no such recipe
 
 
 def test_recorded_parity_notes_are_left_out_when_they_do_not_apply():
@@ -195,9 +212,11 @@ def test_errata_rows_cite_the_datasheet_the_finetuning_and_the_lost_updates():
     assert rows[0][1] == ("The RTX 3090 has compute capability 8.6, with BF16 tensor cores at the same dense rate "
                           "as FP16 (71 against 71 TFLOP/s with FP32 accumulation); the course's rule gives "
                           "`bf16_autocast` for it.")
-    assert rows[1][1] == ("Not when its activations exceed FP16's range: all 2 of 2 steps were skipped above, "
-                          "while BF16 autocast trained every step.")
-    assert rows[2][1] == ("At this learning rate 40.0-50.0% of the weights did not change at a step (average over "
+    assert rows[1][1] == ("Not when its activations exceed FP16's range: on lesson 2's stand-in for such a model "
+                          "(untrained, with one residual channel amplified past FP16's range), all 2 of 2 steps were "
+                          "skipped above, while BF16 autocast ran every step with a finite loss. A real pretrained "
+                          "model need not have such a channel: check its largest activations first (exercise below).")
+    assert rows[2][1] == ("At the stagnation section's learning rate, 0.0003, 40.0-50.0% of the weights did not change at a step (average over "
                           "the last 2 steps) although their update was not zero; see the stagnation section.")
     no_bf16 = GPUPeaks("Old", "7.0", {"fp32": 1.0, "tf32": None, "bf16": None, "fp16": 2.0, "fp8": None}, 100.0, "x")
     with pytest.raises(ValueError, match="Old lacks its BF16 or FP16 peak"):

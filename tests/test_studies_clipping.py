@@ -259,6 +259,16 @@ def test_compare_ranges():
         CP.compare_ranges([], [1.0])
 
 
+def test_range_relation_tells_inside_from_overlapping():
+    assert CP.range_relation([1.1, 1.2], [1.0, 1.2]) == "inside"     # the ends count as inside
+    assert CP.range_relation([1.1, 1.3], [1.0, 1.2]) == "overlapping"
+    assert CP.range_relation([0.9, 1.1], [1.0, 1.2]) == "overlapping"
+    assert CP.range_relation([1.3, 1.4], [1.0, 1.2]) == "above"
+    assert CP.range_relation([0.1, 0.2], [1.0, 1.2]) == "below"
+    with pytest.raises(ValueError, match="at least one"):
+        CP.range_relation([1.0], [])
+
+
 def test_passed_spikes_and_changed_share():
     skipped = {C.GLOBAL_NORM: [[False, False, True, False, False, False, False, True]] * 2}
     step_norms = {C.GLOBAL_NORM: [[1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]] * 2}
@@ -338,10 +348,17 @@ def test_rule_table_and_rule_facts():
     agc = next(line for line in table.splitlines() if line.startswith("| adaptive"))
     assert "| 100% |" in agc
     facts = CP.rule_facts(runs)
+    # global norm (1.1 to 1.3) and per-tensor (1.15 to 1.25) reach above the reference's 1.2: overlapping, not inside
     assert facts["clip_rules_verdict"] == (
-        "Global norm and per-tensor norm ended within the seed range of the runs without spikes; per value "
-        "ended above every seed of the runs without spikes; adaptive (AGC) ended below every seed of the runs "
-        "without spikes.")
+        "Against the runs without spikes (1.000 to 1.200): global norm (1.100 to 1.300; 0.1 above its highest) and "
+        "per-tensor norm (1.150 to 1.250; 0.05 above its highest) overlapped it without lying inside it, a "
+        "difference within seed noise; per value (2.000 to 2.500) ended above every seed of it; adaptive (AGC) "
+        "(0.200 to 0.300) ended below every seed of it.")
+    wider = CP.rule_facts(_runs({**BASE, C.GLOBAL_NORM: (0.9, 1.3)}))["clip_rules_verdict"]
+    assert "global norm (0.900 to 1.300; 0.1 above its highest and 0.1 below its lowest) overlapped" in wider
+    inside = CP.rule_facts(_runs({**BASE, C.GLOBAL_NORM: (1.0, 1.2)}))["clip_rules_verdict"]
+    assert inside == ("Against the runs without spikes (1.000 to 1.200): global norm (1.000 to 1.200) ended inside "
+                      "their seed range.")
     # ranked among the rules that did not end above the reference: AGC below both of the others
     assert facts["clip_rules_ranking"] == ("adaptive (AGC) ended below global norm and adaptive (AGC) ended below "
                                            "per-tensor norm in every seed; any other pair's ranges overlap.")

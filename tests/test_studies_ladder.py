@@ -188,7 +188,9 @@ def test_verdict_says_where_mixed_precision_starts_to_pay_and_where_it_ties():
     assert PROSE.baseline_recipe(ladder) == "tf32"
     assert PROSE.bf16_speedups(ladder)["gpt2_small"] == pytest.approx(1.8)
     text = PROSE.mixed_precision_verdict(ladder)
-    assert "starts to pay at gpt2_small (1.80x)" in text
+    assert "starts to pay at gpt2_small (1.800x)" in text
+    assert ("A rung counts as paying when BF16 is at least 1.1x faster and the two recipes' step-time quartiles do "
+            "not overlap: a gain under 10% is too small") in text
     assert "only ties TF32 (within 1.1x, or within the step-time quartiles) at course_small, course_full" in text
     # a rung that pays, followed by one that does not, is no start
     worse = _synthetic({**ms, ("gpt2_medium", "bf16_autocast"): 250.0})
@@ -208,10 +210,16 @@ def test_the_cpu_page_says_what_ran_and_what_is_predicted(small_ladder):
     assert "FP32 is the baseline" in facts["ladder_verdict"]
     assert "roofline predicts" in facts["ladder_predicted"] and "gpt2_large" in facts["ladder_predicted"]
     table = PROSE.measured_table(small_ladder)
-    assert table.count("\n") == 2 + len(small_ladder.runs) + len(small_ladder.skipped)
-    assert "skipped" in table
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| rung")]
+    assert len(rows) == len(small_ladder.runs) + len(small_ladder.skipped)
+    assert table.startswith("**Eager:**") and "**Compiled:**" not in table     # the small ladder runs eagerly
+    # a skip's reason is a lettered note under the table, not a wide cell
+    for skip in small_ladder.skipped:
+        assert skip.reason not in "\n".join(rows) and f"{skip.reason.rstrip('.')}." in table
     predicted = PROSE.predicted_table(small_ladder, "H200 SXM")
-    assert predicted.count("\n") == 2 + len(LADDER.RUNGS)
+    assert len([line for line in predicted.splitlines() if line.startswith("| ")]) == 1 + len(LADDER.RUNGS)
+    assert "| BF16 = FP16 |" in predicted.splitlines()[0]      # the roofline cannot tell them apart
+    assert "Tokens per step: course_small" in predicted
     assert "python -m course_lib.record scale_ladder" in PROSE.recorded_ladder_block([])
 
 
@@ -236,6 +244,15 @@ def test_plot_draws_measured_marks_only_where_they_were_measured(small_ladder):
     assert len({tuple(line.get_ydata()) for line in dashed}) == len(dashed)
     # lines that nearly agree stay visible: each recipe's line has its own width (and dash)
     assert len({line.get_linewidth() for line in dashed}) == len(dashed)
+
+
+def test_skip_notes_letter_each_distinct_reason_once():
+    letters, notes = PROSE.skip_notes(["no TF32 here.", "FP8 is emulated", "no TF32 here."])
+    assert letters == {"no TF32 here.": "a", "FP8 is emulated": "b"}
+    assert notes == "(a) no TF32 here.\n\n(b) FP8 is emulated."
+    assert PROSE.skip_notes([]) == ({}, "")
+    with pytest.raises(ValueError, match="more than 26"):
+        PROSE.skip_notes([str(i) for i in range(27)])
 
 
 def test_the_ladder_pieces_cover_every_rung_recipe_and_mode_once():
@@ -270,10 +287,15 @@ def test_a_ratio_inside_the_step_time_noise_is_a_tie_and_one_rung_locates_nothin
     one = dataclasses.replace(base, runs=noisy.runs[2:])
     text = PROSE.mixed_precision_verdict(one)
     assert "One rung ran here, so this run cannot say where along the ladder" in text
-    assert "at gpt2_medium BF16 paid (1.92x, step-time quartiles apart)" in text
+    assert "at gpt2_medium BF16 paid (1.923x, step-time quartiles apart)" in text
     one_noisy = dataclasses.replace(base, runs=noisy.runs[:2])
     assert "at gpt2_small BF16 did not pay by 1.1x or more beyond the step-time quartiles" in \
         PROSE.mixed_precision_verdict(one_noisy)
+    # faster beyond the quartiles, but by less than the margin (the CPU page's 1.097x): said with its ratio
+    short = dataclasses.replace(base, runs=(run("gpt2_small", "tf32", (10.9, 10.97, 11.0)),
+                                            run("gpt2_small", "bf16_autocast", (9.9, 10.0, 10.1))))
+    assert ("at gpt2_small BF16 was faster beyond the step-time quartiles, but by 1.097x, short of 1.1x." in
+            PROSE.mixed_precision_verdict(short))
 
 
 def test_the_page_says_which_rungs_it_runs_from_the_registry():

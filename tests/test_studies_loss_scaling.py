@@ -95,9 +95,9 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
     assert isinstance(note, Prose)
     assert note == (
         "The recorded full-size run did not end well. It skipped 1 step before step 2; from step 2 on, its loss "
-        "was NaN (the forward pass itself produced non-finite values in FP16), all 3 of the 3 remaining steps were "
-        "skipped, and the scale halved at each of them down to 1.4e-45, the smallest positive float32 number, "
-        "before reaching zero at step 5; the recorder stops there. Loss scaling protects the backward pass from "
+        "was NaN (the forward pass itself produced non-finite values in FP16) at every step, all 3 of the 3 steps "
+        "from step 2 on were skipped, and the scale halved at each skipped step down to 1.4e-45, the smallest "
+        "positive float32 number, before reaching zero at step 5; the recorder stops there. Loss scaling protects the backward pass from "
         "underflow and overflow; it cannot repair a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
         "same failure over seeds). " + P.forward_nan_where())
     # the caveat points at where the operation is located, and names the suspect without claiming it
@@ -106,9 +106,15 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
     assert P.forward_nan_where(on_lesson_5=True).startswith("The section below, {ref}`fp16-divergence`, trains")
     assert "{doc}`04_amp`" in P.forward_nan_where() and "no verdict on FP16 autocast" in P.forward_nan_where()
     partly = _recording([3.0, math.inf, 2.0], [4.0, 4.0, 2.0], [False, True, False])
-    assert ("from step 1 on, its loss was NaN (the forward pass itself produced non-finite values in FP16), 1 of "
-            "the 2 remaining steps were skipped, and the scale halved at each of them down to 2 before reaching "
-            "zero at step 3;") in P.nan_collapse_note(partly)
+    assert ("from step 1 on, its loss was not finite (the forward pass itself produced non-finite values in FP16) "
+            "at every step but step 2, whose loss was 2 at scale 2\u00b9 and which was not skipped; 1 of the 2 steps "
+            "from step 1 on were skipped, and the scale halved at each skipped step down to 2 before reaching zero "
+            "at step 3;") in P.nan_collapse_note(partly)
+    # a finite step among the NaN ones is named, with its scale and whether it was skipped (the H100 record's 1021)
+    revived = _recording([3.0, math.nan, 2.5, math.nan], [4.0, 2.0, 0.5, 0.5], [False, True, True, True])
+    assert ("its loss was NaN (the forward pass itself produced non-finite values in FP16) at every step but step "
+            "2, whose loss was 2.5 at scale 2\u207b\u00b9 and which was skipped; all 3 of the 3 steps from step 1 "
+            "on were skipped") in P.nan_collapse_note(revived)
 
 
 def _provenance():
@@ -151,6 +157,17 @@ def test_replay_facts_say_whether_the_replay_reproduced_the_recording():
     assert P.replay_facts(same, rec) == {"replay_matches": True}
     other = replay_scale_schedule([math.inf] * 3, init_scale=4.0, growth_interval=3)
     assert P.replay_facts(other, rec) == {"replay_matches": False}
+
+
+def test_what_if_sentence_gives_each_replays_skips_and_final_scale():
+    stream = [math.inf, 3.0, math.inf, math.inf]         # step 1 overflows at a scale of 3 or more
+    traces = {"as recorded": replay_scale_schedule(stream, init_scale=4.0, growth_interval=2),
+              "init 2": replay_scale_schedule(stream, init_scale=2.0, growth_interval=2)}
+    # recorded: 4 (ok), 4 (skip, halves to 2), 2, 2 (two clean steps: grows to 4); from 2: never overflows, grows to 4
+    assert P.what_if_sentence(traces) == ("Over the same 4 steps, the recorded settings skipped 1 step and ended at "
+                                          "2\u00b9; init 2 skipped 0 steps and ended at 2\u00b2.")
+    with pytest.raises(ValueError, match="lack the 'as recorded'"):
+        P.what_if_sentence({"init 2": traces["init 2"]})
 
 
 # ---- static against dynamic ------------------------------------------------------------------------------------
@@ -207,11 +224,22 @@ def test_fidelity_facts_pick_the_best_scale_by_its_worst_error_and_the_plateau_b
     assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2^8",
                      "fid_median_ratio": 0.02 / 0.0015, "fid_within": 25.0, "fid_batches": 2,
                      "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24", "fid_noise": "No FP32 entry was that small here",
-                     "fid_noise_floor": "2\u207b\u00b2\u2074"}
+                     "fid_noise_floor": "2\u207b\u00b2\u2074", "fid_lost_by_scale": "50% at 2^0; 12.5% at 2^8; 0% at 2^16"}
     assert all(isinstance(facts[k], Prose) for k in ("fid_worst_1", "fid_worst_best", "fid_best", "fid_plateau"))
     assert P.fidelity_facts(_fidelity(), within=1.0)["fid_plateau"] == "2^8 and 2^16"   # 2^16's median is lower
     no_overflow = P.fidelity_facts(_fidelity(top_overflows=False))
     assert no_overflow["fid_overflow"] == "none" and no_overflow["fid_plateau"] == "2^8 and 2^16"
+
+
+def test_lost_by_scale_gives_each_scales_largest_share_and_groups_equal_ones():
+    # lost: 2^0 at most 50%, 2^8 12.5%, 2^16 0%; 2^24 overflowed and is left out
+    assert P.lost_by_scale(_fidelity()) == "50% at 2^0; 12.5% at 2^8; 0% at 2^16"
+    assert P.fidelity_facts(_fidelity())["fid_lost_by_scale"] == P.lost_by_scale(_fidelity())
+    same = dataclasses.replace(_fidelity(top_overflows=False))
+    assert P.lost_by_scale(same) == "50% at 2^0; 12.5% at 2^8; 0% at 2^16 and 2^24"
+    every = dataclasses.replace(_fidelity(), overflowed={sc: True for sc in _fidelity().scales})
+    with pytest.raises(ValueError, match="every scale overflowed"):
+        P.lost_by_scale(every)
 
 
 def test_noise_note_names_what_entries_lost_left_out_and_why_a_key_bias_is_noise():
@@ -259,7 +287,7 @@ def _demos():
 
 def test_pitfall_table_says_what_was_caught_raised_and_how_far_the_weights_moved():
     assert P.pitfall_table(_demos()).splitlines() == [
-        "| planted mistake | caught | GradScaler raised | optimizer steps | scheduler steps | weights moved (vs correct) |",
+        "| planted mistake | caught | raised | steps | LR steps | moved / correct |",
         "|---|---|---|---|---|---|",
         "| clip_before_unscale | yes | - | 3 | 3 | 0.125 |",
         "| update_every_microbatch | yes | - | 6 | 3 | 0.25 |",
@@ -274,6 +302,10 @@ def test_pitfall_facts_compare_each_demo_with_the_correct_loop():
     facts = P.pitfall_facts(_demos())
     assert facts == {"clip_ratio": 0.125, "clip_scale_log2": 20, "clip_scale": "2\u00b2\u2070", "sched_ratio": 0.375, "micro_steps": 6,
                      "correct_steps": 3}
+    # the disabled scaler never scales, so its planted overflow never happens: one more step than the correct loop
+    disabled = PitfallDemo("disabled_scaler", (Finding("disabled_scaler", 0, "m"),), None, 4, 4, 2.5, 1.0)
+    with_disabled = P.pitfall_facts([disabled, *_demos()])
+    assert (with_disabled["disabled_steps"], with_disabled["disabled_ratio"]) == (4, 1.25)
     with pytest.raises(ValueError, match="no correct loop"):
         P.pitfall_facts(_demos()[:-1])
     with pytest.raises(ValueError, match="no correct loop"):

@@ -254,7 +254,13 @@ def test_throughput_facts_on_a_cpu_and_on_a_gpu():
                      "mfu_source": "a peak",
                      "throughput_caveat": "These are this machine's ratios only: a CPU has no tensor cores, and its "
                                           "ratios do not transfer to a GPU. The live runs skip `torch.compile` to keep "
-                                          "the page quick; the recorded GPU runs include it."}
+                                          "the page quick; the recorded GPU runs include it. A CPU has no "
+                                          "datasheet peak, and this page uses two measured ones: MFU divides by the "
+                                          "capability probe's product (the one named above), measured once per "
+                                          "process so that every lesson's MFU divides by the same figure, while the "
+                                          "roofline's ceiling is the best product of this page's sweep, the most "
+                                          "this machine reached. A larger product can run faster than the probe's, "
+                                          "so an MFU here can overstate the share of the machine a run used."}
     assert P.throughput_facts(_study(), on_gpu=True)["throughput_caveat"] == (
         "The live runs compile `fp32` with `torch.compile` (one seed, blue in the figure); `python -m "
         "course_lib.gpu_session` records every recipe compiled in the model ladder below.")
@@ -287,15 +293,20 @@ def test_recorded_throughput_note_tabulates_eager_and_compiled_runs():
     note = P.recorded_throughput_note(record)
     assert note == (
         f"Recorded on **{H100_LABEL}** at full size (datasheet dense peaks of H100 SXM5; compiled runs: one seed). "
-        "BF16 autocast runs 2.00 times as many tokens per second as FP32, yet it uses only 20.0% of the BF16 peak "
-        "(each recipe's MFU is against the peak of its own dtype, last column): a model of this size keeps an H100 "
-        "busy with launches and memory-bound operations, not with matrix products.\n\n"
-        "| recipe | compiled | step (ms) | tokens/s | speed-up over FP32 eager | MFU | of peak (TFLOP/s) |\n"
+        "BF16 autocast runs 2.00 times as many tokens per second as FP32, yet it uses only 20.0% of the BF16 peak: "
+        "a model of this size keeps the GPU busy with launches and memory-bound operations, not with matrix "
+        "products. The two MFU columns divide the same FLOP rate by different peaks: each recipe's own dtype's, and "
+        "the dense BF16 peak (2 TFLOP/s) for every recipe, as the ladder below and the literature do. They differ "
+        "by the ratio of the peaks: against its own, lower peak fp32 (eager) has the highest MFU, 40.0%; against "
+        "the one BF16 peak the recipes rank as their token rates do, bf16_autocast (eager) highest at 20.0% and "
+        "FP32 at 10.0%.\n\n"
+        # 1 GFLOP per token: FP32's 200 tokens/s are 40% of its 0.5 TFLOP/s and 10% of BF16's 2
+        "| recipe | compiled | step (ms) | tokens/s | vs FP32 eager | MFU (own peak, TFLOP/s) | MFU (BF16 peak) |\n"
         "|---|---|---|---|---|---|---|\n"
-        "| fp32 | no | 500.0 | 200 | 1.00x | 40.0% | 0.5 |\n"
-        "| fp32 | yes | 400.0 | 250 | 1.25x | 50.0% | 0.5 |\n"
-        "| bf16_autocast | no | 250.0 | 400 | 2.00x | 20.0% | 2 |\n"
-        "| fp16_autocast_scaler | no | 400.0 | 250 | 1.25x | - | - |\n\n" + describe_records([record]))
+        "| fp32 | no | 500.0 | 200 | 1.00x | 40.0% of 0.5 | 10.0% |\n"
+        "| fp32 | yes | 400.0 | 250 | 1.25x | 50.0% of 0.5 | 12.5% |\n"
+        "| bf16_autocast | no | 250.0 | 400 | 2.00x | 20.0% of 2 | 20.0% |\n"
+        "| fp16_autocast_scaler | no | 400.0 | 250 | 1.25x | - | 12.5% |\n\n" + describe_records([record]))
     with pytest.raises(ValueError, match="with a BF16 peak"):
         P.recorded_throughput_note(_record("training_throughput", _study(peaks={"fp32": 0.5})))
 
@@ -323,15 +334,18 @@ def test_target_loss_and_eager_curves_leave_compiled_runs_out():
 def test_time_to_target_facts_and_the_recorded_note():
     facts = P.time_to_target_facts(4.2, {"fp32": [1.234, 2.0], "bf16_autocast": [0.5]})
     caveat = facts.pop("ttt_caveat")
-    assert facts == {"target": 4.2, "ttt": "fp32 1.23 to 2.00 s, bf16_autocast 0.50 to 0.50 s"}
+    # three significant digits, so short CPU times keep their differences
+    assert facts == {"target": 4.2, "ttt": "fp32 1.23 to 2.00 s, bf16_autocast 0.500 to 0.500 s"}
+    assert P.time_to_target_facts(4.2, {"fp32": [0.1504, 0.1538]})["ttt"] == "fp32 0.150 to 0.154 s"
+    assert P.time_to_target_facts(4.2, {"fp32": [123.4]})["ttt"] == "fp32 123 to 123 s"
     assert caveat.startswith(" These are CPU times")
     assert P.time_to_target_facts(4.2, {"fp32": [1.0]}, on_gpu=True)["ttt_caveat"] == ""
     with pytest.raises(ValueError, match="not every run of fp32 reached the target"):
         P.time_to_target_facts(4.2, {"fp32": [1.0, None]})
     # the target, 4.2, is first reached at the fifth step by both: 5 s and 2.5 s
     assert P.recorded_time_to_target_note(_time_study()) == (
-        "On the recorded GPU, to reach 4.200 (eager runs, range over 1 seed): fp32: 5.0 to 5.0 s; "
-        "bf16_autocast: 2.5 to 2.5 s. Compiled runs are left out here: their first steps include compilation, "
+        "On the recorded GPU, to reach 4.200 (eager runs, range over 1 seed): fp32: 5.00 to 5.00 s; "
+        "bf16_autocast: 2.50 to 2.50 s. Compiled runs are left out here: their first steps include compilation, "
         "which a compile cache warmed by the previous recipe shortens, so their times to target are not "
         "comparable with each other.")
 
@@ -361,6 +375,8 @@ def test_cast_verdict_follows_time_and_share():
         return ProfiledStep("r", "cpu", (), total, cast)
     # more cast time and a larger share: the price shows
     assert P.cast_verdict(step(2000, 100), step(2000, 500)).startswith("autocast adds 0.40 ms (20.0 points)")
+    assert P.cast_verdict(step(2000, 100), step(2000, 500)).endswith(
+        "(one profiled step per recipe: a single measurement, with no repeat to show its noise)")
     # more cast time, but a slower step around it: the share did not grow
     assert "share did not" in P.cast_verdict(step(2000, 100), step(20000, 500))
     # no more cast time than FP32's own copies (the reverse a loaded CPU can show): not the price
@@ -502,6 +518,40 @@ def test_slowest_lower_precision_orders_dtypes_by_bits():
     assert E.slowest_lower_precision({"fp32": {8: 1.0}, "fp8": {16: 0.1}}) is None
     with pytest.raises(ValueError, match="unknown matmul dtypes"):
         E.slowest_lower_precision({"int8": {8: 1.0}})
+
+
+def test_launch_bound_and_product_microseconds():
+    sweep = {"fp16": {512: 5.0, 8192: 100.0}, "fp8": {512: 20.0, 8192: 100.0}}
+    assert E.launch_bound(sweep, "fp16", 512) and not E.launch_bound(sweep, "fp8", 512)   # 5% and 20% of best
+    assert not E.launch_bound(sweep, "fp16", 8192)
+    assert E.launch_bound(sweep, "fp8", 512, share=0.25)
+    with pytest.raises(ValueError, match="no fp16 product at n = 64"):
+        E.launch_bound(sweep, "fp16", 64)
+    with pytest.raises(ValueError, match="share"):
+        E.launch_bound(sweep, "fp16", 512, share=1.0)
+    assert E.product_microseconds(1000, 2.0) == pytest.approx(1000.0)      # 2e9 FLOPs at 2e12 FLOP/s: 1 ms
+    with pytest.raises(ValueError, match="tflops must be positive"):
+        E.product_microseconds(8, 0.0)
+
+
+def test_a_gpu_sweeps_launch_bound_gap_is_not_blamed_on_the_bits():
+    # FP8 at 0.6x FP16 at n = 512, where both reach under 10% of their best: launch-bound; at 8192 FP8 wins
+    sweep = {"fp16": {512: 5.0, 8192: 100.0}, "fp8": {512: 3.0, 8192: 180.0}}
+    assert E.slowest_lower_precision(sweep) == ("fp8", "fp16", 512, 0.6)
+    assert E.slowest_lower_precision(sweep, skip_launch_bound=True) is None
+    text = E.lower_precision_erratum(1.0, "this GPU", {"recorded X": sweep}, {})
+    assert text.startswith(
+        "In the recorded X sweep, FP8 E4M3 (_scaled_mm) ran at 0.60 times the throughput of FP16 at n = 512, but at "
+        "that size the products compared are launch-bound (under 10% of their dtype's best throughput in the sweep): "
+        "fixed per-call costs, not the bits, set their times (FP16 53.7 µs and FP8 E4M3 (_scaled_mm) 89.5 µs per "
+        "product). Between products that were not launch-bound, fewer bits were never slower.")
+    # a compute-bound gap elsewhere is named after the launch-bound one
+    slower = {"fp16": {512: 5.0, 8192: 100.0}, "fp8": {512: 3.0, 8192: 80.0}}
+    assert ("Between products that were not launch-bound, FP8 E4M3 (_scaled_mm) ran furthest below FP16 at "
+            "n = 8192, at 0.80 times its throughput.") in E.lower_precision_erratum(1.0, "this GPU",
+                                                                                   {"recorded X": slower}, {})
+    # a CPU's live sweep has no launches to blame: its gap is reported as measured
+    assert "fewer bits, slower product" in E.lower_precision_erratum(1.0, "this CPU", {"live": slower}, {})
 
 
 def test_lower_precision_erratum_says_when_a_sweep_never_slows():

@@ -34,8 +34,8 @@ def test_precision_phrase_says_same_bits_or_the_difference():
         T.precision_phrase({"high": 0.0})
 
 
-def _run(recipe, seconds, compiled=False):
-    return RecipeRun(recipe, 0, compiled, (3.0, 2.0), (1.0, seconds, seconds), 100, 1)
+def _run(recipe, seconds, compiled=False, seed=0):
+    return RecipeRun(recipe, seed, compiled, (3.0, 2.0), (1.0, seconds, seconds), 100, 1)
 
 
 def _record(runs):
@@ -51,8 +51,17 @@ def test_tf32_recorded_note_calls_a_tie_a_tie():
                    _run("tf32", 0.2, True), _run("bf16_autocast", 0.125, True)])
     note = T.tf32_recorded_note(rec)
     assert note.startswith(f"On the recorded **{rec.label}**, TF32 alone ran 2.00 times as many tokens")
-    assert "; eager, BF16 autocast tied TF32 (1.01x its token rate); compiled, BF16 autocast was faster than TF32 " \
-           "(1.60x its token rate)." in note
+    assert "; eager, BF16 autocast tied TF32 (1.01x its token rate; one seed per recipe, so no seed noise was " \
+           "measured for it); compiled, BF16 autocast was faster than TF32 (1.60x its token rate; one seed per " \
+           "recipe, so no seed noise was measured for it)." in note
+    # three seeds eager, one compiled (the H100 record's shape): each ratio says what stands behind it
+    three = _record([_run("fp32", 0.5), *(_run("tf32", 0.25, seed=s) for s in range(3)),
+                     *(_run("bf16_autocast", 0.2, seed=s) for s in range(3)),
+                     _run("tf32", 0.2, True), _run("bf16_autocast", 0.125, True)])
+    assert "(1.25x its token rate; medians over 3 seeds per recipe)" in T.tf32_recorded_note(three)
+    assert "(1.60x its token rate; one seed per recipe" in T.tf32_recorded_note(three)
+    mixed = _record([_run("fp32", 0.5), _run("tf32", 0.25), _run("tf32", 0.25, seed=1), _run("bf16_autocast", 0.2)])
+    assert "medians over 2 and 1 seeds: one seed has no seed noise measured)" in T.tf32_recorded_note(mixed)
     assert T.tf32_recorded_note(_record([_run("fp32", 0.5), _run("bf16_autocast", 0.25)])) == ""
     with pytest.raises(ValueError, match="tie must lie"):
         T.tf32_recorded_note(rec, tie=1.0)

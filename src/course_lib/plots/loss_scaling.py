@@ -91,7 +91,7 @@ def plot_clipping_runs(runs, rules=None, *, reference: str | None = None) -> Fig
     unknown = [r for r in rules if r not in runs.rules] + ([reference] if reference not in (None, *runs.rules) else [])
     if unknown or not rules:
         raise ValueError(f"rules must be a non-empty selection of {', '.join(runs.rules)}; unknown: {unknown}")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [1.5, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.8), gridspec_kw={"width_ratios": [1.5, 1]})
     # Okabe-Ito, without the yellow that thin lines and dots lose on white; by position, so that a rule keeps
     # its colour in a figure of the first few rules
     palette = ["#0072B2", "#CC79A7", "#E69F00", "#56B4E9", "#009E73", "#882255", "#D55E00"]
@@ -121,7 +121,8 @@ def plot_clipping_runs(runs, rules=None, *, reference: str | None = None) -> Fig
     left.set_ylabel("training loss (MSE)")
     left.set_title("Loss per step (line: mean over seeds; band: range)", fontsize=10)
     left.grid(alpha=0.3)
-    left.legend(fontsize=7.5, loc="upper left")
+    # under the panels, in type as large as the axes', so that it stays legible at page width
+    fig.legend(*left.get_legend_handles_labels(), fontsize=10, loc="lower center", ncol=3, frameon=False)
     if reference is not None:
         ref = runs.finals[reference]
         right.axvspan(min(ref), max(ref), color="#777777", alpha=0.2, lw=0)

@@ -106,9 +106,12 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
 
 def plot_throughput(panels: dict) -> Figure:
     """Tokens per second per recipe (median over seeds, bar) with the seeds' range (error bar); one panel
-    per device. ``panels``: ``{title: [row, ...]}`` with rows as :meth:`ThroughputStudy.table` gives."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
-    for ax, (title, rows) in zip(axes[0], panels.items()):
+    per device. ``panels``: ``{title: [row, ...]}`` with rows as :meth:`ThroughputStudy.table` gives.
+    Panels are stacked, each as tall as its rows need, so that the labels stay legible at page width."""
+    heights = [max(2, len(rows)) for rows in panels.values()]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 1.2 + 0.45 * sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (title, rows) in zip(axes[:, 0], panels.items()):
         labels = [r["recipe"] + (" + compile" if r["compiled"] else "") for r in rows]
         values = np.array([r["tokens_per_s"] / 1e3 for r in rows])
         if all("tokens_per_s_range" in r for r in rows):
@@ -127,7 +130,7 @@ def plot_throughput(panels: dict) -> Figure:
             ax.errorbar(values[ranged], y[ranged], fmt="none", ecolor="#000000", capsize=3, elinewidth=1,
                         xerr=[np.clip(values - lo, 0, None)[ranged], np.clip(hi - values, 0, None)[ranged]])
         ax.set_yticks(y, [f"{label} (1 seed)" if not one else label for label, one in zip(labels, ranged)],
-                      fontsize=8)
+                      fontsize=10)
         ax.invert_yaxis()
         ax.set_xlabel("thousand tokens/s (median; whiskers: range over seeds)")
         ax.set_title(title, fontsize=10)

@@ -24,10 +24,12 @@ NEAREST = UPDATE_LABELS["nearest"]
 def format_facts() -> dict[str, object]:
     """BF16 against FP16 from the format tables: how much coarser BF16's epsilon is (``eps_ratio``), how
     many more mantissa bits FP16 keeps, BF16's mantissa bits, and the range 1/2^(m+2) to 1/2^(m+1) (as the
-    denominators ``half_ulp_lo``, ``half_ulp_hi``) of an update, relative to the weight, that rounds away."""
+    denominators ``half_ulp_lo``, ``half_ulp_hi``) of an update, relative to the weight, that rounds away,
+    and FP16's largest finite value (``fmt_fp16_max``), above which a value overflows to inf."""
     bf16, fp16 = get_format("BF16"), get_format("FP16")
     return {"eps_ratio": bf16.epsilon / fp16.epsilon,
             "extra_bits": fp16.mantissa_bits - bf16.mantissa_bits,
+            "fmt_fp16_max": fp16.max_finite,
             "half_ulp_lo": 2 ** (bf16.mantissa_bits + 2),
             "half_ulp_hi": 2 ** (bf16.mantissa_bits + 1),
             "bf16_mantissa": bf16.mantissa_bits}
@@ -52,7 +54,7 @@ def parity_table(parity: Parity) -> MarkdownTable:
     """Per recipe: the mean final loss over seeds, its sample standard deviation and each seed's value."""
     return markdown_table(
         ("recipe", f"final loss (mean of the last {parity.final_steps} steps), mean over seeds",
-         "spread (std. dev.)", "per seed"),
+         "std. dev. over seeds", "per seed"),
         [(f"`{r}`", f"{parity.mean(r):.4f}", f"{parity.spread(r):.4f}",
           ", ".join(f"{v:.4f}" for v in parity.final_losses[r])) for r in parity.recipes])
 
@@ -88,7 +90,8 @@ def recorded_parity_table(parity: Parity) -> MarkdownTable:
         f = finite[r]
         rows.append((f"`{r}`", f"{len(f)} of {len(parity.final_losses[r])}",
                      f"{sum(f) / len(f):.4f}" if f else "-", f"{max(f) - min(f):.4f}" if len(f) > 1 else "-"))
-    return markdown_table(("recipe", "seeds that ended finite", "final loss, mean of those", "range"), rows)
+    return markdown_table(("recipe", "seeds that ended finite", "final loss, mean of those",
+                           "range over those seeds (max - min)"), rows)
 
 
 def fp16_behind_note(parity: Parity) -> Prose:
@@ -100,9 +103,29 @@ def fp16_behind_note(parity: Parity) -> Prose:
         return Prose("")
     return Prose(f"At full size, FP16 without a scaler ended finite but behind: every seed's final loss "
                  f"({min(f16):.3f} to {max(f16):.3f}) is above every FP32 seed's ({min(f32):.3f} to "
-                 f"{max(f32):.3f}). Unlike the short run above, this gap is larger than the spread; "
+                 f"{max(f32):.3f}). Unlike the short run above, this gap is larger than either recipe's range over seeds; "
                  "{doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a "
                  "scale. Finishing finite is not finishing well.")
+
+
+def survivors_behind_note(parity: Parity, recipe: str = "fp16_autocast_scaler") -> Prose:
+    """For a ``recipe`` some of whose seeds ended non-finite: where the seeds that ended finite stand against
+    FP32, when every one of them ended above every finite FP32 seed (each named, with its gap to FP32 on the
+    same seed), and that a single survivor has no spread; empty otherwise."""
+    finite = finite_final_losses(parity)
+    if recipe not in finite or "fp32" not in finite:
+        return Prose("")
+    f32, survivors = finite["fp32"], finite[recipe]
+    if not f32 or not survivors or len(survivors) == len(parity.final_losses[recipe]) or not min(survivors) > max(f32):
+        return Prose("")
+    named = [(seed, v, parity.final_losses["fp32"][i]) for i, (seed, v) in
+             enumerate(zip(parity.seeds, parity.final_losses[recipe])) if math.isfinite(v)]
+    listed = and_list([f"seed {seed} at {v:.3f}, {v - ref:+.3f} from FP32 with the same seed" for seed, v, ref in named])
+    which = (f"The only `{recipe}` seed that ended finite" if len(named) == 1 else
+             f"The {len(named)} `{recipe}` seeds that ended finite")
+    caveat = (" One seed has no spread, so this says that run ended behind, not by how much the recipe does."
+              if len(named) == 1 else "")
+    return Prose(f"{which} ({listed}) ended above every FP32 seed ({min(f32):.3f} to {max(f32):.3f}).{caveat}")
 
 
 def nan_seeds_note(parity: Parity) -> Prose:
@@ -131,7 +154,7 @@ def nan_seeds_note(parity: Parity) -> Prose:
 def recorded_parity_note(parity: Parity, label: str) -> Prose:
     """A recorded parity run on ``label`` (the hardware): its table, then the notes that apply to it."""
     parts = [f"On **{label}**:\n\n" + recorded_parity_table(parity).rstrip("\n"),
-             fp16_behind_note(parity), nan_seeds_note(parity)]
+             fp16_behind_note(parity), nan_seeds_note(parity), survivors_behind_note(parity)]
     return Prose("\n\n".join(p for p in parts if p))
 
 
@@ -273,10 +296,13 @@ def bf16_errata_rows(rtx3090: GPUPeaks, advice_3090: Advice, ft: FP16FineTune, u
          f"dense rate as FP16 ({bf16_peak:g} against {fp16_peak:g} TFLOP/s with FP32 "
          f"accumulation); the course's rule gives `{advice_3090.recipe}` for it."),
         ("A BF16 model can be fine-tuned in FP16 with a GradScaler.",
-         f"Not when its activations exceed FP16's range: all {sum(ft.skipped)} of {len(ft.losses)} steps were "
-         f"skipped above, while BF16 autocast trained every step."),
+         f"Not when its activations exceed FP16's range: on lesson 2's stand-in for such a model (untrained, with "
+         f"one residual channel amplified past FP16's range), all {sum(ft.skipped)} of {len(ft.losses)} steps "
+         f"were skipped above, while BF16 autocast ran every step with a finite loss. A real pretrained model need "
+         f"not have such a channel: check its largest activations first (exercise below)."),
         ("Pure BF16 training (no FP32 copy of the weights) loses nothing.",
-         f"At this learning rate {100 * min(lost):.1f}-{100 * max(lost):.1f}% of the weights did "
+         f"At the stagnation section's learning rate, {updates.lr:g}, {100 * min(lost):.1f}-{100 * max(lost):.1f}% "
+         f"of the weights did "
          f"not change at a step (average over the last {tail} steps) although their update was not zero; see the "
          f"stagnation section."),
     ]

@@ -47,6 +47,21 @@ def compare_ranges(values: Sequence[float], reference: Sequence[float]) -> str:
     return "within"
 
 
+def range_relation(values: Sequence[float], reference: Sequence[float]) -> str:
+    """Where ``values`` lie against ``reference`` over seeds: ``"above"`` or ``"below"`` every reference
+    value (:func:`compare_ranges`), ``"inside"`` its range (lowest to highest, ends included), or else
+    ``"overlapping"``: the ranges share values but some value lies outside the reference's range."""
+    verdict = compare_ranges(values, reference)
+    if verdict != "within":
+        return verdict
+    lo, hi = min(reference), max(reference)
+    return "inside" if all(lo <= v <= hi for v in values) else "overlapping"
+
+
+def _range_text(values: Sequence[float]) -> str:
+    return f"{min(values):.3f} to {max(values):.3f}"
+
+
 def _require(runs: SpikyRuns, *rules: str) -> None:
     missing = [r for r in rules if r not in runs.rules]
     if missing:
@@ -178,23 +193,38 @@ def ranking_phrase(finals: Mapping[str, Sequence[float]]) -> Prose:
 
 def rule_facts(runs: SpikyRuns) -> dict[str, object]:
     """Part three's facts: each clipping rule's final loss against the runs without spikes
-    (``clip_rules_verdict``, grouped as within, above or below their seed range), whether the seeds rank
-    the rules that did not end above it (``clip_rules_ranking``), the largest gradient
-    norm per-value clipping stepped on at a spike against global-norm clipping's threshold, and the share
-    of ordinary steps AGC changed."""
+    (``clip_rules_verdict``, grouped as inside, overlapping, above or below their seed range, by
+    :func:`range_relation`, each with its range), whether the seeds rank the rules that did not end above
+    it (``clip_rules_ranking``), the largest gradient norm per-value clipping stepped on at a spike against
+    global-norm clipping's threshold, and the share of ordinary steps AGC changed."""
     _require(runs, NO_SPIKES)
-    groups: dict[str, list[str]] = {"within": [], "above": [], "below": []}
+    ref = runs.finals[NO_SPIKES]
+    groups: dict[str, list[str]] = {"inside": [], "overlapping": [], "above": [], "below": []}
     for rule in runs.rules:
         if rule not in (NO_SPIKES, NO_CLIPPING):
-            groups[compare_ranges(runs.finals[rule], runs.finals[NO_SPIKES])].append(rule)
+            groups[range_relation(runs.finals[rule], ref)].append(rule)
     if not any(groups.values()):
         raise ValueError("the runs hold no clipping rule to compare")
-    said = {"within": "within the seed range of the runs without spikes",
-            "above": "above every seed of the runs without spikes",
-            "below": "below every seed of the runs without spikes"}
-    text = "; ".join(f"{and_list(rules)} ended {said[k]}" for k, rules in groups.items() if rules) + "."
-    facts: dict[str, object] = {"clip_rules_verdict": Prose(text[0].upper() + text[1:]), "clip_rules_ranking":
-                                ranking_phrase({r: runs.finals[r] for r in groups["within"] + groups["below"]})}
+
+    def outside(rule: str) -> str:
+        # how far an overlapping rule's seeds reach past the reference's range: the 3-decimal ranges can hide it
+        values = runs.finals[rule]
+        parts = ([f"{max(values) - max(ref):.2g} above its highest"] if max(values) > max(ref) else []) + (
+            [f"{min(ref) - min(values):.2g} below its lowest"] if min(values) < min(ref) else [])
+        return "; " + " and ".join(parts)
+
+    def listed(rules: list[str], group: str) -> str:
+        return and_list([f"{rule} ({_range_text(runs.finals[rule])}"
+                         f"{outside(rule) if group == 'overlapping' else ''})" for rule in rules])
+
+    said = {"inside": "ended inside their seed range",
+            "overlapping": "overlapped it without lying inside it, a difference within seed noise",
+            "above": "ended above every seed of it", "below": "ended below every seed of it"}
+    text = (f"Against the runs without spikes ({_range_text(ref)}): "
+            + "; ".join(f"{listed(rules, k)} {said[k]}" for k, rules in groups.items() if rules) + ".")
+    kept = groups["inside"] + groups["overlapping"] + groups["below"]
+    facts: dict[str, object] = {"clip_rules_verdict": Prose(text), "clip_rules_ranking":
+                                ranking_phrase({r: runs.finals[r] for r in kept})}
     if PER_VALUE in runs.rules:
         at = [runs.step_norms[PER_VALUE][i][s] for i in range(len(runs.seeds))
               for s in runs.passed_spikes(PER_VALUE, i)]

@@ -57,8 +57,11 @@ def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, marg
     mode = "compiled" if compiled else "eager"
     if not ratios:
         return Prose(f"No rung ran both BF16 autocast and {base} ({mode}) on {ladder.device_name}.")
-    listed = ", ".join(f"{rung} {r:.2f}x" for rung, r in ratios.items())
-    text = f"Measured on {ladder.device_name} ({mode}), BF16 autocast's speed over {base}'s: {listed}."
+    listed = ", ".join(f"{rung} {r:.3f}x" for rung, r in ratios.items())
+    text = (f"Measured on {ladder.device_name} ({mode}), BF16 autocast's speed over {base}'s: {listed}. A rung "
+            f"counts as paying when BF16 is at least {margin:g}x faster and the two recipes' step-time quartiles "
+            f"do not overlap: a gain under {100 * (margin - 1):.0f}% is too small to be worth a change of recipe, "
+            f"and one inside the quartiles is not told apart from the step-to-step noise.")
     names = list(ratios)
     # a ratio counts only where the two recipes' step-time quartiles do not overlap: otherwise it is noise
     apart = {n: _quartiles_apart(ladder.run_of(n, baseline_recipe(ladder), compiled),
@@ -70,15 +73,17 @@ def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, marg
     if len(names) == 1:
         one = names[0]
         text += (" One rung ran here, so this run cannot say where along the ladder mixed precision starts "
-                 "to pay: " + (f"at {one} BF16 paid ({ratios[one]:.2f}x, step-time quartiles apart)." if pays[one]
+                 "to pay: " + (f"at {one} BF16 paid ({ratios[one]:.3f}x, step-time quartiles apart)." if pays[one]
                                else f"at {one} BF16 was slower than {base}, beyond the step-time quartiles."
-                               if one in loses else f"at {one} BF16 did not pay by {margin:g}x or more beyond the "
-                               "step-time quartiles."))
+                               if one in loses else
+                               f"at {one} BF16 was faster beyond the step-time quartiles, but by {ratios[one]:.3f}x, "
+                               f"short of {margin:g}x." if apart[one] and ratios[one] > 1 else
+                               f"at {one} BF16 did not pay by {margin:g}x or more beyond the step-time quartiles."))
         ties = loses = []
     elif start is None:
         text += f" Mixed precision does not pay at any rung measured here (by {margin:g}x or more, beyond noise)."
     else:
-        text += f" Mixed precision starts to pay at {names[start]} ({ratios[names[start]]:.2f}x)."
+        text += f" Mixed precision starts to pay at {names[start]} ({ratios[names[start]]:.3f}x)."
     if ties:
         text += (f" BF16 only ties {base} (within {margin:g}x, or within the step-time quartiles) at "
                  f"{', '.join(ties)}.")
@@ -141,43 +146,75 @@ def where_it_ran(ladder: ScaleLadder) -> Prose:
     return Prose(text.strip())
 
 
+def skip_notes(reasons: Sequence[str]) -> tuple[dict[str, str], str]:
+    """A letter per distinct skip reason, in order of first appearance (``{reason: "a"}``), and the notes
+    that go under a table: one line per letter, "(a) reason." (empty with no reason)."""
+    letters: dict[str, str] = {}
+    for reason in reasons:
+        if reason not in letters:
+            if len(letters) == 26:
+                raise ValueError("more than 26 distinct skip reasons: too many to letter")
+            letters[reason] = "abcdefghijklmnopqrstuvwxyz"[len(letters)]
+    notes = "\n\n".join(f"({letter}) {reason.rstrip('.')}." for reason, letter in letters.items())
+    return letters, notes
+
+
 def measured_table(ladder: ScaleLadder) -> MarkdownTable:
-    """One row per measured run: step time (median, quartiles), tokens/s, MFU against the reference peak,
-    compile time, and on a GPU the allocator's peak beside the byte model's prediction; skipped ones say why."""
+    """The measured runs, one table per mode (eager, then compiled), so that each fits the page: per run, step
+    time (median, quartiles), tokens/s, MFU against the reference peak, compile time (compiled runs), and
+    the allocator's peak beside the byte model's prediction (GiB; "-" where not measured, as on a CPU). A
+    skipped run is a row marked with a letter, its reason in a note under the tables (:func:`skip_notes`)."""
     _check(ladder)
-    rows = []
-    for run in ladder.runs:
-        rung = ladder.rung(run.rung)
-        q25, q75 = run.step_quartiles
-        predicted = ladder.prediction(ladder.own_prediction_device, run.rung, run.recipe)
-        rows.append((run.rung, f"{rung.n_params / 1e6:,.1f}", RECIPE_LABELS[run.recipe],
-                     "compiled" if run.compiled else "eager", f"{_ms(run.median_step_seconds)} ({_ms(q25)}-{_ms(q75)})",
-                     f"{ladder.tokens_per_second(run):,.0f}", f"{100 * ladder.mfu(run):.2g}%",
-                     "-" if run.compile_seconds is None else f"{run.compile_seconds:.1f}",
-                     "-" if run.peak_memory_bytes is None else f"{run.peak_memory_bytes / 2**30:.2f}",
-                     "-" if predicted is None else f"{predicted.memory_bytes / 2**30:.2f}"))
-    for skip in ladder.skipped:
-        rows.append((skip.rung, f"{ladder.rung(skip.rung).n_params / 1e6:,.1f}", RECIPE_LABELS[skip.recipe],
-                     "compiled" if skip.compiled else "eager", f"skipped: {skip.reason}", "-", "-", "-", "-", "-"))
-    return markdown_table(("rung", "params (M)", "recipe", "mode", "measured step ms (quartiles)", "tokens/s",
-                           "MFU", "compile s", "measured peak GiB", "predicted GiB"), rows)
+    letters, notes = skip_notes([skip.reason for skip in ladder.skipped])
+    parts = []
+    for compiled in (False, True):
+        rows = []
+        for run in (r for r in ladder.runs if r.compiled == compiled):
+            q25, q75 = run.step_quartiles
+            predicted = ladder.prediction(ladder.own_prediction_device, run.rung, run.recipe)
+            memory = ("-" if run.peak_memory_bytes is None else f"{run.peak_memory_bytes / 2**30:.2f}") + (
+                "" if predicted is None else f" ({predicted.memory_bytes / 2**30:.2f})")
+            rows.append((run.rung, RECIPE_LABELS[run.recipe], f"{_ms(run.median_step_seconds)} ({_ms(q25)}-{_ms(q75)})",
+                         f"{ladder.tokens_per_second(run):,.0f}", f"{100 * ladder.mfu(run):.2g}%",
+                         *(("-" if run.compile_seconds is None else f"{run.compile_seconds:.1f}",) if compiled else ()),
+                         memory))
+        for skip in (s for s in ladder.skipped if s.compiled == compiled):
+            rows.append((skip.rung, RECIPE_LABELS[skip.recipe], f"skipped ({letters[skip.reason]})", "-", "-",
+                         *(("-",) if compiled else ()), "-"))
+        if rows:
+            header = ("rung", "recipe", "step ms (quartiles)", "tokens/s", "MFU", *(("compile s",) if compiled else ()),
+                      "GiB (predicted)")
+            parts.append(f"**{'Compiled' if compiled else 'Eager'}:**\n\n" + markdown_table(header, rows))
+    return MarkdownTable("\n".join(parts) + ("\n" + notes + "\n" if notes else ""))
 
 
 def predicted_table(ladder: ScaleLadder, device: str) -> MarkdownTable:
     """Per rung, the roofline's step time (ms) and MFU per recipe on ``device`` and the byte model's memory of
-    BF16 autocast (GiB): predictions only ("-": the device lacks the recipe's dtype)."""
+    BF16 autocast (GiB): predictions only ("-": the device lacks the recipe's dtype). Each recipe's cell is
+    "ms (MFU)"; recipes predicted alike at every rung share a column; tokens per step go in the note under
+    the table, so that the table fits the page."""
     _check(ladder)
+    cells: dict[str, list[str]] = {}
+    for recipe in LADDER_RECIPES:
+        predictions = [ladder.prediction(device, rung.name, recipe) for rung in ladder.rungs]
+        cells[recipe] = ["-" if p is None else f"{_ms(p.step_seconds)} ({100 * p.mfu:.0f}%)" for p in predictions]
+    columns: dict[str, list[str]] = {}
+    for recipe, column in cells.items():
+        same = next((name for name, other in columns.items() if other == column), None)
+        label = RECIPE_LABELS[recipe].replace("tensorwise", "tensor").replace("rowwise", "row")
+        if same is None:
+            columns[label] = column
+        else:
+            columns[f"{same} = {label}"] = columns.pop(same)
     rows = []
-    for rung in ladder.rungs:
-        cells = []
-        for recipe in LADDER_RECIPES:
-            p = ladder.prediction(device, rung.name, recipe)
-            cells.append("-" if p is None else f"{_ms(p.step_seconds)} ({100 * p.mfu:.0f}%)")
+    for i, rung in enumerate(ladder.rungs):
         bf16 = ladder.prediction(device, rung.name, "bf16_autocast")
-        rows.append((rung.name, f"{rung.n_params / 1e6:,.1f}", f"{rung.tokens_per_step:,}", *cells,
+        rows.append((rung.name, f"{rung.n_params / 1e6:,.1f}", *(column[i] for column in columns.values()),
                      "-" if bf16 is None else f"{bf16.memory_bytes / 2**30:.2g}"))
-    return markdown_table(("rung", "params (M)", "tokens/step", *(f"{RECIPE_LABELS[r]} ms (MFU)" for r in LADDER_RECIPES),
-                           "peak GiB (BF16)"), rows)
+    table = markdown_table(("rung", "M params", *columns, "GiB (BF16)"), rows)
+    tokens = and_list([f"{rung.name} {rung.tokens_per_step:,}" for rung in ladder.rungs])
+    return MarkdownTable(table + f"\nPredicted for the {device}: each recipe's cell is the step's milliseconds "
+                         f"(its MFU); GiB: the byte model's peak memory of BF16 autocast. Tokens per step: {tokens}.\n")
 
 
 def merged_records(records: Sequence[RecordedResult]) -> dict[str, tuple[ScaleLadder, list[RecordedResult]]]:

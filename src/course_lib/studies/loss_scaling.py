@@ -237,9 +237,9 @@ def scale_gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                             seed: int = 0, lr: float = 3e-3) -> ScaleFidelity:
     """Train the course GPT in FP32 for ``steps`` steps (gradients shrink as the loss falls), then, on
     ``batches`` batches it did not train on, compare each parameter's gradient from an FP16-autocast
-    backward of ``loss * scale`` (divided by the scale afterwards) with the FP32 gradient. Unlike a
-    training curve under Adam, which divides the scale out of every update, this shows what the scale does
-    to the gradients themselves."""
+    backward of ``loss * scale`` (divided by the scale afterwards) with the FP32 gradient. A training curve
+    hides the few entries a scale loses to underflow; this shows what the scale does to the gradients
+    themselves."""
     scales = tuple(float(sc) for sc in scales)
     if not scales or any(not (sc > 0 and math.isfinite(sc)) for sc in scales):
         raise ValueError(f"scales must be positive finite numbers, got {scales!r}")

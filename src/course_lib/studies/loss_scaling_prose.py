@@ -116,11 +116,22 @@ def nan_collapse_note(recording: FlightRecording) -> Prose:
     every = "all " if skipped_after == remaining else ""
     before = sum(recording.skipped[:first_nan])
     smallest = ", the smallest positive float32 number," if recording.scales[-1] == SMALLEST_FLOAT32 else ""
+    finite = [i for i in range(first_nan, recording.steps) if math.isfinite(losses[i])]
+    rest = [i for i in range(first_nan, recording.steps) if i not in finite]
+    kind = "NaN" if all(math.isnan(losses[i]) for i in rest) else "not finite"
+    how = (f"from step {first_nan} on, its loss was {kind} (the forward pass itself produced non-finite values in "
+           f"FP16) at every step")
+    if finite:
+        how += " but " + and_list([
+            f"step {i}, whose loss was {losses[i]:.3g} at scale "
+            f"{power_of_two_text(round(math.log2(recording.scales[i])))} and which was "
+            f"{'skipped' if recording.skipped[i] else 'not skipped'}" for i in finite]) + ";"
+    else:
+        how += ","
     return Prose(
         f"The recorded full-size run did not end well. It skipped {plural(before, 'step')} before step {first_nan}; "
-        f"from step {first_nan} on, its loss was NaN (the forward pass itself produced non-finite values in "
-        f"FP16), {every}{skipped_after} of the {remaining} remaining steps were skipped, and the scale halved "
-        f"at each of them down to {recording.scales[-1]:.3g}{smallest} before reaching zero at step "
+        f"{how} {every}{skipped_after} of the {remaining} steps from step {first_nan} on were skipped, and the "
+        f"scale halved at each skipped step down to {recording.scales[-1]:.3g}{smallest} before reaching zero at step "
         f"{recording.steps}; the recorder stops there. Loss scaling protects the backward pass from underflow "
         f"and overflow; it cannot repair a non-finite forward pass ({{doc}}`05_bf16_vs_fp16` records the same "
         f"failure over seeds). " + forward_nan_where())
@@ -161,6 +172,27 @@ def replay_facts(replayed: ScaleTrace, recording: FlightRecording) -> dict[str, 
     """Whether replaying the recorded settings reproduced the recorded scales step for step
     (``replay_matches``)."""
     return {"replay_matches": replayed.scales == recording.scales}
+
+
+def what_if_sentence(traces: Mapping[str, ScaleTrace], *, reference: str = "as recorded") -> Prose:
+    """What the what-if replays did on the same stream: per setting (``traces``, keyed by its label), the
+    steps it skipped and the scale it ended at, the ``reference`` replay first."""
+    if reference not in traces:
+        raise ValueError(f"the replays lack the {reference!r} one to compare against")
+    for label, trace in traces.items():
+        if not trace.scales or not trace.scales[-1] > 0:
+            raise ValueError(f"the {label!r} replay has no positive final scale")
+
+    def said(label: str) -> str:
+        trace = traces[label]
+        return (f"{label} skipped {plural(trace.n_skipped, 'step')} and ended at "
+                f"{power_of_two_text(round(math.log2(trace.scales[-1])))}")
+
+    others = [label for label in traces if label != reference]
+    ref = traces[reference]
+    text = (f"Over the same {plural(len(ref.scales), 'step')}, the recorded settings skipped "
+            f"{plural(ref.n_skipped, 'step')} and ended at {power_of_two_text(round(math.log2(ref.scales[-1])))}")
+    return Prose(text + ("; " + "; ".join(said(label) for label in others) if others else "") + ".")
 
 
 # ---- static against dynamic ----------------------------------------------------------------------------
@@ -247,7 +279,20 @@ def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object
         "fid_overflow": Prose(", ".join(overflowed) or "none"),
         "fid_noise": noise_note(fid),
         "fid_noise_floor": Prose(power_of_two_text(int(math.log2(NOISE_FLOOR)))),
+        "fid_lost_by_scale": lost_by_scale(fid),
     }
+
+
+def lost_by_scale(fid: ScaleFidelity) -> Prose:
+    """Per scale that did not overflow, the largest share of a parameter's entries lost to underflow (the
+    fidelity table's last column): "0.5% at 2^0; 0% at 2^8 and 2^16"; scales with equal shares grouped."""
+    shares: dict[str, list[str]] = {}
+    for sc in fid.scales:
+        if not fid.overflowed[sc]:
+            shares.setdefault(f"{100 * max(fid.lost[sc].values()):.3g}%", []).append(power_of_two(sc))
+    if not shares:
+        raise ValueError("every scale overflowed: no share of lost entries was measured")
+    return Prose("; ".join(f"{share} at {and_list(scales)}" for share, scales in shares.items()))
 
 
 def noise_note(fid: ScaleFidelity) -> Prose:
@@ -283,14 +328,15 @@ def pitfall_table(demos: Sequence[PitfallDemo]) -> MarkdownTable:
         caught = "nothing" if not found else ("yes" if found == [d.name] else ", ".join(found))
         moved = "-" if d.name in AUTOCAST_PITFALLS_DTYPE else f"{d.update_norm / correct.update_norm:.3g}"
         rows.append((d.name, caught, (d.error or "-").split(":")[0], d.optimizer_steps, d.scheduler_steps, moved))
-    return markdown_table(["planted mistake", "caught", "GradScaler raised", "optimizer steps", "scheduler steps",
-                           "weights moved (vs correct)"], rows)
+    # short headers, so that the table fits the page's column (the prose says what each means)
+    return markdown_table(["planted mistake", "caught", "raised", "steps", "LR steps", "moved / correct"], rows)
 
 
 def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
-    """How far the weights moved against the correct loop when clipping before unscaling (``clip_ratio``)
-    and when stepping the scheduler on a skipped step (``sched_ratio``), log2 of the scale the clipping
-    demo ended at, and the optimizer steps of the per-micro-batch demo and of the correct loop."""
+    """How far the weights moved against the correct loop when clipping before unscaling (``clip_ratio``),
+    when stepping the scheduler on a skipped step (``sched_ratio``) and with the scaler disabled
+    (``disabled_ratio``, with its optimizer steps ``disabled_steps``, where present), log2 of the scale the
+    clipping demo ended at, and the optimizer steps of the per-micro-batch demo and of the correct loop."""
     correct = _correct_loop(demos)
     by_name = {d.name: d for d in demos}
     missing = [n for n in ("clip_before_unscale", "scheduler_on_skipped_step", "update_every_microbatch")
@@ -305,6 +351,9 @@ def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
         "sched_ratio": by_name["scheduler_on_skipped_step"].update_norm / correct.update_norm,
         "micro_steps": by_name["update_every_microbatch"].optimizer_steps,
         "correct_steps": correct.optimizer_steps,
+        **({"disabled_steps": by_name["disabled_scaler"].optimizer_steps,
+            "disabled_ratio": by_name["disabled_scaler"].update_norm / correct.update_norm}
+           if "disabled_scaler" in by_name else {}),
     }
 
 

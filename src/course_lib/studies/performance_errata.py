@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..bench import DTYPE_LABELS, MatmulSweep, OpCost, model_flops_per_token
-from ..glue import ratio_text
+from ..glue import and_list, ratio_text
 from ..hardware import DATASHEET_PEAKS
 from ..results import RecordedResult
 from .performance import MatmulThroughput, ThroughputStudy, bf16_ridge, measured_tflops
@@ -84,10 +84,35 @@ def speed_evidence(sweep: MatmulSweep, device: torch.device | str,
 _FORMAT_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8}
 
 
-def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]]) -> tuple[str, str, int, float] | None:
+# a GPU product that reaches less than this share of its dtype's best throughput in the same sweep is
+# launch-bound: fixed per-call costs (the launch, the synchronisation), not its arithmetic, set its time
+LAUNCH_BOUND_SHARE = 0.1
+
+
+def launch_bound(tflops: Mapping[str, Mapping[int, float]], dtype: str, n: int,
+                 share: float = LAUNCH_BOUND_SHARE) -> bool:
+    """Whether ``dtype``'s product at size ``n`` in a GPU sweep ``{dtype: {n: TFLOP/s}}`` reached less than
+    ``share`` of that dtype's best throughput in the sweep (:data:`LAUNCH_BOUND_SHARE`)."""
+    if not 0 < share < 1:
+        raise ValueError(f"share must lie in (0, 1), got {share!r}")
+    points = tflops.get(dtype, {})
+    if n not in points:
+        raise ValueError(f"the sweep has no {dtype} product at n = {n}")
+    return points[n] < share * max(points.values())
+
+
+def product_microseconds(n: int, tflops: float) -> float:
+    """The time of one ``n`` x ``n`` x ``n`` product (2n³ FLOPs) at ``tflops`` TFLOP/s, in microseconds."""
+    if not tflops > 0:
+        raise ValueError(f"tflops must be positive, got {tflops!r}")
+    return 2 * n ** 3 / (tflops * 1e12) * 1e6
+
+
+def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]], *,
+                            skip_launch_bound: bool = False) -> tuple[str, str, int, float] | None:
     """In a sweep ``{dtype: {n: TFLOP/s}}``, the size where a dtype of fewer bits ran furthest below one of
     more bits: ``(lower, higher, n, lower's throughput over higher's)``, or None where fewer bits were never
-    slower."""
+    slower. ``skip_launch_bound``: leave out pairs where either product is :func:`launch_bound`."""
     unknown = sorted(set(tflops) - set(_FORMAT_BITS))
     if unknown:
         raise ValueError(f"unknown matmul dtypes {unknown}; known: {sorted(_FORMAT_BITS)}")
@@ -97,6 +122,8 @@ def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]]) -> tuple[
             if _FORMAT_BITS[low] >= _FORMAT_BITS[high]:
                 continue
             for n in sorted(set(low_pts) & set(high_pts)):
+                if skip_launch_bound and (launch_bound(tflops, low, n) or launch_bound(tflops, high, n)):
+                    continue
                 ratio = low_pts[n] / high_pts[n]
                 if ratio < 1 and (worst is None or ratio < worst[3]):
                     worst = (low, high, n, ratio)
@@ -115,14 +142,29 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
 
     def sweep_part(label: str, tflops: Mapping[str, Mapping[int, float]]) -> str:
         where = f"the {label} sweep"
-        if label == "live" and "CPU" in device_label:   # speed_evidence leaves a CPU's emulated FP8 out
+        on_cpu = label == "live" and "CPU" in device_label
+        if on_cpu:   # speed_evidence leaves a CPU's emulated FP8 out
             where += f" on {device_label} (its FP8 product, an emulation, left out)"
         worst = slowest_lower_precision(tflops)
         if worst is None:
             return f"In {where}, fewer bits were never slower."
         low, high, n, ratio = worst
-        return (f"In {where}, {DTYPE_LABELS[low]} ran at {ratio_text(ratio)} times the throughput of "
-                f"{DTYPE_LABELS[high]} at n = {n}: fewer bits, slower product.")
+        slower = (f"{DTYPE_LABELS[low]} ran at {ratio_text(ratio)} times the throughput of {DTYPE_LABELS[high]} "
+                  f"at n = {n}")
+        if on_cpu or not (launch_bound(tflops, low, n) or launch_bound(tflops, high, n)):
+            return f"In {where}, {slower}: fewer bits, slower product."
+        # a GPU's launch-bound product: every dtype takes about the same fixed time, whatever its bits
+        times = and_list([f"{DTYPE_LABELS[d]} {product_microseconds(n, pts[n]):.1f} µs"
+                          for d, pts in tflops.items() if n in pts])
+        text = (f"In {where}, {slower}, but at that size the products compared are launch-bound (under "
+                f"{LAUNCH_BOUND_SHARE:.0%} of their dtype's best throughput in the sweep): fixed per-call costs, "
+                f"not the bits, set their times ({times} per product).")
+        bound = slowest_lower_precision(tflops, skip_launch_bound=True)
+        if bound is None:
+            return text + " Between products that were not launch-bound, fewer bits were never slower."
+        b_low, b_high, b_n, b_ratio = bound
+        return (text + f" Between products that were not launch-bound, {DTYPE_LABELS[b_low]} ran furthest below "
+                f"{DTYPE_LABELS[b_high]} at n = {b_n}, at {ratio_text(b_ratio)} times its throughput.")
 
     # the GPU evidence (records) first; this machine's after it, a CPU's said to be one
     parts = [sweep_part(label, tflops) for label, tflops in sweeps.items() if label != "live"]

@@ -259,7 +259,11 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
     if not on_gpu:
         caveat = ("These are this machine's ratios only: a CPU has no tensor cores, and its ratios do not transfer "
                   "to a GPU. The live runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
-                  "include it.")
+                  "include it. A CPU has no datasheet peak, and this page uses two measured ones: MFU divides by "
+                  "the capability probe's product (the one named above), measured once per process so that every "
+                  "lesson's MFU divides by the same figure, while the roofline's ceiling is the best product of this "
+                  "page's sweep, the most this machine reached. A larger product can run faster than the probe's, "
+                  "so an MFU here can overstate the share of the machine a run used.")
     elif compiled:
         caveat = (f"The live runs compile {and_list([f'`{r}`' for r in compiled])} with `torch.compile` (one "
                   "seed, blue in the figure); `python -m course_lib.gpu_session` records every recipe compiled in the model "
@@ -299,19 +303,38 @@ def recorded_throughput_note(record: RecordedResult) -> Prose:
     base, bf16 = rows.get(("fp32", False)), rows.get(("bf16_autocast", False))
     if base is None or bf16 is None or bf16["mfu"] is None:
         raise ValueError("the recorded study needs eager fp32 and bf16_autocast runs, with a BF16 peak")
+    ref_peak = study.peaks["bf16_autocast"]
+
+    def against_bf16(r: dict) -> float:
+        return r["tokens_per_s"] * study.flops_per_token / (ref_peak * 1e12)
+
     table = markdown_table(
-        ("recipe", "compiled", "step (ms)", "tokens/s", "speed-up over FP32 eager", "MFU", "of peak (TFLOP/s)"),
+        ("recipe", "compiled", "step (ms)", "tokens/s", "vs FP32 eager", "MFU (own peak, TFLOP/s)",
+         "MFU (BF16 peak)"),
         [(recipe, "yes" if compiled else "no", f"{r['step_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
           f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
-          f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-",
-          f"{peak:g}" if (peak := study.peaks.get(recipe)) else "-")
+          f"{100 * r['mfu']:.1f}% of {peak:g}" if r["mfu"] is not None and (peak := study.peaks.get(recipe))
+          else "-", f"{100 * against_bf16(r):.1f}%")
          for (recipe, compiled), r in rows.items()])
+    eager = {recipe: r for (recipe, compiled), r in rows.items() if not compiled}
+    own_best = max((k for k in eager if eager[k]["mfu"] is not None), key=lambda k: eager[k]["mfu"])
+    ref_best = max(eager, key=lambda k: against_bf16(eager[k]))
     text = (f"Recorded on **{record.label}** at full size ({study.peak_source}; compiled runs: one "
             f"seed). BF16 autocast runs {bf16['tokens_per_s'] / base['tokens_per_s']:.2f} times as many tokens "
-            f"per second as FP32, yet it uses only {100 * bf16['mfu']:.1f}% of the BF16 peak (each recipe's MFU "
-            f"is against the peak of its own dtype, last column): a model of this size keeps an H100 busy with "
-            f"launches and memory-bound operations, not with matrix products.")
+            f"per second as FP32, yet it uses only {100 * bf16['mfu']:.1f}% of the BF16 peak: a model of this "
+            f"size keeps the GPU busy with launches and memory-bound operations, not with matrix products. The "
+            f"two MFU columns divide the same FLOP rate by different peaks: each recipe's own dtype's, and the "
+            f"dense BF16 peak ({ref_peak:g} TFLOP/s) for every recipe, as the ladder below and the literature do. "
+            f"They differ by the ratio of the peaks: against its own, lower peak {own_best} (eager) has the "
+            f"highest MFU, {100 * eager[own_best]['mfu']:.1f}%; against the one BF16 peak the recipes rank as "
+            f"their token rates do, {ref_best} (eager) highest at {100 * against_bf16(eager[ref_best]):.1f}% "
+            f"and FP32 at {100 * against_bf16(base):.1f}%.")
     return Prose(text + "\n\n" + table.rstrip("\n") + "\n\n" + describe_records([record]))
+
+
+def _sig3(seconds: float) -> str:
+    """Three significant digits, trailing zeros kept (0.150, 2.00, 123)."""
+    return f"{seconds:#.3g}".rstrip(".")
 
 
 def _time_ranges(times: Mapping[str, Sequence[float | None]]) -> dict[str, tuple[float, float]]:
@@ -334,7 +357,7 @@ def time_to_target_facts(target: float, times: Mapping[str, Sequence[float | Non
         "16-bit arithmetic, not on a GPU's tensor cores, so their times say nothing about a GPU's (the "
         "matrix-product sweep above measured this CPU's 16-bit products against FP32's).")
     return {"target": target,
-            "ttt": Prose(", ".join(f"{name} {lo:.2f} to {hi:.2f} s" for name, (lo, hi) in ranges.items())),
+            "ttt": Prose(", ".join(f"{name} {_sig3(lo)} to {_sig3(hi)} s" for name, (lo, hi) in ranges.items())),
             "ttt_caveat": Prose(caveat)}
 
 
@@ -343,7 +366,7 @@ def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:
     seconds to reach it, and why compiled runs are left out."""
     target = study.target_loss()
     times = study.time_to_target(target)
-    parts = [f"{name}: {min(v):.1f} to {max(v):.1f} s" for name, v in _reached_ranges(times)]
+    parts = [f"{name}: {_sig3(min(v))} to {_sig3(max(v))} s" for name, v in _reached_ranges(times)]
     seeds = len({r.seed for r in study.runs if not r.compiled})
     return Prose(f"On the recorded GPU, to reach {target:.3f} (eager runs, range over {seeds} seed{'s' if seeds != 1 else ''}): "
                  + "; ".join(parts) + ". Compiled runs are left out here: their first steps include "
@@ -388,7 +411,8 @@ def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1)
     if more_time and more_share:
         return Prose(f"autocast adds {(bf16.cast_us - fp32.cast_us) / 1e3:.2f} ms "
                      f"({100 * (bf16.cast_fraction - fp32.cast_fraction):.1f} points) of casts and copies, the price "
-                     "it pays for converting weights and activations on the fly")
+                     "it pays for converting weights and activations on the fly (one profiled step per recipe: a "
+                     "single measurement, with no repeat to show its noise)")
     if more_time:
         return Prose("autocast's conversions add time, but the step's other operators grew more, so their "
                      "share did not: on this machine the low-precision operators, not the casts, are the cost")

@@ -71,13 +71,16 @@ def precision_phrase(errors: Mapping[str, float]) -> Prose:
 
 def tf32_recorded_note(record: RecordedResult, *, tie: float = 0.05) -> Prose:
     """What a recorded ``training_throughput`` study says about TF32: its token rate over FP32's with TF32
-    off, and BF16 autocast's over TF32's, eager and compiled; a ratio within ``tie`` of 1 is called a tie."""
+    off, and BF16 autocast's over TF32's, eager and compiled, each with the seeds behind it (one seed: no seed
+    noise measured); a ratio within ``tie`` of 1 is called a tie."""
     study = record.result
     if not isinstance(study, ThroughputStudy):
         raise TypeError(f"expected a recorded ThroughputStudy, got {type(study).__name__}")
     if not 0 <= tie < 1:
         raise ValueError(f"tie must lie in [0, 1), got {tie!r}")
-    rows = {(r["recipe"], r["compiled"]): r["tokens_per_s"] for r in study.table()}
+    table = study.table()
+    rows = {(r["recipe"], r["compiled"]): r["tokens_per_s"] for r in table}
+    seeds = {(r["recipe"], r["compiled"]): r["seeds"] for r in table}
     if ("tf32", False) not in rows or ("fp32", False) not in rows or ("bf16_autocast", False) not in rows:
         return Prose("")
     parts = [f"On the recorded **{record.label}**, TF32 alone ran {rows[('tf32', False)] / rows[('fp32', False)]:.2f} "
@@ -87,6 +90,11 @@ def tf32_recorded_note(record: RecordedResult, *, tie: float = 0.05) -> Prose:
             ratio = rows[("bf16_autocast", compiled)] / rows[("tf32", compiled)]
             verdict = ("tied TF32" if abs(ratio - 1) <= tie else "was faster than TF32" if ratio > 1 else
                        "was slower than TF32")
-            parts.append(f"{mode}, BF16 autocast {verdict} ({ratio:.2f}x its token rate)")
+            n_tf32, n_bf16 = seeds[("tf32", compiled)], seeds[("bf16_autocast", compiled)]
+            how = ("one seed per recipe, so no seed noise was measured for it" if n_tf32 == n_bf16 == 1 else
+                   f"medians over {n_tf32} seeds per recipe" if n_tf32 == n_bf16 else
+                   f"medians over {n_tf32} and {n_bf16} seeds" + (": one seed has no seed noise measured"
+                                                                   if min(n_tf32, n_bf16) == 1 else ""))
+            parts.append(f"{mode}, BF16 autocast {verdict} ({ratio:.2f}x its token rate; {how})")
     return Prose("; ".join(parts) + ". Compare mixed precision with TF32, not only with FP32 with TF32 off: on "
                  "such a GPU each is one setting away.")
