@@ -139,6 +139,9 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     dots = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o"]
     assert [list(d.get_xdata()) for d in dots] == [[0.5, 0.0], [0.0, -1.0]]
     assert [list(d.get_ydata()) for d in dots] == [[0, 0], [1, 1]]
+    # the outermost dots (at -1.0 and +0.5) lie inside the panel with room to spare, not cut by its edges
+    lo, hi = fig.axes[1].get_xlim()
+    assert lo < -1.0 - 0.1 * 1.5 and hi > 0.5 + 0.1 * 1.5
     assert fig.axes[1].get_xlabel().startswith("eval minus FP32's")
     assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["BF16 one", "BF16 two"]
     colours = {ln.get_label(): ln.get_color() for ln in fig.axes[0].get_lines()}
@@ -189,10 +192,22 @@ def test_microscaling_figures_draw_their_data():
 
     torch.manual_seed(0)
     x = torch.randn(32, 64)
-    study = mx_studies.block_size_study({"activation": x, "activation + outlier": x * 2}, elements=("e4m3", "e2m1"),
-                                blocks=(1, 32, -1))
+    outlier = x.clone()
+    outlier[:, 0] *= 100.0
+    study = mx_studies.block_size_study({"activation": x, "activation + outlier": outlier},
+                                        elements=("e4m3", "e2m1"), blocks=(1, 32, -1), skip_columns={
+                                            "activation + outlier": (0,)})
     fig = plots.plot_block_sizes(study)
-    assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "log"
+    # E4M3's errors span less than a factor of two: a linear axis; E2M1's more: a log one, labelled in percent
+    e4m3_errors = [e.relative_error for t in study.tensors for e in study.errors["e4m3"][t].values()]
+    assert max(e4m3_errors) / min(e4m3_errors) < 2
+    assert len(fig.axes) == 2 and fig.axes[0].get_yscale() == "linear" and fig.axes[1].get_yscale() == "log"
+    fig.canvas.draw()
+    for ax in fig.axes:
+        labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+        assert len(labels) >= 3 and all(label.endswith("%") for label in labels)
+        assert ax.get_xlim()[1] >= len(study.blocks) - 0.5   # room for the "whole tensor" label
+    assert "log axis" in fig.axes[1].get_ylabel() and "linear axis" in fig.axes[0].get_ylabel()
     lines = {ln.get_label(): ln for ln in fig.axes[1].get_lines()}
     assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"
     assert list(lines["activation"].get_ydata()) == pytest.approx(
@@ -254,6 +269,9 @@ def test_monitoring_figures_draw_their_data():
     # series that run close together differ in marker and dash, not in colour alone
     c, a = fig.axes[0].get_lines()
     assert c.get_marker() != a.get_marker() and c.get_linestyle() != a.get_linestyle()
+    # the legend sits under the panels, where it covers no line
+    assert fig.axes[0].get_legend() is None and [t.get_text() for t in fig.legends[0].get_texts()] == ["c", "a"]
+    assert_legends_clear_of_panels(fig)
 
 
 def test_loss_against_time_colours_recipes_by_dtype_and_dashes_each():

@@ -135,7 +135,9 @@ def test_nan_hunt_table_and_facts():
         "| NaN in the forward pass | `fc` | nothing | nothing |"]
     facts = M.nan_hunt_facts(FWD, BWD)
     assert facts == {"hunt_fwd_layer": "`blocks.1.fc`", "hunt_fwd_anomaly": "`LogSoftmaxBackward0`",
-                     "hunt_locator_cost": 100 * (0.005 / 0.004 - 1), "hunt_anomaly_cost": 100 * (0.01 / 0.004 - 1)}
+                     "hunt_locator_cost": 100 * (0.005 / 0.004 - 1), "hunt_anomaly_cost": 100 * (0.01 / 0.004 - 1),
+                     "hunt_locator_costs": "+100% and +25%", "hunt_anomaly_costs": "+400% and +150%"}
+    assert isinstance(facts["hunt_locator_costs"], Prose)
     assert M.nan_hunt_facts(quiet, BWD)["hunt_fwd_anomaly"] == "nothing"
     with pytest.raises(ValueError, match="'nan' and a 'nan_backward'"):
         M.nan_hunt_facts(BWD, FWD)
@@ -601,3 +603,125 @@ def test_monitor_faults_record_from_the_h100_reads_back_typed():
     assert forward.plain_s == rec.record.values["nan_hunts"]["nan"]["seconds"]["plain"]
     facts = M.underflow_trend_facts(faults.underflow_trend)
     assert facts["trend_every"] == 5 and facts["trend_steps"] == len(rec.record.values["underflow_trend"]["losses"])
+
+
+# ---- the locator's report, and the faults recorded on a GPU beside the live run ----------------------------------
+
+def test_locator_report_table_names_a_backward_passs_tensors_as_gradients():
+    arriving = TensorSummary((4, 6), "float32", 6.5e-4, 0, 0)
+    passed = TensorSummary((4, 2), "float32", math.nan, 8, 0)
+    table = M.locator_report_table(NonFiniteReport("blocks.1.attn.qkv", "backward", (arriving,), (passed,)))
+    assert isinstance(table, MarkdownTable) and table.splitlines() == [
+        "| `blocks.1.attn.qkv`, backward pass | dtype and shape | largest finite magnitude | NaN | inf |",
+        "|---|---|---|---|---|",
+        "| gradient arriving (of its output) | float32 [4, 6] | 0.00065 | 0 | 0 |",
+        "| gradient passed back (of its input) | float32 [4, 2] | none finite | 8 | 0 |"]
+    two = TensorSummary((2,), "float16", 3.0, 0, 1)
+    forward = M.locator_report_table(NonFiniteReport("fc", "forward", (arriving, arriving), (two,), op="matmul"))
+    assert forward.splitlines()[0].startswith("| `matmul` in `fc`, forward pass |")
+    assert forward.splitlines()[2:] == ["| input 1 | float32 [4, 6] | 0.00065 | 0 | 0 |",
+                                        "| input 2 | float32 [4, 6] | 0.00065 | 0 | 0 |",
+                                        "| output | float16 [2] | 3 | 0 | 1 |"]
+    assert M.locator_report_table(None) == "The locator found no non-finite value."
+    with pytest.raises(ValueError, match="phase"):
+        M.locator_report_table(NonFiniteReport("fc", "sideways", (), ()))
+
+
+def test_growing_and_qkv_peak_gradients():
+    assert M.growing_gradient(_trend()) == "head:grad_output"                      # 0 -> 50%
+    assert M.qkv_peak_gradient(_trend()) == "blocks.0.attn.qkv:grad_output"        # 75% at step 5
+    with pytest.raises(ValueError, match="no sampled gradients"):
+        M.growing_gradient(M.UnderflowTrend("FP16", (), {}, (1.0,), ()))
+
+
+SMALL_MODEL = {"d_model": 64, "n_layers": 2, "n_heads": 2, "context": 64, "batch": 16}
+FULL_MODEL = {"d_model": 384, "n_layers": 6, "n_heads": 6, "context": 256, "batch": 64}
+
+
+def _faults_record(trend, hunts=None, course_model=FULL_MODEL):
+    prov = Provenance("NVIDIA H100 80GB HBM3", "cuda", "2.11", "2026-01-01T00:00:00+00:00", "cmd", "abc", "3.12",
+                      compute_capability="9.0")
+    parameters = {"profile": "full"} if course_model is None else {"profile": "full", "course_model": course_model}
+    faults = M.MonitorFaults(trend, hunts if hunts is not None else {"nan": FWD, "nan_backward": BWD}, _demo())
+    return RecordedResult(Record("monitor_faults", parameters, {}, prov), faults)
+
+
+def test_tokens_per_batch_and_flushed_at():
+    assert P.tokens_per_batch(SMALL_MODEL) == 1024 and P.tokens_per_batch(FULL_MODEL) == 16384
+    for bad in (None, {"context": 64}, {"context": 64, "batch": 0}, {"context": 64.0, "batch": 2}, "model"):
+        with pytest.raises(ValueError):
+            P.tokens_per_batch(bad)
+    assert P.flushed_at(_trend(), "head:grad_output", 5) == 0.25
+    with pytest.raises(ValueError, match="did not watch"):
+        P.flushed_at(_trend(), "fc:grad_output", 5)
+    with pytest.raises(ValueError, match="step 7 was not sampled"):
+        P.flushed_at(_trend(), "head:grad_output", 7)
+
+
+def test_recorded_trend_facts_put_the_record_beside_the_live_run():
+    # the record samples further (to step 15) and flushes more of the logit gradient at step 10, the last shared
+    recorded = M.UnderflowTrend("FP16", (0, 5, 10, 15), {
+        "head:grad_output": (0.0, 0.5, 0.75, 0.875), "blocks.0.attn.qkv:grad_output": (0.5, 1.0, 0.75, 0.5)},
+        (5.5, 4.0, 3.0, 2.5, 2.0), ())
+    facts = P.recorded_trend_facts(_trend(), SMALL_MODEL, [_faults_record(recorded)], "cpu")
+    assert facts["rt_table"].splitlines() == [
+        "| gradient | run | tokens per batch | step 0 | step 10 | last sampled step |", "|---|---|---|---|---|---|",
+        "| `head:grad_output` | this page's CPU run | 1,024 | 0.0% | 50.0% | 50.0% (step 10) |",
+        "| `head:grad_output` | recorded, NVIDIA H100 80GB HBM3 (sm 9.0) | 16,384 | 0.0% | 75.0% | 87.5% (step 15) |",
+        "| `blocks.0.attn.qkv:grad_output` | this page's CPU run | 1,024 | 12.5% | 25.0% | 25.0% (step 10) |",
+        "| `blocks.0.attn.qkv:grad_output` | recorded, NVIDIA H100 80GB HBM3 (sm 9.0) | 16,384 | 50.0% | 75.0% | "
+        "50.0% (step 15) |"]
+    assert facts["rt_sentence"] == (
+        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with a model 384 wide, 6 blocks and 16,384 tokens per batch "
+        "(this page's CPU run: 64 wide, 2 blocks, 1,024 tokens), FP16 would flush 75.0% of `head:grad_output` there "
+        "against 50.0% here and 75.0% of `blocks.0.attn.qkv:grad_output` there against 25.0% here at step 10, the "
+        "last step both sampled. An entry of `head:grad_output` is a probability divided by the tokens in the batch "
+        "(the loss is their mean), so it flushes when that probability is at most the tokens times 2.98e-08, half "
+        "FP16's smallest subnormal: 0.00049 there, 3.1e-05 here, 16 times higher in the record. That fits the "
+        "record's larger share, but the two runs differ in their models too, and neither measured the "
+        "probabilities, so the record does not say how much of the difference the batch explains. Why the "
+        "record's share of `blocks.0.attn.qkv:grad_output` differs from this page's, the numbers here do not say.")
+    assert isinstance(facts["rt_sentence"], Prose) and isinstance(facts["rt_table"], MarkdownTable)
+    # a record whose logit gradient flushes less, although its threshold is higher: no "fits"
+    less = M.UnderflowTrend("FP16", (0, 5, 10), {"head:grad_output": (0.0, 0.0, 0.25),
+                                                  "blocks.0.attn.qkv:grad_output": (0.5, 1.0, 0.75)}, (5.0,), ())
+    text = P.recorded_trend_facts(_trend(), SMALL_MODEL, [_faults_record(less)], "cpu")["rt_sentence"]
+    assert "Yet the record's share is not the one that threshold predicts larger, and the two runs" in text
+    none = P.recorded_trend_facts(_trend(), SMALL_MODEL, [], "cpu")
+    assert none["rt_table"] == "" and none["rt_sentence"].startswith("No GPU record of `monitor_faults` yet")
+    apart = M.UnderflowTrend("FP16", (1, 2), {n: (0.0, 0.0) for n in _trend().flush}, (5.0,), ())
+    with pytest.raises(ValueError, match="share no sampled step"):
+        P.recorded_trend_facts(_trend(), SMALL_MODEL, [_faults_record(apart)], "cpu")
+    with pytest.raises(ValueError, match="did not watch"):
+        P.recorded_trend_facts(_trend(), SMALL_MODEL, [_faults_record(less.__class__(
+            "FP16", (0, 5, 10), {"head:grad_output": (0.0, 0.0, 0.0)}, (5.0,), ()))], "cpu")
+
+
+def test_hunt_timing_table_and_the_recorded_sentence():
+    table = P.hunt_timing_table({"this page (CPU)": {"nan": FWD, "nan_backward": BWD}})
+    assert table.splitlines() == [
+        "| run | healthy step timed | repeats (median) | plain (ms) | locator (ms) | anomaly mode (ms) |",
+        "|---|---|---|---|---|---|",
+        "| this page (CPU) | beside the forward fault | 5 | 10.0 | 20.0 (+100%) | 50.0 (+400%) |",
+        "| this page (CPU) | beside the backward fault | 5 | 4.0 | 5.0 (+25%) | 10.0 (+150%) |"]
+    with pytest.raises(ValueError, match="no hunts"):
+        P.hunt_timing_table({})
+    assert P.recorded_hunt_sentence([_faults_record(_trend())]) == (
+        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0), one step of a model 384 wide, 6 blocks: the locator added "
+        "+100% and +25% and anomaly mode +400% and +150% in the 2 timings of the same healthy step, whose plain "
+        "time itself came out at 10.0 and 4.0 ms (medians of 5), so the percentages are rough; in every timing "
+        "there, each tool made the step at least 1.2 times as long.")
+    assert P.recorded_hunt_sentence([]).startswith("No GPU record of the hunts yet")
+
+
+def test_the_h100_record_beside_the_small_run():
+    """The real record: the logit gradient 77% flushed at step 55 at full size, the locator +412% and +137%."""
+    from course_lib.experiments import recorded_results
+
+    (rec,) = recorded_results("monitor_faults")
+    trend = rec.result.underflow_trend
+    assert P.flushed_at(trend, "head:grad_output", 50) == pytest.approx(0.773, abs=5e-4)
+    assert P.flushed_at(trend, "blocks.1.attn.qkv:grad_output", 50) == pytest.approx(0.971, abs=5e-4)
+    assert P.tokens_per_batch(rec.record.course_model) == 64 * 256
+    sentence = P.recorded_hunt_sentence([rec])
+    assert "the locator added +412% and +137% and anomaly mode +899% and +334%" in sentence

@@ -14,7 +14,8 @@ _TENSOR_COLOURS = {"activation": "#332288", "weight": "#8C6D31", "gradient": "#A
 
 
 def plot_block_sizes(study) -> Figure:
-    """Relative error (log) of MX quantisation against block size, one panel per element format of a
+    """Relative error (percent; a log axis where a panel's errors span a factor of two or more, else linear)
+    of MX quantisation against block size, one panel per element format of a
     :class:`~course_lib.studies.microscaling.BlockSizeStudy`; one line per tensor, dashed for a tensor named "... + outlier"."""
     # each panel its own log range: FP8's errors would sit below the lowest labelled tick of FP4's
     fig, axes = plt.subplots(1, len(study.elements), figsize=(min(COLUMN_INCHES, 4.3 * len(study.elements)), 4.6),
@@ -28,15 +29,20 @@ def plot_block_sizes(study) -> Figure:
                     lw=1.8, ms=5, label=tensor)
         ax.set_xticks(x, ["1\n(per\nelement)" if b == "1" else ("whole\ntensor" if b == "tensor" else b)
                           for b in study.blocks])
-        ax.set_yscale("log")
+        ax.set_xlim(-0.5, len(study.blocks) - 0.5)   # room for the outer ticks' labels inside the panel
         ax.set_xlabel("elements per E8M0 scale")
         ax.set_title(f"{element.upper()} elements, {study.mode.upper()} scales", fontsize=10)
+        values = [e.relative_error for t in study.tensors for e in study.errors[element][t].values()]
+        # a log axis only where the errors span a factor of two or more; ticks at 1, 1.5, 2, 3, 5 and 7 per
+        # decade, in percent, so that every line's level reads off the axis
+        logy = min(values) > 0 and max(values) / min(values) >= 2
+        if logy:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(mticker.LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+            ax.yaxis.set_minor_formatter(mticker.NullFormatter())
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{100 * v:.3g}%"))
+        ax.set_ylabel("relative error ||q(x) - x|| / ||x||\n" + ("(%, log axis)" if logy else "(%, linear axis)"))
         ax.grid(alpha=0.3, which="both")
-        lo, hi = ax.get_ylim()
-        if hi / lo < 10:   # less than a decade: label the values, not just the decades
-            ax.yaxis.set_minor_formatter(mticker.FormatStrFormatter("%.3g"))
-            ax.yaxis.set_major_formatter(mticker.FormatStrFormatter("%.3g"))
-    axes[0][0].set_ylabel("relative error ||q(x) - x|| / ||x|| (log)")
     # one legend for both panels (a tensor has the same colour and line in each), under them: inside a
     # panel it covered lines
     handles, labels = axes[0][0].get_legend_handles_labels()

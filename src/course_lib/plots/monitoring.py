@@ -62,13 +62,15 @@ def plot_recovery(demo) -> Figure:
 def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
     """Left: per parameter (the ``top_n`` with the largest share at any point), the share of its gradient
     an unscaled low-precision format would flush to zero, against the step. Right: the loss."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.5, 1]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.4), gridspec_kw={"width_ratios": [1.5, 1]})
     ranked = sorted(trend.flush.items(), key=lambda kv: -max(kv[1]))[:top_n]
     _ranked_lines(left, trend.steps, ranked)
     left.set_xlabel("optimizer step")
-    left.set_ylabel(f"gradient values {trend.fmt} would flush (%)")
+    left.set_ylabel(f"gradient values {trend.fmt}\nwould flush (%)")
     left.grid(alpha=0.3)
-    left.legend(fontsize=7)
+    # under the panels, where it covers no line (inside the panel it hid lines that cross its middle)
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False)
     right.plot(np.arange(len(trend.losses)), trend.losses, color="#000000", lw=1.6)
     right.set_xlabel("optimizer step")
     right.set_ylabel("loss")

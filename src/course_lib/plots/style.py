@@ -225,6 +225,7 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
         diffs = [a - b for a, b in zip(final(recipe), ref_final)]
         right.plot(diffs, [i] * len(diffs), "o", color=colours[recipe], ms=7, alpha=0.85)
     right.axvline(0.0, color="#000000", lw=1)
+    right.margins(x=0.12)   # the outermost dots whole, not cut by the panel's edge
     right.set_yticks(range(len(others)), [textwrap.fill(r, 18, break_on_hyphens=False) for r in others])
     right.set_ylim(len(others) - 0.5, -0.5)   # the first recipe on top, as in the legend
     right.set_xlabel(f"{final_label or 'final loss'} minus {reference}'s\n(same seed; one dot per seed)")

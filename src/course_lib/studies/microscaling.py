@@ -298,17 +298,39 @@ def _percent_errors(errors: Mapping[str, QuantizationError], labels) -> list[str
     return [f"{100 * errors[b].relative_error:.1f}%" for b in labels]
 
 
+def _block_header(block: str) -> str:
+    """A block size as a column header: ``"32 elements per scale"``, ``"one scale per tensor"``."""
+    return "one scale per tensor" if block == "tensor" else f"{block} element{'' if block == '1' else 's'} per scale"
+
+
+def percent_texts(*values: float) -> tuple[str, ...]:
+    """Percentages (0 to 100) as text, all with the fewest decimals (none to three) at which no value strictly
+    between 0 and 100 reads as 0% or 100%: ``(99.73, 98.94)`` reads ``("99.7%", "98.9%")``, not ``100%`` flushed
+    beside an error of ``99%``."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"a percentage must be a number, got {type(v).__name__}")
+        if not 0 <= v <= 100:
+            raise ValueError(f"a percentage must lie in [0, 100], got {v!r}")
+    if not values:
+        raise ValueError("percent_texts needs at least one value")
+    d = next((d for d in range(3) if all(0 < float(f"{v:.{d}f}") < 100 for v in values if 0 < v < 100)), 3)
+    return tuple(f"{v:.{d}f}%" for v in values)
+
+
 def block_size_table(study: BlockSizeStudy, element: str = "e2m1") -> MarkdownTable:
     """Relative error per tensor (rows) and block size (columns) for ``element``."""
     if element not in study.errors:
         raise ValueError(f"the study has no {element!r} elements; it ran {study.elements}")
-    return markdown_table(["tensor", *(f"{element.upper()}, {b}" for b in study.blocks)],
+    return markdown_table([f"tensor ({element.upper()} elements)", *(_block_header(b) for b in study.blocks)],
                           [[t, *_percent_errors(study.errors[element][t], study.blocks)] for t in study.tensors])
 
 
 def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
     """Percent relative error and flushed of E2M1 blocks of 1, 32 and the whole tensor on the activation and
-    on the outlier activation's other channels; E4M3 blocks of 32 and one scale per tensor; E4M3's binades."""
+    on the outlier activation's other channels; E4M3 blocks of 32 and one scale per tensor; E4M3's binades;
+    and the outlier activation's flushed share and error with one scale per tensor as text that agrees
+    (``blk_fp4_out_flushed_pct``, ``blk_fp4_out_tensor_pct``: :func:`percent_texts`)."""
     fp4, fp8 = study.errors["e2m1"], study.errors["e4m3"]
     act, out = fp4["activation"], fp4["activation + outlier"]
     return {"blk_fp4_32": 100 * act["32"].relative_error, "blk_fp4_tensor": 100 * act["tensor"].relative_error,
@@ -319,7 +341,9 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
             "blk_fp4_flushed32": 100 * act["32"].flushed, "blk_fp4_1": 100 * act["1"].relative_error,
             "e4m3_binades": element_format("e4m3").binades,
             "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error,
-            "blk_sizes": block_sizes_phrase(study), **_flatness("blk_fp8", fp8)}
+            "blk_sizes": block_sizes_phrase(study), **_flatness("blk_fp8", fp8),
+            **dict(zip(("blk_fp4_out_flushed_pct", "blk_fp4_out_tensor_pct"),
+                       map(Prose, percent_texts(100 * out["tensor"].flushed, 100 * out["tensor"].relative_error))))}
 
 
 def block_sizes_phrase(study: BlockSizeStudy) -> Prose:
@@ -446,8 +470,9 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
 
 def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
     """Where a recipe's loss rose furthest above ``baseline``'s from the same seed at the same step (a spike
-    the loss curves show; steps counted from 0, as the figure's axis), and where that run's final loss ended
-    against the baseline's."""
+    the loss curves show; steps counted from 0, as the figure's axis; the same batch, since every run of a seed
+    draws the same batches), the other recipes' gaps at that seed and step, where that run's final loss ended
+    against the baseline's, and that the page does not explain the spike."""
     if baseline not in check_training(result).recipes:
         raise ValueError(f"no {baseline!r} run to compare with; recipes: {', '.join(result.recipes)}")
     gaps = [(a - b, r, i, t) for r in result.recipes if r != baseline for i in range(len(result.seeds))
@@ -456,9 +481,14 @@ def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
         raise ValueError(f"no recipe ran beside {baseline!r}")
     gap, recipe, i, t = max(gaps, key=lambda g: g[0])   # the first, in recipe, seed and step order
     end = result.final(recipe)[i] - result.final(baseline)[i]
+    others = [f"`{r}` {result.curves[r][i][t] - result.curves[baseline][i][t]:+.3f}" for r in result.recipes
+              if r not in (recipe, baseline)]
+    beside = f" At that step the other recipes from that seed were at {and_list(others)}." if others else ""
     return Prose(f"The widest gap at any one step: `{recipe}`, seed {result.seeds[i]}, at step {t}, "
-                 f"{gap:+.3f} against BF16's loss from the same seed at that step; that run ended {end:+.3f} from "
-                 "BF16's final loss.")
+                 f"{gap:+.3f} against BF16's loss from the same seed at that step, on the same batch (every run of "
+                 f"a seed starts from the same weights and draws the same batches in the same order).{beside} That "
+                 f"run ended {end:+.3f} from BF16's final loss. What made it jump there, this page does not "
+                 "explain.")
 
 
 def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
@@ -522,7 +552,8 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
 
 def exercise_facts() -> dict[str, object]:
     """The exercises' answers: the E8M0 scale and the values an MXFP4 block of 0.9, -2.6, 0.1, 1.7 (and 28
-    zeros) stores with RCEIL and with FLOOR; MXFP8's bits per element; NVFP4's saving over BF16 and the
+    zeros) stores with RCEIL and with FLOOR; MXFP8's bits per element, and NVFP4's with the training recipe's
+    16 x 16 weight blocks (one scale per 256 weights); NVFP4's (1 x 16 blocks) saving over BF16 and the
     gigabytes of a 7-billion-parameter model's weights in BF16 and in NVFP4."""
     block = torch.tensor([[0.9, -2.6, 0.1, 1.7] + [0.0] * 28])
     facts: dict[str, object] = {}
@@ -531,6 +562,8 @@ def exercise_facts() -> dict[str, object]:
         facts[f"ex_{mode}_scale"] = float(q.block_scales[0, 0])
         facts[f"ex_{mode}_values"] = ", ".join(f"{v:g}" for v in q.dequantize()[0, :4].tolist())
     nvfp4_bits = nvfp4_bits_per_element()
+    square = BlockScaling("e2m1", 16, block_rows=16, scale_format="e4m3").quantize(torch.ones(16, 16))
     facts.update({"ex_bits_mxfp8": BlockScaling("e4m3", 32).quantize(torch.ones(1, 32)).storage_bits_per_element,
+                  "ex_bits_nvfp4_16x16": square.storage_bits_per_element,
                   "ex_saving": 16 / nvfp4_bits, "ex_bf16_gb": 7e9 * 2 / 1e9, "ex_nvfp4_gb": 7e9 * nvfp4_bits / 8 / 1e9})
     return facts

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..glue import Prose, and_list
-from ..models import course_setup
+from ..models import CourseSetup, course_setup
 from ..mx.linear import block_recipe, convert_to_block_scaled
 from ..tables import MarkdownTable, markdown_table
 
@@ -176,6 +176,22 @@ def _positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+def trained_fp32_model(profile, device: torch.device | str = "cpu", *, seed: int, steps: int | None = None,
+                       lr: float = 3e-3) -> tuple[CourseSetup, nn.Module]:
+    """The course GPT trained in FP32 with AdamW for ``steps`` steps (default 30 small, 200 full) from ``seed``
+    (weights and batch order), and its setup: the model every recipe of :func:`gradient_fidelity` starts from.
+    The batches after the training's, ``setup.steps + b``, are the ones it measures on."""
+    setup = course_setup(profile, device, steps=steps, default_steps=(30, 200), seed=seed)
+    model = setup.model(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(setup.steps):
+        x, y = setup.sampler.batch(step, setup.device)
+        opt.zero_grad(set_to_none=True)
+        model(x, y)[1].backward()
+        opt.step()
+    return setup, model
+
+
 def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
                       recipes=("mxfp8", "mxfp4", "mxfp4_hp_last", "nvfp4", "nvfp4_no_sr", "nvfp4_no_rht",
                                "nvfp4_no_2d", "nvfp4_no_hp_last"), seeds=(0, 1, 2), draws: int = 4,
@@ -201,15 +217,8 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
     averaged: dict[str, list[tuple[float, ...]]] = {r: [] for r in recipes}
     n_steps = 0
     for seed in seeds:
-        setup = course_setup(profile, device, steps=steps, default_steps=(30, 200), seed=seed)
+        setup, model = trained_fp32_model(profile, device, seed=seed, steps=steps, lr=lr)
         n_steps = setup.steps
-        model = setup.model(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr)
-        for step in range(setup.steps):
-            x, y = setup.sampler.batch(step, setup.device)
-            opt.zero_grad(set_to_none=True)
-            model(x, y)[1].backward()
-            opt.step()
         converted = {r: convert_to_block_scaled(copy.deepcopy(model), r, seed=seed) for r in recipes}
         per_batch: dict[str, list[float]] = {r: [] for r in recipes}
         per_batch_se: dict[str, list[float]] = {r: [] for r in recipes}
@@ -365,9 +374,8 @@ def last_block_sentence(fidelity: GradientFidelity) -> Prose:
     text += (f" The same choice made for MXFP4 {moved} its error from {without:.1f}% to {with_:.1f}% on average "
              f"(without the block in high precision minus with it, {effect_range(mx)}: {verdict_phrase(mx)}).")
     if nv.ever_hurts or mx.ever_hurts:
-        text += (" Keeping a block in high precision did not always bring the gradient closer: quantisation "
-                 "errors of different layers do not add up independently in the gradient, and a measurement, not "
-                 "a rule of thumb, says which layers to keep.")
+        text += (" Keeping a block in high precision did not always bring the gradient closer; the per-layer "
+                 "breakdown below looks at where the error went.")
     else:
         text += (" Keeping the last block in high precision never made the gradient worse, in either recipe, "
                  "beyond the draw-to-draw noise.")

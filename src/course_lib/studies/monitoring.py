@@ -4,6 +4,7 @@ the errata: studies.monitoring_prose)."""
 
 from __future__ import annotations
 
+import math
 import re
 import tempfile
 import warnings
@@ -320,21 +321,33 @@ def alert_table(alerts: Sequence[Alert]) -> MarkdownTable:
                           [(a.step, a.kind, _code(a.layer), a.message) for a in alerts])
 
 
+def growing_gradient(trend: UnderflowTrend) -> str:
+    """The watched gradient whose flushed share grew most from the first sampled step to the last."""
+    if not trend.flush:
+        raise ValueError("the trend has no sampled gradients or no losses")
+    return max(trend.flush, key=lambda n: trend.flush[n][-1] - trend.flush[n][0])
+
+
+def qkv_peak_gradient(trend: UnderflowTrend) -> str:
+    """The attention ``qkv`` output gradient (a name ending ``qkv:grad_output``) with the largest flushed share
+    at any sampled step."""
+    qkv = [n for n in trend.flush if n.endswith("qkv:grad_output")]
+    if not qkv:
+        raise ValueError("the trend watched no attention qkv output gradient (names ending 'qkv:grad_output')")
+    return max(qkv, key=lambda n: max(trend.flush[n]))
+
+
 def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
     """Lesson 9's facts of an :class:`UnderflowTrend`: the gradient whose flushed share grew most (percent at
     the first and last sampled step, and the step its alert fired), the loss at the first and last step,
     the ``qkv.bias`` parameters that alerted (and their largest flushed share, percent), and the attention
     ``qkv`` output gradient with the largest flushed share (its peak, the step of the peak, its last share);
     ``trend_every``: the steps between two samples."""
-    if not trend.flush or not trend.losses:
+    if not trend.losses:
         raise ValueError("the trend has no sampled gradients or no losses")
-    growing = max(trend.flush, key=lambda n: trend.flush[n][-1] - trend.flush[n][0])
+    growing, peak_name = growing_gradient(trend), qkv_peak_gradient(trend)
     first_alert = {a.layer: a.step for a in trend.alerts}
     bias = sorted(n for n in first_alert if n is not None and n.endswith("qkv.bias"))
-    qkv = [n for n in trend.flush if n.endswith("qkv:grad_output")]
-    if not qkv:
-        raise ValueError("the trend watched no attention qkv output gradient (names ending 'qkv:grad_output')")
-    peak_name = max(qkv, key=lambda n: max(trend.flush[n]))
     peak = trend.flush[peak_name]
     return {
         "trend_steps": len(trend.losses),
@@ -419,7 +432,8 @@ def nan_hunt_table(hunts: Iterable[NanHunt]) -> MarkdownTable:
 def nan_hunt_facts(forward: NanHunt, backward: NanHunt) -> dict[str, object]:
     """Lesson 9's facts of the two hunts: the forward fault's layer and what anomaly mode named for it, and
     the cost of the locator and of anomaly mode on a healthy step (percent over a plain step, from the
-    backward hunt's timings)."""
+    backward hunt's timings; ``hunt_locator_costs`` and ``hunt_anomaly_costs``: both hunts' timings of that
+    step, forward then backward, as text)."""
     if forward.kind != "nan" or backward.kind != "nan_backward":
         raise ValueError(f"expected a 'nan' and a 'nan_backward' hunt, got {forward.kind!r} and {backward.kind!r}")
     named = anomaly_function(forward.anomaly)
@@ -428,7 +442,32 @@ def nan_hunt_facts(forward: NanHunt, backward: NanHunt) -> dict[str, object]:
         "hunt_fwd_anomaly": Prose(_code(named) if named else "nothing"),
         "hunt_locator_cost": 100 * (backward.locator_s / backward.plain_s - 1),
         "hunt_anomaly_cost": 100 * (backward.anomaly_s / backward.plain_s - 1),
+        "hunt_locator_costs": Prose(and_list([_percent(h.locator_s / h.plain_s - 1) for h in (forward, backward)])),
+        "hunt_anomaly_costs": Prose(and_list([_percent(h.anomaly_s / h.plain_s - 1) for h in (forward, backward)])),
     }
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:+.0f}%"
+
+
+def locator_report_table(report: NonFiniteReport | None) -> MarkdownTable:
+    """What :class:`NonFiniteLocator` saw at the module it names, one row per tensor: dtype and shape, largest
+    finite magnitude, NaN and inf counts. In a backward pass the hook's inputs are the gradients arriving at the
+    module (of its output) and its outputs the gradients it passes back (of its inputs); the rows say so."""
+    if report is None:
+        return MarkdownTable("The locator found no non-finite value.")
+    if report.phase not in ("forward", "backward"):
+        raise ValueError(f"a report's phase is 'forward' or 'backward', got {report.phase!r}")
+    backward = report.phase == "backward"
+    kinds = (("gradient arriving (of its output)", report.inputs), ("gradient passed back (of its input)",
+                                                                     report.outputs)) if backward else \
+        (("input", report.inputs), ("output", report.outputs))
+    where = f"{_code(report.op)} in {_code(report.module)}" if report.op else _code(report.module)
+    rows = [(f"{kind} {i + 1}" if len(tensors) > 1 else kind, f"{t.dtype} {list(t.shape)}", 
+             f"{t.max_abs:.3g}" if math.isfinite(t.max_abs) else "none finite", t.nan, t.inf) for kind, tensors in kinds for i, t in enumerate(tensors)]
+    return markdown_table([f"{where}, {report.phase} pass", "dtype and shape", "largest finite magnitude", "NaN",
+                           "inf"], rows)
 
 
 def skipped_after_fault(demo: RecoveryDemo) -> list[bool]:

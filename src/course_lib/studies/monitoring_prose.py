@@ -5,7 +5,7 @@ studies.monitoring, from the monitor's log and from the recorded GPU runs."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -14,7 +14,17 @@ from ..glue import Prose, and_list
 from ..monitor.health import MonitorLog, step_was_skipped
 from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
-from .monitoring import MonitorOverhead, NanHunt, RecoveryDemo, anomaly_function, skipped_after_fault
+from ..formats import get_format
+from .monitoring import (
+    MonitorOverhead,
+    NanHunt,
+    RecoveryDemo,
+    UnderflowTrend,
+    anomaly_function,
+    growing_gradient,
+    qkv_peak_gradient,
+    skipped_after_fault,
+)
 
 # an overhead against the timing's noise: a cost (every round beyond the noise), one within the noise, one
 # beyond it overall but not in every round (unresolved), or a shorter step in every round (which a monitor
@@ -430,3 +440,125 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
          f"{_judged(cost, 10)} (the unmonitored loop alone moved by a median {_unsigned(100 * noise, d)} between "
          f"rounds).{recorded}"),
     ]
+
+
+# ---- the faults recorded on a GPU, beside this page's run ------------------------------------------------
+
+# the output gradient of the model's head: the gradient of the logits, (softmax - one-hot) / tokens per batch
+LOGIT_GRADIENT = "head:grad_output"
+
+
+def tokens_per_batch(model: Mapping[str, object] | None) -> int:
+    """Tokens in one batch of the course model: ``context`` times ``batch`` of a course-model mapping
+    (:func:`course_lib.models.profile_model`, or a record's ``course_model``)."""
+    if model is None:
+        raise ValueError("no course model given: the record does not say what it trained")
+    sizes: list[int] = []
+    for name in ("context", "batch"):
+        try:
+            value = model[name]
+        except (KeyError, TypeError):
+            raise ValueError(f"a course model names its context and batch, got {model!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"the course model's {name} must be a positive int, got {value!r}")
+        sizes.append(value)
+    return sizes[0] * sizes[1]
+
+
+def flushed_at(trend: UnderflowTrend, name: str, step: int) -> float:
+    """The share of ``name``'s gradient an unscaled ``trend.fmt`` would flush at a sampled ``step``."""
+    if name not in trend.flush:
+        raise ValueError(f"the trend did not watch {name!r}")
+    if step not in trend.steps:
+        raise ValueError(f"step {step} was not sampled (sampled: {trend.steps[0]} to {trend.steps[-1]})")
+    return trend.flush[name][trend.steps.index(step)]
+
+
+def _shape(model: Mapping[str, object]) -> str:
+    return f"{model['d_model']} wide, {model['n_layers']} blocks"
+
+
+def recorded_trend_facts(live: UnderflowTrend, live_model: Mapping[str, object], records: Sequence[RecordedResult],
+                         device: torch.device | str) -> dict[str, object]:
+    """``rt_table`` and ``rt_sentence``: the live run's fastest-growing gradient and its attention ``qkv`` output
+    gradient with the largest share (:func:`growing_gradient`, :func:`qkv_peak_gradient`), flushed at the first
+    sampled step, at the last step both runs sampled and at each run's last, on this page's run (``device``,
+    ``live_model``: its course model) and on the first recorded ``monitor_faults`` run; and what the tokens per
+    batch change for the logit gradient (:data:`LOGIT_GRADIENT`), as far as those numbers go."""
+    names = list(dict.fromkeys((growing_gradient(live), qkv_peak_gradient(live))))
+    here = f"this page's {torch.device(device).type.upper()} run"
+    if not records:
+        return {"rt_table": MarkdownTable(""), "rt_sentence": Prose(
+            "No GPU record of `monitor_faults` yet: `python -m course_lib.record monitor_faults` makes one.")}
+    rec = records[0]
+    recorded, rec_model = rec.result.underflow_trend, rec.record.course_model
+    if rec_model is None:
+        raise ValueError("the record does not say which course model it trained")
+    shared = sorted(set(live.steps) & set(recorded.steps))
+    if not shared:
+        raise ValueError("the live run and the record share no sampled step")
+    step, first = shared[-1], shared[0]
+    runs = ((here, live, live_model), (f"recorded, {rec.label}", recorded, rec_model))
+    rows = [(_code(n), run, f"{tokens_per_batch(model):,}", f"{100 * flushed_at(t, n, first):.1f}%",
+             f"{100 * flushed_at(t, n, step):.1f}%", f"{100 * t.flush[n][-1]:.1f}% (step {t.steps[-1]})")
+            for n in names for run, t, model in runs]
+    table = markdown_table(["gradient", "run", "tokens per batch", f"step {first}", f"step {step}",
+                            "last sampled step"], rows)
+    pairs = and_list([f"{100 * flushed_at(recorded, n, step):.1f}% of {_code(n)} there against "
+                      f"{100 * flushed_at(live, n, step):.1f}% here" for n in names])
+    text = (f"Recorded on {rec.label} with a model {_shape(rec_model)} and {tokens_per_batch(rec_model):,} tokens per "
+            f"batch ({here}: {_shape(live_model)}, {tokens_per_batch(live_model):,} tokens), FP16 would flush "
+            f"{pairs} at step {step}, the last step both sampled.")
+    if LOGIT_GRADIENT in names:
+        half = get_format(live.fmt).min_subnormal / 2
+        t_live, t_rec = tokens_per_batch(live_model), tokens_per_batch(rec_model)
+        larger = flushed_at(recorded, LOGIT_GRADIENT, step) > flushed_at(live, LOGIT_GRADIENT, step)
+        text += (f" An entry of {_code(LOGIT_GRADIENT)} is a probability divided by the tokens in the batch (the loss "
+                 f"is their mean), so it flushes when that probability is at most the tokens times {half:.3g}, half "
+                 f"{live.fmt}'s smallest subnormal: {t_rec * half:.2g} there, {t_live * half:.2g} here, "
+                 f"{t_rec / t_live:g} times " + ("higher" if t_rec > t_live else "lower") + " in the record. "
+                 + ("That fits the record's larger share, but " if larger == (t_rec > t_live) else
+                    "Yet the record's share is not the one that threshold predicts larger, and ")
+                 + "the two runs differ in their models too, and neither measured the probabilities, so the record "
+                 "does not say how much of the difference the batch explains.")
+    qkv = qkv_peak_gradient(live)
+    if qkv != LOGIT_GRADIENT:
+        text += f" Why the record's share of {_code(qkv)} differs from this page's, the numbers here do not say."
+    return {"rt_table": table, "rt_sentence": Prose(text)}
+
+
+def hunt_timing_table(runs: Mapping[str, Mapping[str, NanHunt]]) -> MarkdownTable:
+    """Per run (label to hunts by kind) and hunt, the healthy step timed beside it: milliseconds plain, under the
+    locator and under anomaly mode, with each tool's overhead over plain."""
+    def ms(seconds: float, plain: float | None = None) -> str:
+        return f"{1e3 * seconds:.1f}" + ("" if plain is None else f" ({_signed(100 * (seconds / plain - 1))})")
+
+    rows = [(run, f"beside the {'forward' if kind == 'nan' else 'backward'} fault", h.repeats, ms(h.plain_s),
+             ms(h.locator_s, h.plain_s), ms(h.anomaly_s, h.plain_s))
+            for run, hunts in runs.items() for kind, h in hunts.items()]
+    if not rows:
+        raise ValueError("no hunts to tabulate")
+    return markdown_table(["run", "healthy step timed", "repeats (median)", "plain (ms)", "locator (ms)",
+                           "anomaly mode (ms)"], rows)
+
+
+def recorded_hunt_sentence(records: Sequence[RecordedResult]) -> Prose:
+    """What the first recorded ``monitor_faults`` run's hunts say the two tools cost on its GPU: each tool's
+    overhead in both timings of the same healthy step, how far the plain step itself moved between them, and
+    how many times as long each tool made the step at the least."""
+    if not records:
+        return Prose("No GPU record of the hunts yet: `python -m course_lib.record monitor_faults` makes one.")
+    rec = records[0]
+    hunts = list(rec.result.nan_hunts.values())
+    if not hunts:
+        raise ValueError("the record holds no NaN hunts")
+    loc = and_list([_signed(100 * (h.locator_s / h.plain_s - 1)) for h in hunts])
+    ano = and_list([_signed(100 * (h.anomaly_s / h.plain_s - 1)) for h in hunts])
+    plain = and_list([f"{1e3 * h.plain_s:.1f}" for h in hunts])
+    least = min(min(h.locator_s, h.anomaly_s) / h.plain_s for h in hunts)
+    model = rec.record.course_model
+    size = f"one step of a model {_shape(model)}" if model is not None else f"one step of {_model_size(rec)}"
+    return Prose(f"Recorded on {rec.label}, {size}: the locator added {loc} and anomaly mode {ano} in "
+                 f"the {len(hunts)} timings of the same healthy step, whose plain time itself came out at {plain} ms "
+                 f"(medians of {hunts[0].repeats}), so the percentages are rough; in every timing there, each tool made "
+                 f"the step at least {least:.1f} times as long.")
