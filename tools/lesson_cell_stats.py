@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
-WIDTH = 78
+WIDTH = 77
 CELL_RE = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```\s*$", re.S | re.M)
 
 
