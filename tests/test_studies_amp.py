@@ -269,5 +269,5 @@ def test_skip_note_names_the_skipped_steps_and_their_scales():
     peer.grad_norms = [1.0, 1.0, 14.5, 1.0]
     note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran, "fp16_autocast_no_scaler": peer})["recipe_skips"]
     assert ("A difference at step 2 cannot come from the skip. The unscaled gradient norms at those steps say how "
-            "large the update was: `fp16_autocast_scaler` inf and 11, `fp32` 1.01 and 1 and "
+            "large the update was: `fp16_autocast_scaler` inf and 11; `fp32` 1.01 and 1; "
             "`fp16_autocast_no_scaler` 14.5 and 1 (inf: the overflow that made the skip). A skipped step") in note

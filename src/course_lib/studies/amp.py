@@ -293,7 +293,7 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict
                 def norms(run: History) -> str:
                     return f"{run.grad_norms[first]:.3g} and {run.grad_norms[first + 1]:.3g}"
                 text += (". The unscaled gradient norms at those steps say how large the update was: "
-                         + and_list([f"`{n}` {norms(r)}" for n, r in runs])
+                         + "; ".join(f"`{n}` {norms(r)}" for n, r in runs)
                          + (f" ({h.grad_norms[first]:g}: the overflow that made the skip)"
                             if not math.isfinite(h.grad_norms[first]) else ""))
         parts.append(text)
