@@ -46,6 +46,21 @@ def test_spacing_figure_one_curve_per_format():
     assert lines["FP16 (dashed)"].get_linewidth() < lines["TF32"].get_linewidth()
 
 
+def test_a_format_has_one_colour_in_every_figure():
+    from matplotlib.colors import to_hex
+
+    # the same formats in different orders and company: each keeps its registry colour
+    ranges = plots.plot_format_ranges(["FP8 E4M3", "FP16"]).axes[0]
+    assert {to_hex(p.get_facecolor()) for p in ranges.patches} == {
+        to_hex(plots.format_colour("FP8 E4M3")), to_hex(plots.format_colour("FP16"))}
+    lines = plots.plot_relative_spacing(["FP16", "BF16"]).axes[0].get_lines()
+    spacing = {ln.get_label(): to_hex(ln.get_color()) for ln in lines if not ln.get_label().startswith("_")}
+    assert spacing == {"FP16": to_hex(plots.format_colour("FP16")), "BF16": to_hex(plots.format_colour("BF16"))}
+    colours = [plots.format_colour(f) for f in list_formats()]
+    assert len(set(colours)) == len(colours)           # every registered format its own colour
+    assert plots.format_colour("fp16") == plots.format_colour("FP16")
+
+
 def test_unknown_format_is_an_error():
     with pytest.raises(ValueError, match="unknown format"):
         plots.plot_bit_layouts(["FP7"])

@@ -14,12 +14,12 @@ from matplotlib.patches import Rectangle
 from ..formats import get_format, round_to_format, spacing
 from .style import (
     EXPONENT_COLOUR,
-    FORMAT_COLOURS,
     LIMIT_COLOUR,
     MANTISSA_COLOUR,
     SIGN_COLOUR,
     TENSOR_COLOUR,
     finish_figure,
+    format_colour,
     resolve_formats,
 )
 
@@ -84,7 +84,7 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
     labels = []
     for i, f in enumerate(fmts):
         y = len(fmts) - 1 - i
-        colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        colour = format_colour(f)
         # subnormal and normal told apart by height, not shade (a light black is another format's grey),
         # each outlined so that a pale colour still shows on white
         if f.min_subnormal < f.min_normal:
@@ -153,7 +153,7 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
         if not mask.any():
             continue
         rel = spacing(x[mask], f) / x[mask]
-        colour = FORMAT_COLOURS[i % len(FORMAT_COLOURS)]
+        colour = format_colour(f)
         # formats with as many mantissa bits as an earlier one share its curve where both exist (TF32 and
         # FP16): the later one is dashed and narrower, so the earlier one shows along it
         shared = any(g.mantissa_bits == f.mantissa_bits for g in fmts[:i])
@@ -182,7 +182,7 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
     edges = np.logspace(math.log10(lo), math.log10(hi), 61)
     centres = np.sqrt(edges[:-1] * edges[1:])
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    for i, name in enumerate(formats):
+    for name in formats:
         f = get_format(name)
         r = round_to_format(x, f, overflow="inf" if f.has_inf else "saturate")
         rel = np.abs(r - x) / x
@@ -193,7 +193,7 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
             vals = rel[(idx == b) & np.isfinite(rel)]
             if vals.size:
                 med[b], top[b] = np.median(vals), vals.max()
-        colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
+        colour = format_colour(f)
         ax.plot(centres, med, color=colour, lw=2, label=f"{f.name} median")
         ax.plot(centres, top, color=colour, lw=1, ls="--", label=f"{f.name} max")
     ax.set_xscale("log")

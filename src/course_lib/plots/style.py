@@ -175,6 +175,16 @@ def fp8_colour(label: str, j: int = 0) -> str:
     return recipe_colour(j)
 
 
+def format_colour(fmt: str | FloatFormat) -> str:
+    """One colour per registered format, the same in every figure (its place in the registry); a format the
+    registry does not hold gets one by its name, stably."""
+    name = fmt.name if isinstance(fmt, FloatFormat) else get_format(fmt).name
+    names = [f.name for f in list_formats()]
+    if name in names:
+        return FORMAT_COLOURS[names.index(name) % len(FORMAT_COLOURS)]
+    return FORMAT_COLOURS[sum(map(ord, name)) % len(FORMAT_COLOURS)]
+
+
 def recipe_colour(j: int) -> str:
     # the Okabe-Ito colours after black and grey, one per recipe, never the limit colour
     palette = [c for c in FORMAT_COLOURS[2:] if c != LIMIT_COLOUR]
