@@ -11,6 +11,7 @@ import torch
 
 from course_lib import formats as F
 from course_lib.formats import codecs
+from course_lib.formats.tables import exact_number
 
 TORCH_FORMATS = ["FP32", "BF16", "FP16", "FP8 E4M3", "FP8 E5M2", "E8M0"]
 ML_FORMATS = ["BF16", "FP8 E4M3", "FP8 E5M2", "E8M0", "FP6 E2M3", "FP6 E3M2", "FP4 E2M1"]
@@ -593,6 +594,12 @@ def test_markdown_tables_hold_every_format():
     assert F.properties_markdown(["BF16"], columns="precision").splitlines()[2] == "| BF16 | 7.812e-03 | 2.41 | 65,280 | yes | yes |"
     with pytest.raises(ValueError, match="columns must be one of"):
         F.properties_markdown(columns="bits")
+    # exact: integers and powers of two, one style per column (BF16's epsilon in full, not 7.812e-03)
+    assert F.properties_markdown(["FP8 E5M2", "BF16"], columns="range", exact=True).splitlines()[2:] == [
+        "| FP8 E5M2 | 8 (1/5/2) | 15 | 57,344 | $2^{-14}$ | $2^{-16}$ | 31.8 |",
+        "| BF16 | 16 (1/8/7) | 127 | $1.9921875 \\times 2^{127}$ | $2^{-126}$ | $2^{-133}$ | 261.0 |"]
+    assert F.properties_markdown(["BF16"], columns="precision", exact=True).splitlines()[2] == (
+        "| BF16 | $2^{-7}$ | 2.41 | 65,280 | yes | yes |")
     assert "0 01111 0000000000" in F.explain_values_markdown([1.0], ["FP16"])
     labelled = F.explain_values_markdown([1 / 3], ["FP16"], labels=["1/3"])
     assert str(labelled).splitlines()[2].startswith("| 1/3 | FP16 |")
@@ -697,3 +704,15 @@ def test_float32_codec_path_equals_the_float64_one(name, rounding):
         assert torch.equal(torch.isnan(fast), torch.isnan(slow))
         keep = ~torch.isnan(slow)
         assert torch.equal(fast[keep].view(torch.int32), slow[keep].view(torch.int32))
+
+
+@pytest.mark.parametrize("x, text", [
+    (448.0, "448"), (57344.0, "57,344"), (0.0, "0"), (1.0, "1"), (2.0**-9, "$2^{-9}$"), (0.0078125, "$2^{-7}$"),
+    (-0.125, "$-2^{-3}$"), (1.5 * 2.0**20, "$1.5 \\times 2^{20}$"), (math.inf, "inf"), (-math.inf, "-inf")])
+def test_exact_number_writes_integers_and_powers_of_two(x, text):
+    assert exact_number(x) == text
+
+
+def test_exact_number_refuses_nan():
+    with pytest.raises(ValueError, match="NaN"):
+        exact_number(math.nan)

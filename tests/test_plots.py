@@ -221,7 +221,10 @@ def test_microscaling_figures_draw_their_data():
     for ax in fig.axes:
         labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
         assert len(labels) >= 3 and all(label.endswith("%") for label in labels)
+        # one format per axis: every label with the same decimals (not 2.6% beside 2.63%)
+        assert len({len(label.split(".")[1]) if "." in label else 0 for label in labels}) == 1, labels
         assert ax.get_xlim()[1] >= len(study.blocks) - 0.5   # room for the "whole tensor" label
+        assert "evenly spaced" in ax.get_xlabel()
     assert "log axis" in fig.axes[1].get_ylabel() and "linear axis" in fig.axes[0].get_ylabel()
     lines = {ln.get_label(): ln for ln in fig.axes[1].get_lines()}
     assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"

@@ -55,7 +55,11 @@ def test_format_facts_are_e4m3_and_e5m2s_limits():
     assert facts["e4m3_eps"] == 0.125 and facts["e5m2_eps"] == 0.25
     assert facts["e4m3_binades"] == pytest.approx(math.log2(448 / 2 ** -9), rel=1e-12)
     assert facts["e5m2_binades"] == pytest.approx(math.log2(57344 / 2 ** -16), rel=1e-12)
-    assert len(facts) == 8
+    # written exactly, as the lesson's tables write them
+    assert (facts["e4m3_tiny_text"], facts["e4m3_eps_text"], facts["e5m2_eps_text"]) == ("$2^{-9}$", "$2^{-3}$",
+                                                                                         "$2^{-2}$")
+    assert isinstance(facts["e5m2_tiny_text"], Prose) and facts["e5m2_tiny_text"] == "$2^{-16}$"
+    assert len(facts) == 12
 
 
 def test_describe_tensors_lines():
@@ -174,7 +178,8 @@ def test_cast_cost_table_and_facts():
     facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02}, device="cpu")
     phrase, where, note = facts.pop("cost_phrase"), facts.pop("cost_where"), facts.pop("cost_device_note")
     assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 10.0})
-    assert phrase.startswith("takes 1.50 times as long") and "price of the extra pass" in phrase
+    assert phrase.startswith("takes 1.50 times as long as the cast with a known scale, more than the 10% by which "
+                             "two timings of the same cast differed: that is the price of the extra pass")
     # a CPU timing says so where it is quoted, and that a GPU's cast costs differently
     assert where == "Here (on this CPU)" and isinstance(where, Prose)
     assert note.startswith("A GPU's cast is bound by memory bandwidth") and "this CPU timing" in note
@@ -445,6 +450,15 @@ def test_recorded_linear_speed_table_and_summary():
     assert fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}) == (
         "On H100 the course's FP8 layer ran at 0.25 to 0.80 times BF16's speed (below 1: slower), at every size. "
         + tail)
+    # a record older than the one-pass casts says so in its own paragraph; a newer one does not
+    older = fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}, "2026-11-22T17:48:35+00:00")
+    assert older == (
+        "On H100 the course's FP8 layer ran at 0.25 to 0.80 times BF16's speed (below 1: slower), at every size. "
+        "The record dates from 2026-11-22, before 2026-11-25: it timed an older, slower version of the layer than "
+        "this page's, from before the layer cast each tensor in one pass without waiting for the host to read its "
+        "finiteness check. " + tail)
+    assert fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}, "2026-11-25T00:00:00") == (
+        fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}))
 
 
 # ---- errata and exercises ----------------------------------------------------------------------------------

@@ -268,15 +268,22 @@ def test_unscaled_seed_facts_report_each_seed_and_the_scaled_range():
     beyond = fp8_prose.unscaled_seed_facts(training(**base, unscaled=(3.1, 3.2, 3.15)))
     assert beyond == {
         "train_unscaled_seeds": "FP8 without scales ended above BF16 in all three seeds, by +0.100, +0.200 and "
-                                "+0.150 (seeds 0, 1 and 2 in turn): each gap beyond every scaled recipe's in every "
+                                "+0.150 (seeds 0, 1 and 2 in turn): each gap lies beyond every scaled recipe's in every "
                                 "seed (-0.010 to +0.020).",
         "train_unscaled_short": "unscaled FP8 ended above BF16 in all three seeds, beyond every scaled recipe's gap"}
     assert all(isinstance(v, Prose) for v in beyond.values())
     partly = fp8_prose.unscaled_seed_facts(training(**base, unscaled=(3.1, 3.01, 2.98)))
     assert partly["train_unscaled_seeds"].startswith("FP8 without scales ended above BF16 in two of three seeds, "
                                                      "by +0.100, +0.010 and -0.020")
-    assert "only some of these gaps beyond the scaled recipes' range" in partly["train_unscaled_seeds"]
+    # +0.100 and -0.020 lie outside -0.010 to +0.020, +0.010 inside: the sentence names the seeds
+    assert partly["train_unscaled_seeds"].endswith(
+        "(seeds 0, 1 and 2 in turn): two of them (seeds 0 and 2) lie beyond the scaled recipes' range (-0.010 to "
+        "+0.020), the other within it.")
+    one = fp8_prose.unscaled_seed_facts(training(**base, unscaled=(3.1, 3.01, 3.0)))
+    assert "one of them (seed 0) lies beyond the scaled recipes' range (-0.010 to +0.020), the others within it." in (
+        one["train_unscaled_seeds"])
     within = fp8_prose.unscaled_seed_facts(training(**base, unscaled=(2.995, 2.999, 2.998)))
+    assert within["train_unscaled_seeds"].endswith("every gap lies within the scaled recipes' range (-0.010 to +0.020).")
     assert within["train_unscaled_short"] == ("unscaled FP8 ended below BF16 in all three seeds, within the scaled "
                                               "recipes' gaps")
     with pytest.raises(ValueError, match="'unscaled'"):

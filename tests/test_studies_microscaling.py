@@ -606,7 +606,7 @@ def test_layer_breakdown_table_and_sentence():
     assert L.layer_breakdown_sentence(bd) == (
         "With `blocks.1` in high precision, the whole gradient's error was higher on 2 of 2 batches, and "
         "`blocks.1`'s own gradient was closer to the exact one on 1 of 2. The gradients of `blocks.0` and `head`, "
-        "layers the choice leaves as they were, were further from the exact ones on every batch. `blocks.0`, 38% "
+        "layers the choice leaves as they were, were further from the exact ones on every batch. `blocks.0`, 37.5% "
         "of the exact gradient's squared norm on average, carries 67% of the rise in the summed squared error. "
         "The forward pass's output probabilities were further from the exact ones on 2 of 2 batches with "
         "`blocks.1` in high precision: quantised, its error partly cancelled the error of the blocks before it in "

@@ -49,10 +49,11 @@ def test_underflow_trend_facts_name_the_growing_gradient_the_biases_and_the_qkv_
         "trend_steps": 4, "trend_every": 5, "trend_grow_name": "`head:grad_output`", "trend_grow_first": 0.0, "trend_grow_last": 50.0,
         "trend_grow_alert": "at step 10", "trend_loss_first": 5.5, "trend_loss_last": 2.75,
         "trend_bias": "`blocks.0.attn.qkv.bias` and `blocks.1.attn.qkv.bias`", "trend_bias_share": 50.0,
-        "trend_qkv_name": "`blocks.0.attn.qkv:grad_output`", "trend_qkv_peak": 75.0, "trend_qkv_peak_step": 5,
-        "trend_qkv_last": 25.0,
+        "trend_bias_shares": "up to 37.5% of their values at step 0 and at most 50.0% at step 5",
+        "trend_qkv_name": "`blocks.0.attn.qkv:grad_output`", "trend_qkv_first": 12.5, "trend_qkv_first_step": 0,
+        "trend_qkv_peak": 75.0, "trend_qkv_peak_step": 5, "trend_qkv_last": 25.0,
     }
-    for name in ("trend_grow_name", "trend_grow_alert", "trend_bias", "trend_qkv_name"):
+    for name in ("trend_grow_name", "trend_grow_alert", "trend_bias", "trend_bias_shares", "trend_qkv_name"):
         assert isinstance(facts[name], Prose)
     assert type(facts["trend_steps"]) is int and type(facts["trend_grow_last"]) is float
 
@@ -61,6 +62,12 @@ def test_underflow_trend_facts_without_alerts_say_so():
     facts = M.underflow_trend_facts(_trend())
     assert facts["trend_grow_alert"] == "not at all"
     assert facts["trend_bias"] == "no bias" and facts["trend_bias_share"] == 0.0
+
+
+def test_one_alerted_bias_whose_share_is_largest_at_the_first_step_has_no_later_peak():
+    facts = M.underflow_trend_facts(_trend([_alert(0, "underflow", "blocks.0.attn.qkv.bias")]))
+    assert facts["trend_bias_shares"] == "37.5% of its values at step 0"
+    assert facts["trend_bias_share"] == 37.5
 
 
 def test_underflow_trend_facts_refuse_a_trend_without_a_qkv_output_gradient():
@@ -217,6 +224,12 @@ def test_from_five_rounds_on_one_burst_of_load_is_tolerated():
         P.overhead_sentence(one_burst))
     two_low = _cost(base, (1.05, 1.06, 1.05, 1.0, 1.05, 1.06))        # and round 3 shows no cost at all
     assert P.overhead_verdict(two_low, 10) == "unresolved"
+    both = P.errata_rows(FWD, _demo(), one_burst, [], inf_raises=False, nan_raises=True)[3][1]
+    assert both.startswith("Every step: +50.0% here; every 10 steps: +5.0%; both beyond the timing noise in every "
+                           "round but at most one (the unmonitored loop")
+    assert P.overhead_sentence(one_burst).endswith(
+        "So watching every step made the mean step 50.0% longer and watching every 10 steps 5.0% longer: both costs "
+        "by that rule.")
     assert P.errata_rows(FWD, _demo(), two_low, [], inf_raises=False, nan_raises=True)[3][1].startswith(
         "Every step: +50.0% here, beyond the timing noise in every round but at most one; every 10 steps: +4.0%, "
         "longer by more than the timing noise in only 4 of 6 rounds (")
@@ -247,7 +260,8 @@ def test_overhead_table_and_facts():
         "The unmonitored loop, timed once a round, moved by a median 10.0% from one round to the next on its own "
         "(at most 10.0%): that is this run's noise, and an overhead counts as a cost only where it exceeded that "
         "median in every round. Single rounds' overheads ranged from +25.0% to +30.0% (every step) and from -5.0% to "
-        "+5.0% (every 10 steps). So watching every step made the mean step 25.0% longer: a cost; watching every 10 "
+        "+5.0% (every 10 steps). So watching every step made the mean step 25.0% longer, a cost by that rule; "
+        "watching every 10 "
         "steps changed the mean step time by +5.0%, within that noise: no cost this run can tell from zero.")
     assert all(isinstance(facts[k], Prose) for k in ("cost_sentence", "cost_range1", "cost_range10"))
     with pytest.raises(ValueError, match=r"intervals \[10\]"):
@@ -256,7 +270,8 @@ def test_overhead_table_and_facts():
 
 def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
     assert P.overhead_sentence(UNRESOLVED).endswith(
-        "from +0.0% to +20.0% (every 10 steps). So watching every step made the mean step 50.0% longer: a cost; "
+        "from +0.0% to +20.0% (every 10 steps). So watching every step made the mean step 50.0% longer, a cost by "
+        "that rule; "
         "watching every 10 steps changed the mean step time by +20.0%, more than that noise overall, but the step "
         "was longer by more than the noise in only 2 of 3 rounds (a cost must show in every round): no cost this run can tell "
         "from zero.")
@@ -712,6 +727,20 @@ def test_hunt_timing_table_and_the_recorded_sentence():
         "time itself came out at 10.0 and 4.0 ms (medians of 5), so the percentages are rough; in every timing "
         "there, each tool made the step at least 1.2 times as long.")
     assert P.recorded_hunt_sentence([]).startswith("No GPU record of the hunts yet")
+
+
+@pytest.mark.parametrize("value, text", [
+    (62.66 / 26.47, "2.3"), (2.4, "2.4"), (2.3, "2.3"), (2.39999, "2.3"), (1.0, "1.0"), (0.99, "0.9")])
+def test_a_lower_bound_is_rounded_down(value, text):
+    # 62.66 / 26.47 = 2.367...: ":.1f" prints 2.4, more than the bound; a value exact to one place keeps it
+    assert P.floor_decimals(value) == text
+
+
+def test_the_recorded_hunts_bound_is_rounded_down():
+    # the H100 record's tightest case: 62.66 ms under the locator against 26.47 ms plain, 2.37 times
+    slow = M.NanHunt("fc", "nan", None, None, 0.02647, 0.06266, 0.1)
+    rec = _faults_record(_trend(), {"nan": slow, "nan_backward": slow})
+    assert P.recorded_hunt_sentence([rec]).endswith("each tool made the step at least 2.3 times as long.")
 
 
 def test_the_h100_record_beside_the_small_run():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 
@@ -97,27 +98,45 @@ def _num(x: float) -> str:
     return f"{x:.6g}"
 
 
+def exact_number(x: float) -> str:
+    """``x`` written exactly, in one of two styles that read alike in a column: an integer below a million with
+    thousands separators (``"57,344"``), otherwise ``m`` times a power of two as MyST math, ``m`` in [1, 2)
+    and omitted when 1 (``"$2^{-9}$"``, ``"$1.9921875 \\times 2^{127}$"``); ``"inf"`` for infinity."""
+    if math.isnan(x):
+        raise ValueError("NaN has no exact value")
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == int(x) and abs(x) < 1e6:
+        return f"{int(x):,}"
+    m, e = math.frexp(abs(x))         # |x| = m * 2**e, m in [0.5, 1)
+    mantissa, power = Decimal(2 * m), e - 1
+    sign = "-" if x < 0 else ""
+    return f"${sign}2^{{{power}}}$" if mantissa == 1 else f"${sign}{mantissa} \\times 2^{{{power}}}$"
+
+
 # the properties table's columns, in two groups: where a format's values lie, and how finely and with which codes
 _RANGE_COLUMNS = ("bits (S/E/M)", "bias", "max finite", "min normal", "min subnormal", "binades")
 _PRECISION_COLUMNS = ("epsilon", "decimal digits", "finite values", "inf", "NaN")
 
 
-def properties_markdown(formats=None, columns: str = "all") -> MarkdownTable:
+def properties_markdown(formats=None, columns: str = "all", *, exact: bool = False) -> MarkdownTable:
     """A Markdown table of every derived property, one row per format (values from the registry).
     ``columns``: ``"all"``, ``"range"`` (bits, bias, extreme values, binades) or ``"precision"`` (epsilon,
     decimal digits, the count of finite values, whether inf and NaN exist): two narrower tables that fit a
-    page's width where the whole one does not."""
+    page's width where the whole one does not. ``exact``: the extreme values and epsilon written exactly
+    (:func:`exact_number`: integers and powers of two) rather than to four significant digits."""
     groups = {"all": _RANGE_COLUMNS + _PRECISION_COLUMNS, "range": _RANGE_COLUMNS, "precision": _PRECISION_COLUMNS}
     if columns not in groups:
         raise ValueError(f"columns must be one of {sorted(groups)}, got {columns!r}")
     fmts = list_formats() if formats is None else [get_format(f) for f in formats]
+    num = exact_number if exact else _num
     rows = []
     for f in fmts:
         cells = {"bits (S/E/M)": f"{f.bits} ({f.sign_bits}/{f.exponent_bits}/{f.mantissa_bits})", "bias": f.bias,
-                 "max finite": _num(f.max_finite), "min normal": _num(f.min_normal),
+                 "max finite": num(f.max_finite), "min normal": num(f.min_normal),
                  # a format without subnormals (E8M0) has none: its min_subnormal is its smallest normal
-                 "min subnormal": _num(f.min_subnormal) if f.subnormals and f.mantissa_bits else "none",
-                 "binades": f"{f.binades:.1f}", "epsilon": _num(f.epsilon),
+                 "min subnormal": num(f.min_subnormal) if f.subnormals and f.mantissa_bits else "none",
+                 "binades": f"{f.binades:.1f}", "epsilon": num(f.epsilon),
                  "decimal digits": f"{f.decimal_digits:.2f}", "finite values": f"{f.n_finite_codes:,}",
                  "inf": "yes" if f.has_inf else "no", "NaN": "yes" if f.has_nan else "no"}
         rows.append((f.name, *(cells[c] for c in groups[columns])))

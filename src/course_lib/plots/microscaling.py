@@ -13,6 +13,22 @@ from .style import COLUMN_INCHES, finish_figure, fp8_colour, recipe_colour
 _TENSOR_COLOURS = {"activation": "#332288", "weight": "#8C6D31", "gradient": "#AA4499"}
 
 
+class _PercentTicks(mticker.Formatter):
+    """Fractions as percentages, every tick of an axis with the same decimals: the fewest that write each tick
+    in view exactly (2.60% beside 2.63%, not 2.6%), at most six."""
+
+    ticks: tuple[float, ...] = ()
+
+    def set_locs(self, locs):
+        self.ticks = tuple(locs)
+
+    def __call__(self, x, pos=None):
+        lo, hi = sorted(self.axis.get_view_interval()) if self.axis is not None else (x, x)
+        shown = [100 * v for v in self.ticks if lo <= v <= hi] or [100 * x]
+        d = next((d for d in range(6) if all(abs(round(v, d) - v) <= 1e-9 * max(1.0, abs(v)) for v in shown)), 6)
+        return f"{100 * x:.{d}f}%"
+
+
 def plot_block_sizes(study) -> Figure:
     """Relative error (percent; a log axis where a panel's errors span a factor of two or more, else linear)
     of MX quantisation against block size, one panel per element format of a
@@ -30,7 +46,7 @@ def plot_block_sizes(study) -> Figure:
         ax.set_xticks(x, ["1\n(per\nelement)" if b == "1" else ("whole\ntensor" if b == "tensor" else b)
                           for b in study.blocks])
         ax.set_xlim(-0.5, len(study.blocks) - 0.5)   # room for the outer ticks' labels inside the panel
-        ax.set_xlabel("elements per E8M0 scale")
+        ax.set_xlabel("elements per E8M0 scale (categories, evenly spaced)")
         ax.set_title(f"{element.upper()} elements, {study.mode.upper()} scales", fontsize=10)
         values = [e.relative_error for t in study.tensors for e in study.errors[element][t].values()]
         # a log axis only where the errors span a factor of two or more; ticks at 1, 1.5, 2, 3, 5 and 7 per
@@ -40,7 +56,7 @@ def plot_block_sizes(study) -> Figure:
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(mticker.LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
             ax.yaxis.set_minor_formatter(mticker.NullFormatter())
-        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{100 * v:.3g}%"))
+        ax.yaxis.set_major_formatter(_PercentTicks())
         ax.set_ylabel("relative error ||q(x) - x|| / ||x||\n" + ("(%, log axis)" if logy else "(%, linear axis)"))
         ax.grid(alpha=0.3, which="both")
     # one legend for both panels (a tensor has the same colour and line in each), under them: inside a

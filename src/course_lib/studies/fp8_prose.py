@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..formats import get_format
+from ..formats.tables import exact_number
 from ..fp8.accumulation import AccumulationStudy
 from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
 from ..glue import Prose, and_list, count_word, ratio_text
@@ -34,12 +35,15 @@ BF16_LAYER = "BF16 nn.Linear"
 
 def format_facts() -> dict[str, object]:
     """Largest finite value, smallest subnormal, epsilon and binades of E4M3 and E5M2
-    (``e4m3_max``, ``e4m3_tiny``, ``e4m3_eps``, ``e4m3_binades``, and the same for ``e5m2``)."""
+    (``e4m3_max``, ``e4m3_tiny``, ``e4m3_eps``, ``e4m3_binades``, and the same for ``e5m2``), and the smallest
+    subnormal and epsilon written exactly, as the lesson's format tables write them (``e4m3_tiny_text``,
+    ``e4m3_eps_text``, ... : powers of two, :func:`~course_lib.formats.tables.exact_number`)."""
     facts: dict[str, object] = {}
     for name in ("e4m3", "e5m2"):
         f = get_format(name)
         facts.update({f"{name}_max": f.max_finite, f"{name}_tiny": f.min_subnormal, f"{name}_eps": f.epsilon,
-                      f"{name}_binades": f.binades})
+                      f"{name}_binades": f.binades, f"{name}_tiny_text": Prose(exact_number(f.min_subnormal)),
+                      f"{name}_eps_text": Prose(exact_number(f.epsilon))})
     return facts
 
 
@@ -165,17 +169,17 @@ def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float], *, d
     ratio = times[CURRENT_SCALING_CAST] / times[KNOWN_SCALE_CAST]
     noise = 100 * max(abs(times[k] / again[k] - 1) for k in (KNOWN_SCALE_CAST, CURRENT_SCALING_CAST))
     if 100 * (ratio - 1) > noise:
-        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, more than the {noise:.0f}% two "
-                  "timings of the same cast differed by: that is the price of the extra pass (an upper bound on it: "
+        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, more than the {noise:.0f}% by "
+                  "which two timings of the same cast differed: that is the price of the extra pass (an upper bound on it: "
                   "delayed scaling still records each amax, in the same pass on a GPU)")
     elif 100 * (1 - ratio) > noise:
         phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale: less, which an extra pass "
-                  f"cannot cause, by more than the {noise:.0f}% two timings of the same cast differed by. The two "
+                  f"cannot cause, by more than the {noise:.0f}% by which two timings of the same cast differed. The two "
                   "medians come from separate timed loops, so the machine's state between them, not the amax "
                   "pass, decided this difference")
     else:
-        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, within the {noise:.0f}% two "
-                  "timings of the same cast differed by: on this device the extra pass does not show")
+        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, within the {noise:.0f}% by which "
+                  "two timings of the same cast differed: on this device the extra pass does not show")
     kind = str(device).split(":")[0]
     if not kind or kind == "None":
         raise ValueError(f"device must name where the casts were timed, got {device!r}")
@@ -223,14 +227,19 @@ def unscaled_seed_facts(result: Fp8Training, unscaled: str = "unscaled") -> dict
     every = {1: "its one seed", 2: "both seeds"}.get(n, f"all {count_word(n)} seeds")
     side = (f"above BF16 in {every}" if above == n else f"below BF16 in {every}" if above == 0 else
             f"above BF16 in {count_word(above)} of {count_word(n)} seeds")
-    if min(gaps) > hi or max(gaps) < lo:
-        beyond, short = (f"each gap beyond every scaled recipe's in every seed ({lo:+.3f} to {hi:+.3f})",
+    out = [s for s, g in zip(result.seeds, gaps) if g > hi or g < lo]
+    span = f"({lo:+.3f} to {hi:+.3f})"
+    if len(out) == n:
+        beyond, short = (f"each gap lies beyond every scaled recipe's in every seed {span}",
                          "beyond every scaled recipe's gap")
-    elif max(gaps) > hi or min(gaps) < lo:
-        beyond, short = (f"only some of these gaps beyond the scaled recipes' range ({lo:+.3f} to {hi:+.3f})",
+    elif out:
+        which = ("seed " if len(out) == 1 else "seeds ") + and_list([str(s) for s in out])
+        rest = n - len(out)
+        beyond, short = (f"{count_word(len(out))} of them ({which}) {'lies' if len(out) == 1 else 'lie'} beyond the "
+                         f"scaled recipes' range {span}, the other{'' if rest == 1 else 's'} within it",
                          "only partly beyond the scaled recipes' gaps")
     else:
-        beyond, short = (f"every gap within the scaled recipes' range ({lo:+.3f} to {hi:+.3f})",
+        beyond, short = (f"every gap lies within the scaled recipes' range {span}",
                          "within the scaled recipes' gaps")
     seeds = and_list([str(s) for s in result.seeds])
     seeds = f"seed {seeds}" if n == 1 else f"seeds {seeds} in turn"
@@ -337,9 +346,11 @@ def recorded_linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
 
 
 def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
-                                  measured: Mapping[str, Mapping[int, float]]) -> Prose:
+                                  measured: Mapping[str, Mapping[int, float]], date: str = "") -> Prose:
     """What a recorded speed study says about the course's FP8 layer on ``label``'s GPU, beside the recorded
-    product ratios ``measured`` (see :func:`~course_lib.studies.fp8.recorded_product_ratios`)."""
+    product ratios ``measured`` (see :func:`~course_lib.studies.fp8.recorded_product_ratios`); with the
+    record's ``date`` (ISO) before :data:`ONE_PASS_CASTS_SINCE`, that it timed an older, slower version of the
+    layer than this page's."""
     ours = list(speed.speedup(COURSE_LAYER).values())
     if not ours:
         raise ValueError(f"the record has no {COURSE_LAYER!r} timing next to {BF16_LAYER!r}")
@@ -348,8 +359,11 @@ def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
                f"{max(rec)} (the recorded products above)" if rec else "")
     torchao = ("torchao did not import on the recording machine, so this record has no torchao layer."
                if any("torchao" in k for k in speed.skipped) else "")
+    older = (f" The record dates from {date[:10]}, before {ONE_PASS_CASTS_SINCE}: it timed an older, slower version "
+             "of the layer than this page's, from before the layer cast each tensor in one pass without waiting for "
+             "the host to read its finiteness check." if date and date[:10] < ONE_PASS_CASTS_SINCE else "")
     return Prose(f"On {label} the course's FP8 layer ran at {min(ours):.2f} to {max(ours):.2f} times BF16's speed "
-                 f"(below 1: slower), at every size{product}. This record times the whole layer, forward and "
+                 f"(below 1: slower), at every size{product}.{older} This record times the whole layer, forward and "
                  "backward, and does not say where the extra time goes; the layer is written for clarity (each "
                  "operand's amax, scale, clamp and cast as separate eager operations), not speed. Profile a layer "
                  f"before concluding anything about FP8 from it (`torch.profiler`, lesson 6). {torchao}")

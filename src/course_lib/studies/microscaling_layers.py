@@ -237,7 +237,8 @@ def layer_breakdown_sentence(bd: LayerBreakdown) -> Prose:
     rise = bd.rise_shares()
     if rise is not None:
         top = max(rise, key=lambda g: rise[g])
-        text += (f" `{top}`, {100 * bd.mean_share(top):.0f}% of the exact gradient's squared norm on average, "
+        # the share to the table's decimals (layer_breakdown_table), so that the two read the same
+        text += (f" `{top}`, {100 * bd.mean_share(top):.1f}% of the exact gradient's squared norm on average, "
                  f"carries {100 * rise[top]:.0f}% of the rise in the summed squared error.")
         if top != bd.kept:
             out = bd.higher_with_kept(None)

@@ -337,12 +337,29 @@ def qkv_peak_gradient(trend: UnderflowTrend) -> str:
     return max(qkv, key=lambda n: max(trend.flush[n]))
 
 
+def _bias_facts(trend: UnderflowTrend, bias: Sequence[str]) -> dict[str, object]:
+    """``trend_bias_share``, the largest share of the ``bias`` parameters' values flushed at any sampled step
+    (percent), and ``trend_bias_shares``, a phrase on their largest share at the first sampled step and, where
+    it is larger later, at its peak (``"up to 32.8% of their values at step 0 and at most 35.4% at step 5"``)."""
+    if not bias:
+        return {"trend_bias_share": 0.0, "trend_bias_shares": Prose("no share")}
+    first = max(trend.flush[n][0] for n in bias)
+    top, at = max((v, -i) for n in bias for i, v in enumerate(trend.flush[n]))
+    their = "its" if len(bias) == 1 else "their"
+    text = f"{'' if len(bias) == 1 else 'up to '}{100 * first:.1f}% of {their} values at step {trend.steps[0]}"
+    if top > first:
+        text += f" and at most {100 * top:.1f}% at step {trend.steps[-at]}"
+    return {"trend_bias_share": 100 * top, "trend_bias_shares": Prose(text)}
+
+
 def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
     """Lesson 9's facts of an :class:`UnderflowTrend`: the gradient whose flushed share grew most (percent at
     the first and last sampled step, and the step its alert fired), the loss at the first and last step,
-    the ``qkv.bias`` parameters that alerted (and their largest flushed share, percent), and the attention
-    ``qkv`` output gradient with the largest flushed share (its peak, the step of the peak, its last share);
-    ``trend_every``: the steps between two samples."""
+    the ``qkv.bias`` parameters that alerted (and their largest flushed share, percent, with a phrase on their
+    shares at the first sampled step and at their peak), and the attention ``qkv`` output gradient with the
+    largest flushed share (its share at the first sampled step, its peak, the step of the peak, its last share);
+    ``trend_every``: the steps between two samples. Every share is of all the gradient's values, as the figure
+    and the record's table give them (the alerts' messages count the non-zero values only)."""
     if not trend.losses:
         raise ValueError("the trend has no sampled gradients or no losses")
     growing, peak_name = growing_gradient(trend), qkv_peak_gradient(trend)
@@ -350,6 +367,7 @@ def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
     bias = sorted(n for n in first_alert if n is not None and n.endswith("qkv.bias"))
     peak = trend.flush[peak_name]
     return {
+        **_bias_facts(trend, bias),
         "trend_steps": len(trend.losses),
         "trend_every": trend.steps[1] - trend.steps[0] if len(trend.steps) > 1 else len(trend.losses),
         "trend_grow_name": Prose(_code(growing)),
@@ -359,8 +377,9 @@ def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
         "trend_loss_first": trend.losses[0],
         "trend_loss_last": trend.losses[-1],
         "trend_bias": Prose(" and ".join(_code(n) for n in bias) or "no bias"),
-        "trend_bias_share": 100 * max((max(trend.flush[n]) for n in bias), default=0.0),
         "trend_qkv_name": Prose(_code(peak_name)),
+        "trend_qkv_first": 100 * peak[0],
+        "trend_qkv_first_step": trend.steps[0],
         "trend_qkv_peak": 100 * max(peak),
         "trend_qkv_peak_step": trend.steps[peak.index(max(peak))],
         "trend_qkv_last": 100 * peak[-1],

@@ -69,6 +69,13 @@ def percent_decimals(cost: MonitorOverhead) -> int:
     return next(d for d in range(1, top + 1) if all(f"{v:.{d}f}" != f"{noise:.{d}f}" for v in apart))
 
 
+def floor_decimals(value: float, decimals: int = 1) -> str:
+    """``value`` rounded down to ``decimals`` places, for a lower bound ("at least 2.3 times" of 2.37, which
+    ``:.1f`` would round up to a false 2.4); a value already exact at that many places (to 1e-9) keeps them."""
+    factor = 10**decimals
+    return f"{math.floor(round(value * factor, 9)) / factor:.{decimals}f}"
+
+
 def _ms_decimals(seconds: Iterable[float]) -> int:
     """Decimals that give the shortest of these step times (seconds) four significant figures in milliseconds
     (10.55, 43.61, 8.400; one to four decimals), so that an overhead worked out from the printed times is the
@@ -139,7 +146,7 @@ def _clause(cost: MonitorOverhead, every: int, decimals: int) -> str:
     pct, rule = 100 * cost.overhead(every), _rule(len(cost.round_overheads(every)))
     signed, size = _signed(pct, decimals), _unsigned(pct, decimals)
     return {
-        "cost": f"made the mean step {size} longer: a cost",
+        "cost": f"made the mean step {size} longer, a cost by that rule",
         "within noise": f"changed the mean step time by {signed}, within that noise: no cost this run can tell "
                         "from zero",
         "unresolved": f"changed the mean step time by {signed}, more than that noise overall, but the step was "
@@ -156,12 +163,17 @@ def overhead_sentence(cost: MonitorOverhead) -> Prose:
     _check_intervals(cost)
     noise, largest, d = cost.noise(), max(cost.round_changes()), percent_decimals(cost)
     ranges = [_range(cost, e, d) for e in (1, 10)]
+    if overhead_verdict(cost, 1) == overhead_verdict(cost, 10) == "cost":     # one verdict, said once
+        sizes = [_unsigned(100 * cost.overhead(e), d) for e in (1, 10)]
+        verdict = (f"watching every step made the mean step {sizes[0]} longer and watching every 10 steps "
+                   f"{sizes[1]} longer: both costs by that rule")
+    else:
+        verdict = f"watching every step {_clause(cost, 1, d)}; watching every 10 steps {_clause(cost, 10, d)}"
     return Prose(
         f"The unmonitored loop, timed once a round, moved by a median {_unsigned(100 * noise, d)} from one round to "
         f"the next on its own (at most {_unsigned(100 * largest, d)}): that is this run's noise, and an overhead "
         f"counts as a cost only where it exceeded that median in {_rule(len(cost.round_overheads(1)))}. Single "
-        f"rounds' overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps). So watching "
-        f"every step {_clause(cost, 1, d)}; watching every 10 steps {_clause(cost, 10, d)}.")
+        f"rounds' overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps). So {verdict}.")
 
 
 def overhead_phrase(cost: MonitorOverhead, every: int, *, run: str = "this page's run") -> Prose:
@@ -414,7 +426,11 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
     after = skipped_after_fault(demo)
     named = "nothing" if forward.report is None else _code(forward.report.module)
     noise, d = cost.noise(), percent_decimals(cost)
-    o1, o10 = cost.overhead(1), cost.overhead(10)
+    o1, o10 = _signed(100 * cost.overhead(1), d), _signed(100 * cost.overhead(10), d)
+    j1, j10 = _judged(cost, 1), _judged(cost, 10)
+    # one judgement for both intervals is said once
+    measured = (f"Every step: {o1} here; every 10 steps: {o10}; both {j1}" if j1 == j10 else
+                f"Every step: {o1} here, {j1}; every 10 steps: {o10}, {j10}")
     recorded = ""
     if records:
         rec = records[0]
@@ -436,8 +452,7 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
          f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
          f"{'raised' if nan_raises else 'passed'}; FP16 overflows to inf."),
         ("Gradient monitoring is too slow to leave on.",
-         f"Every step: {_signed(100 * o1, d)} here, {_judged(cost, 1)}; every 10 steps: {_signed(100 * o10, d)}, "
-         f"{_judged(cost, 10)} (the unmonitored loop alone moved by a median {_unsigned(100 * noise, d)} between "
+         f"{measured} (the unmonitored loop alone moved by a median {_unsigned(100 * noise, d)} between "
          f"rounds).{recorded}"),
     ]
 
@@ -545,7 +560,7 @@ def hunt_timing_table(runs: Mapping[str, Mapping[str, NanHunt]]) -> MarkdownTabl
 def recorded_hunt_sentence(records: Sequence[RecordedResult]) -> Prose:
     """What the first recorded ``monitor_faults`` run's hunts say the two tools cost on its GPU: each tool's
     overhead in both timings of the same healthy step, how far the plain step itself moved between them, and
-    how many times as long each tool made the step at the least."""
+    how many times as long each tool made the step at the least (rounded down: a lower bound)."""
     if not records:
         return Prose("No GPU record of the hunts yet: `python -m course_lib.record monitor_faults` makes one.")
     rec = records[0]
@@ -561,4 +576,4 @@ def recorded_hunt_sentence(records: Sequence[RecordedResult]) -> Prose:
     return Prose(f"Recorded on {rec.label}, {size}: the locator added {loc} and anomaly mode {ano} in "
                  f"the {len(hunts)} timings of the same healthy step, whose plain time itself came out at {plain} ms "
                  f"(medians of {hunts[0].repeats}), so the percentages are rough; in every timing there, each tool made "
-                 f"the step at least {least:.1f} times as long.")
+                 f"the step at least {floor_decimals(least)} times as long.")
