@@ -180,7 +180,7 @@ def test_side_by_side_check_and_static_runs():
     runs = train_with_loss_scaling(SizeProfile("small"), static_scales=(1.0, 2.0**30), steps=3,
                                    dynamic_growth_interval=2)
     labels = [r.label for r in runs]
-    assert labels == ["static 2^0", "static 2^30", "dynamic (GradScaler)"]
+    assert labels == ["static 2\u2070", "static 2\u00b3\u2070", "dynamic (GradScaler)"]
     assert runs[1].n_skipped == 3 and runs[0].n_skipped == 0
 
 

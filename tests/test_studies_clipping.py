@@ -313,6 +313,8 @@ def test_spike_facts_compute_the_jump_and_the_verdicts():
     assert "beyond seed noise" in facts["clip_verdict"]
     # (1.1, 1.3) overlaps the no-spike range (1.0, 1.2) without lying inside it: "within" would overstate it
     assert facts["clip_vs_ref"].startswith("overlapping the seed-to-seed range") and "seed noise" in facts["clip_vs_ref"]
+    # the reference's range stands beside the words that name it, in four decimals
+    assert "of the runs that saw no spikes at all (1.0000 to 1.2000), a difference" in facts["clip_vs_ref"]
     assert facts["clip_max_norm"] == 1.0 and facts["clip_steps"] == 8 and facts["clip_spikes"] == 2
 
 
@@ -344,24 +346,30 @@ def test_rule_table_and_rule_facts():
     table = CP.rule_table(runs)
     assert isinstance(table, MarkdownTable)
     row = next(line for line in table.splitlines() if line.startswith("| per value"))
-    assert "0.1 (each entry)" in row and "4 of 4" in row and "| 7 |" in row and "2.250 (2.000 to 2.500)" in row
+    assert "0.1 (each entry)" in row and "4 of 4" in row and "| 7 |" in row and "| 2.0000 to 2.5000 |" in row
+    assert table.splitlines()[0] == ("| rule | bound | spikes stepped on | median norm there | ordinary steps changed "
+                                     "| final loss (seeds) |")
     agc = next(line for line in table.splitlines() if line.startswith("| adaptive"))
     assert "| 100% |" in agc
     facts = CP.rule_facts(runs)
     # global norm (1.1 to 1.3) and per-tensor (1.15 to 1.25) reach above the reference's 1.2: overlapping, not inside
+    # four decimals: a range that pokes 0.0001 past the reference's shows it
     assert facts["clip_rules_verdict"] == (
-        "Against the runs without spikes (1.000 to 1.200): global norm (1.100 to 1.300; 0.1 above its highest) and "
-        "per-tensor norm (1.150 to 1.250; 0.05 above its highest) overlapped it without lying inside it, a "
-        "difference within seed noise; per value (2.000 to 2.500) ended above every seed of it; adaptive (AGC) "
-        "(0.200 to 0.300) ended below every seed of it.")
+        "The runs that saw no spikes ended with held-out losses of 1.0000 to 1.2000 over the seeds. Global-norm "
+        "clipping (1.1000 to 1.3000, its highest seed 0.1 above) and per-tensor-norm clipping (1.1500 to 1.2500, its "
+        "highest seed 0.05 above) overlapped that range without lying inside it, a difference within seed noise; "
+        "per-value clipping (2.0000 to 2.5000) ended above that range; AGC (0.2000 to 0.3000) ended below that range.")
     wider = CP.rule_facts(_runs({**BASE, C.GLOBAL_NORM: (0.9, 1.3)}))["clip_rules_verdict"]
-    assert "global norm (0.900 to 1.300; 0.1 above its highest and 0.1 below its lowest) overlapped" in wider
+    assert ("Global-norm clipping (0.9000 to 1.3000, its highest seed 0.1 above and its lowest seed 0.1 below) "
+            "overlapped") in wider
     inside = CP.rule_facts(_runs({**BASE, C.GLOBAL_NORM: (1.0, 1.2)}))["clip_rules_verdict"]
-    assert inside == ("Against the runs without spikes (1.000 to 1.200): global norm (1.000 to 1.200) ended inside "
-                      "their seed range.")
+    assert inside == ("The runs that saw no spikes ended with held-out losses of 1.0000 to 1.2000 over the seeds. "
+                      "Global-norm clipping (1.0000 to 1.2000) ended inside that range.")
+    just = CP.rule_facts(_runs({**BASE, C.GLOBAL_NORM: (1.0, 1.20011)}))["clip_rules_verdict"]
+    assert "(1.0000 to 1.2001, its highest seed 0.00011 above)" in just
     # ranked among the rules that did not end above the reference: AGC below both of the others
-    assert facts["clip_rules_ranking"] == ("adaptive (AGC) ended below global norm and adaptive (AGC) ended below "
-                                           "per-tensor norm in every seed; any other pair's ranges overlap.")
+    assert facts["clip_rules_ranking"] == ("AGC ended below global-norm clipping and AGC ended below "
+                                           "per-tensor-norm clipping in every seed; any other pair's ranges overlap.")
     assert facts["clip_value_spike_norm"] == 7.0 and facts["clip_agc_changed"] == 100.0
     assert facts["clip_agc_floor"] == pytest.approx(0.05 * CM.AGC_EPS)
     with pytest.raises(ValueError, match="no clipping rule"):
@@ -371,7 +379,7 @@ def test_rule_table_and_rule_facts():
 def test_ranking_phrase_branches():
     assert CP.ranking_phrase({"a": (1.0, 2.0)}) == ""
     assert CP.ranking_phrase({"a": (1.0, 2.0), "b": (3.0, 4.0), "c": (1.5, 3.5)}) == (
-        "a ended below b in every seed; any other pair's ranges overlap.")
+        "A ended below b in every seed; any other pair's ranges overlap.")
     assert "do not rank a and b" in CP.ranking_phrase({"a": (1.0, 2.0), "b": (1.5, 2.5)})
 
 
@@ -397,7 +405,8 @@ def test_edit_table_and_order_facts():
     assert facts["ovf_norm"] == "`nan`" and facts["ovf_default"] == "`False`" and facts["ovf_nan_pct"] == 100.0
     assert facts["ovf_outcome"] == "skipped the step and the weights stayed bit-identical"
     assert facts["ovf_scale_after_log2"] == 15
-    assert facts["ovf_strict"] == "`` RuntimeError: The total norm is non-finite, so it cannot be clipped. ``"
+    # no full stop inside the code: the lesson's sentence goes on after it
+    assert facts["ovf_strict"] == "`` RuntimeError: The total norm is non-finite, so it cannot be clipped ``"
     assert facts["ord_second_unscale"].startswith("`RuntimeError: unscale_() has already")
     assert facts["ord_kept"].startswith("left the gradients exactly")
     assert facts["ex_adam_clip_before"] == 0.9

@@ -10,6 +10,7 @@ import torch
 
 from course_lib.bench.roofline import gpt_matmul_parameters, model_flops_per_token
 from course_lib.device import SizeProfile
+from course_lib.fp8.roofline import predict_fp8_linear
 from course_lib.jsonable import from_jsonable, to_jsonable
 from course_lib.models import TinyGPT
 from course_lib.plots.performance import plot_scale_ladder
@@ -93,6 +94,30 @@ def test_predictions_follow_the_models():
     assert p.memory_bytes > 16 * rung.n_params and preds["fp32"].memory_bytes > 16 * rung.n_params
     assert LADDER.predict(rung, "tf32", "CPU", tflops={"fp32": 1.0, "bf16": 2.0}, bandwidth_gbs=10.0,
                           reference_tflops=2.0) is None
+
+
+def test_the_ladders_fp8_prediction_has_no_launch_term():
+    # the ladder's roofline counts FLOPs and bytes only: its FP8 casts are bytes over bandwidth, with no
+    # floor per kernel, so doubling the bandwidth halves them at every size, however small
+    kw = dict(bf16_tflops=989.5, fp8_tflops=1979.0)
+    for name in ("course_small", "gpt2_large"):
+        rung = LADDER.rung_facts(name, sdpa=True)
+        casts = LADDER.fp8_cast_seconds(rung, "tensorwise", bandwidth_gbs=4800.0, **kw)
+        assert LADDER.fp8_cast_seconds(rung, "tensorwise", bandwidth_gbs=9600.0, **kw) == pytest.approx(casts / 2)
+    # course_small's casts take less than one 2 us launch per linear layer: torchao's floor is left out
+    small = LADDER.rung_facts("course_small", sdpa=True)
+    assert LADDER.fp8_cast_seconds(small, "rowwise", bandwidth_gbs=4800.0, **kw) < small.n_layers * 4 * 2e-6
+    # a 16 x 16 x 16 tensorwise layer, casts not fused: input and grad_output move 512 + 1024 bytes each,
+    # the weight 512 + 768 + 768; at 1 GB/s and 92% of it, and no launch
+    est = predict_fp8_linear(16, 16, 16, bf16_tflops=1.0, fp8_tflops=2.0, bandwidth_gbs=1.0, launch_seconds=0.0)
+    assert est.fp8_cast_s == pytest.approx(5120 / 0.92e9)
+    # three products, each 8192 FLOPs at 78% of 1 TFLOP/s against 1536 bytes (two BF16 operands in, a
+    # BF16 output) at 0.92 GB/s: memory-bound
+    assert est.bf16_s == pytest.approx(3 * 1536 / 0.92e9)
+    assert predict_fp8_linear(16, 16, 16, bf16_tflops=1.0, fp8_tflops=2.0, bandwidth_gbs=1e6).fp8_cast_s == (
+        pytest.approx(10 * 2e-6))   # the default keeps torchao's floor: ten kernels, each at least 2 us
+    with pytest.raises(ValueError, match="launch_seconds"):
+        predict_fp8_linear(16, 16, 16, bf16_tflops=1.0, fp8_tflops=2.0, bandwidth_gbs=1.0, launch_seconds=-1.0)
 
 
 def test_recipe_reasons_and_bad_input(monkeypatch):

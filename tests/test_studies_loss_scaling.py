@@ -47,8 +47,9 @@ def test_sweep_facts_need_scale_1_and_the_initial_scale_among_the_swept_ones():
 
 
 def test_power_of_two_names_the_exponent():
-    assert P.power_of_two(2.0**-3) == "2^-3"
-    assert P.power_of_two(2.0**24) == "2^24"
+    # superscripts, as the page's prose writes powers of two; a fractional exponent keeps the caret
+    assert P.power_of_two(2.0**-3) == "2\u207b\u00b3"
+    assert P.power_of_two(2.0**24) == "2\u00b2\u2074"
     assert P.power_of_two(3.0) == "2^1.58496"
     with pytest.raises(ValueError, match="positive"):
         P.power_of_two(0.0)
@@ -159,30 +160,49 @@ def test_replay_facts_say_whether_the_replay_reproduced_the_recording():
     assert P.replay_facts(other, rec) == {"replay_matches": False}
 
 
-def test_what_if_sentence_gives_each_replays_skips_and_final_scale():
-    stream = [math.inf, 3.0, math.inf, math.inf]         # step 1 overflows at a scale of 3 or more
+def test_what_if_sentence_names_each_setting_and_splits_its_skips_at_the_first_growth():
+    # step 1 overflows at a scale of 3 or more, step 5 at 6 or more
+    stream = [math.inf, 3.0, math.inf, math.inf, math.inf, 6.0, math.inf]
     traces = {"as recorded": replay_scale_schedule(stream, init_scale=4.0, growth_interval=2),
-              "init 2": replay_scale_schedule(stream, init_scale=2.0, growth_interval=2)}
-    # recorded: 4 (ok), 4 (skip, halves to 2), 2, 2 (two clean steps: grows to 4); from 2: never overflows, grows to 4
-    assert P.what_if_sentence(traces) == ("Over the same 4 steps, the recorded settings skipped 1 step and ended at "
-                                          "2\u00b9; init 2 skipped 0 steps and ended at 2\u00b2.")
+              "start low": replay_scale_schedule(stream, init_scale=2.0, growth_interval=2),
+              "start high": replay_scale_schedule(stream, init_scale=16.0, growth_interval=2, backoff_factor=0.25),
+              "grow late": replay_scale_schedule(stream, init_scale=4.0, growth_interval=4)}
+    # recorded: 4, 4 (skip: 2), 2, 2 (grows: 4), 4, 4 (grows: 8), 8; skipped once, before growing
+    # from 2: 2, 2 (grows: 4), 4, 4 (grows: 8), 8 (step 5 overflows: 4), 4; skipped once, after growing
+    # from 16, backing off to a quarter: 16, 16 (skip: 4), 4, 4 (grows: 8), 8, 8 (skip: 2), 2
+    # growing every 4 steps: 4, 4 (skip: 2), 2, 2, 2, 2 (grows: 4), 4
+    assert [P.skips_before_first_growth(t) for t in traces.values()] == [1, 0, 1, 1]
+    assert P.what_if_sentence(traces) == (
+        "Over the same 7 steps, the recorded settings ended at 2\u00b3 and skipped 1 step, before the scale first "
+        "grew; with an initial scale of 2\u00b9 instead of 2\u00b2, the replay ended at 2\u00b2 and skipped 1 step, "
+        "after the scale had grown; with an initial scale of 2\u2074 instead of 2\u00b2 and a back-off factor of "
+        "0.25 instead of 0.5, the replay ended at 2\u00b9 and skipped 1 step before the scale first grew and 1 "
+        "after it had grown; with growth every 4 clean steps instead of 2, the replay ended at 2\u00b2 and skipped "
+        "1 step, before the scale first grew. The fewest skips came with the recorded settings, an initial scale "
+        "of 2\u00b9 instead of 2\u00b2 and growth every 4 clean steps instead of 2, the highest final scale with "
+        "the recorded settings.")
+    alone = P.what_if_sentence({"as recorded": traces["as recorded"]})
+    assert alone == "Over the same 7 steps, the recorded settings ended at 2\u00b3 and skipped 1 step, before the " \
+                    "scale first grew."
+    clean = replay_scale_schedule([math.inf] * 3, init_scale=4.0, growth_interval=1)
+    assert P.skips_before_first_growth(clean) == 0 and "skipped no step" in P.what_if_sentence({"as recorded": clean})
     with pytest.raises(ValueError, match="lack the 'as recorded'"):
-        P.what_if_sentence({"init 2": traces["init 2"]})
+        P.what_if_sentence({"start low": traces["start low"]})
 
 
 # ---- static against dynamic ------------------------------------------------------------------------------------
 
 def _runs(*, big_never_trains=True):
     big_skipped = (True, True, True) if big_never_trains else (True, False, False)
-    return [ScalingRun("static 2^0", (3.0, 2.5, 2.0), (1.0,) * 3, (False,) * 3),
-            ScalingRun("static 2^24", (5.0, 5.0, 5.0), (2.0**24,) * 3, big_skipped),
+    return [ScalingRun("static 2\u2070", (3.0, 2.5, 2.0), (1.0,) * 3, (False,) * 3),
+            ScalingRun("static 2\u00b2\u2074", (5.0, 5.0, 5.0), (2.0**24,) * 3, big_skipped),
             ScalingRun("dynamic (GradScaler)", (3.5, 2.5, 2.25), (65536.0,) * 3, (False,) * 3)]
 
 
 def test_static_facts_measure_the_runs_that_trained_and_name_those_that_never_did():
     facts = P.static_facts(_runs())
     assert facts == {"static_big_skipped": 3, "static_steps": 3, "static_spread": 0.25, "static_max_step_gap": 0.5,
-                     "static_never": "static 2^24 skipped every step and never trained."}
+                     "static_never": "static 2\u00b2\u2074 skipped every step and never trained."}
     assert isinstance(facts["static_never"], Prose)
     trained = P.static_facts(_runs(big_never_trains=False))
     assert trained["static_never"] == "" and trained["static_big_skipped"] == 1
@@ -190,7 +210,7 @@ def test_static_facts_measure_the_runs_that_trained_and_name_those_that_never_di
 
 
 def test_static_facts_refuse_runs_that_never_trained_or_hold_no_static_run():
-    never = [ScalingRun("static 2^24", (5.0,), (2.0**24,), (True,))]
+    never = [ScalingRun("static 2\u00b2\u2074", (5.0,), (2.0**24,), (True,))]
     with pytest.raises(ValueError, match="no run trained"):
         P.static_facts(never)
     with pytest.raises(ValueError, match="no static run"):
@@ -201,7 +221,7 @@ def test_static_runs_table():
     table = P.static_runs_table(_runs())
     assert isinstance(table, MarkdownTable)
     assert table.splitlines() == ["| run | skipped steps | final loss |", "|---|---|---|",
-                                  "| static 2^0 | 0 of 3 | 2.000 |", "| static 2^24 | 3 of 3 | 5.000 |",
+                                  "| static 2\u2070 | 0 of 3 | 2.000 |", "| static 2\u00b2\u2074 | 3 of 3 | 5.000 |",
                                   "| dynamic (GradScaler) | 0 of 3 | 2.250 |"]
 
 
@@ -221,22 +241,23 @@ def _fidelity(overflow_at_1=False, top_overflows=True):
 
 def test_fidelity_facts_pick_the_best_scale_by_its_worst_error_and_the_plateau_by_medians():
     facts = P.fidelity_facts(_fidelity())
-    assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2^8",
+    assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2\u2078",
                      "fid_median_ratio": 0.02 / 0.0015, "fid_within": 25.0, "fid_batches": 2,
-                     "fid_plateau": "2^8 and 2^16", "fid_overflow": "2^24", "fid_noise": "No FP32 entry was that small here",
-                     "fid_noise_floor": "2\u207b\u00b2\u2074", "fid_lost_by_scale": "50% at 2^0; 12.5% at 2^8; 0% at 2^16"}
+                     "fid_plateau": "2\u2078 and 2\u00b9\u2076", "fid_overflow": "2\u00b2\u2074", "fid_noise": "No FP32 entry was that small here",
+                     "fid_noise_floor": "2\u207b\u00b2\u2074", "fid_lost_by_scale": "50.000% at 2\u2070, 12.500% at 2\u2078 and 0.000% at 2\u00b9\u2076"}
     assert all(isinstance(facts[k], Prose) for k in ("fid_worst_1", "fid_worst_best", "fid_best", "fid_plateau"))
-    assert P.fidelity_facts(_fidelity(), within=1.0)["fid_plateau"] == "2^8 and 2^16"   # 2^16's median is lower
+    assert P.fidelity_facts(_fidelity(), within=1.0)["fid_plateau"] == "2\u2078 and 2\u00b9\u2076"   # 2^16's median is lower
     no_overflow = P.fidelity_facts(_fidelity(top_overflows=False))
-    assert no_overflow["fid_overflow"] == "none" and no_overflow["fid_plateau"] == "2^8 and 2^16"
+    assert no_overflow["fid_overflow"] == "none" and no_overflow["fid_plateau"] == "2\u2078 and 2\u00b9\u2076"
 
 
 def test_lost_by_scale_gives_each_scales_largest_share_and_groups_equal_ones():
     # lost: 2^0 at most 50%, 2^8 12.5%, 2^16 0%; 2^24 overflowed and is left out
-    assert P.lost_by_scale(_fidelity()) == "50% at 2^0; 12.5% at 2^8; 0% at 2^16"
+    assert P.lost_by_scale(_fidelity()) == "50.000% at 2\u2070, 12.500% at 2\u2078 and 0.000% at 2\u00b9\u2076"
     assert P.fidelity_facts(_fidelity())["fid_lost_by_scale"] == P.lost_by_scale(_fidelity())
     same = dataclasses.replace(_fidelity(top_overflows=False))
-    assert P.lost_by_scale(same) == "50% at 2^0; 12.5% at 2^8; 0% at 2^16 and 2^24"
+    assert P.lost_by_scale(same) == ("50.000% at 2\u2070, 12.500% at 2\u2078 and 0.000% at 2\u00b9\u2076 and "
+                                    "2\u00b2\u2074 alike")
     every = dataclasses.replace(_fidelity(), overflowed={sc: True for sc in _fidelity().scales})
     with pytest.raises(ValueError, match="every scale overflowed"):
         P.lost_by_scale(every)
@@ -262,10 +283,10 @@ def test_fidelity_table_shows_medians_worst_parameters_losses_and_overflow():
     assert P.fidelity_table(_fidelity()).splitlines() == [
         "| loss scale | median error over parameters | largest error (parameter) | largest share of entries lost |",
         "|---|---|---|---|",
-        "| 2^0 | 2.000% | 4.000% (`b`) | 50.000% |",
-        "| 2^8 | 0.150% | 0.200% (`b`) | 12.500% |",
-        "| 2^16 | 0.120% | 0.250% (`b`) | 0.000% |",
-        "| 2^24 | overflow: inf gradients | - | - |",
+        "| 2\u2070 | 2.000% | 4.000% (`b`) | 50.000% |",
+        "| 2\u2078 | 0.150% | 0.200% (`b`) | 12.500% |",
+        "| 2\u00b9\u2076 | 0.120% | 0.250% (`b`) | 0.000% |",
+        "| 2\u00b2\u2074 | overflow: inf gradients | - | - |",
     ]
 
 
@@ -290,11 +311,11 @@ def test_pitfall_table_says_what_was_caught_raised_and_how_far_the_weights_moved
         "| planted mistake | caught | raised | steps | LR steps | moved / correct |",
         "|---|---|---|---|---|---|",
         "| clip_before_unscale | yes | - | 3 | 3 | 0.125 |",
-        "| update_every_microbatch | yes | - | 6 | 3 | 0.25 |",
+        "| update_every_microbatch | yes | - | 6 | 3 | 0.250 |",   # three digits, as the prose glues them
         "| scheduler_on_skipped_step | scheduler_on_skipped_step, clip_before_unscale | - | 3 | 4 | 0.375 |",
         "| unscale_twice | nothing | RuntimeError | 0 | 0 | 0 |",
         "| scaler_with_bf16 | yes | - | 4 | 4 | - |",
-        "| correct loop | nothing | - | 3 | 3 | 1 |",
+        "| correct loop | nothing | - | 3 | 3 | 1.00 |",
     ]
 
 
@@ -327,15 +348,15 @@ def test_scaling_errata_state_each_measurement():
     rows = P.scaling_errata(DEFAULTS, default_steps=10, default_scale=65536.0, fast_steps=20, fast_scale=2.0**36,
                             clip_ratio=8.473883580725116e-07, refusal="The growth factor must be > 1.0.")
     assert [c for c, _ in rows] == [
-        "GradScaler doubles the scale after every step without overflow.", "The loss scale is capped at 2^16.",
+        "GradScaler doubles the scale after every step without overflow.", "The loss scale is capped at 2\u00b9\u2076.",
         "Clipping before unscaling does nothing, or produces NaN.",
         "For static loss scaling, use `GradScaler(growth_factor=1.0)`."]
     assert rows[0][1] == ("It grows only after `growth_interval` (default 2000) clean steps in a row: after 10 clean "
                           "steps the real GradScaler's scale is still 65536.")
     assert rows[1][1] == ("There is no cap: with `growth_interval=1`, 20 clean steps take the real GradScaler from "
-                          "2^16 to 2^36. 2^16 is only the default initial scale.")
+                          "2\u00b9\u2076 to 2\u00b3\u2076. 2\u00b9\u2076 is only the default initial scale.")
     assert rows[2][1] == ("It clips the still-scaled gradients, so the update shrinks by about the scale: the weights "
-                          "moved 8.5e-07 times as far as in the correct loop (pitfalls table above).")
+                          "moved 8.47e-07 times as far as in the correct loop (pitfalls table above).")
     assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0\". Multiply the loss by a constant and "
                           "divide the gradients by it before the step, or give GradScaler a `growth_interval` longer "
                           "than the run (it still backs off after an overflow).")

@@ -33,10 +33,10 @@ class Fp8LinearEstimate:
         return self.bf16_s / self.fp8_s
 
 
-def _gemm_seconds(m, k, n, bytes_in, peak_flops, bandwidth, gemm_eff, mem_eff):
+def _gemm_seconds(m, k, n, bytes_in, peak_flops, bandwidth, gemm_eff, mem_eff, launch):
     compute = 2 * m * k * n / peak_flops / gemm_eff
     traffic = (m * k + k * n) * bytes_in + m * n * 2   # output in BF16
-    return max(compute, traffic / bandwidth / mem_eff, LAUNCH_SECONDS)
+    return max(compute, traffic / bandwidth / mem_eff, launch)
 
 
 def _cast_kernels(numel: int, role: str, recipe: str, fuse: bool) -> list[float]:
@@ -62,14 +62,16 @@ def _cast_kernels(numel: int, role: str, recipe: str, fuse: bool) -> list[float]
 
 def predict_fp8_linear(m: int, k: int, n: int, *, bf16_tflops: float, fp8_tflops: float, bandwidth_gbs: float,
                        recipe: str = "tensorwise", fuse_casts: bool = False, gemm_efficiency: float = 0.78,
-                       memory_efficiency: float = 0.92) -> Fp8LinearEstimate:
+                       memory_efficiency: float = 0.92,
+                       launch_seconds: float = LAUNCH_SECONDS) -> Fp8LinearEstimate:
     """Roofline estimate of an ``[m, k] @ [k, n]`` linear layer's forward + backward in BF16 and in FP8.
 
     Follows torchao's float8 roofline (``torchao.testing.training.roofline_utils``, checked equal in the
     tests): each product takes the longest of its compute time at ``gemm_efficiency`` x peak, its memory
-    time at ``memory_efficiency`` x bandwidth, and a 2 us launch; FP8 adds the cast kernels' traffic
+    time at ``memory_efficiency`` x bandwidth, and one launch; FP8 adds the cast kernels' traffic
     (input and grad_output casts can fuse their read into the previous op: ``fuse_casts``). The default
-    efficiencies are torchao's, measured on an H100."""
+    efficiencies are torchao's, measured on an H100. ``launch_seconds``: the least time of any kernel,
+    torchao's 2 us by default; 0 leaves launches out (FLOPs and bytes only, as lesson 6's ladder counts)."""
     for name, size in (("m", m), ("k", k), ("n", n)):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{name} must be a positive int, got {size!r}")
@@ -77,15 +79,17 @@ def predict_fp8_linear(m: int, k: int, n: int, *, bf16_tflops: float, fp8_tflops
                         ("gemm_efficiency", gemm_efficiency), ("memory_efficiency", memory_efficiency)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not (isinstance(launch_seconds, (int, float)) and math.isfinite(launch_seconds) and launch_seconds >= 0):
+        raise ValueError(f"launch_seconds must be a non-negative number, got {launch_seconds!r}")
     bw = bandwidth_gbs * 1e9
     bf16_peak, fp8_peak = bf16_tflops * 1e12, fp8_tflops * 1e12
     shapes = ((m, k, n), (m, n, k), (k, m, n))   # output, grad_input, grad_weight
-    bf16 = sum(_gemm_seconds(*s, 2, bf16_peak, bw, gemm_efficiency, memory_efficiency) for s in shapes)
+    bf16 = sum(_gemm_seconds(*s, 2, bf16_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds) for s in shapes)
     fp8_shapes = shapes[:2] if recipe == "rowwise_with_gw_hp" else shapes
-    gemm = sum(_gemm_seconds(*s, 1, fp8_peak, bw, gemm_efficiency, memory_efficiency) for s in fp8_shapes)
+    gemm = sum(_gemm_seconds(*s, 1, fp8_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds) for s in fp8_shapes)
     if recipe == "rowwise_with_gw_hp":
-        gemm += _gemm_seconds(*shapes[2], 2, bf16_peak, bw, gemm_efficiency, memory_efficiency)
+        gemm += _gemm_seconds(*shapes[2], 2, bf16_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds)
     kernels = (_cast_kernels(m * k, "input", recipe, fuse_casts) + _cast_kernels(k * n, "weight", recipe, False)
                + _cast_kernels(m * n, "grad_output", recipe, fuse_casts))
-    cast = sum(max(b / bw / memory_efficiency, LAUNCH_SECONDS) for b in kernels)
+    cast = sum(max(b / bw / memory_efficiency, launch_seconds) for b in kernels)
     return Fp8LinearEstimate(m, k, n, recipe, bf16, gemm, cast)

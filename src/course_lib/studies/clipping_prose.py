@@ -58,8 +58,14 @@ def range_relation(values: Sequence[float], reference: Sequence[float]) -> str:
     return "inside" if all(lo <= v <= hi for v in values) else "overlapping"
 
 
+# the rules as a sentence names them (the study's labels name them in tables and legends)
+RULE_PHRASES = {GLOBAL_NORM: "global-norm clipping", PER_VALUE: "per-value clipping",
+                PER_TENSOR: "per-tensor-norm clipping", AGC: "AGC"}
+
+
 def _range_text(values: Sequence[float]) -> str:
-    return f"{min(values):.3f} to {max(values):.3f}"
+    """Lowest to highest, four decimals: ranges that are compared must show where they part."""
+    return f"{min(values):.4f} to {max(values):.4f}"
 
 
 def _require(runs: SpikyRuns, *rules: str) -> None:
@@ -147,35 +153,34 @@ def spike_facts(runs: SpikyRuns) -> dict[str, object]:
     against_ref = compare_ranges(runs.finals[GLOBAL_NORM], runs.finals[NO_SPIKES])
     inside = min(runs.finals[NO_SPIKES]) <= min(runs.finals[GLOBAL_NORM]) and max(runs.finals[GLOBAL_NORM]) <= max(
         runs.finals[NO_SPIKES])
+    ref = f"the runs that saw no spikes at all ({_range_text(runs.finals[NO_SPIKES])})"
     facts["clip_vs_ref"] = Prose({
-        "within": "within the seed-to-seed range of the runs that saw no spikes at all" if inside else
-                  "overlapping the seed-to-seed range of the runs that saw no spikes at all, a difference this run "
-                  "cannot tell from seed noise",
-        "above": "above every seed of the runs that saw no spikes: clipping bounded the damage without undoing it",
-        "below": "below every seed of the runs that saw no spikes"}[against_ref])
+        "within": f"within the seed-to-seed range of {ref}" if inside else
+                  f"overlapping the seed-to-seed range of {ref}, a difference this run cannot tell from seed noise",
+        "above": f"above every seed of {ref}: clipping bounded the damage without undoing it",
+        "below": f"below every seed of {ref}"}[against_ref])
     return facts
 
 
 def rule_table(runs: SpikyRuns) -> MarkdownTable:
-    """One row per rule: its threshold, the spikes that reached the optimizer (over all seeds), the
-    median gradient norm the optimizer got on those steps, the share of ordinary steps the rule changed,
-    and the final held-out loss (mean, and range over seeds)."""
-    units = {GLOBAL_NORM: "norm of all gradients", PER_VALUE: "each entry", PER_TENSOR: "each tensor's norm",
-             AGC: "each unit's norm / its weights' norm"}
+    """One row per rule: its threshold (and what it bounds), the spikes that reached the optimizer (over all
+    seeds), the median gradient norm the optimizer got on those steps, the share of ordinary steps the rule
+    changed, and the final held-out loss's range over seeds (four decimals, as the prose compares them).
+    Headers and cells are short, so that six columns fit the page."""
+    units = {GLOBAL_NORM: "total norm", PER_VALUE: "each entry", PER_TENSOR: "tensor norm",
+             AGC: "unit norm / weight norm"}
     rows = []
     for rule in runs.rules:
         n = len(runs.seeds)
         at = sorted(runs.step_norms[rule][i][s] for i in range(n) for s in runs.passed_spikes(rule, i))
         reached = sum(len(runs.passed_spikes(rule, i)) for i in range(n))
-        mean, lo, hi = _spread(runs.finals[rule])
         threshold = f"{runs.thresholds[rule]:g} ({units[rule]})" if rule in runs.thresholds else "-"
         spikes = "-" if rule == NO_SPIKES else f"{reached} of {n * len(runs.spike_steps)}"
         changed = "-" if rule in (NO_SPIKES, NO_CLIPPING) else f"{100 * runs.changed_share(rule):.0f}%"
         rows.append((rule, threshold, spikes, f"{at[len(at) // 2]:.3g}" if at and rule != NO_SPIKES else "-",
-                     changed, f"{mean:.3f} ({lo:.3f} to {hi:.3f})"))
-    return markdown_table(["rule", "threshold (bounds)", "spikes that reached the optimizer",
-                           "median gradient norm stepped on at those spikes", "ordinary steps changed",
-                           "final held-out loss: mean (range over seeds)"], rows)
+                     changed, _range_text(runs.finals[rule])))
+    return markdown_table(["rule", "bound", "spikes stepped on", "median norm there", "ordinary steps changed",
+                           "final loss (seeds)"], rows)
 
 
 def ranking_phrase(finals: Mapping[str, Sequence[float]]) -> Prose:
@@ -186,9 +191,10 @@ def ranking_phrase(finals: Mapping[str, Sequence[float]]) -> Prose:
     if len(names) < 2:
         return Prose("")
     if not ranked:
-        return Prose(f"Their ranges overlap, so these seeds do not rank {and_list(names)} against each other.")
-    return Prose(and_list([f"{a} ended below {b}" for a, b in ranked]) + " in every seed; any other pair's "
-                 "ranges overlap.")
+        return Prose(f"Their ranges overlap, so these seeds do not rank "
+                     f"{and_list([RULE_PHRASES.get(n, n) for n in names])} against each other.")
+    said = [f"{RULE_PHRASES.get(a, a)} ended below {RULE_PHRASES.get(b, b)}" for a, b in ranked]
+    return Prose(said[0][0].upper() + and_list(said)[1:] + " in every seed; any other pair's ranges overlap.")
 
 
 def rule_facts(runs: SpikyRuns) -> dict[str, object]:
@@ -207,21 +213,22 @@ def rule_facts(runs: SpikyRuns) -> dict[str, object]:
         raise ValueError("the runs hold no clipping rule to compare")
 
     def outside(rule: str) -> str:
-        # how far an overlapping rule's seeds reach past the reference's range: the 3-decimal ranges can hide it
+        # how far an overlapping rule's seeds reach past the reference's range
         values = runs.finals[rule]
-        parts = ([f"{max(values) - max(ref):.2g} above its highest"] if max(values) > max(ref) else []) + (
-            [f"{min(ref) - min(values):.2g} below its lowest"] if min(values) < min(ref) else [])
-        return "; " + " and ".join(parts)
+        parts = ([f"its highest seed {max(values) - max(ref):.2g} above"] if max(values) > max(ref) else []) + (
+            [f"its lowest seed {min(ref) - min(values):.2g} below"] if min(values) < min(ref) else [])
+        return ", " + " and ".join(parts)
 
     def listed(rules: list[str], group: str) -> str:
-        return and_list([f"{rule} ({_range_text(runs.finals[rule])}"
+        return and_list([f"{RULE_PHRASES.get(rule, rule)} ({_range_text(runs.finals[rule])}"
                          f"{outside(rule) if group == 'overlapping' else ''})" for rule in rules])
 
-    said = {"inside": "ended inside their seed range",
-            "overlapping": "overlapped it without lying inside it, a difference within seed noise",
-            "above": "ended above every seed of it", "below": "ended below every seed of it"}
-    text = (f"Against the runs without spikes ({_range_text(ref)}): "
-            + "; ".join(f"{listed(rules, k)} {said[k]}" for k, rules in groups.items() if rules) + ".")
+    said = {"inside": "ended inside that range",
+            "overlapping": "overlapped that range without lying inside it, a difference within seed noise",
+            "above": "ended above that range", "below": "ended below that range"}
+    verdicts = "; ".join(f"{listed(rules, k)} {said[k]}" for k, rules in groups.items() if rules)
+    text = (f"The runs that saw no spikes ended with held-out losses of {_range_text(ref)} over the seeds. "
+            + verdicts[0].upper() + verdicts[1:] + ".")
     kept = groups["inside"] + groups["overlapping"] + groups["below"]
     facts: dict[str, object] = {"clip_rules_verdict": Prose(text), "clip_rules_ranking":
                                 ranking_phrase({r: runs.finals[r] for r in kept})}
@@ -262,6 +269,7 @@ def order_facts(order: EditOrder, overflow: OverflowStep) -> dict[str, object]:
                              "skipped the step, yet the weights changed"),
         "ovf_scale_after_log2": _log2(overflow.scale_after),
         "ovf_scale_after": Prose(power_of_two_text(_log2(overflow.scale_after))),
-        "ovf_strict": Prose(f"`` RuntimeError: {overflow.strict_error.split('. ')[0]}. ``"
+        # the message's first sentence, without its full stop: the lesson's sentence goes on after it
+        "ovf_strict": Prose(f"`` RuntimeError: {overflow.strict_error.split('. ')[0].rstrip('.')} ``"
                             if overflow.strict_error != "(no error)" else "no error"),
     }

@@ -296,10 +296,11 @@ def fp8_cast_seconds(rung: RungFacts, recipe: str, *, bf16_tflops: float, fp8_tf
     """Seconds a training step spends casting to FP8 around the linear layers that torchao converts (every
     block's four; the head stays BF16): input, weight and gradient casts of forward and backward, from
     lesson 7's model (:func:`course_lib.fp8.predict_fp8_linear`, torchao's float8 roofline; ``recipe``:
-    "tensorwise" or "rowwise")."""
+    "tensorwise" or "rowwise"). Bytes only: like the rest of the ladder's roofline it leaves out torchao's
+    least time per kernel launch, so every recipe's prediction is a bound of the same kind."""
     m, d = rung.tokens_per_step, rung.d_model
     layer = sum(predict_fp8_linear(m, k, n, bf16_tflops=bf16_tflops, fp8_tflops=fp8_tflops,
-                                   bandwidth_gbs=bandwidth_gbs, recipe=recipe).fp8_cast_s
+                                   bandwidth_gbs=bandwidth_gbs, recipe=recipe, launch_seconds=0.0).fp8_cast_s
                 for k, n in ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)))
     return rung.n_layers * layer
 

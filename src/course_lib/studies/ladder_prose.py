@@ -4,6 +4,7 @@ merged per device."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from ..glue import Prose, and_list, plural
@@ -24,8 +25,21 @@ def _check(ladder: ScaleLadder) -> None:
         raise TypeError(f"expected a ScaleLadder, got {type(ladder).__name__}")
 
 
+def _sig3(value: float) -> str:
+    """Three significant digits, trailing zeros kept, and no exponent: 0.00725, 0.0130, 2.90, 49.4, 653;
+    whole numbers from 100 on (1,234)."""
+    if value <= 0:
+        return f"{value:g}"
+    rounded = float(f"{value:.3g}")   # 99.96 rounds to 100, which takes no decimals
+    return f"{rounded:,.{max(0, 2 - math.floor(math.log10(rounded)))}f}"
+
+
 def _ms(seconds: float) -> str:
-    return f"{1e3 * seconds:,.3g}" if seconds < 1 else f"{1e3 * seconds:,.0f}"
+    return _sig3(1e3 * seconds)
+
+
+def _gib(n_bytes: float) -> str:
+    return _sig3(n_bytes / 2**30)
 
 
 def baseline_recipe(ladder: ScaleLadder) -> str:
@@ -133,9 +147,9 @@ def where_it_ran(ladder: ScaleLadder) -> Prose:
     measured = ladder.measured_rungs()
     others = [d for d in ladder.predicted_devices() if d != ladder.own_prediction_device]
     predicted = [r.name for r in ladder.rungs if r.name not in measured]
-    text = (f"Measured here on {ladder.device_name}: {', '.join(measured) or 'no rung'}. ")
+    text = (f"Measured here on {ladder.device_name}: {and_list(measured) if measured else 'no rung'}. ")
     if predicted:
-        text += (f"{', '.join(predicted)} did not run here: for them every number is a prediction of the FLOP, byte "
+        text += (f"The {'rungs' if len(predicted) > 1 else 'rung'} {and_list(predicted)} did not run here: for them every number is a prediction of the FLOP, byte "
                  f"and roofline models" + (f" for the {', '.join(others)} (datasheet peaks)" if others else "") + ". ")
     if ladder.device == "cpu":
         text += "These are CPU timings, not GPU timings; the table below says why TF32 and FP8 did not run here. "
@@ -172,10 +186,10 @@ def measured_table(ladder: ScaleLadder) -> MarkdownTable:
         for run in (r for r in ladder.runs if r.compiled == compiled):
             q25, q75 = run.step_quartiles
             predicted = ladder.prediction(ladder.own_prediction_device, run.rung, run.recipe)
-            memory = ("-" if run.peak_memory_bytes is None else f"{run.peak_memory_bytes / 2**30:.2f}") + (
-                "" if predicted is None else f" ({predicted.memory_bytes / 2**30:.2f})")
+            memory = ("-" if run.peak_memory_bytes is None else _gib(run.peak_memory_bytes)) + (
+                "" if predicted is None else f" ({_gib(predicted.memory_bytes)})")
             rows.append((run.rung, RECIPE_LABELS[run.recipe], f"{_ms(run.median_step_seconds)} ({_ms(q25)}-{_ms(q75)})",
-                         f"{ladder.tokens_per_second(run):,.0f}", f"{100 * ladder.mfu(run):.2g}%",
+                         f"{ladder.tokens_per_second(run):,.0f}", f"{100 * ladder.mfu(run):.1f}%",
                          *(("-" if run.compile_seconds is None else f"{run.compile_seconds:.1f}",) if compiled else ()),
                          memory))
         for skip in (s for s in ladder.skipped if s.compiled == compiled):
@@ -185,7 +199,9 @@ def measured_table(ladder: ScaleLadder) -> MarkdownTable:
             header = ("rung", "recipe", "step ms (quartiles)", "tokens/s", "MFU", *(("compile s",) if compiled else ()),
                       "GiB (predicted)")
             parts.append(f"**{'Compiled' if compiled else 'Eager'}:**\n\n" + markdown_table(header, rows))
-    return MarkdownTable("\n".join(parts) + ("\n" + notes + "\n" if notes else ""))
+    gib = (f"GiB: the allocator's peak (\"-\": not measured, as on a CPU) and, in parentheses, the byte model's "
+           f"prediction for {ladder.own_prediction_device}, with the attention these runs used.")
+    return MarkdownTable("\n".join(parts) + "\n" + gib + "\n" + ("\n" + notes + "\n" if notes else ""))
 
 
 def predicted_table(ladder: ScaleLadder, device: str) -> MarkdownTable:
@@ -210,11 +226,12 @@ def predicted_table(ladder: ScaleLadder, device: str) -> MarkdownTable:
     for i, rung in enumerate(ladder.rungs):
         bf16 = ladder.prediction(device, rung.name, "bf16_autocast")
         rows.append((rung.name, f"{rung.n_params / 1e6:,.1f}", *(column[i] for column in columns.values()),
-                     "-" if bf16 is None else f"{bf16.memory_bytes / 2**30:.2g}"))
+                     "-" if bf16 is None else _gib(bf16.memory_bytes)))
     table = markdown_table(("rung", "M params", *columns, "GiB (BF16)"), rows)
     tokens = and_list([f"{rung.name} {rung.tokens_per_step:,}" for rung in ladder.rungs])
     return MarkdownTable(table + f"\nPredicted for the {device}: each recipe's cell is the step's milliseconds "
-                         f"(its MFU); GiB: the byte model's peak memory of BF16 autocast. Tokens per step: {tokens}.\n")
+                         f"(its MFU), from FLOPs and bytes only (FP8's casts counted as bytes), no kernel launches; "
+                         f"GiB: the byte model's peak memory of BF16 autocast. Tokens per step: {tokens}.\n")
 
 
 def merged_records(records: Sequence[RecordedResult]) -> dict[str, tuple[ScaleLadder, list[RecordedResult]]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..glue import power_of_two_text
 from ..models import course_setup
 from ..scaling.scaler import (
     DEFAULT_BACKOFF_FACTOR,
@@ -164,7 +165,7 @@ def train_with_loss_scaling(profile, device: torch.device | str = "cpu", *, stat
 
     def name(scale: float) -> str:
         exponent = math.log2(scale)
-        return f"static 2^{int(exponent)}" if exponent == int(exponent) else f"static {scale:g}"
+        return f"static {power_of_two_text(int(exponent))}" if exponent == int(exponent) else f"static {scale:g}"
 
     for label, static in [*((name(float(s)), float(s)) for s in static_scales), ("dynamic (GradScaler)", None)]:
         model = setup.model(seed)

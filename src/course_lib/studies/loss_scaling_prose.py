@@ -26,10 +26,12 @@ SMALLEST_FLOAT32 = 2.0 ** -149
 
 
 def power_of_two(scale: float) -> str:
-    """``2^k`` for a loss scale (``k`` with ``:g``, so a scale that is no power of two shows a fraction)."""
+    """A loss scale as 2 with a superscript exponent (2\u00b2\u2074), the notation of the page's prose; a scale
+    that is no power of two shows its fractional exponent as ``2^k`` (``k`` with ``:g``)."""
     if not scale > 0:
         raise ValueError(f"a loss scale is positive, got {scale!r}")
-    return f"2^{math.log2(scale):g}"
+    exponent = math.log2(scale)
+    return power_of_two_text(int(exponent)) if exponent == int(exponent) else f"2^{exponent:g}"
 
 
 def _index_of(scales: Sequence[float], scale: float, what: str) -> int:
@@ -174,25 +176,68 @@ def replay_facts(replayed: ScaleTrace, recording: FlightRecording) -> dict[str, 
     return {"replay_matches": replayed.scales == recording.scales}
 
 
+def _scale_text(scale: float) -> str:
+    """A loss scale in prose: 2 with a superscript exponent for a power of two, else the number."""
+    return power_of_two(scale) if math.log2(scale) == int(math.log2(scale)) else f"{scale:g}"
+
+
+def _changed_settings(trace: ScaleTrace, reference: ScaleTrace) -> str:
+    """How ``trace``'s scaler settings differ from ``reference``'s, in words ("an initial scale of 2\u00b2\u2074
+    instead of 2\u00b9\u2076")."""
+    changes = []
+    if trace.init_scale != reference.init_scale:
+        changes.append(f"an initial scale of {_scale_text(trace.init_scale)} instead of "
+                       f"{_scale_text(reference.init_scale)}")
+    if trace.growth_interval != reference.growth_interval:
+        changes.append(f"growth every {trace.growth_interval} clean steps instead of {reference.growth_interval}")
+    if trace.backoff_factor != reference.backoff_factor:
+        changes.append(f"a back-off factor of {trace.backoff_factor:g} instead of {reference.backoff_factor:g}")
+    if trace.growth_factor != reference.growth_factor:
+        changes.append(f"a growth factor of {trace.growth_factor:g} instead of {reference.growth_factor:g}")
+    return and_list(changes) if changes else "the same settings"
+
+
+def skips_before_first_growth(trace: ScaleTrace) -> int:
+    """Skipped steps before the scale first grows (all of them if it never grows): the cost of the start."""
+    first_growth = next((i for i in range(1, len(trace.scales)) if trace.scales[i] > trace.scales[i - 1]),
+                        len(trace.scales))
+    return sum(trace.skipped[:first_growth])
+
+
+def _skips_text(trace: ScaleTrace) -> str:
+    start = skips_before_first_growth(trace)
+    later = trace.n_skipped - start
+    if trace.n_skipped == 0:
+        return "skipped no step"
+    if later == 0 or start == 0:
+        when = "before the scale first grew" if later == 0 else "after the scale had grown"
+        return f"skipped {plural(trace.n_skipped, 'step')}, {'all ' if trace.n_skipped > 1 else ''}{when}"
+    return f"skipped {plural(start, 'step')} before the scale first grew and {later} after it had grown"
+
+
 def what_if_sentence(traces: Mapping[str, ScaleTrace], *, reference: str = "as recorded") -> Prose:
-    """What the what-if replays did on the same stream: per setting (``traces``, keyed by its label), the
-    steps it skipped and the scale it ended at, the ``reference`` replay first."""
+    """What the what-if replays did on the same stream: the ``reference`` replay (keyed by its label) and
+    each other one, named by how its settings differ, with the scale it ended at and the steps it skipped
+    before the scale first grew and after; then which settings skipped fewest steps and which ended highest."""
     if reference not in traces:
         raise ValueError(f"the replays lack the {reference!r} one to compare against")
     for label, trace in traces.items():
         if not trace.scales or not trace.scales[-1] > 0:
             raise ValueError(f"the {label!r} replay has no positive final scale")
-
-    def said(label: str) -> str:
-        trace = traces[label]
-        return (f"{label} skipped {plural(trace.n_skipped, 'step')} and ended at "
-                f"{power_of_two_text(round(math.log2(trace.scales[-1])))}")
-
-    others = [label for label in traces if label != reference]
     ref = traces[reference]
-    text = (f"Over the same {plural(len(ref.scales), 'step')}, the recorded settings skipped "
-            f"{plural(ref.n_skipped, 'step')} and ended at {power_of_two_text(round(math.log2(ref.scales[-1])))}")
-    return Prose(text + ("; " + "; ".join(said(label) for label in others) if others else "") + ".")
+    settings = {label: "the recorded settings" if label == reference else _changed_settings(t, ref)
+                for label, t in traces.items()}
+    clauses = [("the recorded settings ended at" if label == reference else
+                f"with {settings[label]}, the replay ended at") + f" {_scale_text(t.scales[-1])} and {_skips_text(t)}"
+               for label, t in traces.items()]
+    text = f"Over the same {plural(len(ref.scales), 'step')}, " + "; ".join(clauses) + "."
+    if len(traces) > 1:
+        fewest = min(t.n_skipped for t in traces.values())
+        highest = max(t.scales[-1] for t in traces.values())
+        text += (f" The fewest skips came with "
+                 f"{and_list([settings[k] for k, t in traces.items() if t.n_skipped == fewest])}, the highest "
+                 f"final scale with {and_list([settings[k] for k, t in traces.items() if t.scales[-1] == highest])}.")
+    return Prose(text)
 
 
 # ---- static against dynamic ----------------------------------------------------------------------------
@@ -248,7 +293,7 @@ def fidelity_table(fid: ScaleFidelity) -> MarkdownTable:
             continue
         name, worst = fid.worst(sc)
         rows.append((power_of_two(sc), f"{100 * med[sc]:.3f}%", f"{100 * worst:.3f}% (`{name}`)",
-                     f"{100 * max(fid.lost[sc].values()):.3f}%"))
+                     _lost_share(fid, sc)))
     return markdown_table(["loss scale", "median error over parameters", "largest error (parameter)",
                            "largest share of entries lost"], rows)
 
@@ -283,16 +328,23 @@ def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object
     }
 
 
+def _lost_share(fid: ScaleFidelity, scale: float) -> str:
+    """The largest share of a parameter's entries lost at ``scale``, as the fidelity table prints it."""
+    return f"{100 * max(fid.lost[scale].values()):.3f}%"
+
+
 def lost_by_scale(fid: ScaleFidelity) -> Prose:
-    """Per scale that did not overflow, the largest share of a parameter's entries lost to underflow (the
-    fidelity table's last column): "0.5% at 2^0; 0% at 2^8 and 2^16"; scales with equal shares grouped."""
+    """Per scale that did not overflow, the largest share of a parameter's entries lost to underflow, as the
+    fidelity table's last column prints it: "0.500% at 2\u2070, 0.125% at 2\u2078 and 0.000% at 2\u00b9\u2076";
+    scales with equal shares grouped ("0.000% at 2\u00b9\u2076 and 2\u00b2\u2074 alike")."""
     shares: dict[str, list[str]] = {}
     for sc in fid.scales:
         if not fid.overflowed[sc]:
-            shares.setdefault(f"{100 * max(fid.lost[sc].values()):.3g}%", []).append(power_of_two(sc))
+            shares.setdefault(_lost_share(fid, sc), []).append(power_of_two(sc))
     if not shares:
         raise ValueError("every scale overflowed: no share of lost entries was measured")
-    return Prose("; ".join(f"{share} at {and_list(scales)}" for share, scales in shares.items()))
+    return Prose(and_list([f"{share} at {and_list(scales)}" + (" alike" if len(scales) > 1 else "")
+                           for share, scales in shares.items()]))
 
 
 def noise_note(fid: ScaleFidelity) -> Prose:
@@ -317,6 +369,12 @@ def _correct_loop(demos: Sequence[PitfallDemo]) -> PitfallDemo:
     raise ValueError("the demos hold no correct loop (run_pitfall_demo(None)) to compare against")
 
 
+def _ratio_text(ratio: float) -> str:
+    """Three significant digits, trailing zeros kept (0.900, 1.30, 8.47e-07), as the prose glues them
+    (``#.3g``); 0 as 0."""
+    return "0" if ratio == 0 else f"{ratio:#.3g}"
+
+
 def pitfall_table(demos: Sequence[PitfallDemo]) -> MarkdownTable:
     """One row per demo: whether the audit caught exactly its planted mistake (or what it found instead),
     what GradScaler raised, optimizer and scheduler steps, and how far the weights moved against the
@@ -326,7 +384,7 @@ def pitfall_table(demos: Sequence[PitfallDemo]) -> MarkdownTable:
     for d in demos:
         found = [f.pitfall for f in d.findings]
         caught = "nothing" if not found else ("yes" if found == [d.name] else ", ".join(found))
-        moved = "-" if d.name in AUTOCAST_PITFALLS_DTYPE else f"{d.update_norm / correct.update_norm:.3g}"
+        moved = "-" if d.name in AUTOCAST_PITFALLS_DTYPE else _ratio_text(d.update_norm / correct.update_norm)
         rows.append((d.name, caught, (d.error or "-").split(":")[0], d.optimizer_steps, d.scheduler_steps, moved))
     # short headers, so that the table fits the page's column (the prose says what each means)
     return markdown_table(["planted mistake", "caught", "raised", "steps", "LR steps", "moved / correct"], rows)
@@ -375,19 +433,19 @@ def scaling_errata(defaults: ScalerDefaults, *, default_steps: int, default_scal
                          f"for the scale to be unchanged, got {default_steps!r}")
     if not (default_scale > 0 and fast_scale > 0):
         raise ValueError(f"scales are positive, got {default_scale!r} and {fast_scale!r}")
-    init = f"2^{math.log2(defaults.init_scale):.0f}"
+    init = power_of_two(defaults.init_scale)
     static = (f"torch refuses it: \"{refusal.rstrip('.')}\"" if refusal is not None
               else "The installed torch accepts it, and the scale then never grows")
     return [
         ("GradScaler doubles the scale after every step without overflow.",
          f"It grows only after `growth_interval` (default {defaults.growth_interval}) clean steps in a row: "
          f"after {default_steps} clean steps the real GradScaler's scale is still {default_scale:g}."),
-        ("The loss scale is capped at 2^16.",
+        (f"The loss scale is capped at {power_of_two(2.0 ** 16)}.",
          f"There is no cap: with `growth_interval=1`, {fast_steps} clean steps take the real GradScaler from "
-         f"{init} to 2^{math.log2(fast_scale):.0f}. {init} is only the default initial scale."),
+         f"{init} to {power_of_two(fast_scale)}. {init} is only the default initial scale."),
         ("Clipping before unscaling does nothing, or produces NaN.",
          f"It clips the still-scaled gradients, so the update shrinks by about the scale: the weights moved "
-         f"{clip_ratio:.2g} times as far as in the correct loop (pitfalls table above)."),
+         f"{_ratio_text(clip_ratio)} times as far as in the correct loop (pitfalls table above)."),
         ("For static loss scaling, use `GradScaler(growth_factor=1.0)`.",
          f"{static}. Multiply the loss by a constant and divide the gradients by it before the step, or give "
          f"GradScaler a `growth_interval` longer than the run (it still backs off after an overflow)."),
