@@ -68,3 +68,15 @@ def test_plural_and_and_list():
     for bad in ([], "abc"):
         with pytest.raises(ValueError, match="non-empty sequence"):
             and_list(bad)
+
+
+def test_sig3_keeps_three_significant_digits_without_an_exponent():
+    from course_lib.glue import sig3
+
+    assert [sig3(v) for v in (0.00725, 0.013, 0.15, 2.9, 49.4, 653, 99.96, 1234.5)] == [
+        "0.00725", "0.0130", "0.150", "2.90", "49.4", "653", "100", "1,230"]
+    assert (sig3(0.0), sig3(-2.5)) == ("0", "-2.5")
+    with pytest.raises(TypeError, match="real number"):
+        sig3("2.9")
+    with pytest.raises(ValueError, match="finite"):
+        sig3(float("inf"))

@@ -7,6 +7,8 @@ Markdown text for ``{glue:md}``, a figure for ``{glue:figure}``); a lesson's hid
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 
 from IPython.display import Markdown
@@ -41,6 +43,19 @@ def count_word(count: int) -> str:
     if count < 0:
         raise ValueError(f"count must not be negative, got {count}")
     return _WORDS[count] if count < len(_WORDS) else str(count)
+
+
+def sig3(value: float) -> str:
+    """Three significant digits, trailing zeros kept, and no exponent: 0.00725, 0.0130, 0.150, 2.90, 49.4,
+    653; whole numbers from 100 on with separators (1,234). Zero and negative values as ``:g`` gives them."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"value must be a real number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ValueError(f"value must be finite, got {value!r}")
+    if value <= 0:
+        return f"{value:g}"
+    rounded = float(f"{value:.3g}")   # 99.96 rounds to 100, which takes no decimals
+    return f"{rounded:,.{max(0, 2 - math.floor(math.log10(rounded)))}f}"
 
 
 def and_list(items: Sequence[str]) -> str:

@@ -4,10 +4,9 @@ merged per device."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose, and_list, plural
+from ..glue import Prose, and_list, plural, sig3
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
 from .ladder import LADDER_PIECES, LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
@@ -25,21 +24,12 @@ def _check(ladder: ScaleLadder) -> None:
         raise TypeError(f"expected a ScaleLadder, got {type(ladder).__name__}")
 
 
-def _sig3(value: float) -> str:
-    """Three significant digits, trailing zeros kept, and no exponent: 0.00725, 0.0130, 2.90, 49.4, 653;
-    whole numbers from 100 on (1,234)."""
-    if value <= 0:
-        return f"{value:g}"
-    rounded = float(f"{value:.3g}")   # 99.96 rounds to 100, which takes no decimals
-    return f"{rounded:,.{max(0, 2 - math.floor(math.log10(rounded)))}f}"
-
-
 def _ms(seconds: float) -> str:
-    return _sig3(1e3 * seconds)
+    return sig3(1e3 * seconds)
 
 
 def _gib(n_bytes: float) -> str:
-    return _sig3(n_bytes / 2**30)
+    return sig3(n_bytes / 2**30)
 
 
 def baseline_recipe(ladder: ScaleLadder) -> str:

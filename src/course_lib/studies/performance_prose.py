@@ -16,7 +16,7 @@ from ..bench import (
     matmul_flops,
     model_flops_per_token,
 )
-from ..glue import Prose, and_list, count_word
+from ..glue import Prose, and_list, count_word, sig3
 from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_memory
 from ..models import GPTConfig
@@ -335,11 +335,6 @@ def recorded_throughput_note(record: RecordedResult) -> Prose:
     return Prose(text + "\n\n" + table.rstrip("\n") + "\n\n" + describe_records([record]))
 
 
-def _sig3(seconds: float) -> str:
-    """Three significant digits, trailing zeros kept (0.150, 2.00, 123)."""
-    return f"{seconds:#.3g}".rstrip(".")
-
-
 def _time_ranges(times: Mapping[str, Sequence[float | None]]) -> dict[str, tuple[float, float]]:
     out = {}
     for name, v in times.items():
@@ -360,7 +355,7 @@ def time_to_target_facts(target: float, times: Mapping[str, Sequence[float | Non
         "16-bit arithmetic, not on a GPU's tensor cores, so their times say nothing about a GPU's (the "
         "matrix-product sweep above measured this CPU's 16-bit products against FP32's).")
     return {"target": target,
-            "ttt": Prose(", ".join(f"{name} {_sig3(lo)} to {_sig3(hi)} s" for name, (lo, hi) in ranges.items())),
+            "ttt": Prose(", ".join(f"{name} {sig3(lo)} to {sig3(hi)} s" for name, (lo, hi) in ranges.items())),
             "ttt_caveat": Prose(caveat)}
 
 
@@ -369,7 +364,7 @@ def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:
     seconds to reach it, and why compiled runs are left out."""
     target = study.target_loss()
     times = study.time_to_target(target)
-    parts = [f"{name}: {_sig3(min(v))} to {_sig3(max(v))} s" for name, v in _reached_ranges(times)]
+    parts = [f"{name}: {sig3(min(v))} to {sig3(max(v))} s" for name, v in _reached_ranges(times)]
     seeds = len({r.seed for r in study.runs if not r.compiled})
     return Prose(f"On the recorded GPU, to reach {target:.3f} (eager runs, range over {seeds} seed{'s' if seeds != 1 else ''}): "
                  + "; ".join(parts) + ". Compiled runs are left out here: their first steps include "

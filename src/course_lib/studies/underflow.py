@@ -271,11 +271,6 @@ def _layer_kind(name: str) -> str:
     return ".".join(parts[2:]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else name
 
 
-def _share_range(shares: list[float]) -> str:
-    lo, hi = min(shares) * 100, max(shares) * 100
-    return f"{lo:.0f}%" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}%"
-
-
 def exact_zero_text(stats: UnderflowStatistics, *, at_least: float = 0.01) -> str | None:
     """A paragraph on the last captured step's activation gradients that are exactly zero before any cast, by
     kind of layer, when they are at least ``at_least`` of all of them (None otherwise): which layers hold
@@ -299,7 +294,7 @@ def exact_zero_text(stats: UnderflowStatistics, *, at_least: float = 0.01) -> st
             bf16_flushed.add(kind)
     holding = sorted(((k, v) for k, v in zeros.items() if max(v) > 0), key=lambda kv: -max(kv[1]))
     without = [f"`{k}`" for k in zeros if max(zeros[k]) == 0]
-    where = and_list([f"the `{k}` layers ({_share_range(v)} of each one's)" for k, v in holding])
+    where = and_list([f"the `{k}` layers ({value_span(v, '.0f')} of each one's)" for k, v in holding])
     causes = {"attn.qkv": "after `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 passes "
                           "back an exact zero (its Jacobian vanishes)",
               "fc": "after `fc`, GELU's derivative is exactly zero in FP32 far below zero"}
