@@ -59,6 +59,12 @@ def test_a_format_has_one_colour_in_every_figure():
     colours = [plots.format_colour(f) for f in list_formats()]
     assert len(set(colours)) == len(colours)           # every registered format its own colour
     assert plots.format_colour("fp16") == plots.format_colour("FP16")
+    from course_lib.formats import FloatFormat
+
+    mine = FloatFormat("E3M4 mine", 3, 4)              # not registered: a palette colour by its name, stably
+    assert plots.format_colour(mine) in plots.FORMAT_COLOURS and plots.format_colour(mine) == plots.format_colour(mine)
+    with pytest.raises(ValueError, match="unknown format"):
+        plots.format_colour("FP7")
 
 
 def test_unknown_format_is_an_error():
