@@ -193,19 +193,33 @@ def test_attention_order_facts_name_what_each_ordering_gave():
         A.attention_order_facts(0, 1.0, True, True)
 
 
-def test_sdpas_math_backend_scales_before_the_product(monkeypatch):
-    # measured: FP32 vectors whose product is twice FP32's largest value overflow when written out, and the
-    # math backend stays finite (it multiplies q and k each by d**-0.25 first)
-    facts = A.math_backend_order_facts("cpu")
+def _math_order_measurement(d=64):
+    """Lesson 4's visible cell: FP32 vectors whose product is twice FP32's largest value, written out and
+    through the math backend alone."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    big = torch.full((1, 1, 4, d), (2 * torch.finfo(torch.float32).max / d) ** 0.5)
+    v = torch.randn(1, 1, 4, d)
+    written = torch.softmax(big @ big.transpose(-2, -1) / d ** 0.5, dim=-1) @ v
+    with sdpa_kernel(SDPBackend.MATH):
+        math_only = torch.nn.functional.scaled_dot_product_attention(big, big, v)
+    return torch.isfinite(written).all().item(), torch.isfinite(math_only).all().item()
+
+
+def test_sdpas_math_backend_scales_before_the_product():
+    # measured, as lesson 4 does it: the written-out order overflows, the math backend stays finite (it
+    # multiplies q and k each by d**-0.25 first)
+    written, math_only = _math_order_measurement()
+    assert (written, math_only) == (False, True)
+    facts = A.math_backend_order_facts(written, math_only)
     assert str(facts["attn_math_order"]).startswith("the written-out order overflows FP32 itself")
-    # a backend that scaled after the product would overflow as the written-out order does: the check says so
-    real = torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                        lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v)
-    assert "does not scale before the product" in str(A.math_backend_order_facts("cpu")["attn_math_order"])
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", real)
-    with pytest.raises(ValueError, match="head_dim"):
-        A.math_backend_order_facts("cpu", head_dim=0)
+    # a backend that scaled after the product would overflow as the written-out order does: the phrase says so
+    assert "does not scale before the product" in str(A.math_backend_order_facts(False, False)["attn_math_order"])
+    assert "does not tell the orders apart" in str(A.math_backend_order_facts(True, True)["attn_math_order"])
+    with pytest.raises(TypeError, match="written_finite"):
+        A.math_backend_order_facts(torch.tensor(True), True)
+    with pytest.raises(TypeError, match="math_finite"):
+        A.math_backend_order_facts(True, 1)
 
 
 def test_the_written_out_order_overflows_fp16_where_sdpa_does_not():

@@ -681,11 +681,10 @@ def test_recorded_trend_facts_put_the_record_beside_the_live_run():
     facts = P.recorded_trend_facts(_trend(), SMALL_MODEL, [_faults_record(recorded)], "cpu")
     assert facts["rt_table"].splitlines() == [
         "| gradient | run | tokens per batch | step 0 | step 10 | last sampled step |", "|---|---|---|---|---|---|",
-        "| `head:grad_output` | this page's CPU run | 1,024 | 0.0% | 50.0% | 50.0% (step 10) |",
-        "| `head:grad_output` | recorded, NVIDIA H100 80GB HBM3 (sm 9.0) | 16,384 | 0.0% | 75.0% | 87.5% (step 15) |",
-        "| `blocks.0.attn.qkv:grad_output` | this page's CPU run | 1,024 | 12.5% | 25.0% | 25.0% (step 10) |",
-        "| `blocks.0.attn.qkv:grad_output` | recorded, NVIDIA H100 80GB HBM3 (sm 9.0) | 16,384 | 50.0% | 75.0% | "
-        "50.0% (step 15) |"]
+        "| `head:grad_output` | this page (CPU) | 1,024 | 0.0% | 50.0% | 50.0% (step 10) |",
+        "| `head:grad_output` | record (GPU) | 16,384 | 0.0% | 75.0% | 87.5% (step 15) |",
+        "| `blocks.0.attn.qkv:grad_output` | this page (CPU) | 1,024 | 12.5% | 25.0% | 25.0% (step 10) |",
+        "| `blocks.0.attn.qkv:grad_output` | record (GPU) | 16,384 | 50.0% | 75.0% | 50.0% (step 15) |"]
     assert facts["rt_sentence"] == (
         "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with a model 384 wide, 6 blocks and 16,384 tokens per batch "
         "(this page's CPU run: 64 wide, 2 blocks, 1,024 tokens), FP16 would flush 75.0% of `head:grad_output` there "

@@ -148,24 +148,18 @@ def attention_order_facts(head_dim: int, entry: float, manual_finite: bool, fuse
             "attn_scaled": raw / head_dim ** 0.5, "attn_headroom": head_dim ** 0.5, "attn_verdict": Prose(verdict)}
 
 
-def math_backend_order_facts(device: torch.device | str, head_dim: int = 64) -> dict[str, object]:
-    """Whether ``scaled_dot_product_attention``'s math backend scales before the product, measured: FP32
-    query and key vectors whose raw product is twice FP32's largest value (no accumulator is wider), attention
-    written out (product, then scale) against the math backend alone. ``attn_math_order``: a phrase saying
-    what the two gave."""
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
-        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    entry = (2 * torch.finfo(torch.float32).max / head_dim) ** 0.5
-    q = torch.full((1, 1, 4, head_dim), entry, device=device)
-    v = torch.randn(1, 1, 4, head_dim, device=device)
-    written = torch.softmax(q @ q.transpose(-2, -1) / head_dim ** 0.5, dim=-1) @ v
-    with sdpa_kernel(SDPBackend.MATH):
-        backend = torch.nn.functional.scaled_dot_product_attention(q, q, v)
-    written_ok, math_ok = bool(torch.isfinite(written).all()), bool(torch.isfinite(backend).all())
-    if math_ok and not written_ok:
+def math_backend_order_facts(written_finite: bool, math_finite: bool) -> dict[str, object]:
+    """``attn_math_order``: a phrase saying what the lesson's measurement gave. FP32 query and key vectors whose
+    raw product is twice FP32's largest value (no accumulator is wider) go through attention written out
+    (product, then scale; ``written_finite``: its output stayed finite) and through
+    ``scaled_dot_product_attention``'s math backend alone (``math_finite``)."""
+    for name, value in (("written_finite", written_finite), ("math_finite", math_finite)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool (torch.isfinite(...).all().item()), got {value!r}")
+    if math_finite and not written_finite:
         order = ("the written-out order overflows FP32 itself, while the math backend stays finite: it scales "
                  "before the product")
-    elif math_ok:
+    elif math_finite:
         order = "both stay finite here, so this input does not tell the orders apart"
     else:
         order = "the math backend overflows too: here it does not scale before the product"

@@ -513,7 +513,10 @@ def recorded_trend_facts(live: UnderflowTrend, live_model: Mapping[str, object],
     if not shared:
         raise ValueError("the live run and the record share no sampled step")
     step, first = shared[-1], shared[0]
-    runs = ((here, live, live_model), (f"recorded, {rec.label}", recorded, rec_model))
+    # short run labels: a GPU's full name wraps the column into tall rows; the sentence below names it
+    rec_kind = "GPU" if rec.provenance.device_type == "cuda" else rec.provenance.device_type.upper()
+    runs = ((f"this page ({torch.device(device).type.upper()})", live, live_model),
+            (f"record ({rec_kind})", recorded, rec_model))
     rows = [(_code(n), run, f"{tokens_per_batch(model):,}", f"{100 * flushed_at(t, n, first):.1f}%",
              f"{100 * flushed_at(t, n, step):.1f}%", f"{100 * t.flush[n][-1]:.1f}% (step {t.steps[-1]})")
             for n in names for run, t, model in runs]
