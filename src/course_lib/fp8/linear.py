@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -206,13 +207,37 @@ class QuantizedLinear(nn.Module):
     def _product(self, x2: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    #: when True (see :func:`exact_products`), the product runs in plain FP32, unquantised
+    exact: bool = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            out = self._product(x2.float())
+            out = x2.float() @ self.weight.t() if self.exact else self._product(x2.float())
             if self.bias is not None:
                 out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+@contextmanager
+def exact_products(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the block, every :class:`QuantizedLinear` of ``model`` computes its three products in plain FP32
+    (what the same weights give without quantisation: forward, and autograd's backward); on leaving, each
+    layer is back as it was. Yields ``model``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"exact_products takes an nn.Module, got {type(model).__name__}")
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    before = [m.__dict__.get("exact") for m in layers]
+    try:
+        for m in layers:
+            m.exact = True
+        yield model
+    finally:
+        for m, b in zip(layers, before):
+            if b is None:
+                del m.exact
+            else:
+                m.exact = b
 
 
 def replace_linears(model: nn.Module, make, *, skip: tuple[str, ...] = (),

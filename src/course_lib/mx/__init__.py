@@ -53,10 +53,11 @@ from .blocks import (
     stochastic_round,
     unpack_fp4,
 )
-from .linear import BLOCK_RECIPES, BlockLinear, BlockRecipe, block_recipe, convert_to_block_scaled
+from .linear import BLOCK_RECIPES, BlockLinear, BlockRecipe, block_recipe, convert_to_block_scaled, exact_products
 from .nvfp4 import HADAMARD_SIZE, hadamard_groups, hadamard_matrix, random_hadamard, random_hadamard_matrix, random_signs
 
 __all__ = [
+    "exact_products",
     "MX_ELEMENTS",
     "SCALE_MODES",
     "SCALE_FORMATS",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ..fp8 import QuantizedLinear, replace_linears
+from ..fp8 import QuantizedLinear, exact_products as exact_products, replace_linears
 from .blocks import BlockScaling
 from .nvfp4 import HADAMARD_SIZE, hadamard_groups, random_hadamard_matrix, random_signs
 

@@ -13,7 +13,7 @@ from .fp8 import (
     plot_scaling_lab,
 )
 from .loss_scaling import plot_qk_growth, plot_scale_fidelity, plot_scale_sweep, plot_scale_traces
-from .microscaling import plot_block_sizes, plot_gradient_fidelity
+from .microscaling import plot_block_sizes, plot_gap_replay, plot_gradient_fidelity
 from .monitoring import plot_dashboard, plot_recovery, plot_underflow_trend
 from .performance import (
     plot_activation_sweep,
@@ -82,6 +82,7 @@ __all__ = [
     "plot_fp8_speedup",
     "plot_block_sizes",
     "plot_gradient_fidelity",
+    "plot_gap_replay",
     "plot_recovery",
     "plot_underflow_trend",
     "plot_dashboard",

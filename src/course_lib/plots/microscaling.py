@@ -144,3 +144,31 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     right.grid(alpha=0.3)
     right.legend(fontsize=8, loc="lower left")
     return finish_figure(fig)
+
+
+def plot_gap_replay(replay) -> Figure:
+    """A :class:`~course_lib.studies.microscaling_replay.GapReplay`: the loss at the replayed step against how
+    many of the steps before it ran with exact products (log2 axis), beside the run as it ran, BF16's loss, and
+    half-way between them (the line a replay must reach to close half the gap)."""
+    if not replay.replays:
+        raise ValueError("the replay has no replayed steps (its gap is at step 0)")
+    ks = np.asarray([k for k, _ in replay.replays])
+    losses = np.asarray([loss for _, loss in replay.replays])
+    fig, ax = plt.subplots(figsize=(COLUMN_INCHES, 4.2))
+    colour = fp8_colour(replay.recipe)
+    ax.axhline(replay.as_run, color=colour, ls="--", lw=1.5, label=f"{replay.recipe} as it ran")
+    ax.axhline(replay.baseline, color=fp8_colour("bf16_autocast"), lw=3, label="BF16 autocast")
+    ax.axhline((replay.as_run + replay.baseline) / 2, color="#777777", ls=":", lw=1.2, label="half the gap closed")
+    ax.plot(ks, losses, "o-", color="#000000", lw=1.2, ms=5,
+            label=f"{replay.recipe}, its last k steps replayed with exact products")
+    labels = [str(k) if k in (1, 2, 4, 8, 16) or k >= 32 else "" for k in ks]
+    labels[-1] = f"{ks[-1]}\n(all: an FP32 run)"
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, labels)
+    ax.xaxis.set_minor_locator(mticker.NullLocator())
+    ax.set_xlabel(f"k, steps before step {replay.step} replayed with exact products (log2 axis)")
+    ax.set_ylabel(f"loss at step {replay.step}, seed {replay.seed}")
+    ax.grid(alpha=0.3)
+    # under the axes: the replays cross every level the lines mark
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncols=2, frameon=False)
+    return finish_figure(fig)

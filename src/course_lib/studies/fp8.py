@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 
 from ..bench import time_function
+from ..data import BatchSampler
 from ..fp8.casts import as_2d, cast_saturating
 from ..fp8.linear import Fp8Linear, convert_to_fp8, torchao_float8
 from ..fp8.recipes import (
@@ -210,6 +211,14 @@ def train_converted(recipe: str, convert, profile, device: torch.device | str = 
     ``recipe`` names one ("fp32", "bf16_autocast", ...), else in FP32 after ``convert(model)`` has swapped its
     linear layers for quantised ones (every other op and the weights stay FP32). Same batches, same initial
     weights for the same seed. Returns the History."""
+    state, sampler = converted_state(recipe, convert, profile, device, steps=steps, seed=seed, lr=lr)
+    return train(state, sampler)
+
+
+def converted_state(recipe: str, convert, profile, device: torch.device | str = "cpu", *, steps: int | None = None,
+                    seed: int = 0, lr: float = 3e-3) -> tuple[TrainState, BatchSampler]:
+    """What :func:`train_converted` trains, before its first step: the training state (model, optimizer,
+    schedule) and the batch sampler, so that a study can step it itself (``train(state, sampler, steps=k)``)."""
     device = torch.device(device)
     setup = course_setup(profile, device, steps=steps, default_steps=(40, 150), seed=seed)
     model = setup.model(seed)
@@ -218,8 +227,7 @@ def train_converted(recipe: str, convert, profile, device: torch.device | str = 
     else:
         convert(model)
         precision = get_recipe("fp32", device)
-    state = TrainState(model, precision, TrainConfig(steps=setup.steps, lr=lr), device)
-    return train(state, setup.sampler)
+    return TrainState(model, precision, TrainConfig(steps=setup.steps, lr=lr), device), setup.sampler
 
 
 def train_fp8(recipe: str, profile, device: torch.device | str = "cpu", *, steps: int | None = None,

@@ -468,18 +468,25 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
                  "against MXFP4 (same seeds)" + verdict)
 
 
-def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
-    """Where a recipe's loss rose furthest above ``baseline``'s from the same seed at the same step (a spike
-    the loss curves show; steps counted from 0, as the figure's axis; the same batch, since every run of a seed
-    draws the same batches), the other recipes' gaps at that seed and step, where that run's final loss ended
-    against the baseline's, and that the page does not explain the spike."""
+def widest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> tuple[float, str, int, int]:
+    """Where a recipe's loss rose furthest above ``baseline``'s from the same seed at the same step:
+    ``(gap, recipe, seed index, step)``, steps counted from 0; the first such place in recipe, seed and step
+    order."""
     if baseline not in check_training(result).recipes:
         raise ValueError(f"no {baseline!r} run to compare with; recipes: {', '.join(result.recipes)}")
     gaps = [(a - b, r, i, t) for r in result.recipes if r != baseline for i in range(len(result.seeds))
             for t, (a, b) in enumerate(zip(result.curves[r][i], result.curves[baseline][i]))]
     if not gaps:
         raise ValueError(f"no recipe ran beside {baseline!r}")
-    gap, recipe, i, t = max(gaps, key=lambda g: g[0])   # the first, in recipe, seed and step order
+    return max(gaps, key=lambda g: g[0])
+
+
+def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
+    """The place of :func:`widest_step_gap` (a spike the loss curves show; steps counted from 0, as the
+    figure's axis; the same batch, since every run of a seed draws the same batches), the other recipes' gaps
+    at that seed and step, and where that run's final loss ended against the baseline's.
+    :mod:`course_lib.studies.microscaling_replay` looks for what made the jump."""
+    gap, recipe, i, t = widest_step_gap(result, baseline)
     end = result.final(recipe)[i] - result.final(baseline)[i]
     others = [f"`{r}` {result.curves[r][i][t] - result.curves[baseline][i][t]:+.3f}" for r in result.recipes
               if r not in (recipe, baseline)]
@@ -487,8 +494,7 @@ def largest_step_gap(result: Fp8Training, baseline: str = BASELINE) -> Prose:
     return Prose(f"The widest gap at any one step: `{recipe}`, seed {result.seeds[i]}, at step {t}, "
                  f"{gap:+.3f} against BF16's loss from the same seed at that step, on the same batch (every run of "
                  f"a seed starts from the same weights and draws the same batches in the same order).{beside} That "
-                 f"run ended {end:+.3f} from BF16's final loss. What made it jump there, this page does not "
-                 "explain.")
+                 f"run ended {end:+.3f} from BF16's final loss.")
 
 
 def block_scaled_training_facts(result: Fp8Training) -> dict[str, object]:
