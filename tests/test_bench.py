@@ -171,6 +171,15 @@ def test_capability_probe_is_measured_and_cached():
                               "matrix unit: torch computes the product in wider types)")
     gpu = B.CapabilityProbe("cuda", 64, {"fp32": 1.0, "fp8": 4.0}, {})
     assert gpu.summary() == "matmul speed against FP32 at n=64: FP8 x4.00"
+    # the lesson's table: every dtype tried, measured or why not, in one order
+    assert slow.table().splitlines() == [
+        "| dtype | TFLOP/s at n=64 | against FP32 | note |", "|---|---|---|---|",
+        "| FP32 (TF32 off) | 1 | x1 |  |", "| TF32 | not measured |  | no TF32 |", "| BF16 | 2.35 | x2.3 |  |",
+        "| FP8 E4M3 (_scaled_mm) | 0.0032 | x0.0032 | a CPU has no FP8 matrix unit: torch computes the product "
+        "in wider types |"]
+    assert gpu.table().splitlines()[-1] == "| FP8 E4M3 (_scaled_mm) | 4 | x4 |  |"
+    with pytest.raises(ValueError, match="no dtype"):
+        B.CapabilityProbe("cpu", 64, {}, {}).table()
 
 
 def test_capability_probe_keeps_each_dtypes_best_round_and_times_a_slow_product_once(monkeypatch):

@@ -62,6 +62,15 @@ PLANTED = {
                       + "y = compute(" + "argument, " * 12 + ")</pre></div></div>"
                       '<div class="cell tag_hide-input"><div class="cell_input"><pre>'
                       + "z = " + "hidden + " * 20 + "</pre></div></div></div>",
+    # the same for a cell's output (a folded output is the reader's choice) and a Markdown code block (one in a
+    # closed dropdown too)
+    "wide_output.html": '<div style="width: 600px"><div class="cell"><div class="cell_output"><pre>'
+                        + "printed " * 20 + "</pre></div></div>"
+                        '<div class="cell tag_hide-output"><details><summary>out</summary>'
+                        '<div class="cell_output"><pre>' + "folded " * 20 + "</pre></div></details></div>"
+                        '<div class="highlight"><pre>python -m course_lib.record ' + "experiment " * 12
+                        + "</pre></div><details><summary>solution</summary><pre>" + "closed " * 20
+                        + "</pre></details></div>",
 }
 PLANTED_HEAVY_BYTES = bc.PAGE_WEIGHT_LIMIT + 200_000   # one script alone over the limit
 
@@ -167,6 +176,14 @@ def test_a_visible_code_cell_that_scrolls_sideways_fails(planted_results):
     problems = planted_results["wide_code.html"].problems
     widest = ("y = compute(" + "argument, " * 12 + ")")[:80]
     assert problems == [f"a code cell scrolls sideways, widest line: {widest}"], problems
+
+
+@needs_browser
+def test_a_visible_output_or_code_block_that_scrolls_sideways_fails(planted_results):
+    problems = planted_results["wide_output.html"].problems
+    assert problems == ["a cell output scrolls sideways, widest line: " + ("printed " * 20).strip()[:80],
+                        "a code block scrolls sideways, widest line: "
+                        + ("python -m course_lib.record " + "experiment " * 12).strip()[:80]], problems
 
 
 @needs_browser

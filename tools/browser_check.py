@@ -19,8 +19,9 @@ sees it. A page passes when
   failed to start, and an ipywidgets output (which cannot compute in a static page) are problems;
 - no character of its text is drawn as a box (no installed font has it: an emoji on a plain Linux machine),
   and no cell output reports matplotlib's "Glyph ... missing from font(s)" (a box inside a figure);
-- no code cell a reader sees without a click scrolls sideways at the check's 1280-px window (what lies
-  beyond the edge, often a comment, is missed); cells with hidden input are the reader's choice to open;
+- no code cell, cell output or code block a reader sees without a click scrolls sideways at the check's
+  1280-px window (what lies beyond the edge, often a comment, is missed); cells with hidden input or
+  output, and blocks in closed dropdowns, are the reader's choice to open;
 - it weighs at most ``PAGE_WEIGHT_LIMIT`` bytes: the bodies of everything it loads (the HTML, scripts,
   styles, fonts, images; lazy images made to load, counted once the network is idle, so late fonts and
   MathJax's pieces count), each fetched afresh (routing every request turns Chromium's cache off) and
@@ -67,11 +68,22 @@ RAW_TEXT_PATTERNS = {
 # a glued value that is a Python str shows its repr, quotes and all ('6 recipes'): glue it as Markdown (Prose)
 _QUOTED_GLUE_JS = """() => [...document.querySelectorAll('.pasted-text')]
   .map(e => e.textContent.trim()).filter(t => /^'.*'$|^".*"$/.test(t))"""
-# the widest line of each visible code cell whose input is wider than its box (hidden inputs left out)
-_WIDE_CODE_JS = """() => [...document.querySelectorAll(
-    'div.cell:not(.tag_hide-input):not(.tag_hide-cell) div.cell_input pre')]
-  .filter(e => e.scrollWidth > e.clientWidth + 1)
-  .map(e => e.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, ''))"""
+# [what, widest line] of each preformatted box a reader sees without a click that is wider than its box: a
+# code cell's input (hidden inputs left out), a cell's output (folded outputs left out), and a code block of
+# the page's Markdown (one in a closed dropdown left out: the reader has not opened it)
+_WIDE_CODE_JS = """() => {
+  const widest = e => e.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '');
+  // checkVisibility: false inside a closed <details> (Chromium keeps its content laid out, unrendered)
+  const wide = e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1;
+  const pick = (what, selector, keep) => [...document.querySelectorAll(selector)]
+    .filter(e => keep(e) && wide(e)).map(e => [what, widest(e)]);
+  return [
+    ...pick('a code cell', 'div.cell:not(.tag_hide-input):not(.tag_hide-cell) div.cell_input pre', e => true),
+    ...pick('a cell output', 'div.cell:not(.tag_hide-output):not(.tag_hide-cell) div.cell_output pre',
+            e => true),
+    ...pick('a code block', 'pre', e => !e.closest('div.cell')),
+  ];
+}"""
 # matplotlib's warning, shown in a cell's stderr output, when a figure's text has a character its font lacks
 FIGURE_GLYPH_MISSING = re.compile(r"Glyph \d+ \(.*?\) missing from (?:current )?font")
 LOAD_TIMEOUT_MS = 30_000
@@ -356,8 +368,8 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
                 snippet = " ".join(text[max(0, first.start() - 40):first.end() + 40].split())
                 problems.append(f"{name} in the text ({len(matches)}x), first: ...{snippet}...")
         problems += [f"glued text shown as a Python string: {t[:80]}" for t in page.evaluate(_QUOTED_GLUE_JS)][:3]
-        problems += [f"a code cell scrolls sideways, widest line: {t.strip()[:80]}"
-                     for t in page.evaluate(_WIDE_CODE_JS)][:3]
+        problems += [f"{what} scrolls sideways, widest line: {t.strip()[:80]}"
+                     for what, t in page.evaluate(_WIDE_CODE_JS)][:3]
         with contextlib.suppress(Exception):
             page.wait_for_load_state("networkidle", timeout=5_000)
         if screenshots is not None:

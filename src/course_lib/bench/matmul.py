@@ -16,6 +16,7 @@ from ..hardware import (
     format_unsupported_reason,
     tf32_matmuls,
 )
+from ..tables import MarkdownTable, markdown_table
 from .timing import Timing, time_function
 
 DTYPE_LABELS = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16",
@@ -208,6 +209,22 @@ class CapabilityProbe:
                 parts.append(part)
         return (f"matmul speed against FP32 at n={self.n}: " + ", ".join(parts)) if parts \
             else "no low-precision matmul measured"
+
+    def table(self) -> MarkdownTable:
+        """One row per dtype the probe tried, in :data:`DTYPE_LABELS`' order: TFLOP/s and speed against
+        FP32 where measured, else why not (a CPU's FP8 row says its product is computed in wider types)."""
+        rows = []
+        for d, label in DTYPE_LABELS.items():
+            if d in self.tflops:
+                r = self.relative(d)
+                note = ("a CPU has no FP8 matrix unit: torch computes the product in wider types"
+                        if d == "fp8" and torch.device(self.device).type == "cpu" else "")
+                rows.append((label, f"{self.tflops[d]:.3g}", "" if r is None else f"x{r:.2g}", note))
+            elif d in self.unsupported:
+                rows.append((label, "not measured", "", self.unsupported[d]))
+        if not rows:
+            raise ValueError("the probe measured no dtype")
+        return markdown_table(["dtype", f"TFLOP/s at n={self.n}", "against FP32", "note"], rows)
 
 
 PROBE_ROUNDS = 3

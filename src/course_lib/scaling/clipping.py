@@ -43,12 +43,17 @@ def unitwise_norm(x: torch.Tensor) -> torch.Tensor:
     return x.norm(dim=tuple(range(1, x.ndim)), keepdim=True)
 
 
-def adaptive_clip_grad_(parameters, clipping: float = 0.01, eps: float = AGC_EPS) -> int:
-    """Adaptive gradient clipping (Brock et al., 2021, NFNets), in place: each unit's gradient is scaled
-    down to at most ``clipping`` times the norm of that unit's weights (floored at ``eps``, so that a unit
-    whose weights are zero can still move). Units as in :func:`unitwise_norm`. Returns how many units
-    were clipped. Call it after ``scaler.unscale_``: it compares gradients with weights."""
-    clipping, eps = check_positive("clipping", clipping), check_positive("eps", eps)
+def adaptive_clip_grad_(parameters, clipping: float = 0.01,
+                        eps: float = AGC_EPS) -> int:
+    """Adaptive gradient clipping (Brock et al., 2021, NFNets), in place:
+    each unit's gradient is scaled down to at most ``clipping`` times the
+    norm of that unit's weights (floored at ``eps``, so that a unit whose
+    weights are zero can still move). Units as in :func:`unitwise_norm`.
+    Returns how many units were clipped. Call it after ``scaler.unscale_``:
+    it compares gradients with weights."""
+    # (lines kept short: lesson 3 prints this function's source)
+    clipping = check_positive("clipping", clipping)
+    eps = check_positive("eps", eps)
     clipped = 0
     with torch.no_grad():
         for p, grad in _with_grads(parameters):
@@ -56,7 +61,8 @@ def adaptive_clip_grad_(parameters, clipping: float = 0.01, eps: float = AGC_EPS
             norm = unitwise_norm(grad)
             too_big = norm > limit
             clipped += int(too_big.sum())
-            grad.mul_(torch.where(too_big, limit / norm.clamp_min(1e-12), torch.ones_like(norm)))
+            factor = limit / norm.clamp_min(1e-12)
+            grad.mul_(torch.where(too_big, factor, torch.ones_like(norm)))
     return clipped
 
 
@@ -70,13 +76,17 @@ def clip_per_tensor_norm_(parameters, max_norm: float) -> int:
     return clipped
 
 
-def scaled_step(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer, loss: torch.Tensor, edit) -> None:
-    """One training step under a loss scaler, with a gradient edit in its one right place."""
+def scaled_step(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer,
+                loss: torch.Tensor, edit) -> None:
+    """One training step under a loss scaler, with a gradient edit in its
+    one right place."""
+    # (lines kept short: lesson 3 prints this function's source)
     params = [p for group in opt.param_groups for p in group["params"]]
     scaler.scale(loss).backward()
-    scaler.unscale_(opt)      # from here on p.grad holds the true gradients
-    edit(params)              # clip_grad_norm_, clip_grad_value_, AGC, a penalty, a mask
-    scaler.step(opt)          # steps on the edited gradients; skips if unscale_ found an inf or NaN
+    scaler.unscale_(opt)  # from here on p.grad holds the true gradients
+    edit(params)  # clip_grad_norm_, clip_grad_value_, AGC, a penalty, a mask
+    # steps on the edited gradients; skips if unscale_ found an inf or NaN
+    scaler.step(opt)
     scaler.update()
 
 

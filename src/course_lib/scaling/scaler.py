@@ -199,10 +199,13 @@ class TeachingLossScaler:
         return any(checked)
 
     def update(self, found_inf: bool | None = None) -> None:
-        """Back off after an overflow; grow after ``growth_interval`` consecutive clean steps.
+        """Back off after an overflow; grow after ``growth_interval``
+        consecutive clean steps.
 
-        An overflow is an inf or NaN in the gradients of any optimizer unscaled since the last update; a
-        replay of recorded steps, which has no gradients, passes ``found_inf`` instead."""
+        An overflow is an inf or NaN in the gradients of any optimizer
+        unscaled since the last update; a replay of recorded steps, which
+        has no gradients, passes ``found_inf`` instead."""
+        # (lines kept short: lesson 3 prints this method's source)
         found_inf = self._overflow_since_update(found_inf)
         self._optimizers.clear()
         if found_inf:
