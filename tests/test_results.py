@@ -227,9 +227,15 @@ def test_records_status_lists_every_experiment_and_its_records(tmp_path):
     import dataclasses
 
     save_record(dataclasses.replace(make_record(), experiment="model_magnitudes"), tmp_path)
+    # a full-size record of the course model from before the re-size (no stored course_model) is marked
+    save_record(dataclasses.replace(make_record(), experiment="convergence_parity", parameters={"size": "full"}),
+                tmp_path)
     table = records_status_markdown(tmp_path)
     assert all(f"`{name}`" in table for name in EXPERIMENTS)
     assert "| `model_magnitudes` | no | NVIDIA H200 (sm 9.0), " in table
+    assert "narrower" not in table.split("`model_magnitudes`")[1].split("\n")[0]
+    assert ("| `convergence_parity` | no | NVIDIA H200 (sm 9.0), " in table and
+            " (before 2026-11-25: the narrower course model) |" in table.split("`convergence_parity`")[1].split("\n")[0])
     assert "| `autocast_trace` | yes | not yet |" in table
     assert "record model_magnitudes --out" in describe_records([], "model_magnitudes")
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, Experiment, get_experiment, record_command, record_experiment
 from .tables import MarkdownTable, markdown_table
-from .results import load_records
+from .results import EARLIER_FULL_UNTIL, load_records
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,13 +141,16 @@ def parse_overrides(exp: Experiment, items: list[str], profile: SizeProfile, dev
 
 
 def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTable:
-    """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it."""
+    """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it (a full-size
+    record of the course model before its re-size marked as such: its model was narrower than today's)."""
     records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
         else load_records(device_type="cuda")
     rows = []
     for name in sorted(EXPERIMENTS):
         mine = [r for r in records if r.experiment == name]
-        where = "; ".join(f"{r.label}, {r.provenance.date[:10]}" for r in mine) or "not yet"
+        where = "; ".join(f"{r.label}, {r.provenance.date[:10]}"
+                          + (f" (before {EARLIER_FULL_UNTIL}: the narrower course model)" if r.earlier_full_model else "")
+                          for r in mine) or "not yet"
         rows.append((f"`{name}`", "yes" if EXPERIMENTS[name].requires_cuda else "no", where))
     return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)
 

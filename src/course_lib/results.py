@@ -90,6 +90,12 @@ class Record:
         full = self.parameters.get("size", self.parameters.get("profile")) == "full"
         return dict(EARLIER_FULL_MODEL) if full else None
 
+    @property
+    def earlier_full_model(self) -> bool:
+        """Whether the record trained the full profile's course model as it was before
+        :data:`EARLIER_FULL_UNTIL` (:data:`EARLIER_FULL_MODEL`, narrower than today's)."""
+        return self.course_model is not None and "course_model" not in self.parameters
+
 
 @dataclass(frozen=True)
 class RecordedResult:
@@ -360,7 +366,7 @@ def record_size_text(record: Record) -> str:
     except (KeyError, TypeError):
         raise RecordError(f"{record.path}: course_model must name d_model, n_layers, n_heads, context and "
                           f"batch, got {model!r}") from None
-    if "course_model" not in record.parameters:
+    if record.earlier_full_model:
         return (f"the full profile before {EARLIER_FULL_UNTIL}, a narrower course model than today's ({shape}; "
                 "see the setup page)")
     return f"{size} profile, course model {shape}"
