@@ -19,13 +19,14 @@ def test_correct_answers_pass_including_rounded_decimals():
     ("FP16", "epsilon", 2**-11, "half an epsilon"),
     ("FP16", "max_finite", 32768, "largest power of two"),
     ("FP16", "max_finite", 12345, "Write out the bits"),
-    ("FP16", "max_finite", None, "No answer yet"),
+    ("FP16", "max_finite", None, "Set your value"),
     ("FP16", "max_finite", "65504", "Give a number"),
 ])
 def test_wrong_answers_are_explained(fmt, prop, answer, hint):
     fb = check_format_property(fmt, prop, answer)
     assert not fb.correct and hint in fb.message
     assert fb._repr_markdown_().startswith("**Not yet.**")
+    assert "Not quite" not in fb.message and "No answer yet" not in fb.message   # "Not yet." says it once
 
 
 def test_unknown_property():
@@ -83,6 +84,18 @@ def test_check_value_fate():
     assert "half the smallest subnormal" not in check_value_fate(1e-7, "subnormal").message
     wrong = check_value_fate(1e-7, "zero")
     assert not wrong.correct and "fewer significant bits" in wrong.message
+    # a wrong guess gets a hint, never the stored value or the answer
+    for guess in ("zero", "normal", "inf"):
+        fb = check_value_fate(3e-8, guess)
+        assert not fb.correct and "Hint:" in fb.message
+        assert "5.96046e-08 as" not in fb.message and "stores" not in fb.message and "'subnormal'" not in fb.message
+    assert check_value_fate(3e-8, "inf").message == (
+        "FP16's smallest normal is 6.10352e-05, its smallest subnormal 5.96046e-08 and its largest value 65504. "
+        "Where does 3e-08 fall? Hint: a value becomes inf only from half a spacing past the largest value on, "
+        "65520.")
+    assert check_value_fate(3e-8, " Subnormal\n").correct    # case and whitespace do not matter
+    assert check_value_fate(3e-8, None).message == (
+        "Set one of 'zero', 'subnormal', 'normal', 'inf' and run the cell again.")
     assert check_value_fate(1e-8, "zero").correct
     assert check_value_fate(65536.0, "inf").correct and check_value_fate(65504.0, "normal").correct
     assert check_value_fate(1000.0, "inf", "FP8 E4M3").correct   # saturation in a format with no inf
@@ -183,10 +196,20 @@ def test_check_ring_all_reduce_explains_order_and_rounding():
     # ring from rank 3: (2^-8 + 2^-8) + 2^-8 = 3 * 2^-8, then + 1 = 1.01171875, a BF16 tie -> 1.015625
     right = check_ring_all_reduce(1.015625, values)
     assert right.correct and "1.015625" in right.message
+    assert right.message.startswith("The ring adds") and "even last bit" in right.message
     exact = check_ring_all_reduce(1.01171875, values)
     assert not exact.correct and "exact sum" in exact.message
-    tree = check_ring_all_reduce(1.0078125, values)   # (1 + 2^-8) rounds to 1; 1 + 2^-7
-    assert not tree.correct and "tree order" in tree.message
+    # 1.0078125 is both the tree order ((1 + 2^-8) rounds to 1; 1 + 2^-7) and the ring truncated: both named
+    both = check_ring_all_reduce(1.0078125, values)
+    assert not both.correct and "tree order" in both.message and "truncated" in both.message
+    rank0 = check_ring_all_reduce(1.0, values)   # 1 + 2^-8 is a tie that rounds back to 1, three times
+    assert not rank0.correct and "adding from rank 0" in rank0.message
+    # where the two slips part, each is named alone: on [1, 2^-9, 2^-8, 2^-8, 2^-8] the ring truncated gives
+    # 1.0078125 and the tree 1.0; on [1, 2^-8, 2^-8] the tree gives 1.0 and truncating changes nothing
+    cut = check_ring_all_reduce(1.0078125, [1.0, 2**-9, 2**-8, 2**-8, 2**-8])
+    assert "truncated" in cut.message and "tree order" not in cut.message
+    tree_only = check_ring_all_reduce(1.0, [1.0, 2**-8, 2**-8])
+    assert "tree order" in tree_only.message and "truncated" not in tree_only.message
     assert "one at a time" in check_ring_all_reduce(2.0, values).message
     assert "number" in check_ring_all_reduce("1", values).message
     assert "No answer" in check_ring_all_reduce(None, values).message

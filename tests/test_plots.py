@@ -26,6 +26,13 @@ def test_ranges_figure_has_log_axis_and_tensor_rows(small_profile):
     # the tensors' panel is zoomed to their span, far narrower than the formats' range
     lo, hi = tensors_ax.get_xlim()
     assert hi / lo < 1e40 and formats_ax.get_xlim()[1] / formats_ax.get_xlim()[0] > 1e70
+    # stacked, each panel the figure's full width; the tensors' axis starts 2**12 below the lowest of FP16's
+    # smallest subnormal and the medians, and what reaches further is cut there, with a triangle
+    assert formats_ax.get_position().y0 > tensors_ax.get_position().y1
+    medians = [h.quantile(0.5) for h in mags.histograms.values()]
+    assert lo == pytest.approx(min(medians + [2.0**-24]) / 2**12)
+    cut = [ln for ln in tensors_ax.get_lines() if ln.get_marker() == "<"]
+    assert len(cut) == sum(h.min_nonzero < lo for h in mags.histograms.values())
     two = plots.plot_format_ranges(["FP16"], mags, recorded=("GPU", mags))
     assert any("(GPU)" in t.get_text() for t in two.axes[1].get_yticklabels())
     assert len(plots.plot_format_ranges(["FP16"]).axes) == 1
@@ -44,6 +51,38 @@ def test_spacing_figure_one_curve_per_format():
     lines = {ln.get_label(): ln for ln in plots.plot_relative_spacing(["TF32", "FP16"]).axes[0].get_lines()}
     assert lines["FP16 (dashed)"].get_linestyle() == "--" and lines["TF32"].get_linestyle() == "-"
     assert lines["FP16 (dashed)"].get_linewidth() < lines["TF32"].get_linewidth()
+
+
+def test_gradient_histograms_drawn_to_be_compared_share_both_axes():
+    import torch
+
+    early, late = torch.full((100,), 2.0**-10), torch.full((100,), 2.0**-30)
+    one = plots.plot_gradient_histogram(late, "FP16", share_with=[early]).axes[0]
+    two = plots.plot_gradient_histogram(early, "FP16", share_with=[late]).axes[0]
+    assert one.get_xlim() == two.get_xlim() and one.get_ylim() == two.get_ylim()
+    alone = plots.plot_gradient_histogram(early, "FP16").axes[0]
+    assert alone.get_xlim()[0] > one.get_xlim()[0]          # alone, its axis does not reach 2**-30
+    with pytest.raises(TypeError, match="share_with"):
+        plots.plot_gradient_histogram(early, "FP16", share_with=late)
+
+
+def test_layer_figure_shades_where_fp16_flushes_to_zero():
+    import torch
+    from course_lib.gradients import GradientCapture, LayerGradient
+
+    layers = tuple(LayerGradient(f"l{i}", "activation", i, torch.full((10,), v), 10)
+                   for i, v in enumerate((1e-9, 1e-3)))
+    fig = plots.plot_layer_gradients(GradientCapture(layers, 1.0), "FP16")
+    assert "flushed to 0 in FP16 (at or below 2.98e-08)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    assert fig.axes[0].get_xlim()[0] < 1e-9 / 2
+
+
+def test_spacing_figure_draws_a_shared_smallest_normal_once_in_the_first_formats_colour():
+    from matplotlib.colors import to_hex
+
+    ax = plots.plot_relative_spacing(["FP16", "FP8 E5M2"]).axes[0]
+    normals = [ln for ln in ax.get_lines() if ln.get_label().startswith("_") and ln.get_linestyle() == ":"]
+    assert [to_hex(ln.get_color()) for ln in normals] == [to_hex(plots.format_colour("FP16"))]
 
 
 def test_a_format_has_one_colour_in_every_figure():
@@ -385,7 +424,14 @@ def test_distributed_figures_draw_every_variant_and_rank():
     dp = DataParallelStudy(2, "gloo", "cpu", "small", 3, 1, 10, {}, {}, {"a": case, "b": case}, {}, {}, {}, {}, 0.0)
     fig = plots.plot_rank_scales(dp)
     visible = [ax for ax in fig.axes if ax.get_visible()]
-    assert len(visible) == 2 and len(visible[0].lines) == 4      # a step line and skip marks per rank
+    assert len(visible) == 5 - 3 and len(visible[0].lines) == 5   # per rank a step line and its own skips; all
+    own, every = visible[0].lines[3], visible[0].lines[4]
+    assert list(own.get_xdata()) == [1] and list(every.get_xdata()) == []   # rank 1 alone skipped step 1
+    both = ScalerCase({0: (0, 2), 1: (0,)}, {0: (4.0, 2.0, 2.0), 1: (4.0, 2.0, 2.0)}, True, {0: True, 1: True})
+    lines = plots.plot_rank_scales(dataclasses.replace(dp, scaler_cases={"both": both})).axes[0].lines
+    # a step every rank skipped is one filled circle, not an x and a + drawn over each other
+    assert list(lines[4].get_xdata()) == [0] and lines[4].get_marker() == "o"
+    assert list(lines[1].get_xdata()) == [2] and list(lines[3].get_xdata()) == []
     assert any("rank 0: weights not finite" in t.get_text() for t in visible[0].texts)
     assert_legends_clear_of_panels(fig)
     three = plots.plot_rank_scales(dataclasses.replace(dp, scaler_cases={k: case for k in "abcd"}))

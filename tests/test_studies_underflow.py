@@ -84,8 +84,8 @@ def _zero_stats(qkv_zeros=(0.85, 0.89), fc_zeros=(0.04, 0.44), bf16_fc=0.02):
 def test_exact_zero_text_places_the_last_steps_zeros_by_kind_of_layer():
     assert S.exact_zero_text(_zero_stats()) == (
         "At step 2999 of the recorded run, 25.1% of the activation gradients are exactly zero already in FP32, "
-        "before any cast: they are in the `attn.qkv` layers (85-89% of each one's) and the `fc` layers (4-44% of "
-        "each one's), and `attn.proj`, `out` and `head` hold none. No cast made them: the operation after the "
+        "before any cast: they are in the `attn.qkv` layers (85-89% of each such layer's activation gradients) "
+        "and the `fc` layers (4-44% of each such layer's activation gradients), and `attn.proj`, `out` and `head` hold none. No cast made them: the operation after the "
         "layer passed back zeros. After `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 "
         "passes back an exact zero (its Jacobian vanishes); after `fc`, GELU's derivative is exactly zero in "
         "FP32 far below zero. The record keeps no attention weights or activations, so it cannot say which "
@@ -93,7 +93,7 @@ def test_exact_zero_text_places_the_last_steps_zeros_by_kind_of_layer():
         "BF16's smallest subnormal, 9.2e-41, that FP32 holds only as subnormals.")
     # equal shares print once; nothing flushed in BF16, nothing said of it
     text = S.exact_zero_text(_zero_stats(qkv_zeros=(0.5, 0.5), fc_zeros=(0.0, 0.0), bf16_fc=0.0))
-    assert "the `attn.qkv` layers (50% of each one's), and `attn.proj`, `fc`, `out` and `head` hold none" in text
+    assert "the `attn.qkv` layers (50% of each such layer's activation gradients), and `attn.proj`, `fc`, `out` and `head` hold none" in text
     assert "GELU" not in text and "BF16" not in text
 
 
@@ -128,7 +128,9 @@ def test_layer_facts_compare_the_first_and_last_layer():
                                _layer("l0", "weight", 0, [8.0]),
                                _layer("l1", "activation", 1, [2.0, 4.0, 4.0])), 1.0)
     assert S.layer_facts(capture) == {"mlp_first_flushed": 25.0, "mlp_last_flushed": 0.0, "mlp_ratio": 4.0,
-                                      "mlp_layers": 2}
+                                      "mlp_ratio_text": "4", "mlp_layers": 2}
+    deep = GradientCapture((_layer("l0", "activation", 0, [1e-6]), _layer("l1", "activation", 1, [0.0666])), 1.0)
+    assert S.layer_facts(deep)["mlp_ratio_text"] == "66,600"   # a plain number, not 6.66e+04
     with pytest.raises(ValueError, match="no activation gradient"):
         S.layer_facts(GradientCapture((_layer("l0", "weight", 0, [1.0]),), 1.0))
 
@@ -142,7 +144,7 @@ def test_gpt_layer_facts_read_the_residual_writers_the_inner_layers_and_the_head
                                _layer("head", "activation", 5, [1e-8])), 1.0)
     facts = S.gpt_layer_facts(capture)
     assert facts["gpt_blocks"] == 2 and facts["gpt_writer_spread"] == pytest.approx(4.0)
-    assert facts["gpt_inner_place"] == "1 of 2 below the lowest of them"
+    assert facts["gpt_inner_place"] == "1 of 2 have a lower median than any layer that writes into the stream"
     assert facts["gpt_head_median"] == pytest.approx(1e-8) and facts["gpt_head_place"] == "the lowest of all"
     with pytest.raises(ValueError, match="not a capture of the course GPT"):
         S.gpt_layer_facts(GradientCapture((_layer("l0", "activation", 0, [1.0]),), 1.0))
@@ -246,11 +248,14 @@ def test_adam_underflow_facts():
 # ---- overflow ------------------------------------------------------------------------------------------------
 
 def test_softmax_matmul_and_activation_facts():
-    sm = SoftmaxOverflow((1.0, 2.5), (2.7, 12.2), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), 0.2, 0.2, 11.09)
-    assert S.softmax_facts(sm) == {"fp16_max": 65504.0, "exp_limit": 11.09, "sm_logits": "1, 2.5"}
-    mm = MatmulOverflow(4, 2.0, 16.0, {"FP32": 16.0, "FP16": math.inf})
+    sm = SoftmaxOverflow((1.0, 2.5), (2.7, 12.2), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), 0.2, 0.21,
+                         11.09, 0.2014)
+    assert S.softmax_facts(sm) == {"fp16_max": 65504.0, "exp_limit": 11.09, "sm_logits": "1, 2.5",
+                                   "ce_fp16": 0.21, "ce_fp64": 0.2014}
+    mm = MatmulOverflow(4, 2.0, 16.0, {"FP32": 16.0, "FP16": math.inf}, 2.0, 4.0)
     assert S.matmul_table(mm) == "| computed in | result |\n|---|---|\n| FP32 | 16 |\n| FP16 | inf |\n"
-    assert S.matmul_facts(mm) == {"mm_n": 4, "mm_value": 2.0, "mm_exact": 16.0}
+    assert S.matmul_facts(mm) == {"mm_n": 4, "mm_value": 2.0, "mm_exact": 16.0, "mm_divisor": 2.0,
+                                  "mm_scaled_output": 4.0, "mm_scale_back": 4.0}
     act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0)
     assert S.activation_overflow_facts(act) == {"act_bf16_max": 200704.0, "act_loss_bf16": 5.59375,
                                                 "act_nonfinite": 12}
@@ -258,13 +263,14 @@ def test_softmax_matmul_and_activation_facts():
 
 def test_softmax_and_activation_tables_show_each_form_in_columns():
     sm = SoftmaxOverflow((1.0, 12.0), (2.718, math.inf), (0.0, math.nan), (1.7e-5, 1.0), (1.7e-5, 1.0),
-                         (1.67e-5, 0.99998), math.nan, 1.67e-5, 11.09)
+                         (1.67e-5, 0.99998), math.nan, 1.67e-5, 11.09, 1.6e-5)
     assert S.softmax_table(sm).splitlines() == [
         "| computed as | x = 1 | x = 12 |", "|---|---|---|",
         "| exp(x), FP16 | 2.718 | inf |", "| naive exp(x) / sum, FP16 | 0 | nan |",
         "| exp(x - max) / sum, FP16 | 1.7e-05 | 1 |", "| F.softmax, FP16 | 1.7e-05 | 1 |",
         "| reference, FP64 | 1.67e-05 | 1 |",
-        "| cross-entropy, naive | nan |  |", "| cross-entropy, F.cross_entropy | 1.67e-05 |  |"]
+        "| cross-entropy, naive | nan |  |", "| cross-entropy, F.cross_entropy, FP16 result | 1.67e-05 |  |",
+        "| cross-entropy, reference: -ln p from FP64 | 1.6e-05 |  |"]
     act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0)
     assert S.activation_overflow_table(act).splitlines()[2:] == [
         "| largest activation | 200,704 | inf (max 65504) |", "| loss | 5.594 | nan |",
@@ -297,8 +303,9 @@ def test_underflow_errata_quote_the_measurements():
          "binade, a tie that rounds up) on."),
         ("A 1024-wide matmul of unit values overflows FP16.",
          "A 1024-term sum of ones is 1,024. With random unit-variance inputs, sums grow like the square root of the "
-         "width: the largest of 65,536 such dot products here is 132, far below 65,504. Overflow needs large values, "
-         "as in the example above, not just width."),
+         "width: the largest of 65,536 such dot products here is 132, far below 65,504. Overflow needs large values "
+         "(the planted activation of the BF16-trained model above, logits before an exponential) or long sums of "
+         "them, not just width."),
         ("LayerNorm's eps (1e-5) underflows in FP16.",
          "It is stored as 1.0014e-05, a subnormal, not 0; and autocast runs `layer_norm` in FP32 on CUDA "
          "({doc}`04_amp`)."),
@@ -329,3 +336,21 @@ def test_exercise_facts_shift_the_late_gradients_three_binades():
         S.exercise_facts(torch.zeros(3))
     with pytest.raises(TypeError, match="floating-point tensor"):
         S.exercise_facts(torch.tensor([1, 2]))
+
+
+def test_overflow_edge_facts_need_the_values_either_side_of_fp16s_overflow():
+    assert S.overflow_edge_facts([65519.0, 65520.0], [65504.0, math.inf]) == {
+        "of_max": 65504.0, "of_below": 65519.0, "of_below_stored": 65504.0, "of_from": 65520.0}
+    with pytest.raises(ValueError, match="65520"):
+        S.overflow_edge_facts([65504.0, 65536.0], [65504.0, math.inf])   # 65536 is not where overflow starts
+    with pytest.raises(ValueError, match="two numbers"):
+        S.overflow_edge_facts([65520.0], [math.inf])
+
+
+def test_recorded_bf16_flush_phrase_names_the_step_and_the_record():
+    assert S.recorded_bf16_flush_phrase([]) == ""
+    record = Record("underflow_statistics", {}, {}, _provenance())
+    assert S.recorded_bf16_flush_phrase([RecordedResult(record, _zero_stats())]) == (
+        ", against 0.54% at step 2999 of the run recorded on NVIDIA H100 80GB HBM3 (sm 9.0), in the table above")
+    with pytest.raises(TypeError, match="UnderflowStatistics"):
+        S.recorded_bf16_flush_phrase([RecordedResult(record, 1.0)])

@@ -86,7 +86,7 @@ def check_format_property(fmt: str | FloatFormat, prop: str, answer, *, rel_tol:
         raise ValueError(f"prop must be one of {CHECKABLE_PROPERTIES}, got {prop!r}")
     truth = getattr(f, prop)
     if answer is None or answer is ...:
-        return Feedback(False, f"No answer yet: set your value for the {prop.replace('_', ' ')} of "
+        return Feedback(False, f"Set your value for the {prop.replace('_', ' ')} of "
                                f"{f.name} and run the cell again.")
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         return Feedback(False, f"Give a number (int or float), not {type(answer).__name__}.")
@@ -96,8 +96,8 @@ def check_format_property(fmt: str | FloatFormat, prop: str, answer, *, rel_tol:
         return Feedback(True, f"Correct: the {prop.replace('_', ' ')} of {f.name} is {answer:g}{exact}.")
     for wrong, why in _likely_mistakes(f, prop):
         if _close(answer, wrong, rel_tol):
-            return Feedback(False, f"Not quite: {answer:g} — {why}")
-    return Feedback(False, f"Not quite: {answer:g} is not the {prop.replace('_', ' ')} of {f.name}. "
+            return Feedback(False, f"{answer:g}: {why}")
+    return Feedback(False, f"{answer:g} is not the {prop.replace('_', ' ')} of {f.name}. "
                            f"Write out the bits: {f.sign_bits} sign, {f.exponent_bits} exponent "
                            f"(bias {f.bias}) and {f.mantissa_bits} mantissa bits.")
 
@@ -210,22 +210,27 @@ def check_value_fate(value: float, answer, fmt: str | FloatFormat = "FP16") -> F
     else:
         truth = "normal"
     if answer is None or answer is ...:
-        return Feedback(False, f"No answer yet: set one of {', '.join(map(repr, FATES))} and run the cell again.")
+        return Feedback(False, f"Set one of {', '.join(map(repr, FATES))} and run the cell again.")
+    if isinstance(answer, str):
+        answer = answer.strip().lower()   # "Subnormal " is an answer, not a typo
     if answer not in FATES:
         return Feedback(False, f"Answer one of {', '.join(map(repr, FATES))}, not {answer!r}.")
-    facts = (f"{f.name} stores {value:g} as {stored:.6g}; its smallest normal is {f.min_normal:.6g}, its smallest "
-             f"subnormal {f.min_subnormal:.6g} and its largest value {f.max_finite:g}")
+    limits = (f"{f.name}'s smallest normal is {f.min_normal:.6g}, its smallest subnormal {f.min_subnormal:.6g} "
+              f"and its largest value {f.max_finite:g}")
     if answer == truth:
-        return Feedback(True, f"{facts}.")
+        return Feedback(True, f"{f.name} stores {value:g} as {stored:.6g}; {limits}.")
+    # a hint on what the guess would need, never the stored value or the right answer
+    overflow_from = f.max_finite + float(spacing(f.max_finite, f)) / 2
     hint = {
-        ("zero", "subnormal"): "values between the smallest subnormal and the smallest normal are kept, with "
-                               "fewer significant bits; only values below half the smallest subnormal become 0",
-        ("subnormal", "zero"): "it is below half the smallest subnormal, so it rounds to 0",
-        ("normal", "subnormal"): "it is below the smallest normal, so it is stored as a subnormal",
-        ("inf", "normal"): "it rounds to a value at or below the largest finite value",
-        ("normal", "inf"): "it rounds above the largest finite value",
-    }.get((answer, truth), f"the answer is {truth!r}")
-    return Feedback(False, f"Not quite: {facts}; {hint}.")
+        "zero": f"a value rounds to 0 only at or below half the smallest subnormal, {f.min_subnormal / 2:.6g}; "
+                "between that and the smallest normal, values are kept, with fewer significant bits",
+        "subnormal": f"subnormals hold values from half the smallest subnormal, {f.min_subnormal / 2:.6g} "
+                     f"(exclusive), up to the smallest normal, {f.min_normal:.6g}",
+        "normal": f"normal values run from the smallest normal, {f.min_normal:.6g}, to about the largest value",
+        "inf": (f"a value becomes inf only from half a spacing past the largest value on, {overflow_from:g}"
+                if f.has_inf else f"{f.name} has no inf: only values past its largest value saturate"),
+    }[answer]
+    return Feedback(False, f"{limits}. Where does {value:g} fall? Hint: {hint}.")
 
 
 def check_scale_after(answer, steps: int, overflow_steps=(), *, init_scale: float = 2.0**16,
@@ -462,16 +467,42 @@ def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
         return Feedback(False, f"Answer with a number, not {answer!r}.")
     order = " + ".join(f"{v:g}" for v in reversed(values))
     if float(answer) == truth:
-        return Feedback(True, f"the ring adds {order} left to right, rounding to {fmt} after each addition: "
-                              f"{truth:.10g}.")
+        return Feedback(True, f"The ring adds {order} left to right, rounding to {fmt} after each addition "
+                              f"(a tie to the number with an even last bit): {truth:.10g}.")
+    dtype = dtypes[fmt]
+
+    def chain(addends, truncate: bool) -> float:
+        """Add ``addends`` one at a time in ``dtype``, each partial sum rounded to nearest or cut toward 0."""
+        addends = [float(torch.tensor(v).to(dtype)) for v in addends]   # each rank's value in dtype first
+        acc = torch.tensor(addends[0]).to(dtype)
+        for v in addends[1:]:
+            exact = float(acc) + v   # FP64: exact unless the two exponents lie far apart
+            acc = torch.tensor(exact).to(dtype)
+            if truncate and abs(float(acc)) > abs(exact):
+                acc = torch.nextafter(acc, torch.zeros_like(acc))
+        return float(acc)
+
     exact = math.fsum(values)
-    tree = float(simulate_all_reduce(column, dtypes[fmt], "tree"))
-    if float(answer) == exact and exact != truth:
+    tree = float(simulate_all_reduce(column, dtype, "tree"))
+    truncated = chain(list(reversed(values)), truncate=True)
+    rank0_first = chain(values, truncate=False)
+    tree_hint = f"the tree order (ranks added in pairs from rank 0), where the ring starts from the last rank: {order}"
+    cut_hint = (f"each partial sum cut off (truncated) instead of rounded to the nearest {fmt} number; a sum "
+                f"halfway between two {fmt} numbers is a tie, which goes to the one with an even last bit")
+    a = float(answer)
+    if a == exact and exact != truth:
         hint = (f"{exact:.10g} is the exact sum; in {fmt}, every partial sum is rounded to the nearest {fmt} "
                 f"number (a tie to the one with an even last bit), the last one included")
-    elif float(answer) == tree and tree != truth:
-        hint = (f"{tree:.10g} is the tree order (ranks added in pairs from rank 0); the ring starts from the "
-                f"last rank: {order}")
+    elif a == tree == truncated:
+        hint = f"{a:.10g} is what two slips give here: {tree_hint}; or the ring's order with {cut_hint}"
+    elif a == truncated:
+        hint = f"{a:.10g} is the ring's order with {cut_hint}"
+    elif a == tree:
+        hint = f"{a:.10g} is {tree_hint}"
+    elif a == rank0_first:
+        hint = (f"{a:.10g} is what adding from rank 0 gives ({' + '.join(f'{v:g}' for v in values)}), where "
+                f"each small value, added to a large partial sum alone, can round away; the ring starts from "
+                f"the last rank ({order}), so the small values meet each other first")
     else:
         hint = f"add {order} one at a time, rounding to {fmt} after each addition"
     return Feedback(False, f"Not quite: {hint}.")

@@ -22,8 +22,9 @@ class SoftmaxOverflow:
     torch_softmax_fp16: tuple[float, ...]   # F.softmax on the FP16 tensor
     reference_fp64: tuple[float, ...]
     naive_cross_entropy_fp16: float      # -log(naive softmax[target])
-    torch_cross_entropy_fp16: float      # F.cross_entropy on FP16 logits (computed in FP32 under the hood)
+    torch_cross_entropy_fp16: float      # F.cross_entropy on FP16 logits: its FP16 result is rounded
     largest_safe_exp_input: float        # log(FP16 max): exp overflows above it
+    reference_cross_entropy_fp64: float  # -ln p[target] of the FP64 softmax: the exact cross-entropy
 
 
 def softmax_overflow(logits=(2.0, 8.0, 12.0), target: int = 2, device: torch.device | str = "cpu") -> SoftmaxOverflow:
@@ -41,7 +42,7 @@ def softmax_overflow(logits=(2.0, 8.0, 12.0), target: int = 2, device: torch.dev
     as_tuple = lambda t: tuple(float(v) for v in t.float().cpu())  # noqa: E731
     return SoftmaxOverflow(tuple(float(v) for v in logits), as_tuple(e), as_tuple(naive), as_tuple(safe),
                            as_tuple(F.softmax(x, dim=0)), as_tuple(ref), float(naive_ce),
-                           float(torch_ce), math.log(get_format("FP16").max_finite))
+                           float(torch_ce), math.log(get_format("FP16").max_finite), float(-torch.log(ref[target])))
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,14 @@ class MatmulOverflow:
     value: float
     exact: float
     results: dict[str, float]
+    input_divisor: float = 16.0          # the FP16 row on scaled inputs divides each input by this
+    scaled_fp16_output: float = math.nan  # that row's FP16 output, before the divisor squared is put back
 
 
 def matmul_overflow(n: int = 4096, value: float = 4.5, device: torch.device | str = "cpu") -> MatmulOverflow:
-    """``a @ b`` for ``a`` a ``1 x n`` row and ``b`` an ``n x 1`` column of ``value``: exact ``n*value**2``.
+    """``a @ b`` for ``a`` a ``1 x n`` row and ``b`` an ``n x 1`` column of ``value``: exact ``n*value**2``,
+    computed in FP32, FP16, BF16, under autocast, and in FP16 on the inputs divided by 16 with the FP16
+    output multiplied by 256 afterwards in FP32 (its label gives that FP16 output).
 
     Every input is an ordinary FP16 number; only the result is too large for FP16."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -70,7 +75,12 @@ def matmul_overflow(n: int = 4096, value: float = 4.5, device: torch.device | st
     }
     with torch.autocast(device.type, dtype=torch.float16 if device.type == "cuda" else torch.bfloat16):
         results["autocast " + ("FP16" if device.type == "cuda" else "BF16")] = float((a32 @ b32).float())
-    results["FP16, inputs scaled by 1/16"] = float(((a32 / 16).half() @ (b32 / 16).half()).float()) * 256
-    return MatmulOverflow(n, value, n * value * value, results)
+    # FP16 cannot hold the result at all: the product of inputs scaled down by 16 fits, and the 16**2 is
+    # multiplied back in FP32, outside FP16
+    divisor = 16.0
+    scaled_output = ((a32 / divisor).half() @ (b32 / divisor).half()).float()
+    label = f"FP16 on inputs / {divisor:g} (output {float(scaled_output):g}), x {divisor**2:g} afterwards in FP32"
+    results[label] = float(scaled_output * divisor**2)
+    return MatmulOverflow(n, value, n * value * value, results, divisor, float(scaled_output))
 
 

@@ -61,10 +61,12 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
 
     ``magnitudes``: a :class:`~course_lib.studies.formats.TrainingMagnitudes` measured live (optional);
     ``recorded``: an optional ``(label, TrainingMagnitudes)`` from a GPU record, drawn beside it.
-    Formats: thin bar = subnormal range, thick bar = normal range. Tensors: thick bar = 1st to 99th
-    percentile of the non-zero magnitudes, thin line = smallest to largest, dot = median.
-    ``limits_of``: a format whose smallest subnormal, smallest normal and largest value are drawn as
-    vertical lines across the figure (None for none).
+    Formats: thin bar = subnormal range, thick bar = normal range. Tensors, in a second panel under the
+    formats: thick bar = 1st to 99th percentile of the non-zero magnitudes, thin line = smallest to largest,
+    dot = median. The tensors' axis starts 2**12 below the smallest of ``limits_of``'s smallest subnormal
+    and the tensors' medians: a bar or line that reaches further left is cut at that edge and marked there
+    with a triangle. ``limits_of``: a format whose smallest subnormal, smallest normal and largest value are
+    drawn as vertical lines across both panels (None for none).
     """
     fmts = resolve_formats(formats)
     tensor_sets = []
@@ -74,10 +76,11 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
         tensor_sets.append(recorded)
     n_tensor_rows = sum(len(m.histograms) for _, m in tensor_sets)
     if n_tensor_rows:
-        # two panels: the formats over their whole range, the tensors on an axis zoomed to their own span
-        # (on one shared axis, 10^-45..10^38, the tensors were squeezed into a few millimetres)
-        fig, (ax, tax) = plt.subplots(1, 2, figsize=(12, 0.34 * max(len(fmts), n_tensor_rows) + 2.4),
-                                      gridspec_kw={"width_ratios": [1, 1.25]})
+        # two panels, one above the other so that each gets the figure's full width: the formats over their
+        # whole range, the tensors on an axis zoomed to them (on one shared axis, 10^-45..10^38, the tensors
+        # were squeezed into a few millimetres)
+        fig, (ax, tax) = plt.subplots(2, 1, figsize=(8.5, 0.3 * (len(fmts) + n_tensor_rows) + 3.4),
+                                      gridspec_kw={"height_ratios": [len(fmts) + 1.5, n_tensor_rows + 1.5]})
     else:
         fig, ax = plt.subplots(figsize=(8.5, 0.32 * len(fmts) + 1.6))
         tax = None
@@ -93,35 +96,39 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
         ax.barh(y, f.max_finite - f.min_normal, left=f.min_normal, height=0.66, color=colour,
                 edgecolor="#333333", lw=0.6)
         labels.append((y, f.name))
-    ax.set_yticks([p for p, _ in labels], [t for _, t in labels])
+    ax.set_yticks([p for p, _ in labels], [t for _, t in labels], fontsize=10)
     ax.set_ylim(-0.8, len(fmts) - 0.2)
     ax.set_xlim(min(f.min_subnormal for f in fmts) / 30, max(f.max_finite for f in fmts) * 30)   # bars start at 0
-    ax.set_title("Representable magnitudes\n(thin: subnormal, thick: normal)", fontsize=11)
+    ax.set_title("Representable magnitudes (thin: subnormal, thick: normal)", fontsize=11)
     axes = [ax]
     if tax is not None:
-        tlabels = []
+        rows = []
         y = n_tensor_rows - 1
-        spans = []
         for set_label, mags in tensor_sets:
+            # a GPU record's label, e.g. "NVIDIA H100 80GB HBM3 (sm 9.0)", shortened to fit beside the bars
+            short = re.sub(r"\s*\(sm [\d.]+\)", "", re.sub(r"^NVIDIA ", "", set_label))
+            suffix = f" ({short})" if len(tensor_sets) > 1 else ""
             for kind, hist in mags.histograms.items():
-                lo, p1, p50, p99, hi = (hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))
-                if not math.isnan(lo):
-                    tax.plot([lo, hi], [y, y], color="#555555", lw=1.2)
-                    tax.plot([p1, p99], [y, y], color=TENSOR_COLOUR, lw=7, solid_capstyle="butt")
-                    tax.plot([p50], [y], "o", color="white", mec="black", ms=5)
-                    spans += [lo, hi]
-                # a GPU record's label, e.g. "NVIDIA H100 80GB HBM3 (sm 9.0)", shortened to fit beside the bars
-                short = re.sub(r"\s*\(sm [\d.]+\)", "", re.sub(r"^NVIDIA ", "", set_label))
-                suffix = f" ({short})" if len(tensor_sets) > 1 else ""
-                tlabels.append((y, f"{kind}{suffix}"))
+                rows.append((y, f"{kind}{suffix}", tuple(hist.quantile(q) for q in (0.0, 0.01, 0.5, 0.99, 1.0))))
                 y -= 1
-        tax.set_yticks([p for p, _ in tlabels], [t for _, t in tlabels])
+        drawn = [q for _, _, q in rows if not math.isnan(q[0])]
+        floor = min([q[2] for q in drawn] + ([get_format(limits_of).min_subnormal] if limits_of else []),
+                    default=1.0) / 2.0**12
+        top = max([q[4] for q in drawn] + ([get_format(limits_of).max_finite] if limits_of else []), default=1.0)
+        for y, _, (lo, p1, p50, p99, hi) in rows:
+            if math.isnan(lo):
+                continue
+            tax.plot([max(lo, floor), hi], [y, y], color="#555555", lw=1.2)
+            if p99 > floor:
+                tax.plot([max(p1, floor), p99], [y, y], color=TENSOR_COLOUR, lw=7, solid_capstyle="butt")
+            tax.plot([p50], [y], "o", color="white", mec="black", ms=5)
+            if lo < floor:   # cut at the axis' edge, and marked so
+                tax.plot([floor], [y], "<", color="#555555", ms=7, clip_on=False)
+        tax.set_yticks([p for p, _, _ in rows], [t for _, t, _ in rows], fontsize=10)
         tax.set_ylim(-0.8, n_tensor_rows - 0.2)
-        if limits_of is not None:   # the limit lines drawn below must fall inside this panel too
-            spans += [get_format(limits_of).min_subnormal, get_format(limits_of).max_finite]
-        if spans:
-            tax.set_xlim(min(spans) / 8, max(spans) * 8)
-        tax.set_title("A real model's tensors\n(bar: 1st-99th percentile, line: min-max, dot: median)", fontsize=11)
+        tax.set_xlim(floor, top * 8)
+        tax.set_title("A real model's tensors (bar: 1st-99th percentile, line: min-max,\n"
+                      "dot: median; triangle: cut at the left edge)", fontsize=11)
         axes.append(tax)
     if limits_of is not None:
         lim = get_format(limits_of)
@@ -131,10 +138,11 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
                                        (lim.max_finite, "-", "largest value")):
                 target.axvline(value, color=LIMIT_COLOUR, lw=1.0, ls=style, label=f"{lim.name} {what}")
         # the lines cross every panel: one legend under them all
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False)
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False, fontsize=10)
     for target in axes:
         target.set_xscale("log", base=10)
-        target.set_xlabel("magnitude |x| (log scale)")
+        target.set_xlabel("magnitude |x| (log scale)", fontsize=10)
+        target.tick_params(axis="x", labelsize=10)
         target.grid(axis="x", alpha=0.3)
     return finish_figure(fig)
 
@@ -159,7 +167,9 @@ def plot_relative_spacing(formats=None, *, lo: float = 1e-12, hi: float = 1e6, p
         shared = any(g.mantissa_bits == f.mantissa_bits for g in fmts[:i])
         ax.step(x[mask], rel, where="post", color=colour, lw=1.4 if shared else 2.4,
                 ls=(0, (4, 2)) if shared else "-", label=f.name + (" (dashed)" if shared else ""))
-        if lo <= f.min_normal <= hi:
+        # formats that share a smallest normal (FP16 and E5M2) share its line, drawn once in the first one's
+        # colour: drawn again it would cover the first in the later format's colour
+        if lo <= f.min_normal <= hi and all(g.min_normal != f.min_normal for g in fmts[:i]):
             ax.axvline(f.min_normal, color=colour, lw=0.8, ls=":", alpha=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log", base=2)

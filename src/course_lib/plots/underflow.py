@@ -6,6 +6,7 @@ import math
 
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
 from matplotlib.figure import Figure
 
 from ..formats import get_format
@@ -14,11 +15,26 @@ from ..magnitudes import log2_histogram
 from .style import LIMIT_COLOUR, finish_figure, quantiles
 
 
+def _histogram_extent(values, f, loss_scale: float) -> tuple[float, float, float]:
+    """(lo, hi) of the log2 axis and the top of the % axis for one set of values."""
+    hist = log2_histogram(values.detach().flatten().double() * loss_scale)
+    edges, counts = hist.binade_edges, np.asarray(hist.counts, dtype=float)
+    nz = np.flatnonzero(counts)
+    if not nz.size:
+        return -30, 20, 1.0
+    return (min(edges[nz[0]] - 2, math.log2(f.min_subnormal) - 4), max(edges[nz[-1]] + 3, math.log2(f.max_finite) + 2),
+            max(counts.max() / max(hist.total, 1) * 100 * 1.35, 1.0))
+
+
 def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, title: str | None = None,
-                            ax=None) -> Figure:
+                            ax=None, share_with=()) -> Figure:
     """Histogram of log2|g| (times ``loss_scale``) with the format's regions shaded and labelled with
-    the measured fractions: flushed to zero, subnormal, normal, overflow. Exact zeros are counted apart."""
+    the measured fractions: flushed to zero, subnormal, normal, overflow. Exact zeros are counted apart.
+    ``share_with``: other tensors of values (say, another step's) whose figures are to be compared with this
+    one: both axes then span them too, so that figures drawn with the same set share their axes."""
     f = get_format(fmt)
+    if isinstance(share_with, torch.Tensor) or not all(isinstance(t, torch.Tensor) for t in share_with):
+        raise TypeError("share_with must be a sequence of tensors")
     summary = summarize_underflow(values, f, loss_scale)
     scaled = values.detach().flatten().double() * loss_scale
     hist = log2_histogram(scaled)
@@ -29,16 +45,17 @@ def plot_gradient_histogram(values, fmt="FP16", *, loss_scale: float = 1.0, titl
         fig, ax = plt.subplots(figsize=(8.5, 4.2))
     else:
         fig = ax.figure
-    lo = min(edges[nz[0]] - 2, math.log2(f.min_subnormal) - 4) if nz.size else -30
-    hi = max(edges[nz[-1]] + 3, math.log2(f.max_finite) + 2) if nz.size else 20
+    extents = [_histogram_extent(t, f, loss_scale) for t in (values, *share_with)]
+    lo, hi = min(e[0] for e in extents), max(e[1] for e in extents)
+    ymax = max(e[2] for e in extents)
     flush_edge = math.log2(f.min_subnormal / 2)
     normal_lo, top = math.log2(f.min_normal), math.log2(f.max_finite)
     ax.axvspan(lo, flush_edge, color="#D55E00", alpha=0.15, lw=0)
     ax.axvspan(flush_edge, normal_lo, color="#E69F00", alpha=0.18, lw=0)
     ax.axvspan(normal_lo, top, color="#009E73", alpha=0.12, lw=0)
     ax.axvspan(top, hi, color="#CC79A7", alpha=0.18, lw=0)
-    ax.bar(edges + 0.5, counts / max(hist.total, 1) * 100, width=0.9, color="#333333")
-    ymax = max(counts.max() / max(hist.total, 1) * 100 * 1.35, 1.0) if nz.size else 1.0
+    if nz.size:
+        ax.bar(edges + 0.5, counts / max(hist.total, 1) * 100, width=0.9, color="#333333")
     ax.set_ylim(0, ymax)
     y = ymax * 0.9
     labels = [((lo + flush_edge) / 2, f"flushed to 0\n{summary.flushed:.1%}"),
@@ -82,6 +99,13 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     ax.plot(p50, y, "o", color="white", mec="black", ms=5, label="median")
     ax.axvline(f.min_normal, color=LIMIT_COLOUR, ls="--", lw=1, label=f"{f.name} smallest normal")
     ax.axvline(f.min_subnormal, color=LIMIT_COLOUR, ls=":", lw=1, label=f"{f.name} smallest subnormal")
+    # the flush-to-zero region, shaded as in the histogram: at or below half the smallest subnormal a cast
+    # to the format gives 0 (the prose's "flush to zero" shares are read against this edge)
+    flush_edge = f.min_subnormal / 2
+    left = min(float(np.nanmin(p1)) if names else flush_edge, flush_edge) / 4
+    ax.axvspan(left, flush_edge, color="#D55E00", alpha=0.15, lw=0,
+               label=f"flushed to 0 in {f.name} (at or below {flush_edge:.3g})")
+    ax.set_xlim(left=left)
     ax.set_yticks(y, names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
@@ -89,6 +113,6 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     ax.set_ylabel("layer (top: last layer, where backpropagation starts)")
     ax.set_title(title or f"{kind.capitalize()} gradients layer by layer, going backwards")
     handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)   # under the bars, covering none
+    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False)   # under the bars, covering none
     ax.grid(axis="x", alpha=0.3)
     return finish_figure(fig)

@@ -207,22 +207,25 @@ def tf32_record_text(records: Sequence[RecordedResult]) -> Prose:
 
 def magnitude_facts(magnitudes: TrainingMagnitudes) -> dict[str, object]:
     """What :func:`measure_training_magnitudes` found against FP16, percentages of all finite values of a
-    kind: activation gradients below FP16's smallest subnormal (``agrad_below_fp16``), below half of it
-    (``agrad_flushed_fp16``, they round to zero) and in its subnormal range (``agrad_sub_fp16``); weight
-    gradients below its smallest normal (``wgrad_sub_fp16``); Adam's second moment below its smallest
-    subnormal (``v_below_fp16``); the shares of activation gradients and second-moment entries that are
-    exactly zero (``agrad_zero``, ``v_zero``; zeros count as below every threshold). Also the largest activation, the medians of the activation gradients and
-    second moment, the training steps and the last loss (nats per byte)."""
+    kind, with exact zeros counted apart (as lesson 2's tables do: a zero is no value a cast loses), so the
+    shares below a threshold count non-zero values only: activation gradients below FP16's smallest
+    subnormal (``agrad_below_fp16``), below half of it (``agrad_flushed_fp16``, they round to zero) and in its
+    subnormal range (``agrad_sub_fp16``); non-zero weight gradients below its smallest normal
+    (``wgrad_sub_fp16``); Adam's second moment below its smallest subnormal (``v_below_fp16``); and the
+    shares that are exactly zero (``agrad_zero``, ``v_zero``). Also the largest activation, the medians of
+    the activation gradients and second moment, the training steps and the last loss (nats per byte)."""
     kinds = ("activations", "activation gradients", "weight gradients", "Adam second moment")
     missing = [k for k in kinds if k not in magnitudes.histograms]
     if missing:
         raise ValueError(f"magnitudes lack the histograms {missing}")
     fp16 = get_format("FP16")
     hist = magnitudes.histograms
-    below = {kind: hist[kind].fraction_below(fp16.min_subnormal) for kind in kinds}
+    zero = {kind: _zero_share(hist[kind]) for kind in kinds}
+    # fraction_below counts the zeros too; they are reported apart, so every share below is of non-zero values
+    below = {kind: hist[kind].fraction_below(fp16.min_subnormal) - zero[kind] for kind in kinds}
     # below half the smallest subnormal a value rounds to zero (exactly half is a tie, which goes to zero too)
-    flushed = hist["activation gradients"].fraction_below(fp16.min_subnormal / 2)
-    sub = {kind: hist[kind].fraction_below(fp16.min_normal) - below[kind] for kind in kinds}
+    flushed = hist["activation gradients"].fraction_below(fp16.min_subnormal / 2) - zero["activation gradients"]
+    sub = {kind: hist[kind].fraction_below(fp16.min_normal) - zero[kind] - below[kind] for kind in kinds}
     return {
         "mag_steps": magnitudes.steps,
         "mag_loss": magnitudes.final_loss,
@@ -234,8 +237,8 @@ def magnitude_facts(magnitudes: TrainingMagnitudes) -> dict[str, object]:
         "act_max": hist["activations"].max_abs,
         "v_median": hist["Adam second moment"].quantile(0.5),
         "agrad_median": hist["activation gradients"].quantile(0.5),
-        "agrad_zero": _zero_share(hist["activation gradients"]) * 100,
-        "v_zero": _zero_share(hist["Adam second moment"]) * 100,
+        "agrad_zero": zero["activation gradients"] * 100,
+        "v_zero": zero["Adam second moment"] * 100,
     }
 
 
@@ -260,15 +263,16 @@ def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, Train
     token_ratio = there / here
     median_ratio = live.histograms["activation gradients"].quantile(0.5) / rec.histograms["activation gradients"].quantile(0.5)
     text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps at full size) sit further down: "
-            f"the median activation gradient is {f['agrad_median']:.2e}, {f['agrad_below_fp16']:.1f}% lie below "
-            f"FP16's smallest subnormal, {f['agrad_flushed_fp16']:.1f}% round to zero in FP16 and "
+            f"the median activation gradient is {f['agrad_median']:.2e}; {f['agrad_below_fp16']:.1f}% of the "
+            f"activation gradients are non-zero values below FP16's smallest subnormal "
+            f"({f['agrad_flushed_fp16']:.1f}% below half of it, so that they round to zero in FP16), and another "
             f"{f['agrad_zero']:.1f}% are exactly zero already. The loss is a mean over a batch's tokens, so "
             f"every activation gradient carries a factor of one over their number: {there:,} tokens per batch "
             f"there against {here:,} here, a factor of {token_ratio:.3g}, while the medians differ by a factor "
             f"of {median_ratio:.3g}")
     if median_ratio > 1.5 * token_ratio:
-        text += ("; the other differences between the runs (the model's size, the steps trained) account for "
-                 "the rest.")
+        text += ("; the other differences between the runs (the model's size, the steps trained) presumably "
+                 "account for the rest, which this page does not measure.")
     elif median_ratio * 1.5 >= token_ratio:
         text += ": the token count accounts for about all of it."
     else:

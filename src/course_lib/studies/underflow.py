@@ -11,7 +11,7 @@ import torch
 
 from ..data import BatchSampler, load_corpus
 from ..device import SizeProfile
-from ..formats import get_format, round_to_format
+from ..formats import get_format, round_to_format, spacing
 from ..glue import Prose, and_list
 from ..gradients import (
     UNDERFLOW_FORMATS,
@@ -294,7 +294,8 @@ def exact_zero_text(stats: UnderflowStatistics, *, at_least: float = 0.01) -> st
             bf16_flushed.add(kind)
     holding = sorted(((k, v) for k, v in zeros.items() if max(v) > 0), key=lambda kv: -max(kv[1]))
     without = [f"`{k}`" for k in zeros if max(zeros[k]) == 0]
-    where = and_list([f"the `{k}` layers ({value_span(v, '.0f')} of each one's)" for k, v in holding])
+    where = and_list([f"the `{k}` layers ({value_span(v, '.0f')} of each such layer's activation gradients)"
+                      for k, v in holding])
     causes = {"attn.qkv": "after `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 passes "
                           "back an exact zero (its Jacobian vanishes)",
               "fc": "after `fc`, GELU's derivative is exactly zero in FP32 far below zero"}
@@ -334,14 +335,17 @@ def recorded_underflow_texts(records: Sequence[RecordedResult]) -> tuple[str, ..
 def layer_facts(capture: GradientCapture) -> dict[str, object]:
     """For a capture of a stack of layers: percent of the first and the last layer's activation gradients
     FP16 flushes to zero (``mlp_first_flushed``, ``mlp_last_flushed``), the last layer's median
-    ``|gradient|`` over the first's (``mlp_ratio``), and the number of layers (``mlp_layers``)."""
+    ``|gradient|`` over the first's (``mlp_ratio``, and as a plain number for the prose, ``mlp_ratio_text``),
+    and the number of layers (``mlp_layers``)."""
     acts = capture.of_kind("activation")
     if not acts:
         raise ValueError("the capture holds no activation gradient")
     return {
         "mlp_first_flushed": summarize_underflow(acts[0].values, "FP16").flushed * 100,
         "mlp_last_flushed": summarize_underflow(acts[-1].values, "FP16").flushed * 100,
-        "mlp_ratio": float(acts[-1].values.abs().median() / acts[0].values.abs().median()),
+        "mlp_ratio": (ratio := float(acts[-1].values.abs().median() / acts[0].values.abs().median())),
+        # a plain number in the prose, never 6.66e+04
+        "mlp_ratio_text": Prose(f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}"),
         "mlp_layers": len(acts),
     }
 
@@ -367,8 +371,9 @@ def gpt_layer_facts(capture: GradientCapture) -> dict[str, object]:
         raise ValueError(f"not a capture of the course GPT: it needs block layers and a head, got {sorted(medians)}")
     low, high = min(medians[n] for n in writers), max(medians[n] for n in writers)
     inner_low = sum(medians[n] < low for n in inner)
-    inner_place = ("all below the lowest of them" if inner_low == len(inner) else
-                   f"{inner_low} of {len(inner)} below the lowest of them")
+    inner_place = (f"all {len(inner)} have a lower median than any layer that writes into the stream"
+                   if inner_low == len(inner) else
+                   f"{inner_low} of {len(inner)} have a lower median than any layer that writes into the stream")
     head = medians["head"]
     head_place = "the lowest of all" if head <= min(medians.values()) else "not the lowest"
     return {"gpt_blocks": len({n.split(".")[1] for n in writers}), "gpt_writer_spread": high / low,
@@ -485,13 +490,46 @@ def adam_underflow_facts(default_eps: float, beta2: float) -> dict[str, object]:
 
 
 def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
-    """FP16's largest value, the largest input whose ``exp`` FP16 holds, and the logits (Markdown)."""
+    """FP16's largest value, the largest input whose ``exp`` FP16 holds, the logits (Markdown), and the
+    cross-entropy from ``F.cross_entropy`` on the FP16 logits (``ce_fp16``, rounded to FP16) and exactly,
+    from the FP64 softmax (``ce_fp64``)."""
     return {"fp16_max": get_format("FP16").max_finite, "exp_limit": sm.largest_safe_exp_input,
-            "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits))}
+            "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits)),
+            "ce_fp16": sm.torch_cross_entropy_fp16, "ce_fp64": sm.reference_cross_entropy_fp64}
+
+
+def overflow_edge_facts(values: Sequence[float], stored: Sequence[float]) -> dict[str, object]:
+    """Where FP16 overflows, from two values and what a cast to FP16 stored for them (``stored``): the first
+    must round down to FP16's largest finite value and the second, half a spacing past it, to inf. Glued as
+    ``of_max``, ``of_below`` and ``of_below_stored`` (the first and what it became) and ``of_from``."""
+    fp16 = get_format("FP16")
+    if len(values) != 2 or len(stored) != 2:
+        raise ValueError(f"values and stored must hold two numbers each, got {values!r} and {stored!r}")
+    overflow_from = fp16.max_finite + float(spacing(fp16.max_finite, fp16)) / 2
+    if not (values[1] == overflow_from and values[0] < overflow_from and stored[0] == fp16.max_finite
+            and math.isinf(stored[1])):
+        raise ValueError(f"expected a value that rounds to {fp16.max_finite:g} and {overflow_from:g}, which "
+                         f"rounds to inf; got {values!r} stored as {stored!r}")
+    return {"of_max": fp16.max_finite, "of_below": values[0], "of_below_stored": stored[0], "of_from": values[1]}
+
+
+def recorded_bf16_flush_phrase(records: Sequence[RecordedResult]) -> Prose:
+    """What BF16 flushes of the last captured step's activation gradients in the first recorded
+    ``underflow_statistics`` run, as a clause to follow this page's figure; empty without a record."""
+    if not records:
+        return Prose("")
+    stats = records[0].result
+    if not isinstance(stats, UnderflowStatistics):
+        raise TypeError(f"expected recorded UnderflowStatistics, got {type(stats).__name__}")
+    step = max(stats.steps)
+    flushed = stats.steps[step].overall["activation"]["BF16"].flushed
+    return Prose(f", against {flushed * 100:.2f}% at step {step} of the run recorded on {records[0].label}, "
+                 "in the table above")
 
 
 def softmax_table(sm: SoftmaxOverflow) -> MarkdownTable:
-    """Each form of the softmax, one row per form and one column per logit, then the cross-entropies."""
+    """Each form of the softmax, one row per form and one column per logit, then the cross-entropies: naive,
+    ``F.cross_entropy``'s FP16 result, and the exact ``-ln p`` from the FP64 softmax."""
     if not isinstance(sm, SoftmaxOverflow):
         raise TypeError(f"sm must be a SoftmaxOverflow, got {type(sm).__name__}")
     forms = (("exp(x), FP16", sm.exp_fp16), ("naive exp(x) / sum, FP16", sm.naive_fp16),
@@ -499,7 +537,10 @@ def softmax_table(sm: SoftmaxOverflow) -> MarkdownTable:
              ("reference, FP64", sm.reference_fp64))
     rows = [(name, *(f"{v:.4g}" for v in values)) for name, values in forms]
     rows += [("cross-entropy, naive", f"{sm.naive_cross_entropy_fp16:.4g}", *[""] * (len(sm.logits) - 1)),
-             ("cross-entropy, F.cross_entropy", f"{sm.torch_cross_entropy_fp16:.4g}", *[""] * (len(sm.logits) - 1))]
+             ("cross-entropy, F.cross_entropy, FP16 result", f"{sm.torch_cross_entropy_fp16:.4g}",
+         *[""] * (len(sm.logits) - 1)),
+        ("cross-entropy, reference: -ln p from FP64", f"{sm.reference_cross_entropy_fp64:.4g}",
+         *[""] * (len(sm.logits) - 1))]
     return markdown_table(("computed as", *(f"x = {v:g}" for v in sm.logits)), rows)
 
 
@@ -520,8 +561,11 @@ def matmul_table(mm: MatmulOverflow) -> MarkdownTable:
 
 
 def matmul_facts(mm: MatmulOverflow) -> dict[str, object]:
-    """The dot product's length, its terms' value and its exact result."""
-    return {"mm_n": mm.n, "mm_value": mm.value, "mm_exact": mm.exact}
+    """The dot product's length, its terms' value and its exact result; the divisor of the inputs of the
+    scaled FP16 row, its FP16 output and the factor put back afterwards (``mm_divisor``,
+    ``mm_scaled_output``, ``mm_scale_back``)."""
+    return {"mm_n": mm.n, "mm_value": mm.value, "mm_exact": mm.exact, "mm_divisor": mm.input_divisor,
+            "mm_scaled_output": mm.scaled_fp16_output, "mm_scale_back": mm.input_divisor**2}
 
 
 def activation_overflow_facts(act: ActivationOverflow) -> dict[str, object]:
@@ -558,7 +602,8 @@ def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: fl
         ("A 1024-wide matmul of unit values overflows FP16.",
          f"A 1024-term sum of ones is 1,024. With random unit-variance inputs, sums grow like the square root of "
          f"the width: the largest of 65,536 such dot products here is {random_max:.0f}, far below "
-         f"{fp16.max_finite:,.0f}. Overflow needs large values, as in the example above, not just width."),
+         f"{fp16.max_finite:,.0f}. Overflow needs large values (the planted activation of the BF16-trained "
+         "model above, logits before an exponential) or long sums of them, not just width."),
         ("LayerNorm's eps (1e-5) underflows in FP16.",
          f"It is stored as {stored_layer_norm_eps:.5g}, a subnormal, not 0; and autocast runs `layer_norm` in "
          "FP32 on CUDA ({doc}`04_amp`)."),
