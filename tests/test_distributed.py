@@ -170,7 +170,8 @@ def test_a_large_gradient_is_reduced_on_a_fixed_sample_of_its_entries():
     assert again == s                                          # the same sample from the same seed
     ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, tree"]
     assert ring[0] == tree[0] and ring[1] > 2 * tree[1]        # what the whole gradient shows, on the sample
-    assert distributed_studies.reduction_facts(s)["n_values"] == "a fixed random sample of 20,000 of the model's 136,960"
+    assert distributed_studies.reduction_facts(s)["n_values"] == ("a fixed random sample of **20,000** of the model's "
+                                                                  "**136,960**")
 
 
 def test_per_rank_gradients_cut_to_a_sample_equal_the_whole_gradients_columns():
@@ -196,6 +197,20 @@ def test_two_process_ddp_matches_one_process(study):
         assert loss_gap < 2e-3, recipe                  # each rank's 16-bit weight gradient is rounded apart
     dp, single = study.curves["fp32"]
     assert len(dp) == len(single) == 4 and dp[-1] < dp[0]
+    # the control: one process accumulating the two ranks' slices reproduces the BF16 two-rank run exactly,
+    # where the whole batch in one process does not
+    assert study.split_parity == (0.0, 0.0) and study.parity["bf16_autocast"][0] > 0
+
+
+def test_single_process_run_cuts_the_batch_into_micro_batches():
+    run = D.DistRun("split", recipe="fp32", steps=2)
+    whole = D.single_process_run(run, SizeProfile("small"))
+    split = D.single_process_run(run, SizeProfile("small"), micro_batches=2)
+    assert len(split.losses) == 2 and split.losses != whole.losses   # the same batches, other sums
+    assert max(abs(a - b) for a, b in zip(split.losses, whole.losses)) < 1e-5
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="micro_batches"):
+            D.single_process_run(run, SizeProfile("small"), micro_batches=bad)
 
 
 def test_an_inf_on_one_rank_is_skipped_by_every_rank_under_ddp(study):
@@ -395,9 +410,14 @@ def test_compress_hooks():
         D.compress_hook("int8", backend="gloo")
 
 
-def test_cast_compress_hook_does_torchs_fp16_arithmetic():
+def _hooks_on_gloo_ranks(values, hooks):
+    """Each hook of ``hooks`` run by ``len(values)`` real gloo ranks (threads of this process, each with its
+    own ``ProcessGroupGloo`` over one store: fast, and the same all-reduce as separate processes), rank r's
+    bucket holding ``values[r]``; per hook, each rank's bucket after the hook."""
+    import datetime
+    import threading
+
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     class Bucket:
         def __init__(self, t):
@@ -406,14 +426,43 @@ def test_cast_compress_hook_does_torchs_fp16_arithmetic():
         def buffer(self):
             return self.t
 
-    values = D.reduce_check_inputs(1)[0]
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        theirs = default_hooks.fp16_compress_hook(None, Bucket(values.clone())).wait()
-        ours = D.cast_compress_hook(torch.float16)(None, Bucket(values.clone())).wait()
-    finally:
-        dist.destroy_process_group()
-    assert torch.equal(theirs, ours) and not torch.equal(ours, values)   # rounded through FP16, both alike
+    n = len(values)
+    store = dist.HashStore()
+    out = {name: [None] * n for name in hooks}
+    errors = []
+
+    def rank(r):
+        try:
+            group = dist.ProcessGroupGloo(dist.PrefixStore("hooks", store), r, n, datetime.timedelta(seconds=30))
+            for name, hook in hooks.items():
+                out[name][r] = hook(group, Bucket(values[r].clone())).wait()
+        except Exception as e:   # noqa: BLE001 - reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return {name: torch.stack(buckets) for name, buckets in out.items()}
+
+
+def test_cast_compress_hook_does_torchs_fp16_arithmetic_on_three_ranks():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    values = D.reduce_check_inputs(3, 4097)   # 3 ranks: a division by 3 rounds, and the ring's order counts
+    got = _hooks_on_gloo_ranks(values, {"torch": default_hooks.fp16_compress_hook,
+                                        "ours": D.cast_compress_hook(torch.float16)})
+    assert torch.equal(got["ours"], got["torch"])                  # bit for bit, on every rank
+    assert all(torch.equal(got["torch"][r], got["torch"][0]) for r in range(3))
+    # what the hook computes is reduce_mean's DDP-hook variant: cast to FP16, divide by N in FP16, ring sum
+    assert torch.equal(got["torch"][0].double(), D.reduce_mean(values, "FP16, ring, /N first (DDP hook)"))
+    # dividing in FP32 before the cast (one rounding, not two) is another result: the order is visible
+    divided_first = D.simulate_all_reduce(values / 3, torch.float16, "ring").double()
+    assert not torch.equal(got["torch"][0].double(), divided_first)
+    with pytest.raises(ValueError, match="ranks, n"):
+        D.reduce_mean(values[0], "FP32, ring")
 
 
 def test_worker_on_gpus_joins_nccl_on_its_own_gpu(monkeypatch):

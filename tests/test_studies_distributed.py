@@ -41,7 +41,7 @@ def _study(**over):
         held_bytes={"DDP fp32": HELD, "FSDP2, FP32 (no policy)": HALF, "FSDP2, BF16 params, FP32 reduce": HALF,
                     "FSDP2, BF16 params, BF16 reduce": HALF},
         hook_weight_gaps={"DDP FP32, FP16 hook": 1.5e-3, "DDP FP32, BF16 hook": 4e-3},
-        all_reduce_mismatches={"bf16": 0, "fp16": 0}, seconds=5.25)
+        all_reduce_mismatches={"bf16": 0, "fp16": 0}, seconds=5.25, split_parity=(0.0, 0.0))
     fields.update(over)
     return D.DataParallelStudy(**fields)
 
@@ -51,7 +51,7 @@ def test_launch_line_and_facts():
     assert D.launch_line(study) == "2 ranks, backend gloo, each on cpu, 8 steps per run, 5.2 s for the launch"
     facts = D.launch_facts(study)
     assert facts == {"world": 2, "backend": "`gloo`", "rank_device": "`cpu`", "size": "'small'", "steps": 8,
-                     "n_params": "136,960", "launch_s": 5.25}
+                     "n_params": "**136,960**", "launch_s": 5.25}
     assert all(isinstance(facts[k], Prose) for k in ("backend", "rank_device", "size", "n_params"))
 
 
@@ -64,8 +64,21 @@ def test_parity_table_and_facts():
                                   "| `fp16_autocast_scaler` | 2.5e-05 | 2.5e-03 |"]
     facts = D.parity_facts(study)
     gap = max(abs(4.0005 - 4.0), abs(2.999 - 3.0))
+    split, takeaway = facts.pop("split_sentence"), facts.pop("split_takeaway")
+    assert takeaway.endswith("bit for bit: the gap comes from splitting the batch, not from the communication")
+    assert D.split_takeaway(_study(split_parity=(2.5e-7, 0.0))).endswith("within **2.5e-07** of the two-rank "
+                                                                        "run in the loss")
+    assert "predates" in D.split_takeaway(_study(split_parity=None))
     assert facts == {"gap_fp32": 5e-7, "gap_bf16": 2e-4, "gap_fp16": 2.5e-5, "wgap_fp32": 1.5e-6, "wgap_bf16": 1e-2,
                      "precision_gap": gap, "dp_vs_precision": gap / 2e-4}
+    assert isinstance(split, Prose) and split == (
+        "A control separates the two: one process that cuts each batch into the same **2** slices as the ranks "
+        "and accumulates their gradients before each step, with no communication at all, reproduces the "
+        "data-parallel run bit for bit, losses and weights: splitting the batch makes the whole difference.")
+    assert D.split_sentence(_study(split_parity=(2.5e-7, 1e-6))).endswith(
+        "with no communication at all, ends within **2.5e-07** of the data-parallel run in the loss and "
+        "**1.0e-06** in the weights.")
+    assert "predates" in D.split_sentence(_study(split_parity=None))
     even = _study(parity={**study.parity, "bf16_autocast": (0.0, 0.0)})
     assert D.parity_facts(even)["dp_vs_precision"] == math.inf
     with pytest.raises(ValueError, match="fp16_autocast_scaler"):
@@ -86,14 +99,14 @@ def test_scaler_facts():
     assert facts == {
         "plant_step": 4, "ddp_scale_after": 4.0, "wrong_scale0": 8.0, "wrong_scale1": 4.0, "wrong_bad_weights": 3,
         "wrong_loss0": 3.25, "byte0_sentence": "Byte 0 never occurs in the training text, so that row is never read.",
-        "fsdp_first_skip": "0", "torch_version": f"torch {torch.__version__}",
-        "initial_scale_log2": "2\u00b9\u2076 = 65536", "fp16_max": 65504.0,
+        "fsdp_first_skip": "**0**", "torch_version": f"torch {torch.__version__}",
+        "initial_scale_log2": "**2\u00b9\u2076 = 65536**", "fp16_max": 65504.0,
     }
     only_planted = {**CASES, "FSDP2 (FP16 compute), plain GradScaler": _case(
         {0: (4,), 1: (4,)}, {0: (1024.0,), 1: (1024.0,)}, None, {0: True, 1: True})}
     other = D.scaler_facts(_study(scaler_cases=only_planted), byte0_count=7)
-    assert other["fsdp_first_skip"] == "none" and other["initial_scale_log2"] == "2\u00b9\u2070 = 1024"
-    assert other["byte0_sentence"] == "Byte 0 occurs 7 times in the training text."
+    assert other["fsdp_first_skip"] == "none" and other["initial_scale_log2"] == "**2\u00b9\u2070 = 1024**"
+    assert other["byte0_sentence"] == "Byte 0 occurs **7** times in the training text."
     with pytest.raises(ValueError, match="scaler set-ups"):
         D.scaler_facts(_study(scaler_cases={}), byte0_count=0)
 
@@ -122,19 +135,28 @@ def test_fsdp_table_and_facts():
         "| FSDP2, BF16 params, FP32 reduce | 0 | 0 | 1 | 8.0 | 3.25000 |",
         "| FSDP2, BF16 params, BF16 reduce | 0 | 0 | 1 | 8.0 | 3.37500 |"]
     assert D.fsdp_facts(study) == {"ddp_bpp": 16.0, "fsdp_bpp": 8.0, "lesson6_bpp": 16, "policy_spread": 0.25,
-                                   "fsdp_equals_ddp": "with exactly DDP's loss"}
+                                   "fsdp_equals_ddp": "with exactly DDP's loss",
+                                   "reduce_compare": D.reduce_compare_sentence(study)}
+    assert D.reduce_compare_sentence(study) == (
+        "The BF16-reduce run ends **1.2e-01** higher than the FP32-reduce run (**3.37500** against **3.25000**). "
+        "That is one run of each, **8** steps long, from one seed, with no spread measured: it cannot rank the "
+        "two reductions.")
+    lower = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.125})
+    assert "ends **1.2e-01** lower than" in D.reduce_compare_sentence(lower)
+    same = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.25})
+    assert "ends with exactly the FP32-reduce run's loss" in D.reduce_compare_sentence(same)
     apart = _study(eval_losses={**study.eval_losses, "FSDP2, FP32 (no policy)": 3.5000001})
-    assert D.fsdp_facts(apart)["fsdp_equals_ddp"] == ("within 1.0e-07 of DDP's loss (the two add the gradients "
-                                                      "in another order)")
+    assert D.fsdp_facts(apart)["fsdp_equals_ddp"] == ("within **1.0e-07** of DDP's loss (the two add the "
+                                                      "gradients in another order)")
     with pytest.raises(ValueError, match="held bytes for"):
         D.fsdp_table(_study(held_bytes={"DDP fp32": HELD}))
 
 
 @pytest.mark.parametrize("mismatches, phrase", [({"bf16": 0, "fp16": 0}, "matched it bit for bit"),
-                                                ({"bf16": 2, "fp16": 1}, "differed from it in 3 values")])
+                                                ({"bf16": 2, "fp16": 1}, "differed from it in **3** values")])
 def test_all_reduce_check_facts(mismatches, phrase):
     assert D.all_reduce_check_facts(_study(all_reduce_mismatches=mismatches)) == {
-        "mismatch": phrase, "check_values": f"{D.REDUCE_CHECK_VALUES:,}"}
+        "mismatch": phrase, "check_values": f"**{D.REDUCE_CHECK_VALUES:,}**"}
     assert D.REDUCE_CHECK_VALUES == 4096
 
 
@@ -152,7 +174,7 @@ def _reduction(world_sizes=(2, 8, 128)):
 def test_reduction_facts():
     assert D.off_percent(_reduction(), "BF16, ring", 8) == 12.5
     assert D.reduction_facts(_reduction()) == {
-        "n_max": 128, "n_values": "136,960", "ring_off_2": 2.5, "ring_off_max": 37.5, "tree_off_max": 3.125,
+        "n_max": 128, "n_values": "**136,960**", "ring_off_2": 2.5, "ring_off_max": 37.5, "tree_off_max": 3.125,
         "tree_off_peak": 6.25, "fp16n_off_max": 6.25, "fp16s_off_max": 1.5625, "ring_l2_max": 1e-2,
         "floor_l2": 1.75e-3, "fp32_l2_max": 2e-7, "tol": 1.0, "per_rank_sequences": 2}
     with pytest.raises(ValueError, match="must include 2 ranks"):
@@ -183,15 +205,18 @@ def test_errata_rows():
          "The range is not the problem; precision is. In ring order at 128 ranks, 37.5% of the mean gradient's "
          "entries came out off by more than 1%, against 2.5% at 2 ranks."),
         ("Data parallelism computes exactly what one process computes.",
-         "In FP32 up to the order of sums (loss gap 5.0e-07); under BF16 autocast each rank's weight gradient is "
-         "rounded separately (loss gap 2.0e-04)."),
+         "In FP32 up to the order of sums (loss gap 5.0e-07); under BF16 autocast the loss gap was 2.0e-04, and one "
+         "process that split each batch the same way matched the data-parallel run bit for bit."),
     ]
+    apart = D.errata_rows(_study(split_parity=(3e-6, 1e-5)), _reduction())[-1][1]
+    assert apart.endswith("split each batch the same way came within 3.0e-06 of it in the loss.")
 
 
 def test_ring_chunk_facts_are_gloos_chunks_against_ceil_n_over_ranks():
     from course_lib.studies import distributed as D
 
-    assert D.ring_chunk_facts() == {"ring_n": 7, "ring_ranks": 3, "ring_gloo": "4, 3 and 0", "ring_naive": "3, 3 and 1"}
-    assert D.ring_chunk_facts(8, 2)["ring_gloo"] == D.ring_chunk_facts(8, 2)["ring_naive"] == "4 and 4"
+    assert D.ring_chunk_facts() == {"ring_n": 7, "ring_ranks": 3, "ring_gloo": "**4**, **3** and **0**",
+                                    "ring_naive": "**3**, **3** and **1**"}
+    assert D.ring_chunk_facts(8, 2)["ring_gloo"] == D.ring_chunk_facts(8, 2)["ring_naive"] == "**4** and **4**"
     with pytest.raises(ValueError, match="n must be a positive int"):
         D.ring_chunk_facts(0)

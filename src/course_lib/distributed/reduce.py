@@ -15,15 +15,17 @@ def _positive_int(value, what: str, minimum: int) -> int:
 
 
 def cast_compress_hook(dtype: torch.dtype):
-    """A DDP communication hook that all-reduces each gradient bucket in ``dtype``: cast, divide by the
-    world size, sum, cast back into the FP32 bucket. The arithmetic of torch's ``fp16_compress_hook`` and
-    ``bf16_compress_hook``, written out because torch registers its BF16 hook only with NCCL 2.10+."""
+    """A DDP communication hook that all-reduces each gradient bucket in ``dtype``: cast to ``dtype``,
+    divide by the world size in ``dtype``, sum, copy back into the FP32 bucket. The arithmetic of torch's
+    ``fp16_compress_hook`` and ``bf16_compress_hook``, written out because DDP's ``register_comm_hook``
+    refuses torch's ``bf16_compress_hook`` (a ``TypeError``) unless torch was built with CUDA or ROCm and
+    NCCL 2.10 or newer, or runs on an XPU with XCCL."""
     import torch.distributed as dist
 
     def hook(process_group, bucket):
         group = process_group if process_group is not None else dist.group.WORLD
         buffer = bucket.buffer()
-        compressed = buffer.to(dtype).div_(group.size())   # divided first, as torch's hooks do
+        compressed = buffer.to(dtype).div_(group.size())   # cast, then divided in dtype, as torch's hooks
 
         def decompress(fut):
             return buffer.copy_(fut.value()[0])
@@ -35,8 +37,9 @@ def cast_compress_hook(dtype: torch.dtype):
 
 
 def compress_hook(name: str, *, backend: str):
-    """DDP's gradient-compression hook ``name`` (``fp16`` or ``bf16``): torch's own where it registers on
-    ``backend`` (FP16 always, BF16 with NCCL), else :func:`cast_compress_hook` with the same arithmetic."""
+    """DDP's gradient-compression hook ``name`` (``fp16`` or ``bf16``): torch's own FP16 hook always; torch's
+    BF16 hook with ``backend`` NCCL (where DDP accepts it: a CUDA or ROCm build with NCCL 2.10+), else
+    :func:`cast_compress_hook` with the same arithmetic."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     if name == "fp16":
@@ -150,13 +153,23 @@ def fsdp2_predivide(n: int) -> int:
 
 def reduce_mean(grads: torch.Tensor, variant: str) -> torch.Tensor:
     """The mean over ranks of ``grads`` (``[ranks, n]``) as the reduction ``variant`` (a key of
-    :data:`REDUCTION_VARIANTS`) computes it, returned in FP64 for comparison."""
+    :data:`REDUCTION_VARIANTS`) computes it, returned in FP64 for comparison.
+
+    A variant that divides before the sum casts each rank's gradient to its dtype first and divides in that
+    dtype, as torch's ``fp16_compress_hook`` (``buffer.to(float16).div_(world_size)``) and FSDP2 (which
+    copies the gradients into a ``reduce_dtype`` buffer, divides it, and divides the reduced shard by the
+    rest in ``reduce_dtype`` too) do. Variants that divide nothing before are divided after, in FP64."""
     if variant not in REDUCTION_VARIANTS:
         raise ValueError(f"unknown reduction {variant!r}; known: {', '.join(REDUCTION_VARIANTS)}")
+    if not isinstance(grads, torch.Tensor) or grads.dim() != 2 or grads.shape[0] < 1:
+        raise ValueError("grads must be a [ranks, n] tensor with at least one rank")
     dtype, order, divide = REDUCTION_VARIANTS[variant]
     n = grads.shape[0]
-    pre = {"none": 1, "N": n, "sqrtN": fsdp2_predivide(n)}[divide]
-    return simulate_all_reduce((grads.double() / pre).float(), dtype, order).double() / (n / pre)
+    if divide == "none":
+        return simulate_all_reduce(grads.float(), dtype, order).double() / n
+    pre = n if divide == "N" else fsdp2_predivide(n)
+    total = simulate_all_reduce(grads.float().to(dtype).div_(pre), dtype, order)
+    return (total if pre == n else total / (n / pre)).double()
 
 
 COMM_HOOKS = ("fp16", "bf16")

@@ -327,16 +327,31 @@ def _make_scaler(run: DistRun, device: torch.device, recipe_wants: bool):
     return torch.amp.GradScaler(device.type, enabled=(kind == "plain"))
 
 
+class _SlicesInTurn:
+    """Each global batch of ``sampler`` as ``parts`` micro-batches, the ranks' slices in rank order:
+    micro-batch ``i`` is slice ``i % parts`` of global batch ``i // parts`` (the ``batch`` interface that
+    :func:`course_lib.train.train` reads with ``accumulation_steps=parts``)."""
+
+    def __init__(self, sampler, parts: int):
+        self.slices = [_RankSlice(sampler, r, parts) for r in range(parts)]
+
+    def batch(self, step: int, device):
+        return self.slices[step % len(self.slices)].batch(step // len(self.slices), device)
+
+
 def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_size: int,
-                progress=None) -> tuple[Any, Any]:
+                progress=None, micro_batches: int = 1) -> tuple[Any, Any]:
     """Train ``run`` as rank ``rank`` of ``world_size`` (world_size 1: no process group needed); ``progress``
-    (a :class:`ProgressMarks`) is told each step as it starts."""
+    (a :class:`ProgressMarks`) is told each step as it starts. ``micro_batches`` (one process only): each
+    global batch cut into that many slices, as that many ranks would cut it, their gradients accumulated."""
     progress = progress or (lambda where: None)
     recipe = get_recipe(run.recipe, device)
     setup = setup_for_run(run, profile, device)
     sampler: Any = _RankSlice(setup.sampler, rank, world_size) if world_size > 1 else setup.sampler
+    if micro_batches > 1:
+        sampler = _SlicesInTurn(setup.sampler, micro_batches)
     model = setup.model(run.seed)
-    config = TrainConfig(steps=setup.steps, lr=run.lr)
+    config = TrainConfig(steps=setup.steps, lr=run.lr, accumulation_steps=micro_batches)
     step_counter = {"step": 0}
     plant_step = run.plant_inf[1] if run.plant_inf is not None and run.plant_inf[0] == rank else None
     monitor = None
@@ -430,8 +445,15 @@ def _rank_history(run: DistRun, state, history, *, rank: int, world_size: int, b
                        seconds=seconds)
 
 
-def single_process_run(run: DistRun, profile, device: torch.device | str = "cpu") -> RankHistory:
-    """The same run in one process on the whole global batch: what a data-parallel run should match."""
+def single_process_run(run: DistRun, profile, device: torch.device | str = "cpu", *,
+                       micro_batches: int = 1) -> RankHistory:
+    """The same run in one process on the whole global batch: what a data-parallel run should match.
+
+    ``micro_batches``: instead, each global batch cut into that many equal slices, as that many ranks cut it,
+    and their gradients accumulated (each slice's loss divided by ``micro_batches``) before the step: a
+    data-parallel step's arithmetic without the communication."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
     device = torch.device(device)
     if run.plant_inf is not None or run.fail_rank is not None or run.hang_rank is not None:
         raise ValueError("a single-process reference has no ranks to plant an inf, a failure or a hang in")
@@ -447,7 +469,7 @@ def single_process_run(run: DistRun, profile, device: torch.device | str = "cpu"
     start = time.perf_counter()
     solo = DistRun(**{**asdict(run), "recipe": recipe, "wrapper": "manual", "comm_hook": None,
                       "param_dtype": None, "reduce_dtype": None, "scaler": scaler})
-    state, history = _train_rank(solo, profile, device, 0, 1)
+    state, history = _train_rank(solo, profile, device, 0, 1, micro_batches=micro_batches)
     return _rank_history(run, state, history, rank=0, world_size=1, backend="none",
                          seconds=time.perf_counter() - start)
 

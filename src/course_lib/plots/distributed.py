@@ -10,13 +10,18 @@ from matplotlib.figure import Figure
 
 from .style import finish_figure
 
+# the reduction figure's width (inches): the book scales a figure to its column (about 672 px), so at this
+# width a 10-point label is about 15 px tall on the page, against 11 px for a figure as wide as the column
+REDUCTION_FIGURE_INCHES = 6.0
+
 
 def plot_reduction_precision(study) -> Figure:
-    """Two panels against the number of ranks (log2 axis), one line per reduction of a
+    """Two panels, stacked, against the number of ranks (log2 axis), one line per reduction of a
     :class:`~course_lib.studies.distributed.ReductionStudy`: the relative L2 error of the reduced mean gradient (log
-    scale, with one BF16 rounding of the exact mean as a dashed floor), and the share of entries off by more
-    than the study's tolerance."""
-    fig, (ax_err, ax_off) = plt.subplots(1, 2, figsize=(11, 5.0))
+    scale, with one BF16 rounding of the exact mean as a dashed floor), and below it the share of entries off by
+    more than the study's tolerance. Narrower than the book's column and stacked, so that the book, which
+    scales it to the column, shows its text larger than a side-by-side figure's."""
+    fig, (ax_err, ax_off) = plt.subplots(2, 1, figsize=(REDUCTION_FIGURE_INCHES, 8.2), sharex=True)
     n = list(study.world_sizes)
     styles = {"FP32": ("#000000", "-"), "BF16, ring": ("#D55E00", "-"), "BF16, tree": ("#D55E00", "--"),
               "/N first": ("#0072B2", "-"), "sqrt": ("#0072B2", ":")}
@@ -35,19 +40,21 @@ def plot_reduction_precision(study) -> Figure:
     for ax in (ax_err, ax_off):
         ax.set_xscale("log", base=2)
         ax.set_xticks(n, [str(v) for v in n])
-        ax.set_xlabel("ranks (N)")
+        ax.tick_params(labelbottom=True)
         ax.grid(alpha=0.3)
+    ax_off.set_xlabel("ranks (N)")
     ax_err.set_title("Whole gradient")
     ax_off.set_title("Entry by entry (what Adam sees)")
     handles, names = ax_err.get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=3, frameon=False)
+    fig.legend(handles, names, loc="lower center", ncol=2, frameon=False, handlelength=2.6, columnspacing=1.2)
     return finish_figure(fig)
 
 
 def plot_rank_scales(study, labels=None) -> Figure:
     """The loss scale per step of every rank, one panel per planted-inf case of a
-    :class:`~course_lib.studies.distributed.DataParallelStudy`; a cross marks each step a rank skipped, and a
-    shaded column the step the inf was planted at."""
+    :class:`~course_lib.studies.distributed.DataParallelStudy`; a filled circle marks a step every rank
+    skipped, a mark of the rank's own shape (x, +, ...) a step only some ranks skipped, and a shaded column
+    the step the inf was planted at."""
     labels = list(study.scaler_cases) if labels is None else list(labels)
     ncols = min(3, len(labels))
     nrows = -(-len(labels) // ncols)
@@ -60,14 +67,21 @@ def plot_rank_scales(study, labels=None) -> Figure:
         case = study.scaler_cases[label]
         ax.axvspan(study.plant_step - 0.4, study.plant_step + 0.4, color="#999999", alpha=0.25, lw=0,
                    label="the step the inf was planted at")
-        for j, (rank, scales) in enumerate(sorted(case.scales.items())):
+        ranks = sorted(case.scales)
+        by_all = sorted(set.intersection(*(set(case.skipped[r]) for r in ranks)))
+        for j, rank in enumerate(ranks):
+            scales = case.scales[rank]
             steps = np.arange(len(scales))
             ax.step(steps, scales, where="post", color=colours[j % 4], lw=2.4 - 0.6 * j, ls=dashes[j % 4],
                     label=f"rank {rank}")
-            skipped = list(case.skipped[rank])
-            # a marker per rank ("x", "+", ...): where every rank skipped a step, the marks overlap as a star
-            ax.plot(skipped, [scales[s] for s in skipped], "x+12"[j % 4], ms=10 - 1.5 * j, mew=2,
-                    color=colours[j % 4], label=f"rank {rank} skipped the step")
+            # a mark of the rank's own shape where only some ranks skipped; a step every rank skipped gets
+            # one filled circle below, which no overlap of x and + could be mistaken for
+            alone = [s for s in case.skipped[rank] if s not in by_all]
+            ax.plot(alone, [scales[s] for s in alone], "x+12"[j % 4], ms=10 - 1.5 * j, mew=2,
+                    color=colours[j % 4], label=f"only rank {rank} skipped the step")
+        first = case.scales[ranks[0]]
+        ax.plot(by_all, [first[s] for s in by_all], "o", ms=8, color="black", mfc="black", zorder=5,
+                label="every rank skipped the step")
         ax.set_yscale("log", base=2)
         ax.set_xlabel("step", fontsize=12)
         ax.set_title(textwrap.fill(label, 24), fontsize=11)

@@ -203,6 +203,9 @@ class DataParallelStudy:
     ``eval_losses[label]``: final weights evaluated in FP32 on held-out batches (FSDP policies, DDP hooks,
     and the FP32 DDP run as ``"DDP fp32"``). ``held_bytes[label]``: rank 0's bytes of parameters,
     gradients and optimizer state. ``all_reduce_mismatches``: the real all-reduce against the simulation.
+    ``split_parity``: ``(largest |loss gap|, largest |weight gap|)`` between the BF16 autocast data-parallel
+    run and one process that cuts each batch into the ranks' slices and accumulates their gradients (the
+    control that leaves out the communication); ``None`` where a record predates it.
     """
 
     world_size: int
@@ -220,6 +223,7 @@ class DataParallelStudy:
     hook_weight_gaps: dict[str, float]
     all_reduce_mismatches: dict[str, int]
     seconds: float
+    split_parity: tuple[float, float] | None = None
 
 
 def fp32_eval_of(flat_params: torch.Tensor, profile, *, seed: int = 0, batches: int = 4) -> float:
@@ -271,6 +275,11 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
         curves[recipe] = (dp, single.losses)
         parity[recipe] = (max(abs(a - b) for a, b in zip(dp, single.losses)),
                           float((result.ranks(run.name)[0].final_params - single.final_params).abs().max()))
+    # the control: one process, each batch cut into the ranks' slices, their gradients accumulated
+    bf16_run = runs["DDP bf16_autocast"]
+    split = single_process_run(bf16_run, profile, device, micro_batches=world_size)
+    split_parity = (max(abs(a - b) for a, b in zip(result.mean_losses(bf16_run.name), split.losses)),
+                    float((result.ranks(bf16_run.name)[0].final_params - split.final_params).abs().max()))
     cases = {}
     for label in SCALER_CASES:
         hs = result.ranks(runs[label].name)
@@ -295,10 +304,15 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
                              plant_step=plant_step, n_params=int(ddp_fp32.final_params.numel()),
                              parity=parity, curves=curves, scaler_cases=cases, eval_losses=evals, held_bytes=held,
                              hook_weight_gaps=hook_gaps, all_reduce_mismatches=result.all_reduce_mismatches(),
-                             seconds=result.seconds)
+                             seconds=result.seconds, split_parity=split_parity)
 
 
 # --- What lesson 10's prose, tables and errata say about these results ----------------------------------
+
+
+def _bold(text: object) -> str:
+    """A computed number inside glued Markdown, bold as ``{glue:text}`` shows a glued number."""
+    return f"**{text}**"
 
 
 def launch_line(study: DataParallelStudy) -> str:
@@ -316,7 +330,7 @@ def launch_facts(study: DataParallelStudy) -> dict[str, object]:
         "rank_device": Prose(f"`{study.device}`"),
         "size": Prose(f"'{study.size}'"),
         "steps": study.steps,
-        "n_params": Prose(f"{study.n_params:,}"),
+        "n_params": Prose(_bold(f"{study.n_params:,}")),
         "launch_s": study.seconds,
     }
 
@@ -336,8 +350,8 @@ def parity_table(study: DataParallelStudy) -> MarkdownTable:
 
 def parity_facts(study: DataParallelStudy) -> dict[str, object]:
     """Lesson 10's facts of DDP against one process: loss and weight gaps per recipe, the largest loss gap
-    between BF16 autocast and FP32 in one process, and how many times the BF16 data-parallel gap that is
-    (``inf`` when that gap is zero)."""
+    between BF16 autocast and FP32 in one process, how many times the BF16 data-parallel gap that is
+    (``inf`` when that gap is zero), and what the control that splits the batch in one process showed."""
     _need(study.parity, PARITY_RECIPES, "parity recipes")
     _need(study.curves, ("fp32", "bf16_autocast"), "loss curves")
     precision_gap = max(abs(a - b) for a, b in zip(study.curves["bf16_autocast"][1], study.curves["fp32"][1]))
@@ -350,7 +364,37 @@ def parity_facts(study: DataParallelStudy) -> dict[str, object]:
         "wgap_bf16": study.parity["bf16_autocast"][1],
         "precision_gap": precision_gap,
         "dp_vs_precision": precision_gap / dp_gap if dp_gap else math.inf,
+        "split_sentence": split_sentence(study),
+        "split_takeaway": split_takeaway(study),
     }
+
+
+def split_takeaway(study: DataParallelStudy) -> Prose:
+    """The control's outcome for the lesson's takeaways: what it reproduced, and the conclusion it allows."""
+    if study.split_parity is None:
+        return Prose("this record predates the control that splits the batch in one process")
+    loss, weight = study.split_parity
+    if loss == 0 and weight == 0:
+        return Prose("one process that split each batch the same way reproduced the two-rank run bit for bit: "
+                     "the gap comes from splitting the batch, not from the communication")
+    return Prose(f"one process that split each batch the same way came within {_bold(f'{loss:.1e}')} of the "
+                 f"two-rank run in the loss")
+
+
+def split_sentence(study: DataParallelStudy) -> Prose:
+    """What the control (one process accumulating the ranks' slices of each batch, under BF16 autocast)
+    showed against the data-parallel run: the same numbers bit for bit, or how far apart."""
+    if study.split_parity is None:
+        return Prose("This record predates the control that splits the batch in one process.")
+    loss, weight = study.split_parity
+    control = (f"A control separates the two: one process that cuts each batch into the same "
+               f"{_bold(study.world_size)} slices as the ranks and accumulates their gradients before each step, "
+               f"with no communication at all,")
+    if loss == 0 and weight == 0:
+        return Prose(f"{control} reproduces the data-parallel run bit for bit, losses and weights: splitting the "
+                     f"batch makes the whole difference.")
+    return Prose(f"{control} ends within {_bold(f'{loss:.1e}')} of the data-parallel run in the loss and "
+                 f"{_bold(f'{weight:.1e}')} in the weights.")
 
 
 def skipped_text(case: ScalerCase) -> str:
@@ -382,7 +426,7 @@ def byte0_sentence(count: int) -> Prose:
         raise ValueError(f"count must be a non-negative int, got {count!r}")
     if count == 0:
         return Prose("Byte 0 never occurs in the training text, so that row is never read.")
-    return Prose(f"Byte 0 occurs {count} times in the training text.")
+    return Prose(f"Byte 0 occurs {_bold(count)} times in the training text.")
 
 
 SCALER_DDP, SCALER_WRONG, SCALER_FSDP = ("DDP, GradScaler per rank", "by hand, unscale before the all-reduce",
@@ -404,10 +448,10 @@ def scaler_facts(study: DataParallelStudy, *, byte0_count: int) -> dict[str, obj
         "wrong_bad_weights": wrong.non_finite_weights[0],
         "wrong_loss0": wrong.final_losses[0],
         "byte0_sentence": byte0_sentence(byte0_count),
-        "fsdp_first_skip": Prose(", ".join(str(s) for s in fsdp.skipped[0] if s != study.plant_step) or "none"),
+        "fsdp_first_skip": Prose(", ".join(_bold(s) for s in fsdp.skipped[0] if s != study.plant_step) or "none"),
         "torch_version": Prose(f"torch {torch.__version__}"),
         # plain text: a glued phrase inside a list item does not get its math typeset
-        "initial_scale_log2": Prose(f"{power_of_two_text(int(math.log2(initial)))} = {initial:g}"),
+        "initial_scale_log2": Prose(_bold(f"{power_of_two_text(int(math.log2(initial)))} = {initial:g}")),
         "fp16_max": torch.finfo(torch.float16).max,
     }
 
@@ -433,8 +477,9 @@ def fsdp_table(study: DataParallelStudy) -> MarkdownTable:
 
 def fsdp_facts(study: DataParallelStudy) -> dict[str, object]:
     """Lesson 10's facts of FSDP2: bytes per parameter on a DDP rank and an FSDP2 rank, lesson 6's count for
-    FP32 weights with AdamW, the spread of the policies' FP32 evaluation losses, and whether FSDP2 without a
-    policy ends with exactly DDP's loss, or how far from it."""
+    FP32 weights with AdamW, the spread of the policies' FP32 evaluation losses, whether FSDP2 without a
+    policy ends with exactly DDP's loss, or how far from it, and how the BF16-reduce run's final loss
+    compares with the FP32-reduce run's."""
     _need(study.held_bytes, ("DDP fp32", "FSDP2, FP32 (no policy)"), "held bytes for")
     _need(study.eval_losses, ("DDP fp32", *FSDP_POLICIES), "evaluation losses for")
     losses = [study.eval_losses[k] for k in FSDP_POLICIES]
@@ -446,8 +491,27 @@ def fsdp_facts(study: DataParallelStudy) -> dict[str, object]:
         "policy_spread": max(losses) - min(losses),
         # FSDP2 reduce-scatters where DDP all-reduces: the same sums in another order can differ in the last bits
         "fsdp_equals_ddp": Prose("with exactly DDP's loss" if gap == 0 else
-                                 f"within {gap:.1e} of DDP's loss (the two add the gradients in another order)"),
+                                 f"within {_bold(f'{gap:.1e}')} of DDP's loss (the two add the gradients in "
+                                 f"another order)"),
+        "reduce_compare": reduce_compare_sentence(study),
     }
+
+
+FSDP_FP32_REDUCE, FSDP_BF16_REDUCE = "FSDP2, BF16 params, FP32 reduce", "FSDP2, BF16 params, BF16 reduce"
+
+
+def reduce_compare_sentence(study: DataParallelStudy) -> Prose:
+    """How the BF16-reduce FSDP2 run's final FP32-evaluated loss compares with the FP32-reduce run's, and why
+    one short run of each cannot rank the two."""
+    _need(study.eval_losses, (FSDP_FP32_REDUCE, FSDP_BF16_REDUCE), "evaluation losses for")
+    fp32, bf16 = study.eval_losses[FSDP_FP32_REDUCE], study.eval_losses[FSDP_BF16_REDUCE]
+    if bf16 == fp32:
+        compare = "ends with exactly the FP32-reduce run's loss"
+    else:
+        compare = (f"ends {_bold(f'{abs(bf16 - fp32):.1e}')} {'lower' if bf16 < fp32 else 'higher'} than the "
+                   f"FP32-reduce run ({_bold(f'{bf16:.5f}')} against {_bold(f'{fp32:.5f}')})")
+    return Prose(f"The BF16-reduce run {compare}. That is one run of each, {_bold(study.steps)} steps long, "
+                 f"from one seed, with no spread measured: it cannot rank the two reductions.")
 
 
 def all_reduce_check_facts(study: DataParallelStudy) -> dict[str, object]:
@@ -455,8 +519,9 @@ def all_reduce_check_facts(study: DataParallelStudy) -> dict[str, object]:
     rank it compared."""
     mismatches = sum(study.all_reduce_mismatches.values())
     return {
-        "mismatch": Prose("matched it bit for bit" if mismatches == 0 else f"differed from it in {mismatches} values"),
-        "check_values": Prose(f"{REDUCE_CHECK_VALUES:,}"),
+        "mismatch": Prose("matched it bit for bit" if mismatches == 0 else
+                          f"differed from it in {_bold(mismatches)} values"),
+        "check_values": Prose(_bold(f"{REDUCE_CHECK_VALUES:,}")),
     }
 
 
@@ -473,8 +538,9 @@ def reduction_facts(reduction: ReductionStudy) -> dict[str, object]:
     n_max = reduction.world_sizes[-1]
     return {
         "n_max": n_max,
-        "n_values": Prose(f"a fixed random sample of {reduction.n_values:,} of the model's "
-                          f"{reduction.model_values:,}" if reduction.model_values else f"{reduction.n_values:,}"),
+        "n_values": Prose(f"a fixed random sample of {_bold(f'{reduction.n_values:,}')} of the model's "
+                          f"{_bold(f'{reduction.model_values:,}')}" if reduction.model_values
+                          else _bold(f"{reduction.n_values:,}")),
         "ring_off_2": off_percent(reduction, "BF16, ring", 2),
         "ring_off_max": off_percent(reduction, "BF16, ring", n_max),
         "tree_off_max": off_percent(reduction, "BF16, tree", n_max),
@@ -526,9 +592,17 @@ def errata_rows(study: DataParallelStudy, reduction: ReductionStudy) -> list[tup
          f"more than {100 * reduction.tolerance:g}%, against {off_percent(reduction, 'BF16, ring', 2):.1f}% at "
          f"2 ranks."),
         ("Data parallelism computes exactly what one process computes.",
-         f"In FP32 up to the order of sums (loss gap {study.parity['fp32'][0]:.1e}); under BF16 autocast each "
-         f"rank's weight gradient is rounded separately (loss gap {study.parity['bf16_autocast'][0]:.1e})."),
+         f"In FP32 up to the order of sums (loss gap {study.parity['fp32'][0]:.1e}); under BF16 autocast the loss "
+         f"gap was {study.parity['bf16_autocast'][0]:.1e}, and one process that split each batch the same way "
+         f"{_split_errata(study)}."),
     ]
+
+
+def _split_errata(study: DataParallelStudy) -> str:
+    if study.split_parity is None:
+        return "was not run for this record"
+    loss, _ = study.split_parity
+    return "matched the data-parallel run bit for bit" if loss == 0 else f"came within {loss:.1e} of it in the loss"
 
 
 def ring_chunk_facts(n: int = 7, ranks: int = 3, element_size: int = 4) -> dict[str, object]:
@@ -539,7 +613,7 @@ def ring_chunk_facts(n: int = 7, ranks: int = 3, element_size: int = 4) -> dict[
     naive = [min(n, (i + 1) * math.ceil(n / ranks)) - min(n, i * math.ceil(n / ranks)) for i in range(ranks)]
 
     def sizes(values) -> Prose:
-        values = [str(v) for v in values]
+        values = [_bold(v) for v in values]
         return Prose(", ".join(values[:-1]) + " and " + values[-1])
 
     return {"ring_n": n, "ring_ranks": ranks,
