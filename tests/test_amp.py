@@ -79,10 +79,16 @@ def test_exceptions_custom_function_and_checkpointing():
     assert ex["acc.add_(a @ b) (in-place into FP32)"] == "float32"
     assert ex["torch.mm(a, b, out=out)"] == "float32"
     assert ex["a.double() @ b.double()"] == "float64"
+    # an explicit dtype= argument is honoured; .float() on a listed op's inputs is lowered again
+    assert ex["torch.sum(a @ b, dtype=torch.float64)"] == "float64"
+    assert ex["a.float() @ b.float() (cast up, lowered again)"] == "bfloat16"
+    assert not any(k.startswith("torch.ones") for k in ex)
     assert ex["a @ b inside autocast(enabled=False)"] == "float32"
     custom = custom_function_demo("cpu", torch.bfloat16)
     assert custom["forward input"] == "float32" and custom["autocast inside forward"] == "False"
     assert custom["activation before the op"] == "bfloat16" and custom["op output"] == "float32"
+    # custom_bwd runs the backward with the forward's autocast state: off, under cast_inputs
+    assert custom["autocast inside backward"] == "False" and custom["backward grad"] == "float32"
     assert checkpointing_demo("cpu")["identical gradients"] is True
 
 
@@ -95,7 +101,17 @@ def test_amp_tables_have_one_row_per_op():
     lists = autocast_op_lists()
     trace = trace_course_model("cpu", torch.bfloat16)
     lines = op_table_markdown(trace, "forward", lists).splitlines()
-    assert lines[0].startswith("| op | calls |") and len(lines) == 2 + len(trace.op_table("forward"))
+    rows = trace.op_table("forward")
+    # one line per dtype pattern: an op with several shows each, with its own calls
+    assert lines[0].startswith("| op | calls |") and len(lines) == 2 + sum(len(r["patterns"]) for r in rows)
+    assert len(lines) > 2 + len(rows)
+    assert "| `_to_copy` (also) | 1 | bfloat16 | float32 | cast | - |" in lines      # the logits cast back up
+    assert "| `add` (also) | 1 | float32, float32 | float32 | fp32 | - |" in lines
+    assert all(r["calls"] == sum(c for _, _, c in r["patterns"]) for r in rows)
+    with pytest.raises(TypeError, match="trace must be an AutocastTrace"):
+        op_table_markdown(rows, "forward", lists)
+    with pytest.raises(ValueError, match="phase must be"):
+        trace.op_table("sideways")
     live = {"matmul output": "torch.bfloat16", "softmax": "torch.bfloat16"}
     table = sensitive_ops_markdown(live, "cpu", lists, recorded={"softmax": "torch.float32"}, recorded_label="GPU X")
     rows = table.splitlines()

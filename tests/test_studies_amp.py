@@ -168,13 +168,18 @@ def test_exercise_facts_name_exps_dtypes_and_the_master_copys_bytes():
     facts = A.exercise_facts(torch.bfloat16, LISTS)
     # bf16_master keeps an FP32 master copy (4 bytes) and its FP32 gradient (4) beyond bf16_pure, and AdamW's
     # two moments in FP32 (8) instead of BF16 (4): 12 bytes per parameter more
-    assert facts == {"ex_exp_cpu": "`torch.bfloat16`", "ex_master_extra": 12, "ex_exp_cuda": "fp32"}
+    # bf16_pure's torch AdamW keeps BF16 moments (2 + 2 + 4 bytes); BF16AdamW keeps FP32 moments (2 + 2 + 8),
+    # and Kahan compensation a BF16 buffer more (2)
+    assert facts == {"ex_exp_cpu": "`torch.bfloat16`", "ex_master_extra": 12,
+                     "ex_exp_cuda": "on CUDA's FP32 list, so it returns `float32`", "ex_pure_moments": "`bfloat16`",
+                     "ex_pure_bytes": 8, "ex_master_bytes": 20, "ex_sr_bytes": 12, "ex_kahan_bytes": 14}
     assert isinstance(facts["ex_exp_cpu"], Prose) and isinstance(facts["ex_exp_cuda"], Prose)
     with pytest.raises(TypeError, match="exp_dtype"):
         A.exercise_facts("bfloat16", LISTS)
     lists = {**LISTS, "fp32": LISTS["fp32"] | {"pow"}}
     facts = A.exercise_facts(torch.bfloat16, lists, pow_dtype=torch.float16)
-    assert (facts["ex_pow_cpu"], facts["ex_pow_cuda"]) == ("`torch.float16`", "fp32")
+    # CUDA's policy for pow is the checked exercise's answer: no fact gives it away
+    assert facts["ex_pow_cpu"] == "`torch.float16`" and not any("pow" in k and "cuda" in k for k in facts)
     with pytest.raises(TypeError, match="pow_dtype"):
         A.exercise_facts(torch.bfloat16, LISTS, pow_dtype="float16")
 
@@ -242,7 +247,9 @@ def test_sdpa_under_autocast_returns_the_autocast_dtype_on_the_cpu():
 
 def test_scaler_dtype_note_runs_the_loops_in_fp16_and_refuses_bf16():
     assert A.scaler_dtype_note(torch.float16, "cuda") == {"scaler_dtype_note": "Here they run with FP16 autocast, as there."}
-    assert "on this CPU" in A.scaler_dtype_note(torch.float16, "cpu")["scaler_dtype_note"]
+    assert A.scaler_dtype_note(torch.float16, "cpu")["scaler_dtype_note"] == (
+        "Here they run with FP16 autocast too, on this CPU: they show what each mechanism does, not how fast it "
+        "runs (the recipe table above measured this machine's speeds).")
     with pytest.raises(ValueError, match="BF16 needs no scaler"):
         A.scaler_dtype_note(torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="loop_dtype"):
@@ -256,9 +263,18 @@ def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
         assert found["runs"][found["chosen"]] is True
     facts = A.sdpa_backend_facts({"runs": {"FLASH_ATTENTION": True, "EFFICIENT_ATTENTION": False, "MATH": True},
                                   "chosen": "FLASH_ATTENTION"})
-    assert facts == {"attn_backends_run": "`FLASH_ATTENTION` and `MATH`", "attn_backend_chosen": "`FLASH_ATTENTION`"}
+    assert facts == {"attn_backends_run": "`FLASH_ATTENTION` and `MATH`", "attn_backend_chosen": "`FLASH_ATTENTION`",
+                     "attn_backend_inputs": "its own causal inputs"}
     assert A.sdpa_backend_facts({"runs": {"MATH": True}, "chosen": None}) == {
-        "attn_backends_run": "`MATH`", "attn_backend_chosen": "a kernel this torch does not name"}
+        "attn_backends_run": "`MATH`", "attn_backend_chosen": "a kernel this torch does not name",
+        "attn_backend_inputs": "its own causal inputs"}
+    # the inputs it built are said from the result, not typed
+    found = A.sdpa_backends("cpu", torch.bfloat16, head_dim=16, seq=4)
+    assert (found["shape"], found["dtype"]) == ((1, 2, 4, 16), "bfloat16")
+    assert A.sdpa_backend_facts(found)["attn_backend_inputs"] == (
+        "its own causal `bfloat16` inputs: a batch of 1, two heads of 4 positions, head dimension 16")
+    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+        A.sdpa_backends("cpu", torch.float32, head_dim=0)
     with pytest.raises(ValueError, match="no attention kernel ran"):
         A.sdpa_backend_facts({"runs": {"MATH": False}, "chosen": None})
 
@@ -267,8 +283,11 @@ def test_skip_note_names_the_skipped_steps_and_their_scales():
     ran = types.SimpleNamespace(skipped=[False, False, True, False], scales=[65536.0, 65536.0, 65536.0, 32768.0])
     clean = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4)
     note = A.skip_note({"fp16_autocast_scaler": ran})["recipe_skips"]   # no reference run: no gaps
-    assert note.startswith("`fp16_autocast_scaler` skipped step 2 (its scaled gradients overflowed FP16 at a scale "
-                           "of 2\u00b9\u2076). A skipped step is an update not taken")
+    assert note == ("`fp16_autocast_scaler` skipped step 2 (its scaled gradients overflowed FP16 at a scale "
+                    "of 2\u00b9\u2076). A gradient's norm does not size the update here: every run clips its "
+                    "gradients to a norm of 1 before the optimizer's step, and AdamW moves each weight by about its "
+                    "learning rate whatever the gradient's size. A skipped step is a missing step of full size, and "
+                    "the table's final loss, the last step's loss on one batch, can show it.")
     assert A.skip_note({"fp32": clean})["recipe_skips"] == "No run skipped a step here."
     # with losses: the skipped step's gap and the next one, beside a same-prefix run that skipped nothing
     ran.losses, clean.losses = [3.0, 2.8, 2.9, 2.7], [3.0, 2.8, 2.6, 2.5]
@@ -278,10 +297,67 @@ def test_skip_note_names_the_skipped_steps_and_their_scales():
     assert ("Its loss minus `fp32`'s was +0.300 and +0.200 at steps 2 and 3: a step's loss is measured before its "
             "update, so step 3 is the first to miss the skipped one (`fp16_autocast_no_scaler`, which skipped "
             "nothing: +0.250 and +0.000). A difference at step 2 cannot come from the skip.") in note
-    assert "bf16_autocast" not in note and "gradient norms" not in note    # no norms kept: none printed
+    # bf16_autocast is no prefix peer, but it shares the rise at step 2; no norms kept: none printed
+    assert "`bf16_autocast`, which skipped nothing:" not in note and "gradient norms" not in note
+    assert "At step 2 every autocast run's loss was above `fp32`'s, by +0.250 to +0.300" in note
     ran.grad_norms, clean.grad_norms = [1.0, 1.0, math.inf, 11.0], [1.0, 1.0, 1.01, 1.0]
     peer.grad_norms = [1.0, 1.0, 14.5, 1.0]
     note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran, "fp16_autocast_no_scaler": peer})["recipe_skips"]
-    assert ("A difference at step 2 cannot come from the skip. The unscaled gradient norms at those steps say how "
-            "large the update was: `fp16_autocast_scaler` inf and 11; `fp32` 1.01 and 1; "
-            "`fp16_autocast_no_scaler` 14.5 and 1 (inf: the overflow that made the skip). A skipped step") in note
+    ran.lrs = [3e-3] * 4
+    note = A.skip_note({"fp32": clean, "fp16_autocast_scaler": ran, "fp16_autocast_no_scaler": peer},
+                       clip_norm=0.5)["recipe_skips"]
+    # the inf sits beside the run that overflowed; the norms before clipping do not size AdamW's update
+    assert ("which this page does not explain further. The unscaled gradient norms at steps 2 and 3, before "
+            "clipping, were `fp16_autocast_scaler` inf (the overflow that made the skip) and 11; `fp32` 1.01 and 1; "
+            "`fp16_autocast_no_scaler` 14.5 and 1. A gradient's norm does not size the update here: every run clips "
+            "its gradients to a norm of 0.5 before the optimizer's step, and AdamW moves each weight by about its "
+            "learning rate, 0.003, whatever the gradient's size. A skipped step is a missing step of full size") in note
+    assert "how large the update was" not in note and "where the other runs took a large one" not in note
+    assert "clips" not in A.skip_note({"fp16_autocast_scaler": ran}, clip_norm=None)["recipe_skips"]
+    with pytest.raises(ValueError, match="clip_norm must be None or a positive"):
+        A.skip_note({"fp16_autocast_scaler": ran}, clip_norm=0.0)
+
+
+def test_skip_note_says_a_rise_every_autocast_run_shares():
+    # step 1: every autocast run above fp32, bf16_autocast (never skipped) too; at step 2 it is back
+    fp32 = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=[3.0, 2.0, 2.5, 2.4])
+    scaler = types.SimpleNamespace(skipped=[False, True, False, False], scales=[65536.0] * 4,
+                                   losses=[3.0, 2.3, 2.7, 2.5])
+    bf16 = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=[3.0, 2.15, 2.505, 2.4])
+    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler})["recipe_skips"]
+    assert ("At step 1 every autocast run's loss was above `fp32`'s, by +0.150 to +0.300 (`bf16_autocast` +0.150, "
+            "which skipped nothing), and at step 2 the runs that skipped nothing were back within 0.005 of it: a "
+            "rise on one batch, shared by runs that never skipped, which this page does not explain further.") in note
+    bf16.losses = [3.0, 1.9, 2.5, 2.4]      # bf16_autocast below fp32 at step 1: no shared rise to report
+    assert "every autocast run" not in A.skip_note({"fp32": fp32, "bf16_autocast": bf16,
+                                                    "fp16_autocast_scaler": scaler})["recipe_skips"]
+
+
+def test_math_backend_fp16_facts_say_what_the_flag_changes():
+    assert A.math_backend_fp16_facts(False, [True, False]) == {"attn_math_fp16": (
+        "`fp16_bf16_reduction_math_sdp_allowed()` returned `False`, so by default the math backend computes FP16 "
+        "inputs in FP32; with the flag off it stayed finite although the scaled product is twice FP16's largest "
+        "value, and with it on it overflowed: with the flag off, the math backend's FP16 headroom is FP32's range, "
+        "and its order of the scale matters in FP32, or in FP16 with the flag on")}
+    assert "does not show what the flag changes" in A.math_backend_fp16_facts(False, [True, True])["attn_math_fp16"]
+    with pytest.raises(TypeError, match="two bools"):
+        A.math_backend_fp16_facts(False, [True])
+    with pytest.raises(TypeError, match="flag_default must be a bool"):
+        A.math_backend_fp16_facts(0, [True, False])
+
+
+def test_torchs_math_backend_computes_fp16_in_fp32_unless_the_flag_allows_fp16():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    d = 64
+    big = torch.full((1, 1, 4, d), (2 * 65504.0 * d ** 0.5 / d) ** 0.5, dtype=torch.float16)
+    flag, finite = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(), []
+    try:
+        for reduced in (False, True):
+            torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(reduced)
+            with sdpa_kernel(SDPBackend.MATH):
+                out = torch.nn.functional.scaled_dot_product_attention(big, big, big)
+            finite.append(bool(torch.isfinite(out).all()))
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(flag)
+    assert flag is False and finite == [True, False]

@@ -5,6 +5,7 @@ import dataclasses
 import math
 
 import pytest
+import torch
 
 from course_lib.bf16 import Advice, precision_advice
 from course_lib.glue import Prose
@@ -145,7 +146,7 @@ def test_update_facts_from_a_hand_built_comparison():
         "train_gap_master": "-0.2500 to +0.2500", "loss_level": 2.75,
         "bf16_spacing_at_loss": "1/64",                 # BF16 spacing in [2, 4): 2^(1-7)
         "lost_nearest": "40.0-50.0%",                   # (0.4 + 0.6) / 2 and (0.3 + 0.5) / 2
-        "gap_nearest": "+0.050 to +0.060", "gap_others": "-0.0010 to +0.0020",
+        "gap_nearest": "+0.050 to +0.060", "gap_others": "-0.0010 and +0.0020",
         "upd_lead": "Only plain round-to-nearest separates from FP32.",
         "upd_separates": "every seed of it lies above every seed of the other three",
         "upd_others_note": "FP32 master weights within 0.0010; stochastic rounding within 0.0020; "
@@ -182,12 +183,15 @@ FIXED = FP16FineTune((5.6, 5.55), (1.0, 1.0), (False, False))
 
 def test_finetune_tables_and_facts():
     assert P.finetune_table(FT).splitlines() == ["| step | loss | scale | skipped |", "|---|---|---|---|",
-                                                 "| 0 | nan | 65536 | True |", "| 1 | nan | 32768 | True |"]
+                                                 "| 0 | NaN | 65,536 | yes |", "| 1 | NaN | 32,768 | yes |"]
     assert P.finetune_comparison_table(FT, FIXED).splitlines() == [
         "| step | loss, FP16 + GradScaler | loss, BF16 autocast |", "|---|---|---|",
-        "| 0 | nan | 5.600 |", "| 1 | nan | 5.550 |"]
-    assert P.finetune_facts(FT) == {"ft_steps": 2, "ft_skipped": 2, "ft_scale_first": 65536.0,
-                                    "ft_scale_last": 32768.0}
+        "| 0 | NaN | 5.600 |", "| 1 | NaN | 5.550 |"]
+    assert P.finetune_facts(FT) == {"ft_steps": 2, "ft_skipped": 2, "ft_skipped_text": "All 2 steps were skipped",
+                                    "ft_scale_first": 65536.0, "ft_scale_last": 32768.0}
+    some = FP16FineTune((NAN, 2.5, math.inf), (65536.0, 32768.0, 32768.0), (True, False, False))
+    assert P.finetune_facts(some)["ft_skipped_text"] == "1 of 3 steps was skipped"
+    assert "| 1 | 2.500 | 32,768 | no |" in P.finetune_table(some) and "| 2 | inf |" in P.finetune_table(some)
     assert P.bf16_fix_facts(FIXED) == {"fix_finite": 2, "fix_first": 5.6, "fix_last": 5.55}
     assert P.bf16_fix_facts(FP16FineTune((1.0, math.inf, NAN), (1.0,) * 3, (False,) * 3))["fix_finite"] == 1
     with pytest.raises(ValueError, match="2 and 1 steps"):
@@ -221,3 +225,62 @@ def test_errata_rows_cite_the_datasheet_the_finetuning_and_the_lost_updates():
     no_bf16 = GPUPeaks("Old", "7.0", {"fp32": 1.0, "tf32": None, "bf16": None, "fp16": 2.0, "fp8": None}, 100.0, "x")
     with pytest.raises(ValueError, match="Old lacks its BF16 or FP16 peak"):
         P.bf16_errata_rows(no_bf16, precision_advice((7, 0)), FT, _updates())
+
+
+def test_update_rule_bytes_and_adamws_moments_are_measured():
+    from course_lib.memory import bytes_per_parameter
+    from course_lib.studies.bf16 import adamw_moment_dtype, update_rule_bytes
+
+    # BF16 weight and gradient, FP32 moments; Kahan adds its BF16 compensation buffer
+    assert update_rule_bytes("stochastic") == {"weights": 2, "gradients": 2, "optimizer_state": 8,
+                                               "master_weights": 0}
+    assert update_rule_bytes("kahan")["optimizer_state"] == 10
+    # torch's AdamW keeps moments in the parameter's dtype: bf16_pure's 4 bytes of optimizer state
+    assert adamw_moment_dtype(torch.bfloat16) == torch.bfloat16 and adamw_moment_dtype(torch.float32) == torch.float32
+    assert bytes_per_parameter("bf16_pure")["optimizer_state"] == 2 * torch.bfloat16.itemsize
+    with pytest.raises(ValueError, match="rule must be one of"):
+        update_rule_bytes("round-up")
+    with pytest.raises(TypeError, match="floating torch.dtype"):
+        adamw_moment_dtype(torch.int32)
+    assert P.update_memory_facts() == {"upd_memory": (
+        "With BF16 weights and gradients that makes 12 bytes per parameter with stochastic rounding and 14 with "
+        "Kahan compensation (its BF16 buffer), against 8 for the `bf16_pure` recipe, whose torch AdamW keeps "
+        "`bfloat16` moments for BF16 weights, and 20 for `bf16_master`")}
+
+
+def test_divergence_prose_counts_in_words_and_writes_math():
+    from course_lib.monitor import NonFiniteReport, TensorSummary
+    from course_lib.studies.fp16_divergence import DivergenceRun, Fp16Divergence
+
+    def run(seed, kind, peak):
+        return DivergenceRun(seed, kind, (3.0, 2.9, 2.8), None, (0, 2), {"blocks.0.attn": (10.0, peak)})
+
+    fused = tuple(run(s, "sdpa", 150_000.0) for s in range(3))
+    div = Fp16Divergence(0.05, 3, 2, fused, None, None, None, {})
+    assert ("The growth itself did no harm to runs that never hold the raw product in FP16: all three runs with "
+            "fused attention (SDPA) stayed finite, and all three went past FP16's largest value, up to 150,000") \
+        in P.divergence_verdict(div)
+    some = Fp16Divergence(0.05, 3, 2, fused[:2] + (run(2, "sdpa", 100.0),), None, None, None, {})
+    assert "all three runs with fused attention (SDPA) stayed finite, and two of them went past" in \
+        P.divergence_verdict(some)
+    assert "q k^T" not in P.ATTENTION_NAMES["explicit"] and "$q k^\\top$" in P.ATTENTION_NAMES["explicit"]
+    one_inf = TensorSummary((2, 3), "float16", 1.0, 0, 1)
+    report = NonFiniteReport("blocks.0.attn", "forward", (TensorSummary((2, 3), "float16", 90.0, 0, 0),),
+                             (one_inf,), op="matmul")
+    located = Fp16Divergence(0.05, 3, 2, fused, 0, 2, report, {})
+    assert P.located_sentence(located).endswith("its output held 1 infinity.")
+
+
+def test_lessons_4_and_5_draw_each_recipe_in_one_colour_and_dash():
+    from course_lib import plots
+
+    def styles(names):
+        fig = plots.plot_runs({n: [0.0, 1.0] for n in names}, minus="fp32", ylabel="loss", title="t")
+        return {line.get_label(): (line.get_color(), line.get_linestyle())
+                for line in fig.axes[0].get_lines() if line.get_label() != "fp32"}
+
+    lesson4 = styles(["fp32", "bf16_autocast", "fp16_autocast_scaler", "fp16_autocast_no_scaler", "bf16_pure"])
+    lesson5 = styles(["fp32", "fp16_autocast_scaler", "bf16_autocast", "fp16_autocast_no_scaler"])
+    assert all(lesson4[n] == lesson5[n] for n in lesson5)
+    assert lesson4["bf16_autocast"][:2] == ("#0072B2", "-") and lesson5["fp16_autocast_scaler"][:2] == ("#CC79A7", "--")
+    assert len({colour for colour, _ in lesson4.values()}) == len(lesson4)

@@ -125,7 +125,7 @@ def _div(*, failed=True, located=True, fused_peak=1.5e5):
 def test_outcomes_and_location_are_said_from_the_result():
     div = _div()
     assert P.divergence_outcomes(div) == (
-        "Over 3 steps at learning rate 0.05, the loss turned non-finite with attention written out (q k^T, then "
+        "Over 3 steps at learning rate 0.05, the loss turned non-finite with attention written out ($q k^\\top$, then "
         "the scale), in 1 of 1 seeds (at step 2); with fused attention (SDPA), in 0 of 1 seeds.")
     assert P.located_sentence(div) == (
         "Re-run from the weights that failed (seed 0, step 2), the locator names `matmul` in `blocks.0.attn`. "
@@ -135,8 +135,8 @@ def test_outcomes_and_location_are_said_from_the_result():
     q, k = TensorSummary((16, 2, 64, 32), "float16", 90.0, 0, 0), TensorSummary((16, 2, 32, 64), "float16", 81.8, 0, 0)
     qk = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(q, k)))
     assert ("(float16 [16, 2, 64, 32] with largest magnitude 90 and float16 [16, 2, 32, 64] with largest magnitude "
-            "81.8): batch and attention heads first, then q (64 positions by a head dimension of 32) and k^T "
-            "(32 by 64); its output") in P.located_sentence(qk)
+            "81.8): batch and attention heads first, then $q$ (64 positions by a head dimension of 32) and "
+            "$k^\\top$ (32 by 64); its output") in P.located_sentence(qk)
     v = TensorSummary((16, 2, 64, 32), "float16", 3.0, 0, 0)
     att_v = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(
         TensorSummary((16, 2, 64, 64), "float16", 1.0, 0, 0), v)))
@@ -150,8 +150,8 @@ def test_outcomes_and_location_are_said_from_the_result():
 
 def test_the_verdict_reports_products_against_fp16s_range():
     assert P.divergence_verdict(_div()) == (
-        "The growth itself did no harm to runs that never hold the raw product in FP16: of the 1 run with fused "
-        "attention (SDPA) that stayed finite, 1 went past FP16's largest value, up to 150,000, 2.3 times it. At "
+        "The growth itself did no harm to runs that never hold the raw product in FP16: the one run with fused "
+        "attention (SDPA) stayed finite and went past FP16's largest value, up to 150,000, 2.3 times it. At "
         "the failing step, the largest product (computed in FP32) was 70,000: above 65,504 in 1 of 1 failing "
         "runs.")
     low = P.divergence_verdict(_div(fused_peak=2000.0))

@@ -59,8 +59,10 @@ class AutocastTrace:
 
     def op_table(self, phase: str = "forward") -> list[dict]:
         """One row per op name seen in ``phase``: the most common input and output dtype pattern, how
-        often it ran, and what autocast did: ``"lower precision"`` (FP32 in, low precision out),
-        ``"fp32"`` (low precision in, FP32 out, or FP32 only), ``"low in, low out"``, ``"cast"``."""
+        often the op ran in all (``calls``), what that pattern says about where it ran (:func:`classify`),
+        and ``patterns``: every (inputs, outputs, calls) pattern of the op, the most common first."""
+        if phase not in ("forward", "backward"):
+            raise ValueError(f"phase must be 'forward' or 'backward', got {phase!r}")
         by_op: dict[str, Counter] = {}
         for e in self.events:
             if e.phase == phase and e.inputs + e.outputs:
@@ -69,7 +71,8 @@ class AutocastTrace:
         for op, patterns in by_op.items():
             (inputs, outputs), n = patterns.most_common(1)[0]
             rows.append({"op": op, "inputs": inputs, "outputs": outputs, "calls": sum(patterns.values()),
-                         "runs_in": classify(op, inputs, outputs)})
+                         "runs_in": classify(op, inputs, outputs),
+                         "patterns": tuple((i, o, c) for (i, o), c in patterns.most_common())})
         return rows
 
     def dtype_of(self, op: str, phase: str = "forward") -> tuple[str, ...]:
@@ -162,9 +165,11 @@ def _name(t: torch.Tensor) -> str:
 def autocast_exceptions(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> dict[str, str]:
     """Output dtypes of cases autocast leaves alone, each run under ``torch.autocast``.
 
-    Keys: an eligible matmul (for contrast), an in-place op on an FP32 tensor, a matmul with ``out=``, a
-    tensor created with an explicit dtype, a matmul inside ``autocast(enabled=False)``, and a matmul on
-    FP64 inputs (autocast only touches FP32 inputs of eligible ops).
+    Keys: an eligible matmul (for contrast), an in-place op on an FP32 tensor, a matmul with ``out=``, an op
+    given an explicit ``dtype=`` argument (``sum``, which CUDA autocast otherwise runs in FP32), a matmul on
+    inputs cast up with ``.float()`` (autocast lowers them again: only a ``dtype=`` argument is honoured), a
+    matmul inside ``autocast(enabled=False)``, and a matmul on FP64 inputs (autocast only touches FP32
+    inputs of eligible ops).
     """
     device = torch.device(device_type)
     a = torch.randn(4, 4, device=device)
@@ -176,7 +181,8 @@ def autocast_exceptions(device_type: str = "cpu", dtype: torch.dtype = torch.bfl
             "a @ b (eligible op)": _name(a @ b),
             "acc.add_(a @ b) (in-place into FP32)": _name(acc.add_(a @ b)),
             "torch.mm(a, b, out=out)": _name(torch.mm(a, b, out=out)),
-            "torch.ones(4, dtype=torch.float32)": _name(torch.ones(4, device=device, dtype=torch.float32)),
+            "torch.sum(a @ b, dtype=torch.float64)": _name(torch.sum(a @ b, dtype=torch.float64)),
+            "a.float() @ b.float() (cast up, lowered again)": _name(a.float() @ b.float()),
             "a.double() @ b.double()": _name(a.double() @ b.double()),
         }
         with torch.autocast(device_type, enabled=False):
@@ -202,6 +208,8 @@ def make_fp32_function(device_type: str):
         def backward(ctx, grad):
             (x,) = ctx.saved_tensors
             seen["backward grad"] = _name(grad)
+            # custom_bwd restores the autocast state the forward ran with (off, under cast_inputs)
+            seen["autocast inside backward"] = str(torch.is_autocast_enabled(device_type))
             return 2 * x * grad
 
     return Square, seen
@@ -300,12 +308,19 @@ def sensitive_norm_demo(device_type: str = "cpu", rows: int = 8, width: int = 32
 
 
 def op_table_markdown(trace, phase: str = "forward", lists: dict[str, frozenset[str]] | None = None):
-    """:meth:`AutocastTrace.op_table` of ``phase`` as a Markdown table, with each op's CUDA policy."""
+    """:meth:`AutocastTrace.op_table` of ``phase`` as a Markdown table, with each op's CUDA policy: one row
+    per dtype pattern an op ran with (its calls with that pattern), so that an op that ran with several
+    patterns (a cast down and a cast up) shows each; the op's later rows name it "(also)"."""
+    if not isinstance(trace, AutocastTrace):
+        raise TypeError(f"trace must be an AutocastTrace (from trace_autocast), got {type(trace).__name__}")
     lists = autocast_op_lists() if lists is None else lists
-    return markdown_table(
-        ["op", "calls", "input dtypes", "output dtypes", "ran in", "torch's CUDA list"],
-        [(f"`{r['op']}`", r["calls"], ", ".join(r["inputs"]), ", ".join(r["outputs"]), r["runs_in"],
-          cuda_policy(r["op"], lists)) for r in trace.op_table(phase)])
+    rows = []
+    for r in trace.op_table(phase):
+        policy = cuda_policy(r["op"], lists)
+        for k, (inputs, outputs, calls) in enumerate(r["patterns"]):
+            rows.append((f"`{r['op']}`" + (" (also)" if k else ""), calls, ", ".join(inputs), ", ".join(outputs),
+                         classify(r["op"], inputs, outputs), policy))
+    return markdown_table(["op", "calls", "input dtypes", "output dtypes", "ran in", "torch's CUDA list"], rows)
 
 
 def sensitive_ops_markdown(live: dict[str, str], device_type: str, lists: dict[str, frozenset[str]] | None = None,

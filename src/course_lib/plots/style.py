@@ -141,8 +141,10 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
     for j, label in enumerate(drawn):
         values = prepared(series[label])
-        ax.plot(np.arange(len(values)) + (smooth - 1), values, ls=dashes[j % len(dashes)],
-                color=recipe_colour(j),   # never the reference's black, nor vermillion beside orange
+        # a course recipe has its own colour and dash in every figure; other runs take them in turn
+        colour, dash = RECIPE_STYLES.get(label, (recipe_colour(j), dashes[j % len(dashes)]))
+        ax.plot(np.arange(len(values)) + (smooth - 1), values, ls=dash,
+                color=colour,   # never the reference's black, nor vermillion beside orange
                 lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
     if logy:
         ax.set_yscale("log")
@@ -183,6 +185,14 @@ def format_colour(fmt: str | FloatFormat) -> str:
     if name in names:
         return FORMAT_COLOURS[names.index(name) % len(FORMAT_COLOURS)]
     return FORMAT_COLOURS[sum(map(ord, name)) % len(FORMAT_COLOURS)]
+
+
+# One colour and dash per recipe of course_lib.train, by name, the same in every figure (lesson 4's recipes,
+# lesson 5's parity runs): Okabe-Ito colours, never the limit colour.
+RECIPE_STYLES: dict[str, tuple[str, object]] = {
+    "fp32": ("#000000", "-"), "bf16_autocast": ("#0072B2", "-"), "fp16_autocast_scaler": ("#CC79A7", "--"),
+    "fp16_autocast_no_scaler": ("#E69F00", "-."), "bf16_pure": ("#56B4E9", ":"),
+    "bf16_master": ("#009E73", (0, (5, 1, 1, 1, 1, 1))), "tf32": ("#882255", (0, (3, 1)))}
 
 
 def recipe_colour(j: int) -> str:

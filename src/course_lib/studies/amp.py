@@ -16,12 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..amp import AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
 from ..device import SizeProfile
-from ..glue import Prose, and_list, power_of_two_text
+from ..glue import Prose, and_list, count_word, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup
 from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
-from ..train import RECIPES, History
+from ..train import RECIPES, History, TrainConfig
+from .bf16 import adamw_moment_dtype, update_rule_bytes
 
 
 def trace_course_model(device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0) -> AutocastTrace:
@@ -166,6 +167,33 @@ def math_backend_order_facts(written_finite: bool, math_finite: bool) -> dict[st
     return {"attn_math_order": Prose(order)}
 
 
+def math_backend_fp16_facts(flag_default: bool, finite: Sequence[bool]) -> dict[str, object]:
+    """``attn_math_fp16``: a phrase on what the math backend did with FP16 query and key vectors whose product
+    *after* the 1/sqrt(d) scale is twice FP16's largest value. ``flag_default``: what
+    ``torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()`` returned before the measurement;
+    ``finite``: whether the output stayed finite with that flag set to False, then to True (the backend
+    allowed to reduce in FP16)."""
+    if not isinstance(flag_default, bool):
+        raise TypeError(f"flag_default must be a bool, got {flag_default!r}")
+    if isinstance(finite, (str, bytes)) or len(finite) != 2 or not all(isinstance(f, bool) for f in finite):
+        raise TypeError(f"finite must be two bools (flag False, flag True), got {finite!r}")
+    upcast, reduced = finite
+    state = (f"`fp16_bf16_reduction_math_sdp_allowed()` returned `{flag_default}`, "
+             + ("so by default the math backend computes FP16 inputs in FP32" if not flag_default else
+                "so here the math backend is allowed to compute FP16 inputs in FP16"))
+    if upcast and not reduced:
+        outcome = ("with the flag off it stayed finite although the scaled product is twice FP16's largest "
+                   "value, and with it on it overflowed: with the flag off, the math backend's FP16 headroom "
+                   "is FP32's range, and its order of the scale matters in FP32, or in FP16 with the flag on")
+    elif upcast and reduced:
+        outcome = "it stayed finite with the flag off and on, so this input does not show what the flag changes"
+    elif reduced:
+        outcome = "it overflowed with the flag off and stayed finite with it on, against expectation"
+    else:
+        outcome = "it overflowed with the flag off and on: this torch does not compute FP16 inputs in FP32 here"
+    return {"attn_math_fp16": Prose(f"{state}; {outcome}")}
+
+
 def sdpa_autocast_dtype(device_type: str, dtype: torch.dtype) -> dict[str, object]:
     """``attn_sdpa_dtype``: the dtype ``scaled_dot_product_attention`` returns for FP32 inputs under
     ``torch.autocast(device_type, dtype)``, measured, as code."""
@@ -179,7 +207,12 @@ def sdpa_backends(device: torch.device | str, dtype: torch.dtype, *, head_dim: i
                   seq: int = 8) -> dict[str, object]:
     """Which of PyTorch's attention kernels run causal ``dtype`` inputs of ``head_dim`` on ``device`` (each
     tried alone under ``torch.nn.attention.sdpa_kernel``), and which one ``scaled_dot_product_attention``
-    picks when left to choose (``None`` where this torch does not say): ``{"runs": {name: bool}, "chosen": name}``."""
+    picks when left to choose (``None`` where this torch does not say), with the inputs' ``shape`` (batch 1,
+    2 heads, ``seq`` positions, ``head_dim``) and ``dtype``:
+    ``{"runs": {name: bool}, "chosen": name, "shape": (1, 2, seq, head_dim), "dtype": "bfloat16"}``."""
+    for name, value in (("head_dim", head_dim), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     device = torch.device(device)
     q = torch.randn(1, 2, seq, head_dim, device=device, dtype=dtype)
     names = [n for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH") if hasattr(SDPBackend, n)]
@@ -198,25 +231,36 @@ def sdpa_backends(device: torch.device | str, dtype: torch.dtype, *, head_dim: i
     if choice is not None:
         index = int(choice(q, q, q, is_causal=True))
         chosen = next((n for n in names if int(getattr(SDPBackend, n)) == index), None)
-    return {"runs": runs, "chosen": chosen}
+    return {"runs": runs, "chosen": chosen, "shape": tuple(q.shape), "dtype": str(dtype).replace("torch.", "")}
 
 
 def sdpa_backend_facts(backends: Mapping[str, object]) -> dict[str, object]:
     """``attn_backends_run``: the kernels that ran, as code; ``attn_backend_chosen``: the one picked, or a
-    phrase saying this torch does not tell."""
+    phrase saying this torch does not tell; ``attn_backend_inputs``: the inputs :func:`sdpa_backends` built
+    (its shape and dtype, where the result has them)."""
     runs = backends["runs"]
     if not isinstance(runs, Mapping) or not any(runs.values()):
         raise ValueError(f"no attention kernel ran: {runs!r}")
     ran = [f"`{n}`" for n, ok in runs.items() if ok]
     chosen = backends["chosen"]
     return {"attn_backends_run": Prose(", ".join(ran[:-1]) + (" and " if len(ran) > 1 else "") + ran[-1]),
-            "attn_backend_chosen": Prose(f"`{chosen}`" if chosen else "a kernel this torch does not name")}
+            "attn_backend_chosen": Prose(f"`{chosen}`" if chosen else "a kernel this torch does not name"),
+            "attn_backend_inputs": _backend_inputs(backends)}
+
+
+def _backend_inputs(backends: Mapping[str, object]) -> Prose:
+    shape, dtype = backends.get("shape"), backends.get("dtype")
+    if not isinstance(shape, tuple) or len(shape) != 4 or dtype is None:
+        return Prose("its own causal inputs")
+    batch, heads, seq, head_dim = (int(n) for n in shape)
+    return Prose(f"its own causal `{dtype}` inputs: a batch of {batch}, {count_word(heads)} heads of {seq} "
+                 f"positions, head dimension {head_dim}")
 
 
 def scaler_dtype_note(loop_dtype: torch.dtype, device_type: str) -> dict[str, object]:
     """``scaler_dtype_note``: which autocast dtype the production loops run with on ``device_type``. FP16, the
-    dtype a GradScaler is for, on any device (a CPU runs FP16 autocast too, at the speed lesson 4's recipe
-    table measures); BF16 would be the pair lesson 3's pitfall detector flags."""
+    dtype a GradScaler is for, on any device (off a GPU the loops show the mechanisms, not their speed, which
+    lesson 4's recipe table measures); BF16 would be the pair lesson 3's pitfall detector flags."""
     if loop_dtype == torch.bfloat16:
         raise ValueError("the production loops pair autocast with a GradScaler: run them in torch.float16 "
                          "(BF16 needs no scaler; lesson 3's pitfall detector flags the pair)")
@@ -225,8 +269,8 @@ def scaler_dtype_note(loop_dtype: torch.dtype, device_type: str) -> dict[str, ob
     if device_type == "cuda":
         return {"scaler_dtype_note": Prose("Here they run with FP16 autocast, as there.")}
     return {"scaler_dtype_note": Prose(
-        f"Here they run with FP16 autocast too, on this {device_type.upper()}, which runs it at the speed the "
-        "recipe table above measured; these models are tiny.")}
+        f"Here they run with FP16 autocast too, on this {device_type.upper()}: they show what each mechanism "
+        "does, not how fast it runs (the recipe table above measured this machine's speeds).")}
 
 
 def recipes_table(device: torch.device | str) -> MarkdownTable:
@@ -255,14 +299,47 @@ def recipe_facts(histories: Mapping[str, History]) -> dict[str, object]:
             / statistics.median(histories["fp16_autocast_scaler"].tokens_per_second)}
 
 
-def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict[str, object]:
+def _shared_rise(histories: Mapping[str, History], reference: str) -> str:
+    """A sentence on the step where every autocast run's loss rose furthest above ``reference``'s together
+    (the largest smallest gap) and fell back at the next step in the runs that skipped nothing; "" when no
+    such step: fewer than two autocast runs, none without a skip, or no step where all are above."""
+    ref = histories[reference]
+    runs = {n: h for n, h in histories.items()
+            if "autocast" in n and n != reference and len(h.losses) >= len(ref.losses)}
+    clean = {n: h for n, h in runs.items() if not any(h.skipped)}
+    if len(runs) < 2 or not clean or len(ref.losses) < 2:
+        return ""
+
+    def gap(run: History, t: int) -> float:
+        return run.losses[t] - ref.losses[t]
+
+    t = max(range(len(ref.losses) - 1), key=lambda i: min(gap(h, i) for h in runs.values()))
+    low, high = min(gap(h, t) for h in runs.values()), max(gap(h, t) for h in runs.values())
+    back = max(abs(gap(h, t + 1)) for h in clean.values())
+    if not low > 0 or not back < min(gap(h, t) for h in clean.values()) / 2:
+        return ""
+    return (f"At step {t} every autocast run's loss was above `{reference}`'s, by {low:+.3f} to {high:+.3f} ("
+            + and_list([f"`{n}` {gap(h, t):+.3f}" for n, h in clean.items()])
+            + f", which skipped nothing), and at step {t + 1} the runs that skipped nothing were back within "
+              f"{back:.3f} of it: a rise on one batch, shared by runs that never skipped, which this page does not "
+              "explain further")
+
+
+def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
+              clip_norm: float | None = TrainConfig.clip_norm) -> dict[str, object]:
     """``recipe_skips``: which recipe runs skipped which steps (and at what loss scale), and what a skipped step
     does to the table's final loss (the last step's, one batch's). For the first skip of each run, where
     ``reference`` ran: its loss minus the reference's at the skipped step (measured before the update it did not
     take) and at the next step (the first loss after it), beside the same two numbers of every run with the
-    same name prefix (``fp16``) that skipped nothing, so that a jump both show is not read as the skip's; and
-    each of those runs' unscaled gradient norms at the two steps (how large an update the skip left out)."""
-    parts = []
+    same name prefix (``fp16``) that skipped nothing, so that a jump both show is not read as the skip's; a
+    rise every autocast run shows at one step, where runs that skipped nothing show it too; and each run's
+    unscaled gradient norms before clipping at the two steps. Those norms do not size the update: the runs
+    clip at ``clip_norm`` (the course loop's default; None: no clipping) and AdamW moves each weight by about
+    its learning rate (the runs' ``lrs`` at the skipped step) whatever the gradient's size."""
+    if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0
+                                      and math.isfinite(clip_norm)):
+        raise ValueError(f"clip_norm must be None or a positive finite number, got {clip_norm!r}")
+    parts, step_lr = [], None
     for name, h in histories.items():
         steps = [i for i, s in enumerate(h.skipped) if s]
         if not steps:
@@ -271,6 +348,8 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict
         text = (f"`{name}` skipped {'step' if len(steps) == 1 else 'steps'} {and_list([str(i) for i in steps])} "
                 f"(its scaled gradients overflowed FP16 at a scale of {scales})")
         first, ref = steps[0], histories.get(reference)
+        if len(getattr(h, "lrs", ())) > first:
+            step_lr = h.lrs[first]
         if ref is not None and name != reference and first + 1 < min(len(h.losses), len(ref.losses)):
             def gaps(run: History) -> str:
                 return (f"{run.losses[first] - ref.losses[first]:+.3f} and "
@@ -282,21 +361,28 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32") -> dict
             if peers:
                 text += " (" + and_list([f"`{n}`, which skipped nothing: {gaps(r)}" for n, r in peers]) + ")"
             text += f". A difference at step {first} cannot come from the skip"
+            rise = _shared_rise(histories, reference)
+            if rise:
+                text += ". " + rise
             runs = [(name, h), (reference, ref)] + peers
             if all(len(getattr(r, "grad_norms", ())) > first + 1 for _, r in runs):
                 def norms(run: History) -> str:
-                    return f"{run.grad_norms[first]:.3g} and {run.grad_norms[first + 1]:.3g}"
-                text += (". The unscaled gradient norms at those steps say how large the update was: "
-                         + "; ".join(f"`{n}` {norms(r)}" for n, r in runs)
-                         + (f" ({h.grad_norms[first]:g}: the overflow that made the skip)"
-                            if not math.isfinite(h.grad_norms[first]) else ""))
+                    at_skip = run.grad_norms[first]
+                    return (f"{at_skip:.3g}" + (" (the overflow that made the skip)" if run is h
+                                                and not math.isfinite(at_skip) else "")
+                            + f" and {run.grad_norms[first + 1]:.3g}")
+                text += (f". The unscaled gradient norms at steps {first} and {first + 1}, before clipping, were "
+                         + "; ".join(f"`{n}` {norms(r)}" for n, r in runs))
         parts.append(text)
     if not parts:
         return {"recipe_skips": Prose("No run skipped a step here.")}
+    clipping = ("" if clip_norm is None else
+                f"every run clips its gradients to a norm of {clip_norm:g} before the optimizer's step, and ")
+    rate = "its learning rate" + ("" if step_lr is None else f", {step_lr:g},")
     return {"recipe_skips": Prose(
-        ". ".join(parts) + ". A skipped step is an update not taken: where the other runs took a large one there, "
-        "the run that skipped it stays behind until it takes one, and the table's final loss, the last step's "
-        "loss on one batch, can show it.")}
+        ". ".join(parts) + f". A gradient's norm does not size the update here: {clipping}AdamW moves each weight "
+        f"by about {rate} whatever the gradient's size. A skipped step is a missing step of full size, and the "
+        "table's final loss, the last step's loss on one batch, can show it.")}
 
 
 def weight_casts(device_type: str, dtype: torch.dtype, *, calls: int = 3) -> tuple[int, int]:
@@ -369,23 +455,45 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
     ]
 
 
+def cuda_policy_phrase(op: str, lists: Mapping[str, frozenset[str]] | None = None) -> Prose:
+    """Where CUDA autocast's lists put ``op``, and what dtype that gives it, as a phrase: "on CUDA's FP32
+    list, so it returns `float32`" (read from ``lists``, torch's header when None)."""
+    if not isinstance(op, str) or not op:
+        raise TypeError(f"op must be an op name (str), got {op!r}")
+    policy = cuda_policy(op, None if lists is None else dict(lists))
+    return Prose({
+        "fp32": "on CUDA's FP32 list, so it returns `float32`",
+        "fp32 (via dtype argument)": "on CUDA's FP32 list (autocast passes it `dtype=torch.float32`), so it "
+                                     "returns `float32`",
+        "lower precision": "on CUDA's lower-precision list, so it returns autocast's dtype",
+        "promote": "on CUDA's promote list, so it returns the widest of its inputs' dtypes",
+        "-": "on none of CUDA's lists, so it returns its input's dtype"}[policy])
+
+
 def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None, *,
                    pow_dtype: torch.dtype | None = None) -> dict[str, object]:
-    """For the exercises: the dtype ``exp`` returned on the CPU (``ex_exp_cpu``), CUDA's policy for ``exp``
-    (``ex_exp_cuda``), and the bytes per parameter ``bf16_master`` keeps beyond ``bf16_pure``
-    (``ex_master_extra``); with ``pow_dtype`` (what ``pow`` of an FP16 autocast output returned on the CPU),
-    that dtype (``ex_pow_cpu``) and CUDA's policy for ``pow`` (``ex_pow_cuda``)."""
+    """For the exercises: the dtype ``exp`` returned on the CPU (``ex_exp_cpu``), where CUDA's lists put
+    ``exp`` (``ex_exp_cuda``, :func:`cuda_policy_phrase`), the bytes per parameter ``bf16_master`` keeps
+    beyond ``bf16_pure`` (``ex_master_extra``), the dtype of ``bf16_pure``'s AdamW moments
+    (``ex_pure_moments``), and the bytes per parameter of ``bf16_pure``, ``bf16_master`` and lesson 5's
+    ``BF16AdamW`` with stochastic rounding and with Kahan compensation (``ex_pure_bytes``,
+    ``ex_master_bytes``, ``ex_sr_bytes``, ``ex_kahan_bytes``); with ``pow_dtype`` (what ``pow`` of an FP16
+    autocast output returned on the CPU), that dtype (``ex_pow_cpu``). CUDA's policy for ``pow`` is the
+    checked exercise's answer, so it is not among the facts."""
     if not isinstance(exp_dtype, torch.dtype):
         raise TypeError(f"exp_dtype must be a torch.dtype, got {type(exp_dtype).__name__}")
     if pow_dtype is not None and not isinstance(pow_dtype, torch.dtype):
         raise TypeError(f"pow_dtype must be a torch.dtype, got {type(pow_dtype).__name__}")
-    found = None if lists is None else dict(lists)
+    pure, master = (sum(bytes_per_parameter(r).values()) for r in ("bf16_pure", "bf16_master"))
     facts: dict[str, object] = {
         "ex_exp_cpu": _code(exp_dtype),
-        "ex_master_extra": sum(bytes_per_parameter("bf16_master").values())
-        - sum(bytes_per_parameter("bf16_pure").values()),
-        "ex_exp_cuda": Prose(cuda_policy("exp", found)),
+        "ex_master_extra": master - pure,
+        "ex_exp_cuda": cuda_policy_phrase("exp", lists),
+        "ex_pure_moments": _code(str(adamw_moment_dtype(torch.bfloat16)).replace("torch.", "")),
+        "ex_pure_bytes": pure, "ex_master_bytes": master,
+        "ex_sr_bytes": sum(update_rule_bytes("stochastic").values()),
+        "ex_kahan_bytes": sum(update_rule_bytes("kahan").values()),
     }
     if pow_dtype is not None:
-        facts.update(ex_pow_cpu=_code(pow_dtype), ex_pow_cuda=Prose(cuda_policy("pow", found)))
+        facts["ex_pow_cpu"] = _code(pow_dtype)
     return facts

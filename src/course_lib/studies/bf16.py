@@ -92,6 +92,34 @@ UPDATE_LABELS = {"nearest": "BF16, round to nearest (no master)", "stochastic": 
                  "kahan": "BF16, Kahan-compensated"}
 
 
+def update_rule_bytes(rule: str) -> dict[str, int]:
+    """Persistent bytes per parameter of a BF16 weight trained with :class:`~course_lib.bf16.BF16AdamW`'s
+    ``rule``, measured after one step on a small BF16 parameter: the weight, its gradient, and the optimizer
+    state the step left (its FP32 moments and, for ``"kahan"``, the BF16 compensation buffer; per-parameter
+    counters are not per-weight bytes). Keys as :func:`course_lib.memory.bytes_per_parameter`'s."""
+    if rule not in UPDATE_RULES:
+        raise ValueError(f"rule must be one of {UPDATE_RULES}, got {rule!r}")
+    weight = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    weight.grad = torch.ones_like(weight)
+    opt = BF16AdamW([weight], update_rule=rule)
+    opt.step()
+    state = [t for t in opt.state[weight].values() if isinstance(t, torch.Tensor) and t.shape == weight.shape]
+    return {"weights": weight.element_size(), "gradients": weight.grad.element_size(),
+            "optimizer_state": sum(t.element_size() for t in state), "master_weights": 0}
+
+
+def adamw_moment_dtype(param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the moments ``torch.optim.AdamW`` keeps for a parameter of ``param_dtype``, measured
+    after one step (torch keeps them in the parameter's dtype: BF16 moments for ``bf16_pure``)."""
+    if not isinstance(param_dtype, torch.dtype) or not param_dtype.is_floating_point:
+        raise TypeError(f"param_dtype must be a floating torch.dtype, got {param_dtype!r}")
+    weight = torch.nn.Parameter(torch.ones(4, dtype=param_dtype))
+    weight.grad = torch.ones_like(weight)
+    opt = torch.optim.AdamW([weight])
+    opt.step()
+    return opt.state[weight]["exp_avg"].dtype
+
+
 def compare_bf16_updates(profile, device: torch.device | str = "cpu", *, steps: int | None = None,
                          lr: float = 3e-4, seeds=(0, 1, 2)) -> UpdateComparison:
     """Train the course GPT, per seed from one initialisation and on the same batches: FP32 (reference),

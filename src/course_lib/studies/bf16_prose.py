@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
+
 from ..bf16 import Advice
 from ..formats import get_format, spacing
-from ..glue import Prose, and_list, plural
+from ..glue import Prose, and_list, count_word, plural
 from ..hardware import GPUPeaks
+from ..memory import bytes_per_parameter
 from ..tables import MarkdownTable, markdown_table
-from .bf16 import EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison
+from .bf16 import (EVAL_BATCHES, UPDATE_LABELS, FP16FineTune, Parity, UpdateComparison, adamw_moment_dtype,
+                   update_rule_bytes)
 from .fp16_divergence import FP16_MAX, DivergenceRun, Fp16Divergence
 from .loss_scaling_prose import forward_nan_where
 
@@ -236,7 +240,7 @@ def update_facts(updates: UpdateComparison, tail: int = 10) -> dict[str, object]
         "bf16_spacing_at_loss": Prose(f"1/{1 / float(spacing(loss_level, 'BF16')):.0f}"),
         "lost_nearest": Prose(f"{100 * min(lost):.1f}-{100 * max(lost):.1f}%"),
         "gap_nearest": Prose(f"{min(gaps[NEAREST]):+.3f} to {max(gaps[NEAREST]):+.3f}"),
-        "gap_others": Prose(f"{min(min(gaps[k]) for k in others):+.4f} to "
+        "gap_others": Prose(f"{min(min(gaps[k]) for k in others):+.4f} and "
                             f"{max(max(gaps[k]) for k in others):+.4f}"),
         "upd_lead": update_lead(gaps),
         "upd_separates": separation_phrase(gaps),
@@ -244,18 +248,45 @@ def update_facts(updates: UpdateComparison, tail: int = 10) -> dict[str, object]
     }
 
 
+def update_memory_facts() -> dict[str, object]:
+    """``upd_memory``: the bytes per parameter each way of keeping BF16 weights costs, measured: lesson 5's
+    ``BF16AdamW`` (FP32 moments) with stochastic rounding and with Kahan compensation, against ``bf16_pure``
+    (torch's AdamW, whose moments take the parameter's dtype, measured) and ``bf16_master``
+    (:func:`course_lib.memory.bytes_per_parameter`)."""
+    pure, master = (sum(bytes_per_parameter(r).values()) for r in ("bf16_pure", "bf16_master"))
+    stochastic, kahan = (sum(update_rule_bytes(r).values()) for r in ("stochastic", "kahan"))
+    moments = str(adamw_moment_dtype(torch.bfloat16)).replace("torch.", "")
+    return {"upd_memory": Prose(
+        f"With BF16 weights and gradients that makes {stochastic} bytes per parameter with stochastic rounding "
+        f"and {kahan} with Kahan compensation (its BF16 buffer), against {pure} for the `bf16_pure` recipe, "
+        f"whose torch AdamW keeps `{moments}` moments for BF16 weights, and {master} for `bf16_master`")}
+
+
 # ---- a BF16 model fine-tuned in FP16 -----------------------------------------------------------------
 
 def finetune_table(ft: FP16FineTune) -> MarkdownTable:
     """Per step of the fine-tuning: the loss, the loss scale and whether the step was skipped."""
     return markdown_table(("step", "loss", "scale", "skipped"),
-                          [(i, f"{loss}", f"{scale:g}", f"{skipped}")
+                          [(i, _loss_text(loss), f"{scale:,g}", "yes" if skipped else "no")
                            for i, (loss, scale, skipped) in enumerate(zip(ft.losses, ft.scales, ft.skipped))])
 
 
+def _loss_text(loss: float) -> str:
+    """A loss for a table: three decimals, or ``NaN``, ``inf``, ``-inf`` where it is not finite."""
+    if math.isnan(loss):
+        return "NaN"
+    return f"{loss:.3f}" if math.isfinite(loss) else ("inf" if loss > 0 else "-inf")
+
+
 def finetune_facts(ft: FP16FineTune) -> dict[str, object]:
-    """Steps run, steps skipped, and the loss scale at the first and the last step."""
-    return {"ft_steps": len(ft.losses), "ft_skipped": sum(ft.skipped),
+    """Steps run, steps skipped, the loss scale at the first and the last step, and ``ft_skipped_text``:
+    "All 8 steps were skipped" or "5 of 8 steps were skipped"."""
+    skipped, steps = sum(ft.skipped), len(ft.losses)
+    if steps == 0:
+        raise ValueError("the fine-tuning ran no steps")
+    text = (f"All {plural(steps, 'step')} were skipped" if skipped == steps and steps > 1
+            else f"{skipped} of {plural(steps, 'step')} {'was' if skipped == 1 else 'were'} skipped")
+    return {"ft_steps": steps, "ft_skipped": skipped, "ft_skipped_text": Prose(text),
             "ft_scale_first": ft.scales[0], "ft_scale_last": ft.scales[-1]}
 
 
@@ -264,7 +295,7 @@ def finetune_comparison_table(fp16: FP16FineTune, bf16: FP16FineTune) -> Markdow
     if len(fp16.losses) != len(bf16.losses):
         raise ValueError(f"the runs have {len(fp16.losses)} and {len(bf16.losses)} steps; compare equal runs")
     return markdown_table(("step", "loss, FP16 + GradScaler", "loss, BF16 autocast"),
-                          [(i, f"{a}", f"{b:.3f}") for i, (a, b) in enumerate(zip(fp16.losses, bf16.losses))])
+                          [(i, _loss_text(a), _loss_text(b)) for i, (a, b) in enumerate(zip(fp16.losses, bf16.losses))])
 
 
 def bf16_fix_facts(fixed: FP16FineTune) -> dict[str, object]:
@@ -310,8 +341,8 @@ def bf16_errata_rows(rtx3090: GPUPeaks, advice_3090: Advice, ft: FP16FineTune, u
 
 # ---- the FP16 failure, located -----------------------------------------------------------------------
 
-ATTENTION_NAMES = {"explicit": "attention written out (q k^T, then the scale)",
-                   "scaled_first": "q scaled before the product", "sdpa": "fused attention (SDPA)"}
+ATTENTION_NAMES = {"explicit": "attention written out ($q k^\\top$, then the scale)",
+                   "scaled_first": "$q$ scaled before the product", "sdpa": "fused attention (SDPA)"}
 
 
 def divergence_outcomes(div: Fp16Divergence) -> Prose:
@@ -346,7 +377,9 @@ def located_sentence(div: Fp16Divergence) -> Prose:
     r = div.located
     ins = and_list([f"{s.dtype} {list(s.shape)} with largest magnitude {_fmt_max(s.max_abs)}" for s in r.inputs])
     made = sum(s.inf for s in r.outputs), sum(s.nan for s in r.outputs)
-    what = and_list([f"{n} {kind}" for n, kind in zip(made, ("infinities", "NaNs")) if n]) or "non-finite values"
+    what = and_list([plural(n, noun, many) for n, (noun, many) in zip(made, (("infinity", "infinities"),
+                                                                           ("NaN", "NaNs"))) if n]) \
+        or "non-finite values"
     op = f"`{r.op}` in `{r.module}`" if r.op else f"`{r.module}`"
     return Prose(f"Re-run from the weights that failed (seed {div.located_seed}, step {div.located_step}), the "
                  f"locator names {op}. Its inputs were finite ({ins}){_attention_shapes(r)}; its output held "
@@ -362,8 +395,8 @@ def _attention_shapes(report) -> str:
         return ""
     (_, _, t, d), (_, _, d2, t2) = shapes
     if (t, d) == (t2, d2) and t != d:
-        return (f": batch and attention heads first, then q ({t} positions by a head dimension of {d}) and "
-                f"k^T ({d} by {t})")
+        return (f": batch and attention heads first, then $q$ ({t} positions by a head dimension of {d}) and "
+                f"$k^\\top$ ({d} by {t})")
     return ": batch and attention heads first, then the two matrices multiplied"
 
 
@@ -391,9 +424,17 @@ def divergence_verdict(div: Fp16Divergence) -> Prose:
         past = sum(p > FP16_MAX for p in peaks)
         kinds = and_list(sorted({ATTENTION_NAMES[r.attention] for r in survivors}))
         if past:
-            parts.append(f"The growth itself did no harm to runs that never hold the raw product in FP16: of the "
-                         f"{plural(len(survivors), 'run')} with {kinds} that stayed finite, {past} went past FP16's largest "
-                         f"value, up to {_fmt_max(max(peaks))}, {max(peaks) / FP16_MAX:.2g} times it.")
+            n = len(survivors)
+            if n == 1:
+                which = f"the one run with {kinds} stayed finite and went past FP16's largest value"
+            elif past == n:
+                which = (f"all {count_word(n)} runs with {kinds} stayed finite, and all {count_word(n)} went past "
+                         "FP16's largest value")
+            else:
+                which = (f"all {count_word(n)} runs with {kinds} stayed finite, and {count_word(past)} of them went "
+                         "past FP16's largest value")
+            parts.append(f"The growth itself did no harm to runs that never hold the raw product in FP16: {which}, "
+                         f"up to {_fmt_max(max(peaks))}, {max(peaks) / FP16_MAX:.2g} times it.")
         else:
             parts.append(f"The runs with {kinds} stayed below FP16's largest value (at most {_fmt_max(max(peaks))}),"
                          " so they do not show whether they would survive a larger product.")
