@@ -213,6 +213,29 @@ def test_single_process_run_cuts_the_batch_into_micro_batches():
             D.single_process_run(run, SizeProfile("small"), micro_batches=bad)
 
 
+
+def test_single_process_run_takes_the_ranks_thread_count_and_gives_it_back():
+    run = D.DistRun("threads", recipe="fp32", steps=1)
+    before = torch.get_num_threads()
+    seen = []
+    real = D.worker._train_rank
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(D.worker, "_train_rank", spy)
+        D.single_process_run(run, SizeProfile("small"), threads=1)
+        D.single_process_run(run, SizeProfile("small"))
+    assert seen == [1, before] and torch.get_num_threads() == before
+    assert D.worker.rank_threads(1) == max(1, os.cpu_count() or 1)
+    assert D.worker.rank_threads(10**6) == 1
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="threads"):
+            D.single_process_run(run, SizeProfile("small"), threads=bad)
+        with pytest.raises(ValueError, match="local_world"):
+            D.worker.rank_threads(bad)
+
+
 def test_an_inf_on_one_rank_is_skipped_by_every_rank_under_ddp(study):
     case = study.scaler_cases["DDP, GradScaler per rank"]
     assert case.skipped == {0: (2,), 1: (2,)}

@@ -445,15 +445,37 @@ def _rank_history(run: DistRun, state, history, *, rank: int, world_size: int, b
                        seconds=seconds)
 
 
+def rank_threads(local_world: int) -> int:
+    """The CPU threads each of ``local_world`` CPU ranks on one machine uses: they share its cores."""
+    if isinstance(local_world, bool) or not isinstance(local_world, int) or local_world < 1:
+        raise ValueError(f"local_world must be a positive int, got {local_world!r}")
+    return max(1, (os.cpu_count() or 1) // local_world)
+
+
 def single_process_run(run: DistRun, profile, device: torch.device | str = "cpu", *,
-                       micro_batches: int = 1) -> RankHistory:
+                       micro_batches: int = 1, threads: int | None = None) -> RankHistory:
     """The same run in one process on the whole global batch: what a data-parallel run should match.
 
     ``micro_batches``: instead, each global batch cut into that many equal slices, as that many ranks cut it,
     and their gradients accumulated (each slice's loss divided by ``micro_batches``) before the step: a
-    data-parallel step's arithmetic without the communication."""
+    data-parallel step's arithmetic without the communication.
+
+    ``threads``: CPU threads for the run (then restored), e.g. :func:`rank_threads`, so that a CPU product
+    blocks its sums as a rank's did: a different thread count can round a matrix product differently."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _single_process_run(run, profile, device, micro_batches)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _single_process_run(run: DistRun, profile, device: torch.device | str, micro_batches: int) -> RankHistory:
     device = torch.device(device)
     if run.plant_inf is not None or run.fail_rank is not None or run.hang_rank is not None:
         raise ValueError("a single-process reference has no ranks to plant an inf, a failure or a hang in")
@@ -503,7 +525,7 @@ def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))  # ranks share the machine's cores
+        torch.set_num_threads(rank_threads(local_world))  # ranks share the machine's cores
     timeout = max((r.collective_timeout_s for r in runs), default=DistRun("x").collective_timeout_s)
     progress = ProgressMarks(out, rank)
     progress("joining the process group")

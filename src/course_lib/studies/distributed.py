@@ -14,7 +14,14 @@ from ..data import BatchSampler
 from ..device import SizeProfile
 from ..distributed.launch import launch_local
 from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean, ring_chunks
-from ..distributed.worker import DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, single_process_run
+from ..distributed.worker import (
+    DEFAULT_TIMEOUT_S,
+    DistRun,
+    choose_backend,
+    flatten_params,
+    rank_threads,
+    single_process_run,
+)
 from ..glue import Prose, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup, gpt_config_for
@@ -275,9 +282,11 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
         curves[recipe] = (dp, single.losses)
         parity[recipe] = (max(abs(a - b) for a, b in zip(dp, single.losses)),
                           float((result.ranks(run.name)[0].final_params - single.final_params).abs().max()))
-    # the control: one process, each batch cut into the ranks' slices, their gradients accumulated
+    # the control: one process, each batch cut into the ranks' slices, their gradients accumulated, on as many
+    # CPU threads as each rank had (another count can block, and round, a CPU product's sums differently)
     bf16_run = runs["DDP bf16_autocast"]
-    split = single_process_run(bf16_run, profile, device, micro_batches=world_size)
+    split = single_process_run(bf16_run, profile, device, micro_batches=world_size,
+                               threads=rank_threads(world_size) if device.type == "cpu" else None)
     split_parity = (max(abs(a - b) for a, b in zip(result.mean_losses(bf16_run.name), split.losses)),
                     float((result.ranks(bf16_run.name)[0].final_params - split.final_params).abs().max()))
     cases = {}
