@@ -54,6 +54,7 @@ from .worker import (
     load_rank_history,
     run_worker,
     setup_for_run,
+    rank_threads,
     single_process_run,
 )
 
@@ -82,6 +83,7 @@ __all__ = [
     "DistributedResult",
     "setup_for_run",
     "flatten_params",
+    "rank_threads",
     "single_process_run",
     "choose_backend",
     "run_worker",
