@@ -80,3 +80,10 @@ def test_sig3_keeps_three_significant_digits_without_an_exponent():
         sig3("2.9")
     with pytest.raises(ValueError, match="finite"):
         sig3(float("inf"))
+
+
+def test_bold_marks_a_computed_number_in_glued_markdown():
+    assert G.bold(4) == "**4**" and G.bold("2,048") == "**2,048**"
+    assert G.Prose(f"skips step {G.bold(4)}") == "skips step **4**"
+    with pytest.raises(ValueError, match="empty"):
+        G.bold(" ")

@@ -5,8 +5,8 @@ import torch
 
 from course_lib.device import SizeProfile
 from course_lib.models import course_setup
-from course_lib.train import (RECIPES, TrainConfig, TrainState, get_recipe, load_checkpoint, run_recipe,
-                              save_checkpoint, train)
+from course_lib.train import (RECIPES, TrainConfig, TrainState, evaluate, get_recipe, load_checkpoint,
+                              run_recipe, save_checkpoint, train)
 
 SMALL = SizeProfile("small")
 CPU_RECIPES = [name for name in RECIPES if name != "tf32"]
@@ -85,6 +85,18 @@ def test_accumulation_and_evaluation():
     history = train(state, setup.sampler, val_sampler=val)
     assert len(history.losses) == 4 and [s for s, _ in history.eval_losses] == [2, 4]
     assert all(t > 0 for t in history.tokens_per_second) and history.peak_memory_bytes is None
+
+
+def test_evaluate_from_a_step_is_the_loss_train_logs_there():
+    # with accumulation, step 2's loss is the mean over batches 4 and 5; evaluate(start=4) takes it without a step
+    state, setup = _state("fp32", 3, accumulation_steps=2)
+    train(state, setup.sampler, steps=2)
+    at_2 = evaluate(state, setup.sampler, 2, start=4)
+    assert evaluate(state, setup.sampler, 2, start=4) == at_2 != evaluate(state, setup.sampler, 2)
+    assert train(state, setup.sampler, steps=1).losses == [at_2]
+    for kwargs in ({"start": -1}, {"start": 1.0}, {"batches": 0}, {"batches": True}):
+        with pytest.raises(ValueError, match="start|batches"):
+            evaluate(state, setup.sampler, **{"batches": 2, **kwargs})
 
 
 def test_convergence_parity_statistics():

@@ -58,6 +58,14 @@ def sig3(value: float) -> str:
     return f"{rounded:,.{max(0, 2 - math.floor(math.log10(rounded)))}f}"
 
 
+def bold(text: object) -> str:
+    """A computed number inside glued Markdown (a :class:`Prose`), bold as ``{glue:text}`` shows a glued
+    number, so that the book's rule "a number in bold was computed" holds for both."""
+    if isinstance(text, str) and not text.strip():
+        raise ValueError("bold needs something to show, got an empty string")
+    return f"**{text}**"
+
+
 def and_list(items: Sequence[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``; an empty sequence is refused."""
     if isinstance(items, str) or not items:

@@ -226,12 +226,17 @@ def recipe_autocast(recipe: Recipe, device: torch.device):
     return torch.autocast(device.type, dtype=recipe.autocast_dtype)
 
 
-def evaluate(state: TrainState, sampler: BatchSampler, batches: int = 2) -> float:
-    """Mean loss over ``batches`` batches of ``sampler``, in eval mode, under the recipe's autocast."""
+def evaluate(state: TrainState, sampler: BatchSampler, batches: int = 2, *, start: int = 0) -> float:
+    """Mean loss over ``batches`` batches of ``sampler`` (from batch ``start`` on), in eval mode, under the
+    recipe's autocast. With ``start = step * accumulation_steps`` and ``batches = accumulation_steps`` it is
+    the loss :func:`train` logs at ``step``, taken without a step."""
+    for name, value, least in (("batches", batches, 1), ("start", start, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int of at least {least}, got {value!r}")
     state.model.eval()
     total = 0.0
     with torch.no_grad(), recipe_autocast(state.recipe, state.device), tf32_matmuls(state.recipe.tf32):
-        for i in range(batches):
+        for i in range(start, start + batches):
             x, y = sampler.batch(i, state.device)
             total += float(state.model(x, y)[1].float())
     state.model.train()

@@ -22,7 +22,7 @@ from ..distributed.worker import (
     rank_threads,
     single_process_run,
 )
-from ..glue import Prose, power_of_two_text
+from ..glue import Prose, bold, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup, gpt_config_for
 from ..tables import MarkdownTable, markdown_table
@@ -319,11 +319,6 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
 # --- What lesson 10's prose, tables and errata say about these results ----------------------------------
 
 
-def _bold(text: object) -> str:
-    """A computed number inside glued Markdown, bold as ``{glue:text}`` shows a glued number."""
-    return f"**{text}**"
-
-
 def launch_line(study: DataParallelStudy) -> str:
     """One line on the launch: ranks, backend, rank device, steps per run and seconds for the launch."""
     return (f"{study.world_size} ranks, backend {study.backend}, each on {study.device}, "
@@ -339,7 +334,7 @@ def launch_facts(study: DataParallelStudy) -> dict[str, object]:
         "rank_device": Prose(f"`{study.device}`"),
         "size": Prose(f"'{study.size}'"),
         "steps": study.steps,
-        "n_params": Prose(_bold(f"{study.n_params:,}")),
+        "n_params": Prose(bold(f"{study.n_params:,}")),
         "launch_s": study.seconds,
     }
 
@@ -386,7 +381,7 @@ def split_takeaway(study: DataParallelStudy) -> Prose:
     if loss == 0 and weight == 0:
         return Prose("one process that split each batch the same way reproduced the two-rank run bit for bit: "
                      "the gap comes from splitting the batch, not from the communication")
-    return Prose(f"one process that split each batch the same way came within {_bold(f'{loss:.1e}')} of the "
+    return Prose(f"one process that split each batch the same way came within {bold(f'{loss:.1e}')} of the "
                  f"two-rank run in the loss")
 
 
@@ -397,13 +392,13 @@ def split_sentence(study: DataParallelStudy) -> Prose:
         return Prose("This record predates the control that splits the batch in one process.")
     loss, weight = study.split_parity
     control = (f"A control separates the two: one process that cuts each batch into the same "
-               f"{_bold(study.world_size)} slices as the ranks and accumulates their gradients before each step, "
+               f"{bold(study.world_size)} slices as the ranks and accumulates their gradients before each step, "
                f"with no communication at all,")
     if loss == 0 and weight == 0:
         return Prose(f"{control} reproduces the data-parallel run bit for bit, losses and weights: splitting the "
                      f"batch makes the whole difference.")
-    return Prose(f"{control} ends within {_bold(f'{loss:.1e}')} of the data-parallel run in the loss and "
-                 f"{_bold(f'{weight:.1e}')} in the weights.")
+    return Prose(f"{control} ends within {bold(f'{loss:.1e}')} of the data-parallel run in the loss and "
+                 f"{bold(f'{weight:.1e}')} in the weights.")
 
 
 def skipped_text(case: ScalerCase) -> str:
@@ -435,7 +430,7 @@ def byte0_sentence(count: int) -> Prose:
         raise ValueError(f"count must be a non-negative int, got {count!r}")
     if count == 0:
         return Prose("Byte 0 never occurs in the training text, so that row is never read.")
-    return Prose(f"Byte 0 occurs {_bold(count)} times in the training text.")
+    return Prose(f"Byte 0 occurs {bold(count)} times in the training text.")
 
 
 SCALER_DDP, SCALER_WRONG, SCALER_FSDP = ("DDP, GradScaler per rank", "by hand, unscale before the all-reduce",
@@ -457,10 +452,10 @@ def scaler_facts(study: DataParallelStudy, *, byte0_count: int) -> dict[str, obj
         "wrong_bad_weights": wrong.non_finite_weights[0],
         "wrong_loss0": wrong.final_losses[0],
         "byte0_sentence": byte0_sentence(byte0_count),
-        "fsdp_first_skip": Prose(", ".join(_bold(s) for s in fsdp.skipped[0] if s != study.plant_step) or "none"),
+        "fsdp_first_skip": Prose(", ".join(bold(s) for s in fsdp.skipped[0] if s != study.plant_step) or "none"),
         "torch_version": Prose(f"torch {torch.__version__}"),
         # plain text: a glued phrase inside a list item does not get its math typeset
-        "initial_scale_log2": Prose(_bold(f"{power_of_two_text(int(math.log2(initial)))} = {initial:g}")),
+        "initial_scale_log2": Prose(bold(f"{power_of_two_text(int(math.log2(initial)))} = {initial:g}")),
         "fp16_max": torch.finfo(torch.float16).max,
     }
 
@@ -500,7 +495,7 @@ def fsdp_facts(study: DataParallelStudy) -> dict[str, object]:
         "policy_spread": max(losses) - min(losses),
         # FSDP2 reduce-scatters where DDP all-reduces: the same sums in another order can differ in the last bits
         "fsdp_equals_ddp": Prose("with exactly DDP's loss" if gap == 0 else
-                                 f"within {_bold(f'{gap:.1e}')} of DDP's loss (the two add the gradients in "
+                                 f"within {bold(f'{gap:.1e}')} of DDP's loss (the two add the gradients in "
                                  f"another order)"),
         "reduce_compare": reduce_compare_sentence(study),
     }
@@ -517,9 +512,9 @@ def reduce_compare_sentence(study: DataParallelStudy) -> Prose:
     if bf16 == fp32:
         compare = "ends with exactly the FP32-reduce run's loss"
     else:
-        compare = (f"ends {_bold(f'{abs(bf16 - fp32):.1e}')} {'lower' if bf16 < fp32 else 'higher'} than the "
-                   f"FP32-reduce run ({_bold(f'{bf16:.5f}')} against {_bold(f'{fp32:.5f}')})")
-    return Prose(f"The BF16-reduce run {compare}. That is one run of each, {_bold(study.steps)} steps long, "
+        compare = (f"ends {bold(f'{abs(bf16 - fp32):.1e}')} {'lower' if bf16 < fp32 else 'higher'} than the "
+                   f"FP32-reduce run ({bold(f'{bf16:.5f}')} against {bold(f'{fp32:.5f}')})")
+    return Prose(f"The BF16-reduce run {compare}. That is one run of each, {bold(study.steps)} steps long, "
                  f"from one seed, with no spread measured: it cannot rank the two reductions.")
 
 
@@ -529,8 +524,8 @@ def all_reduce_check_facts(study: DataParallelStudy) -> dict[str, object]:
     mismatches = sum(study.all_reduce_mismatches.values())
     return {
         "mismatch": Prose("matched it bit for bit" if mismatches == 0 else
-                          f"differed from it in {_bold(mismatches)} values"),
-        "check_values": Prose(_bold(f"{REDUCE_CHECK_VALUES:,}")),
+                          f"differed from it in {bold(mismatches)} values"),
+        "check_values": Prose(bold(f"{REDUCE_CHECK_VALUES:,}")),
     }
 
 
@@ -547,9 +542,9 @@ def reduction_facts(reduction: ReductionStudy) -> dict[str, object]:
     n_max = reduction.world_sizes[-1]
     return {
         "n_max": n_max,
-        "n_values": Prose(f"a fixed random sample of {_bold(f'{reduction.n_values:,}')} of the model's "
-                          f"{_bold(f'{reduction.model_values:,}')}" if reduction.model_values
-                          else _bold(f"{reduction.n_values:,}")),
+        "n_values": Prose(f"a fixed random sample of {bold(f'{reduction.n_values:,}')} of the model's "
+                          f"{bold(f'{reduction.model_values:,}')}" if reduction.model_values
+                          else bold(f"{reduction.n_values:,}")),
         "ring_off_2": off_percent(reduction, "BF16, ring", 2),
         "ring_off_max": off_percent(reduction, "BF16, ring", n_max),
         "tree_off_max": off_percent(reduction, "BF16, tree", n_max),
@@ -622,7 +617,7 @@ def ring_chunk_facts(n: int = 7, ranks: int = 3, element_size: int = 4) -> dict[
     naive = [min(n, (i + 1) * math.ceil(n / ranks)) - min(n, i * math.ceil(n / ranks)) for i in range(ranks)]
 
     def sizes(values) -> Prose:
-        values = [_bold(v) for v in values]
+        values = [bold(v) for v in values]
         return Prose(", ".join(values[:-1]) + " and " + values[-1])
 
     return {"ring_n": n, "ring_ranks": ranks,

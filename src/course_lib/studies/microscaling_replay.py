@@ -11,10 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from ..glue import Prose
-from ..hardware import tf32_matmuls
 from ..mx import BLOCK_RECIPES, exact_products
 from ..mx.linear import convert_to_block_scaled
-from ..train import TrainState, recipe_autocast, train
+from ..train import TrainState, evaluate, train
 from .fp8 import Fp8Training, converted_state
 from .microscaling import widest_step_gap
 from .training_prose import BASELINE
@@ -67,15 +66,9 @@ def replay_lengths(step: int, dense: int = 16) -> tuple[int, ...]:
 
 
 def _loss_at(state: TrainState, sampler, step: int) -> float:
-    """The loss :func:`course_lib.train.train` logs at ``step`` (mean over its micro-batches), without a step."""
+    """The loss :func:`course_lib.train.train` logs at ``step``, without a step."""
     acc = state.config.accumulation_steps
-    total = 0.0
-    with torch.no_grad(), tf32_matmuls(state.recipe.tf32):
-        for micro in range(acc):
-            x, y = sampler.batch(step * acc + micro, state.device)
-            with recipe_autocast(state.recipe, state.device):
-                total += float(state.model(x, y)[1].float())
-    return total / acc
+    return evaluate(state, sampler, acc, start=step * acc)
 
 
 def replay_widest_gap(result: Fp8Training, profile, device: torch.device | str = "cpu", *,
