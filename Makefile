@@ -76,7 +76,7 @@ lessons: $(STAMP)
 	for f in $(LESSONS); do \
 	  $(VENV)/bin/jupytext --quiet --to ipynb "$$f" -o "$(NBBUILD)/lessons/$$(basename "$${f%.md}").ipynb"; \
 	done
-	$(PY) -m pytest --nbmake --nbmake-timeout=240 --overwrite -p no:cacheprovider $(NBBUILD)/lessons
+	$(PY) -m pytest --nbmake --nbmake-timeout=400 --overwrite -p no:cacheprovider $(NBBUILD)/lessons
 
 # The book with warnings as errors, built from the lessons nbmake just executed (each lesson runs once in
 # `make test`): a copy of the book's sources in .nbbuild/book with the executed notebooks in place of the

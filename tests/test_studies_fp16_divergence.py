@@ -26,13 +26,14 @@ SMALL = SizeProfile("small")
 
 @pytest.fixture(scope="module")
 def diverged():
-    """One seed, written out and fused, at the lesson's small-profile rate: the written-out run fails."""
-    return fp16_divergence(SMALL, "cpu", lr=0.05, steps=200, seeds=(0,), probe_every=10)
+    """One seed, written out and fused, at the lesson's small-profile rate and batch: the written-out run
+    fails."""
+    return fp16_divergence(SMALL, "cpu", lr=0.05, steps=200, seeds=(0,), probe_every=10, batch_size=4)
 
 
 def test_the_written_out_run_fails_where_its_product_crosses_fp16s_range_and_the_fused_run_does_not(diverged):
     explicit, fused = diverged.runs
-    assert diverged.probe_every == 10
+    assert diverged.probe_every == 10 and diverged.batch_size == 4
     assert (explicit.attention, fused.attention) == ("explicit", "sdpa")
     step = explicit.first_nonfinite
     assert step is not None and not math.isfinite(explicit.losses[-1]) and len(explicit.losses) == step + 1
@@ -50,6 +51,7 @@ def test_the_failing_step_is_located_in_attentions_product_and_only_fp16_written
     r = diverged.located
     assert (diverged.located_seed, diverged.located_step) == (0, diverged.runs[0].first_nonfinite)
     assert r.op == "matmul" and r.module.endswith(".attn") and r.phase == "forward"
+    assert r.inputs[0].shape[0] == diverged.batch_size                 # the study trained on the batch it names
     assert all(s.dtype == "float16" and s.inf == s.nan == 0 for s in r.inputs) and r.outputs[0].inf > 0
     assert list(diverged.replays) == [label for label, _, _ in REPLAYS]
     losses = list(diverged.replays.values())
@@ -89,7 +91,9 @@ def test_the_probe_is_the_largest_causal_product_before_the_scale():
                                        ({"steps": 0}, "steps must be"), ({"seeds": ()}, "seeds must be"),
                                        ({"seeds": (0.5,)}, "seeds must be"), ({"probe_every": 0}, "probe_every"),
                                        ({"attentions": ("flash",)}, "attentions must"),
-                                       ({"attentions": ()}, "attentions must")])
+                                       ({"attentions": ()}, "attentions must"),
+                                       ({"batch_size": 0}, "batch_size must"), ({"batch_size": 2.0}, "batch_size"),
+                                       ({"batch_size": True}, "batch_size must")])
 def test_bad_arguments_are_refused_by_name(bad, match):
     with pytest.raises(ValueError, match=match):
         fp16_divergence(SMALL, "cpu", **{"steps": 2, **bad})
@@ -172,6 +176,16 @@ def test_facts_and_the_recorded_note():
                                                   "the course model's other runs (the parity runs above among "
                                                   "them).")
     assert facts["div_probe_every"] == 2
+    # the batch is said only where the study's differs from the course's
+    small = dataclasses.replace(div, batch_size=4)
+    assert P.learning_rate_sentence(small, 0.05, 4) == P.learning_rate_sentence(small, 0.05)
+    assert P.learning_rate_sentence(div, 0.05, 16) == P.learning_rate_sentence(div, 0.05)   # batch not recorded
+    assert P.divergence_facts(small, 3e-3, 16)["div_lr_text"] == facts["div_lr_text"] + (
+        " They take batches of 4 sequences, not the 16 of those runs, to keep the run short on a CPU, where FP16 "
+        "products can be slow (the matmul speeds at the top of the page).")
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="course_batch must be None or a positive int"):
+            P.learning_rate_sentence(small, 0.05, bad)
     assert facts["div_verdict"] == P.divergence_verdict(div)
     for bad in (0.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="course_lr must be a positive finite number"):

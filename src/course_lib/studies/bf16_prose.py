@@ -447,23 +447,33 @@ def divergence_verdict(div: Fp16Divergence) -> Prose:
     return Prose(" ".join(parts))
 
 
-def learning_rate_sentence(div: Fp16Divergence, course_lr: float) -> Prose:
-    """The run's learning rate against ``course_lr``, the rate of the course's other training runs."""
+def learning_rate_sentence(div: Fp16Divergence, course_lr: float, course_batch: int | None = None) -> Prose:
+    """The run's learning rate against ``course_lr``, the rate of the course's other training runs, and its
+    batch against ``course_batch``, their batch (said only where the two differ; None: not said)."""
     if not (course_lr > 0 and math.isfinite(course_lr)):
         raise ValueError(f"course_lr must be a positive finite number, got {course_lr!r}")
+    if course_batch is not None and (isinstance(course_batch, bool) or not isinstance(course_batch, int)
+                                     or course_batch < 1):
+        raise ValueError(f"course_batch must be None or a positive int, got {course_batch!r}")
+    batch = ""
+    if course_batch is not None and div.batch_size is not None and div.batch_size != course_batch:
+        batch = (f" They take batches of {div.batch_size} sequences, not the {course_batch} of those runs, to keep "
+                 "the run short on a CPU, where FP16 products can be slow (the matmul speeds at the top of the "
+                 "page).")
     if div.lr == course_lr:
-        return Prose(f"The runs train at the course's usual learning rate, {div.lr:g}.")
+        return Prose(f"The runs train at the course's usual learning rate, {div.lr:g}.{batch}")
     how = f"{div.lr / course_lr:.3g} times" if div.lr > course_lr else f"{course_lr / div.lr:.3g} times below"
     why = (f", so that the failure shows within the {div.steps} steps a lesson can afford" if div.lr > course_lr
            else "")
     return Prose(f"The runs train at learning rate {div.lr:g}, {how} the {course_lr:g} of the course model's "
-                 f"other runs (the parity runs above among them){why}.")
+                 f"other runs (the parity runs above among them){why}.{batch}")
 
 
-def divergence_facts(div: Fp16Divergence, course_lr: float) -> dict[str, object]:
-    """The run's learning rate against the course's usual one (``div_lr_text``), its steps, seeds and steps
-    between probes, FP16's largest value, the outcomes, the located operation and the verdict as Markdown."""
-    return {"div_lr_text": learning_rate_sentence(div, course_lr), "div_probe_every": div.probe_every,
+def divergence_facts(div: Fp16Divergence, course_lr: float, course_batch: int | None = None) -> dict[str, object]:
+    """The run's learning rate and batch against the course's usual ones (``div_lr_text``), its steps, seeds and
+    steps between probes, FP16's largest value, the outcomes, the located operation and the verdict as
+    Markdown."""
+    return {"div_lr_text": learning_rate_sentence(div, course_lr, course_batch), "div_probe_every": div.probe_every,
             "div_steps": div.steps, "div_seeds": len({run.seed for run in div.runs}),
             "fp16_max": f"{FP16_MAX:,.0f}",
             "div_outcomes": divergence_outcomes(div), "div_located": located_sentence(div),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,7 +49,8 @@ class DivergenceRun:
 @dataclass(frozen=True)
 class Fp16Divergence:
     """The runs (every ``attentions`` kind from every seed, ``steps`` at most each, AdamW at ``lr``, ``q . k``
-    probed every ``probe_every`` steps), and the
+    probed every ``probe_every`` steps, ``batch_size`` sequences per step; None in a result built without
+    it), and the
     first failing run's failing step re-run: what the op-level locator named (``located``; None when no
     run failed or the re-run was finite) and the loss of that batch from those weights per :data:`REPLAYS`
     label (``replays``)."""
@@ -62,6 +63,7 @@ class Fp16Divergence:
     located_step: int | None
     located: NonFiniteReport | None
     replays: dict[str, float]
+    batch_size: int | None = None
 
 
 class _QKProbe:
@@ -102,7 +104,11 @@ class _QKProbe:
             h.remove()
 
 
-def _check(lr: float, steps: int, seeds: Sequence[int], attentions: Sequence[str], probe_every: int) -> None:
+def _check(lr: float, steps: int, seeds: Sequence[int], attentions: Sequence[str], probe_every: int,
+           batch_size: int | None) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                   or batch_size < 1):
+        raise ValueError(f"batch_size must be None or a positive int, got {batch_size!r}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
     for name, value in (("steps", steps), ("probe_every", probe_every)):
@@ -131,21 +137,25 @@ def _replays(model, x, y, device: torch.device) -> tuple[NonFiniteReport | None,
 
 def fp16_divergence(profile: SizeProfile, device: torch.device | str = "cpu", *, lr: float = 3e-3,
                     steps: int | None = None, seeds: Sequence[int] = (0,),
-                    attentions: Sequence[str] = ("explicit", "sdpa"), probe_every: int = 10) -> Fp16Divergence:
+                    attentions: Sequence[str] = ("explicit", "sdpa"), probe_every: int = 10,
+                    batch_size: int | None = None) -> Fp16Divergence:
     """Train the course model with FP16 autocast, AdamW at ``lr`` and a ``torch.amp.GradScaler`` with its
     defaults (the loop of :func:`~course_lib.studies.loss_scaling.record_grad_scaler_run`) from each seed
     with each attention kind, for ``steps`` or until a loss is not finite; probe ``q . k`` every
-    ``probe_every`` steps and at the last. The first failing run's failing step (the weights that produced
+    ``probe_every`` steps and at the last, on ``batch_size`` sequences per step (None: the profile's, the
+    course model's usual batch). The first failing run's failing step (the weights that produced
     it, since nothing updated them since) is re-run as :func:`_replays` does."""
     setup = course_setup(profile, device, steps=steps, default_steps=(300, 2000), seed=0)
     steps, device = setup.steps, setup.device
-    _check(lr, steps, seeds, attentions, probe_every)
+    _check(lr, steps, seeds, attentions, probe_every, batch_size)
+    batch_size = setup.sampler.batch_size if batch_size is None else batch_size
     runs: list[DivergenceRun] = []
     located_seed = located_step = located = None
     replays: dict[str, float] = {}
     for attention in attentions:
         for seed in seeds:
-            sampler = course_setup(profile, device, steps=steps, default_steps=(1, 1), seed=seed).sampler
+            sampler = replace(course_setup(profile, device, steps=steps, default_steps=(1, 1), seed=seed).sampler,
+                              batch_size=batch_size)
             model = set_attention(setup.model(seed), attention)
             opt = torch.optim.AdamW(model.parameters(), lr=lr)
             scaler = torch.amp.GradScaler(device.type)
@@ -183,4 +193,4 @@ def fp16_divergence(profile: SizeProfile, device: torch.device | str = "cpu", *,
                 located_seed, located_step = seed, failed
                 located, replays = _replays(model, x, y, device)
     return Fp16Divergence(float(lr), steps, probe_every, tuple(runs), located_seed, located_step, located,
-                          replays)
+                          replays, batch_size)
