@@ -124,6 +124,15 @@ def test_run_differences():
     assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())
     with pytest.raises(ValueError, match="no run named"):
         plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", minus="z")
+    # controls: thin grey lines over the runs, minus the reference too, under one legend entry
+    fig = plots.plot_runs({"ref": [1.0, 2.0], "a": [1.0, 2.5]}, ylabel="y", title="t", minus="ref",
+                          controls={"c1": [1.0, 2.25], "c2": [1.5, 2.0]}, controls_label="nudged")
+    grey = [ln for ln in fig.axes[0].get_lines() if ln.get_color() == "#999999"]
+    assert [list(ln.get_ydata()) for ln in grey] == [[0.0, 0.25], [0.5, 0.0]]
+    assert all(ln.get_zorder() > 2 and ln.get_linewidth() < 1.4 for ln in grey)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()].count("nudged") == 1
+    with pytest.raises(ValueError, match="controls must be None or a non-empty dict"):
+        plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", controls={})
 
 
 def test_throughput_plot_takes_single_seed_rows_and_old_records():

@@ -328,9 +328,52 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
     assert ("At step 1 every autocast run's loss was above `fp32`'s, by +0.150 to +0.300 (`bf16_autocast` +0.150, "
             "which skipped nothing), and at step 2 the runs that skipped nothing were back within 0.005 of it: a "
             "rise on one batch, shared by runs that never skipped, which this page does not explain further.") in note
+    # perturbed fp32 runs as a yardstick: one that rises at step 1 as far as half the autocast runs' smallest
+    # rise says the rise is the run's sensitivity; controls that stay near fp32 there say they do not explain it
+    def control(losses):
+        return types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=losses)
+
+    rising = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.08, 2.5, 2.4]), "c2": control([3.0, 2.0, 2.52, 2.4])})
+    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
+                       controls=rising)["recipe_skips"]
+    assert ("a rise on one batch, shared by runs that never skipped. `fp32` itself, trained again from its initial "
+            "weights each multiplied by 1 + 0.0001 × N(0, 1) (two draws, no autocast), was +0.080 and +0.000 from "
+            "its unperturbed run at step 1, and up to 0.080 at any step: in one of the two draws a difference in the "
+            "weights that no rounding made set off a rise at least half the autocast runs' smallest. Around this "
+            "step one batch's loss is sensitive to small differences in the weights, and autocast's rounding makes "
+            "such differences; one run per recipe cannot separate the two.") in note
+    quiet = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.07, 2.5, 2.4]), "c2": control([3.0, 2.0, 2.6, 2.4])})
+    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
+                       controls=quiet)["recipe_skips"]
+    assert ("was +0.070 and +0.000 from its unperturbed run at step 1, and up to 0.100 at any step: a perturbation "
+            "this small does not set off the rise, which this page does not explain further.") in note
+    # controls of another recipe are no yardstick for fp32
+    other = A.PerturbedRuns("bf16_autocast", 1e-4, rising.runs)
+    assert "which this page does not explain further." in A.skip_note(
+        {"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler}, controls=other)["recipe_skips"]
     bf16.losses = [3.0, 1.9, 2.5, 2.4]      # bf16_autocast below fp32 at step 1: no shared rise to report
     assert "every autocast run" not in A.skip_note({"fp32": fp32, "bf16_autocast": bf16,
                                                     "fp16_autocast_scaler": scaler})["recipe_skips"]
+
+
+def test_perturbed_runs_are_run_recipes_run_from_nudged_weights():
+    from course_lib.device import SizeProfile
+    from course_lib.train import run_recipe
+
+    small = SizeProfile("small")
+    plain = run_recipe("fp32", small, "cpu", steps=3)
+    same = A.perturbed_runs(small, "cpu", steps=3, scale=0.0, draws=1)
+    assert (same.recipe, same.scale, list(same.runs)) == ("fp32", 0.0, ["fp32, perturbed (1)"])
+    assert same.runs["fp32, perturbed (1)"].losses == plain.losses            # scale 0: run_recipe's run, bit for bit
+    nudged = A.perturbed_runs(small, "cpu", steps=3, scale=1e-3, draws=2)
+    first, second = (h.losses for h in nudged.runs.values())
+    assert first[0] != plain.losses[0] and first != second                   # each draw its own noise
+    assert first[0] == pytest.approx(plain.losses[0], rel=1e-2)              # ... and a small one
+    assert A.perturbed_runs(small, "cpu", steps=3, scale=1e-3, draws=1).runs["fp32, perturbed (1)"].losses == first
+    for bad, match in (({"scale": -1e-4}, "scale must be"), ({"scale": math.nan}, "scale must be"),
+                       ({"draws": 0}, "draws must be"), ({"steps": 0}, "steps must be"), ({"draws": True}, "draws")):
+        with pytest.raises(ValueError, match=match):
+            A.perturbed_runs(small, "cpu", **{"steps": 2, **bad})
 
 
 def test_math_backend_fp16_facts_say_what_the_flag_changes():

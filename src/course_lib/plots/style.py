@@ -114,13 +114,17 @@ def quantiles(values, qs) -> list[float]:
 
 
 def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minus: str | None = None,
-              smooth: int = 1) -> Figure:
+              smooth: int = 1, controls: dict | None = None, controls_label: str = "controls") -> Figure:
     """Lines of per-step values, one per named run (loss curves, zero fractions, ...).
 
     ``minus``: the name of a run to subtract from every other (drawn as the zero line), to show
-    differences too small to see on the raw curves; ``smooth``: moving-average window in steps."""
+    differences too small to see on the raw curves; ``smooth``: moving-average window in steps;
+    ``controls``: more runs, drawn thin and grey over the others (so that where they coincide the grey
+    still shows) under one legend entry, ``controls_label``."""
     if minus is not None and minus not in series:
         raise ValueError(f"no run named {minus!r} to subtract; runs: {', '.join(series)}")
+    if controls is not None and (not isinstance(controls, dict) or not controls):
+        raise ValueError("controls must be None or a non-empty dict of runs")
     if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
         raise ValueError(f"smooth must be a positive int, got {smooth!r}")
 
@@ -137,6 +141,10 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
         ax.axhline(0.0, color="#000000", lw=1, label=minus)
     # runs that agree for a while lie on top of each other: each has its own dash as well as its own colour,
     # and the earlier ones are drawn wider, so that a covered line still shows along both edges of the next
+    for i, values in enumerate((controls or {}).values()):
+        v = prepared(values)
+        ax.plot(np.arange(len(v)) + (smooth - 1), v, color="#999999", lw=1.0, zorder=3,
+                label=controls_label if i == 0 else None)
     drawn = [label for label in series if label != minus]
     dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
     for j, label in enumerate(drawn):

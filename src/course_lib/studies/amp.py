@@ -21,7 +21,7 @@ from ..memory import bytes_per_parameter
 from ..models import course_setup
 from ..results import RecordedResult
 from ..tables import MarkdownTable, markdown_table
-from ..train import RECIPES, History, TrainConfig
+from ..train import RECIPES, History, TrainConfig, TrainState, get_recipe, train
 from .bf16 import adamw_moment_dtype, update_rule_bytes
 
 
@@ -299,10 +299,49 @@ def recipe_facts(histories: Mapping[str, History]) -> dict[str, object]:
             / statistics.median(histories["fp16_autocast_scaler"].tokens_per_second)}
 
 
-def _shared_rise(histories: Mapping[str, History], reference: str) -> str:
+@dataclass(frozen=True)
+class PerturbedRuns:
+    """``recipe`` trained again from initial weights each multiplied by ``1 + scale * N(0, 1)``, one run per
+    noise draw (``runs``, keyed by the draw's name): a yardstick for how far one batch's loss moves when the
+    weights differ by an amount no arithmetic chose."""
+
+    recipe: str
+    scale: float
+    runs: dict[str, History]
+
+
+def perturbed_runs(profile: SizeProfile, device: torch.device | str = "cpu", *, steps: int, scale: float = 1e-4,
+                   draws: int = 4, recipe: str = "fp32", seed: int = 0) -> PerturbedRuns:
+    """Train ``recipe`` as :func:`~course_lib.train.run_recipe` trains it from ``seed`` (the same batches and
+    loop), ``draws`` times, each from the initial weights multiplied elementwise by ``1 + scale * N(0, 1)``
+    (the noise from a generator seeded with the draw's number, 1 to ``draws``). ``scale = 0`` is
+    ``run_recipe``'s run, bit for bit."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"scale must be a finite number of at least 0, got {scale!r}")
+    for name, value in (("draws", draws), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    device = torch.device(device)
+    r = get_recipe(recipe, device)
+    runs = {}
+    for draw in range(1, draws + 1):
+        setup = course_setup(profile, device, steps=steps, default_steps=(steps, steps), seed=seed)
+        model = setup.model(seed)
+        noise = torch.Generator().manual_seed(draw)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1 + scale * torch.randn(p.shape, generator=noise).to(p.device, p.dtype))
+        state = TrainState(model, r, TrainConfig(steps=setup.steps), device)
+        runs[f"{recipe}, perturbed ({draw})"] = train(state, setup.sampler)
+    return PerturbedRuns(recipe, float(scale), runs)
+
+
+def _shared_rise(histories: Mapping[str, History], reference: str, controls: PerturbedRuns | None = None) -> str:
     """A sentence on the step where every autocast run's loss rose furthest above ``reference``'s together
     (the largest smallest gap) and fell back at the next step in the runs that skipped nothing; "" when no
-    such step: fewer than two autocast runs, none without a skip, or no step where all are above."""
+    such step: fewer than two autocast runs, none without a skip, or no step where all are above. With
+    ``controls`` (runs of ``reference`` itself from perturbed initial weights), what they did at that step:
+    how many rose at least half as far as the smallest autocast rise there, the run's sensitivity."""
     ref = histories[reference]
     runs = {n: h for n, h in histories.items()
             if "autocast" in n and n != reference and len(h.losses) >= len(ref.losses)}
@@ -318,15 +357,32 @@ def _shared_rise(histories: Mapping[str, History], reference: str) -> str:
     back = max(abs(gap(h, t + 1)) for h in clean.values())
     if not low > 0 or not back < min(gap(h, t) for h in clean.values()) / 2:
         return ""
-    return (f"At step {t} every autocast run's loss was above `{reference}`'s, by {low:+.3f} to {high:+.3f} ("
+    text = (f"At step {t} every autocast run's loss was above `{reference}`'s, by {low:+.3f} to {high:+.3f} ("
             + and_list([f"`{n}` {gap(h, t):+.3f}" for n, h in clean.items()])
             + f", which skipped nothing), and at step {t + 1} the runs that skipped nothing were back within "
-              f"{back:.3f} of it: a rise on one batch, shared by runs that never skipped, which this page does not "
-              "explain further")
+              f"{back:.3f} of it: a rise on one batch, shared by runs that never skipped")
+    usable = {} if controls is None else {n: h for n, h in controls.runs.items() if len(h.losses) > t}
+    if controls is None or controls.recipe != reference or not usable:
+        return text + ", which this page does not explain further"
+    at_t = [gap(h, t) for h in usable.values()]
+    widest = max(abs(gap(h, i)) for h in usable.values() for i in range(min(len(h.losses), len(ref.losses))))
+    text += (f". `{reference}` itself, trained again from its initial weights each multiplied by 1 + "
+             f"{controls.scale:g} × N(0, 1) ({count_word(len(usable))} draws, no autocast), was "
+             f"{and_list([f'{v:+.3f}' for v in at_t])} from its unperturbed run at step {t}, and up to "
+             f"{widest:.3f} at any step")
+    rising = sum(v >= low / 2 for v in at_t)
+    if rising:
+        return text + (f": in {count_word(rising)} of the {count_word(len(at_t))} draws a difference in the weights "
+                       "that no rounding made set off a rise at least half the autocast runs' smallest. Around this "
+                       "step one batch's loss is sensitive to small differences in the weights, and autocast's "
+                       "rounding makes such differences; one run per recipe cannot separate the two")
+    return text + (": a perturbation this small does not set off the rise, which this page does not explain "
+                   "further")
 
 
 def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
-              clip_norm: float | None = TrainConfig.clip_norm) -> dict[str, object]:
+              clip_norm: float | None = TrainConfig.clip_norm, controls: PerturbedRuns | None = None
+              ) -> dict[str, object]:
     """``recipe_skips``: which recipe runs skipped which steps (and at what loss scale), and what a skipped step
     does to the table's final loss (the last step's, one batch's). For the first skip of each run, where
     ``reference`` ran: its loss minus the reference's at the skipped step (measured before the update it did not
@@ -335,7 +391,9 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
     rise every autocast run shows at one step, where runs that skipped nothing show it too; and each run's
     unscaled gradient norms before clipping at the two steps. Those norms do not size the update: the runs
     clip at ``clip_norm`` (the course loop's default; None: no clipping) and AdamW moves each weight by about
-    its learning rate (the runs' ``lrs`` at the skipped step) whatever the gradient's size."""
+    its learning rate (the runs' ``lrs`` at the skipped step) whatever the gradient's size. ``controls``
+    (:func:`perturbed_runs` of ``reference``) say whether that shared rise is the run's sensitivity to any small
+    difference in the weights."""
     if clip_norm is not None and not (isinstance(clip_norm, (int, float)) and clip_norm > 0
                                       and math.isfinite(clip_norm)):
         raise ValueError(f"clip_norm must be None or a positive finite number, got {clip_norm!r}")
@@ -361,7 +419,7 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
             if peers:
                 text += " (" + and_list([f"`{n}`, which skipped nothing: {gaps(r)}" for n, r in peers]) + ")"
             text += f". A difference at step {first} cannot come from the skip"
-            rise = _shared_rise(histories, reference)
+            rise = _shared_rise(histories, reference, controls)
             if rise:
                 text += ". " + rise
             runs = [(name, h), (reference, ref)] + peers
