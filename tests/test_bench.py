@@ -204,6 +204,35 @@ def test_capability_probe_keeps_each_dtypes_best_round_and_times_a_slow_product_
     assert calls == ["fp32", "bf16", "fp16", "fp8"] + ["fp32", "bf16", "fp16"] * (BM.PROBE_ROUNDS - 1)
 
 
+def test_capability_probe_goes_on_while_a_round_still_finds_a_dtype_faster(monkeypatch):
+    # load easing off from the third round (FP32 still 4 times faster in the fourth): the probe goes on until
+    # a round improves nothing by more than 20%, and stops at PROBE_MAX_ROUNDS whatever the load
+    from course_lib.bench import matmul as BM
+    calls = []
+
+    def measure_with(rates):
+        def fake_measure(dtype, m, n, k, device, **kw):
+            calls.append(dtype)
+            seq = rates[dtype]
+            return SimpleNamespace(tflops=seq[min(calls.count(dtype), len(seq)) - 1])
+        return fake_measure
+
+    monkeypatch.setattr(BM, "format_unsupported_reason", lambda dtype, device: None if dtype in ("fp32", "bf16")
+                        else "not here")
+    for rates, rounds, best in (({"fp32": [0.005, 0.005, 0.1, 0.40, 0.41, 9.0], "bf16": [0.9]}, 5, 0.41),
+                                ({"fp32": [0.005 * 1.3 ** i for i in range(20)], "bf16": [0.9]},
+                                 BM.PROBE_MAX_ROUNDS, 0.005 * 1.3 ** (BM.PROBE_MAX_ROUNDS - 1))):
+        calls.clear()
+        monkeypatch.setattr(BM, "measure_matmul", measure_with(rates))
+        BM._probe.cache_clear()
+        try:
+            probe = B.capability_probe("cpu", n=256, budget_s=0.03)
+        finally:
+            BM._probe.cache_clear()
+        assert calls.count("fp32") == calls.count("bf16") == rounds
+        assert probe.tflops["fp32"] == pytest.approx(best) and probe.tflops["bf16"] == 0.9
+
+
 def test_copy_bandwidth_positive_and_bad_size():
     assert B.measure_copy_bandwidth("cpu", 1 << 20, budget_s=0.01) > 0
     with pytest.raises(ValueError, match="n_bytes"):
