@@ -57,11 +57,14 @@ PLANTED = {
     "figure_glyph.html": '<div class="output stderr"><pre>UserWarning: Glyph 9989 (\\N{WHITE HEAVY CHECK MARK}) '
                          "missing from font(s) DejaVu Sans.</pre></div>",
     "heavy.html": '<script src="heavy.js"></script><p>A page that loads more than the limit.</p>',
-    # a visible code cell wider than the page scrolls; the same line in a hidden-input cell is the reader's choice
+    # a visible code cell wider than the page scrolls, and so does a folded one once a reader opens it; a
+    # folded one that fits passes
     "wide_code.html": '<div style="width: 600px"><div class="cell"><div class="cell_input"><pre>x = 1\n'
                       + "y = compute(" + "argument, " * 12 + ")</pre></div></div>"
-                      '<div class="cell tag_hide-input"><div class="cell_input"><pre>'
-                      + "z = " + "hidden + " * 20 + "</pre></div></div></div>",
+                      '<div class="cell tag_hide-input"><details class="hide above-input"><summary>Show code</summary>'
+                      '<div class="cell_input"><pre>' + "z = " + "hidden + " * 20 + "</pre></div></details></div>"
+                      '<div class="cell tag_hide-input"><details class="hide above-input"><summary>Show code</summary>'
+                      '<div class="cell_input"><pre>w = short</pre></div></details></div></div>',
     # the same for a cell's output (a folded output is the reader's choice) and a Markdown code block (one in a
     # closed dropdown too)
     "wide_output.html": '<div style="width: 600px"><div class="cell"><div class="cell_output"><pre>'
@@ -175,7 +178,9 @@ def test_requests_off_the_machine_are_blocked_and_fail(planted_results):
 def test_a_visible_code_cell_that_scrolls_sideways_fails(planted_results):
     problems = planted_results["wide_code.html"].problems
     widest = ("y = compute(" + "argument, " * 12 + ")")[:80]
-    assert problems == [f"a code cell scrolls sideways, widest line: {widest}"], problems
+    hidden = ("z = " + "hidden + " * 20).strip()[:80]
+    assert problems == [f"a code cell scrolls sideways, widest line: {widest}",
+                        f"a folded code cell, opened, scrolls sideways, widest line: {hidden}"], problems
 
 
 @needs_browser

@@ -20,8 +20,9 @@ sees it. A page passes when
 - no character of its text is drawn as a box (no installed font has it: an emoji on a plain Linux machine),
   and no cell output reports matplotlib's "Glyph ... missing from font(s)" (a box inside a figure);
 - no code cell, cell output or code block a reader sees without a click scrolls sideways at the check's
-  1280-px window (what lies beyond the edge, often a comment, is missed); cells with hidden input or
-  output, and blocks in closed dropdowns, are the reader's choice to open;
+  1280-px window (what lies beyond the edge, often a comment, is missed), nor a folded code cell once
+  opened (a reader opens it to read the code); folded outputs and blocks in closed dropdowns are the
+  reader's choice to open;
 - it weighs at most ``PAGE_WEIGHT_LIMIT`` bytes: the bodies of everything it loads (the HTML, scripts,
   styles, fonts, images; lazy images made to load, counted once the network is idle, so late fonts and
   MathJax's pieces count), each fetched afresh (routing every request turns Chromium's cache off) and
@@ -68,17 +69,23 @@ RAW_TEXT_PATTERNS = {
 # a glued value that is a Python str shows its repr, quotes and all ('6 recipes'): glue it as Markdown (Prose)
 _QUOTED_GLUE_JS = """() => [...document.querySelectorAll('.pasted-text')]
   .map(e => e.textContent.trim()).filter(t => /^'.*'$|^".*"$/.test(t))"""
-# [what, widest line] of each preformatted box a reader sees without a click that is wider than its box: a
-# code cell's input (hidden inputs left out), a cell's output (folded outputs left out), and a code block of
-# the page's Markdown (one in a closed dropdown left out: the reader has not opened it)
+# [what, widest line] of each preformatted box a reader sees that is wider than its box: a code cell's input
+# (a folded one opened, as a reader opens it to read the code), a cell's output (folded outputs left out),
+# and a code block of the page's Markdown (one in a closed dropdown left out: the reader has not opened it)
 _WIDE_CODE_JS = """() => {
   const widest = e => e.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '');
   // checkVisibility: false inside a closed <details> (Chromium keeps its content laid out, unrendered)
   const wide = e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1;
   const pick = (what, selector, keep) => [...document.querySelectorAll(selector)]
     .filter(e => keep(e) && wide(e)).map(e => [what, widest(e)]);
+  // a folded code cell's input, opened as a reader opens it to read the code, then folded again
+  const folded = [...document.querySelectorAll('div.cell.tag_hide-input details')].filter(d => !d.open);
+  folded.forEach(d => { d.open = true; });
+  const opened = pick('a folded code cell, opened,', 'div.cell.tag_hide-input div.cell_input pre', e => true);
+  folded.forEach(d => { d.open = false; });
   return [
     ...pick('a code cell', 'div.cell:not(.tag_hide-input):not(.tag_hide-cell) div.cell_input pre', e => true),
+    ...opened,
     ...pick('a cell output', 'div.cell:not(.tag_hide-output):not(.tag_hide-cell) div.cell_output pre',
             e => true),
     ...pick('a code block', 'pre', e => !e.closest('div.cell')),
