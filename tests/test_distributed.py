@@ -145,7 +145,7 @@ def test_fsdp2_predivide_matches_torch():
 
 def test_reduction_study_shows_ring_error_growing_and_tree_flat():
     s = distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(2, 32))
-    ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, tree"]
+    ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, pairwise tree"]
     assert ring[0] == tree[0]                 # two ranks: one addition, whatever the order
     assert ring[1] > 2 * tree[1]              # a long chain of BF16 additions
     assert s.errors["FP32, ring"][1] < 1e-5 < s.errors["BF16, ring"][1]
@@ -168,7 +168,7 @@ def test_a_large_gradient_is_reduced_on_a_fixed_sample_of_its_entries():
     assert (s.n_values, s.model_values) == (20_000, 136960)
     again = distributed_studies.reduction_precision_study(SizeProfile("small"), world_sizes=(2, 32), max_values=20_000)
     assert again == s                                          # the same sample from the same seed
-    ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, tree"]
+    ring, tree = s.off_share["BF16, ring"], s.off_share["BF16, pairwise tree"]
     assert ring[0] == tree[0] and ring[1] > 2 * tree[1]        # what the whole gradient shows, on the sample
     assert distributed_studies.reduction_facts(s)["n_values"] == ("a fixed random sample of **20,000** of the model's "
                                                                   "**136,960**")

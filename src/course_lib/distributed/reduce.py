@@ -104,7 +104,8 @@ def simulate_all_reduce(values: torch.Tensor, dtype: torch.dtype, order: str = "
     ``ring``: gloo's ring reduce-scatter: the vector is cut into one chunk per rank (:func:`ring_chunks`),
     and chunk ``c`` is summed one rank after another, ranks ``c-1, c-2, ..., c`` (mod N) (checked bit for bit
     against gloo's all-reduce).
-    ``tree``: ranks summed in pairs, then pairs of pairs (log2 N additions deep).
+    ``tree``: a pairwise tree: ranks summed in pairs, then pairs of pairs (log2 N additions deep). Not NCCL's
+    tree algorithm, which chains the GPUs within a node and joins the nodes by a double binary tree.
     """
     if not isinstance(values, torch.Tensor) or values.dim() != 2 or values.shape[0] < 1:
         raise ValueError("values must be a [ranks, n] tensor with at least one rank")
@@ -134,7 +135,7 @@ def simulate_all_reduce(values: torch.Tensor, dtype: torch.dtype, order: str = "
 REDUCTION_VARIANTS = {
     "FP32, ring": (torch.float32, "ring", "none"),
     "BF16, ring": (torch.bfloat16, "ring", "none"),
-    "BF16, tree": (torch.bfloat16, "tree", "none"),
+    "BF16, pairwise tree": (torch.bfloat16, "tree", "none"),
     "FP16, ring, /N first (DDP hook)": (torch.float16, "ring", "N"),
     "FP16, ring, /~sqrt(N) first (FSDP2)": (torch.float16, "ring", "sqrtN"),
 }

@@ -22,6 +22,7 @@ from ..distributed.worker import (
     rank_threads,
     single_process_run,
 )
+from ..formats import get_format
 from ..glue import Prose, bold, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup, gpt_config_for
@@ -34,7 +35,9 @@ class ReductionStudy:
 
     ``errors[label]``: the relative L2 error of the whole gradient (what plain SGD sees); ``off_share[label]``:
     the share of the exact mean's non-zero entries that came out off by more than ``tolerance`` of their
-    own size (what Adam, which scales each entry by its own history, sees). Tuples align with
+    own size. (Adam divides each entry by the root of its running mean of squared gradients, not by the
+    entry itself: an entry whose ranks' gradients nearly cancel counts here in full while its update barely
+    moves, so this share overstates what Adam's update feels.) Tuples align with
     ``world_sizes``. ``floor`` / ``floor_off_share``: the exact mean rounded once to BF16, which no BF16
     reduction can beat. Each rank's gradient comes from ``per_rank_sequences`` sequences of its own.
     """
@@ -425,12 +428,17 @@ def corpus_byte_count(size: str, byte: int = 0) -> int:
 
 
 def byte0_sentence(count: int) -> Prose:
-    """Whether the embedding row of byte 0 (where the planted inf sits) is ever read in training."""
+    """Whether the embedding row of byte 0 (where the planted inf sits) is ever read in training: the
+    placement, not the usual case, is what can keep stepping on an inf out of the loss."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"count must be a non-negative int, got {count!r}")
     if count == 0:
-        return Prose("Byte 0 never occurs in the training text, so that row is never read.")
-    return Prose(f"Byte 0 occurs {bold(count)} times in the training text.")
+        return Prose("That placement is what keeps the split silent: byte 0 never occurs in the training text, "
+                     "so that row is never read and the inf never reaches the loss. An overflow in a weight "
+                     "the forward pass uses would reach rank 0's loss within a step.")
+    return Prose(f"Byte 0 occurs {bold(count)} times in the training text, so the loss stays finite only while "
+                 f"no batch reads that row; an overflow in a weight the forward pass uses would reach the loss "
+                 f"within a step.")
 
 
 SCALER_DDP, SCALER_WRONG, SCALER_FSDP = ("DDP, GradScaler per rank", "by hand, unscale before the all-reduce",
@@ -465,18 +473,25 @@ def _bytes_per_parameter(study: DataParallelStudy, label: str) -> float:
 
 
 def fsdp_table(study: DataParallelStudy) -> MarkdownTable:
-    """Per run (DDP FP32 and each FSDP2 policy): rank 0's KiB of parameters, gradients and optimizer state,
-    bytes per parameter, and the final weights' FP32 evaluation loss."""
+    """Per run (DDP FP32 and each FSDP2 policy, named by :data:`FSDP_TABLE_NAMES`: the parameters' dtype, then
+    the reduction's): rank 0's KiB of parameters, gradients and optimizer state, bytes per parameter, and the
+    final weights' FP32 evaluation loss."""
     labels = ["DDP fp32", *FSDP_POLICIES]
     _need(study.held_bytes, labels, "held bytes for")
     rows = []
     for label in labels:
         held = study.held_bytes[label]
-        rows.append((label, f"{held['parameters'] / 1024:.0f}", f"{held['gradients'] / 1024:.0f}",
+        rows.append((FSDP_TABLE_NAMES[label], f"{held['parameters'] / 1024:.0f}", f"{held['gradients'] / 1024:.0f}",
                      f"{held['optimizer_state'] / 1024:.0f}", f"{_bytes_per_parameter(study, label):.1f}",
                      f"{study.eval_losses[label]:.5f}"))
-    return markdown_table(["run", "parameters (KiB)", "gradients (KiB)", "optimizer state (KiB)",
-                           "bytes per parameter", "loss, FP32 evaluation"], rows)
+    return markdown_table(["run: params / reduce", "params (KiB)", "grads (KiB)", "optimizer state (KiB)",
+                           "bytes per param", "loss, FP32 eval."], rows)
+
+
+# the FSDP table's names for its runs, short enough that its first column does not wrap on the page
+FSDP_TABLE_NAMES = {"DDP fp32": "DDP: FP32", "FSDP2, FP32 (no policy)": "FSDP2: FP32",
+                    "FSDP2, BF16 params, FP32 reduce": "FSDP2: BF16 / FP32",
+                    "FSDP2, BF16 params, BF16 reduce": "FSDP2: BF16 / BF16"}
 
 
 def fsdp_facts(study: DataParallelStudy) -> dict[str, object]:
@@ -536,7 +551,8 @@ def off_percent(reduction: ReductionStudy, label: str, world_size: int) -> float
 
 def reduction_facts(reduction: ReductionStudy) -> dict[str, object]:
     """Lesson 10's facts of a :class:`ReductionStudy` (2 and its largest world size must have run): shares of
-    entries off by more than the tolerance (percent) per variant, relative L2 errors, the BF16 floor."""
+    entries off by more than the tolerance (percent) per variant, relative L2 errors, the BF16 floor, and the
+    largest relative error (percent) of one rounding to BF16 (``bf16_round_max``)."""
     if 2 not in reduction.world_sizes:
         raise ValueError(f"the reduction study must include 2 ranks; ran {reduction.world_sizes}")
     n_max = reduction.world_sizes[-1]
@@ -547,8 +563,8 @@ def reduction_facts(reduction: ReductionStudy) -> dict[str, object]:
                           else bold(f"{reduction.n_values:,}")),
         "ring_off_2": off_percent(reduction, "BF16, ring", 2),
         "ring_off_max": off_percent(reduction, "BF16, ring", n_max),
-        "tree_off_max": off_percent(reduction, "BF16, tree", n_max),
-        "tree_off_peak": 100 * max(reduction.off_share["BF16, tree"]),
+        "tree_off_max": off_percent(reduction, "BF16, pairwise tree", n_max),
+        "tree_off_peak": 100 * max(reduction.off_share["BF16, pairwise tree"]),
         "fp16n_off_max": off_percent(reduction, "FP16, ring, /N first (DDP hook)", n_max),
         "fp16s_off_max": off_percent(reduction, "FP16, ring, /~sqrt(N) first (FSDP2)", n_max),
         "ring_l2_max": reduction.at("BF16, ring", n_max)[0],
@@ -556,6 +572,8 @@ def reduction_facts(reduction: ReductionStudy) -> dict[str, object]:
         "fp32_l2_max": reduction.at("FP32, ring", n_max)[0],
         "tol": 100 * reduction.tolerance,
         "per_rank_sequences": reduction.per_rank_sequences,
+        # one rounding to nearest errs by at most half a unit in the last place: 2^-8 of a BF16 number's size
+        "bf16_round_max": 100 * get_format("BF16").epsilon / 2,
     }
 
 
@@ -591,10 +609,12 @@ def errata_rows(study: DataParallelStudy, reduction: ReductionStudy) -> list[tup
          f"DDP averages the gradients before the scaler looks at them: an inf on rank 1 made both ranks skip step "
          f"{study.plant_step}, with equal scales after it."),
         ("BF16 has FP32's range, so a BF16 all-reduce is safe.",
-         f"The range is not the problem; precision is. In ring order at {n_max} ranks, "
+         f"The range is not the problem; precision is. Simulated in gloo's ring order on the course model's "
+         f"gradients at initialisation, at {n_max} ranks "
          f"{off_percent(reduction, 'BF16, ring', n_max):.1f}% of the mean gradient's entries came out off by "
-         f"more than {100 * reduction.tolerance:g}%, against {off_percent(reduction, 'BF16, ring', 2):.1f}% at "
-         f"2 ranks."),
+         f"more than {100 * reduction.tolerance:g}% of their own size, against "
+         f"{off_percent(reduction, 'BF16, ring', 2):.1f}% at 2 ranks (a share that overstates what Adam's "
+         f"updates feel: see the reduction section)."),
         ("Data parallelism computes exactly what one process computes.",
          f"In FP32 up to the order of sums (loss gap {study.parity['fp32'][0]:.1e}); under BF16 autocast the loss "
          f"gap was {study.parity['bf16_autocast'][0]:.1e}, and one process that split each batch the same way "
