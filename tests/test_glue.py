@@ -87,3 +87,13 @@ def test_bold_marks_a_computed_number_in_glued_markdown():
     assert G.Prose(f"skips step {G.bold(4)}") == "skips step **4**"
     with pytest.raises(ValueError, match="empty"):
         G.bold(" ")
+
+
+def test_percent_text_never_rounds_a_nonzero_share_to_zero():
+    from course_lib.glue import percent_text
+    assert [percent_text(v) for v in (0.003, 0.0000725, 0.2, 1.534, 0)] == [
+        "0.300%", "0.00725%", "20.0%", "153%", "0%"]
+    with pytest.raises(ValueError, match="non-negative"):
+        percent_text(-0.1)
+    with pytest.raises(TypeError, match="real number"):
+        percent_text("0.1")

@@ -143,8 +143,30 @@ def test_a_run_within_the_noise_or_slower_says_so():
     assert within["dl_startup"] == "Starting 2 workers delayed the first batch by no more than the runs' spread."
     slower = D.loading_facts(_on_cpu(step_with=(0.025, 0.024, 0.026)))
     assert slower["dl_verdict"].startswith("slower in every run (24.0 to 26.0 ms with them against")
-    assert slower["dl_verdict"].endswith("handing batches between processes cost more than the workers saved")
+    assert slower["dl_verdict"].endswith("here the workers cost more than they saved")
     assert "paid back" not in slower["dl_startup"]   # nothing saved, nothing paid back
+
+
+def test_why_no_gain_and_the_takeaway_follow_the_measurement():
+    gained = D.loading_facts(_on_cpu())
+    assert gained["dl_no_gain"] == ""
+    assert gained["dl_takeaway"] == ("Let `DataLoader` workers prepare the batches while the device computes "
+                                     "(measured here: two workers hid 95% of the preparation time)")
+    within = D.loading_facts(_on_cpu(step_with=(0.015, 0.0195, 0.016)))
+    assert "measured here" not in within["dl_takeaway"]
+    assert within["dl_takeaway"].endswith("where cores are free for them (on this CPU they gained nothing beyond "
+                                          "the noise: workers compete with the compute for a small CPU's cores)")
+    # one compute thread of two cores: the workers had one core; all cores: none
+    assert within["dl_no_gain"].startswith("Overlap may not help on a CPU this small: the compute left 1 of this "
+                                           "machine's 2 cores to the workers")
+    all_cores = D.loading_facts(_on_cpu(step_with=(0.015, 0.0195, 0.016), threads=2))
+    assert "already used all 2 of this machine's cores" in all_cores["dl_no_gain"]
+    slower = D.loading_facts(_on_cpu(step_with=(0.025, 0.024, 0.026)))
+    assert "they made every step slower" in slower["dl_takeaway"] and slower["dl_no_gain"]
+    gpu_within = D.loading_facts(D.DataLoading("cuda", _overlap(step_with=(0.015, 0.0195, 0.016), device="cuda",
+                                                                threads=16), LoaderPinning("", True), _copies(), ""))
+    assert gpu_within["dl_takeaway"].endswith("(on this machine's GPU they gained nothing beyond the noise)")
+    assert gpu_within["dl_no_gain"].startswith("Overlap needs the preparation to be a real share")
 
 
 def test_where_the_compute_ran_and_what_the_loader_pinned():

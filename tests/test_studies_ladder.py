@@ -60,9 +60,9 @@ def test_the_small_registry_run_measures_what_the_cpu_runs_and_says_why_not_the_
         assert ladder.tokens_per_second(run) == pytest.approx(16 * 64 / run.median_step_seconds)
         assert 0 < ladder.mfu(run) < 1 and run.compile_seconds is None
     # every rung predicted for the H200 and for this CPU, kept apart from the measurements
-    assert "H200 SXM" in ladder.predicted_devices() and ladder.own_prediction_device.startswith("this CPU")
+    assert "H100 SXM5" in ladder.predicted_devices() and ladder.own_prediction_device.startswith("this CPU")
     for rung in LADDER.RUNGS:
-        assert ladder.prediction("H200 SXM", rung, "tf32") is not None
+        assert ladder.prediction("H100 SXM5", rung, "tf32") is not None
         assert ladder.prediction(ladder.own_prediction_device, rung, "tf32") is None   # no TF32 on a CPU
     assert "fastest matmul throughput of the capability probe on this CPU" in ladder.reference_source
     assert "larger products can run faster" in ladder.reference_source
@@ -227,10 +227,10 @@ def test_verdict_says_where_mixed_precision_starts_to_pay_and_where_it_ties():
 
 
 def test_the_cpu_page_says_what_ran_and_what_is_predicted(small_ladder):
-    facts = PROSE.ladder_facts(small_ladder, "H200 SXM")
+    facts = PROSE.ladder_facts(small_ladder, "H100 SXM5")
     where = facts["ladder_where"]
     assert "Measured here on" in where and "course_small" in where
-    assert "gpt2_large" in where and "prediction" in where and "H200 SXM" in where
+    assert "gpt2_large" in where and "prediction" in where and "H100 SXM5" in where
     assert "not GPU timings" in where and "fused attention" in where and "casts" in where
     assert "FP32 is the baseline" in facts["ladder_verdict"]
     assert "roofline predicts" in facts["ladder_predicted"] and "gpt2_large" in facts["ladder_predicted"]
@@ -241,7 +241,7 @@ def test_the_cpu_page_says_what_ran_and_what_is_predicted(small_ladder):
     # a skip's reason is a lettered note under the table, not a wide cell
     for skip in small_ladder.skipped:
         assert skip.reason not in "\n".join(rows) and f"{skip.reason.rstrip('.')}." in table
-    predicted = PROSE.predicted_table(small_ladder, "H200 SXM")
+    predicted = PROSE.predicted_table(small_ladder, "H100 SXM5")
     assert len([line for line in predicted.splitlines() if line.startswith("| ")]) == 1 + len(LADDER.RUNGS)
     assert "| BF16 = FP16 |" in predicted.splitlines()[0]      # the roofline cannot tell them apart
     assert "Tokens per step: course_small" in predicted
@@ -261,7 +261,7 @@ def test_plot_draws_measured_marks_only_where_they_were_measured(small_ladder):
     with pytest.raises(ValueError, match="no predictions for"):
         plot_scale_ladder(small_ladder, devices=["B300"])
     # recipes with the same predicted points share one line named for them all; every recipe keeps a name
-    h200 = devices.index("H200 SXM")
+    h200 = devices.index("H100 SXM5")
     dashed = [line for line in fig.axes[h200].get_lines() if line.get_linestyle() == "--"]
     labels = [line.get_label() for line in dashed]
     assert "BF16 autocast and FP16 autocast (predicted)" in labels
@@ -333,10 +333,10 @@ def test_the_page_says_which_rungs_it_runs_from_the_registry():
 
 
 def test_speedup_by_size_erratum_separates_the_baselines_and_says_what_is_measured(small_ladder):
-    claim, text = PROSE.speedup_by_size_erratum(small_ladder, "H200 SXM", {}, [])
+    claim, text = PROSE.speedup_by_size_erratum(small_ladder, "H100 SXM5", {}, [])
     assert claim == PROSE.SPEEDUP_BY_SIZE_CLAIM
-    over_fp32 = PROSE.predicted_speedups(small_ladder, "H200 SXM", "fp32")
-    over_tf32 = PROSE.predicted_speedups(small_ladder, "H200 SXM", "tf32")
+    over_fp32 = PROSE.predicted_speedups(small_ladder, "H100 SXM5", "fp32")
+    over_tf32 = PROSE.predicted_speedups(small_ladder, "H100 SXM5", "tf32")
     assert f"{over_fp32['course_small']:.1f}x FP32 with TF32 off for `course_small`" in text
     assert f"{over_fp32['gpt2_large']:.1f}x for `gpt2_large`" in text
     assert f"{min(over_tf32.values()):.2f}x to {max(over_tf32.values()):.2f}x TF32" in text
@@ -346,10 +346,10 @@ def test_speedup_by_size_erratum_separates_the_baselines_and_says_what_is_measur
             {"recipe": "bf16_autocast", "compiled": False, "tokens_per_s": 183.0},
             {"recipe": "bf16_autocast", "compiled": True, "tokens_per_s": 999.0}]
     study = types.SimpleNamespace(table=lambda: rows)
-    measured = PROSE.speedup_by_size_erratum(small_ladder, "H200 SXM", {"the recorded H100": study}, [])[1]
+    measured = PROSE.speedup_by_size_erratum(small_ladder, "H100 SXM5", {"the recorded H100": study}, [])[1]
     assert ("Measured on the recorded H100: BF16 autocast ran at 1.83x FP32's token rate with TF32 off and 1.02x "
             "TF32's (eager).") in measured
-    assert PROSE.speedup_by_size_erratum(small_ladder, "H200 SXM", {}, ["a record"])[1].endswith(
+    assert PROSE.speedup_by_size_erratum(small_ladder, "H100 SXM5", {}, ["a record"])[1].endswith(
         "The ladder's own GPU records are above.")
     with pytest.raises(ValueError, match="no BF16 and FP32 predictions"):
         PROSE.speedup_by_size_erratum(small_ladder, "B300", {}, [])

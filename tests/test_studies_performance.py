@@ -13,9 +13,10 @@ from course_lib.bench import (
     RooflineRow,
     Timing,
     roofline_rows,
+    transformer_op_costs,
 )
 from course_lib.device import SizeProfile
-from course_lib.glue import Prose
+from course_lib.glue import Prose, percent_text
 from course_lib.hardware import DATASHEET_PEAKS, GPUPeaks
 from course_lib.memory import MemoryBreakdown
 from course_lib.models import gpt_config_for
@@ -66,10 +67,13 @@ def test_timing_facts_from_three_measurements():
         "t_tflops": 128 / 0.002 / 1e12, "t_min_ms": 2.0, "t_max_ms": 4.0, "t_runs_spread": 100.0})
     assert isinstance(facts["t_repeats"], int) and all(isinstance(p, Prose) for p in phrases.values())
     # 20% below Timer is inside the medians' 100% spread; the 4 ms repeat lies beyond the quartiles' 2.5 ms
-    assert phrases["t_vs_timer"].startswith("20.0% lower") and "agree" in phrases["t_vs_timer"]
+    assert phrases["t_vs_timer"].startswith("within 20.0% of") and "(lower)" in phrases["t_vs_timer"]
+    assert "agree" in phrases["t_vs_timer"] and "(100.0%," in phrases["t_vs_timer"]
     assert phrases["t_spread_vs_quartiles"].startswith("wider than the quartiles")
     alone = P.timing_facts([first], timer_seconds=0.001)
-    assert alone["t_vs_timer"].startswith("100.0% higher") and "warmer cache" in alone["t_vs_timer"]
+    # alone, the noise is the quartiles' width, 50% of the median: a 100% gap lies beyond it
+    assert alone["t_vs_timer"].startswith("100.0% higher") and "possible reason" in alone["t_vs_timer"]
+    assert "(50.0%," in alone["t_vs_timer"]
     assert alone["t_spread_vs_quartiles"].startswith("inside the quartiles")
     with pytest.raises(ValueError, match="at least one measured point"):
         P.timing_facts([], 0.001)
@@ -79,20 +83,33 @@ def test_timing_facts_from_three_measurements():
 
 def test_timer_comparison_explains_only_the_sign_its_reason_predicts():
     within = P.timer_comparison(-3.0, 5.0)
-    assert within.startswith("3.0% lower") and "agree" in within and "cache" not in within
+    assert within.startswith("within 3.0% of") and "(lower)" in within and "agree" in within
+    assert "cache" not in within
+    # a quiet machine: 2% apart with 2.5% noise agrees, whichever side
+    assert "agree" in P.timer_comparison(2.0, 2.5) and "cache" not in P.timer_comparison(2.0, 2.5)
     slower = P.timer_comparison(8.0, 5.0)
-    assert slower.startswith("8.0% higher") and "warmer cache than the harness" in slower
+    assert slower.startswith("8.0% higher") and "agree" not in slower
+    assert "One possible reason: Timer reuses one buffer" in slower and "only a repeat" in slower
     faster = P.timer_comparison(-8.0, 5.0)
     assert faster.startswith("8.0% lower") and "does not explain this gap" in faster
+    assert "One possible reason" not in faster
     assert P.timer_comparison(5.0, 5.0).endswith("within this machine's noise")
-    with pytest.raises(ValueError, match="spread_pct"):
+    with pytest.raises(ValueError, match="noise_pct"):
         P.timer_comparison(1.0, float("nan"))
+    with pytest.raises(ValueError, match="diff_pct"):
+        P.timer_comparison(float("inf"), 1.0)
 
 
-def test_spread_against_quartiles_compares_both_ends():
+def test_spread_against_quartiles_compares_the_widths():
     assert P.spread_against_quartiles(1.0, 2.0, 1.0, 2.0).startswith("inside")
+    # wider than the quartiles: the contaminated run's 1.56 vs 16 ms medians against tight quartiles
+    assert P.spread_against_quartiles(1.56, 16.0, 1.5, 1.7).startswith("wider")
     assert P.spread_against_quartiles(0.9, 2.0, 1.0, 2.0).startswith("wider")
-    assert P.spread_against_quartiles(1.0, 2.1, 1.0, 2.0).startswith("wider")
+    # a narrower range that pokes out of the quartiles is not "wider"
+    shifted = P.spread_against_quartiles(1.05, 1.12, 1.0, 1.1)
+    assert shifted.startswith("no wider") and "not inside" in shifted
+    # bimodal quartiles (1.56 to 16 ms) cover repeats 33.5% apart: the opposite is said
+    assert P.spread_against_quartiles(3.0, 4.005, 1.56, 16.0).startswith("inside")
     with pytest.raises(ValueError, match="low_median <= high_median"):
         P.spread_against_quartiles(2.0, 1.0, 1.0, 2.0)
 
@@ -142,11 +159,11 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
     facts = P.matmul_facts(_sweep(), (511, 512), estimate)
     best = _tflops(512, 0.002)
     assert facts == {"live_big": 512, "live_odd": 511, "live_fp32_big": best, "live_fp32_odd": _tflops(511, 0.004),
-                     "live_bf16_ratio": pytest.approx(4.0), "live_fp16_ratio": pytest.approx(0.5),
+                     "live_bf16_ratio": "**4.00**", "live_fp16_ratio": "**0.50**",
                      "cpu_estimate": ("A CPU has no datasheet figure here; cores x clock x FLOPs per cycle (2 x 2.60 "
                                       "GHz x 64, assuming 2 FMA units of 16 FP32 lanes) estimates its FP32 peak at "
                                       f"0.33 TFLOP/s, and the best FP32 product here reached "
-                                      f"{100 * best / 0.3328:.0f}% of that estimate."),
+                                      f"{percent_text(best / 0.3328)} of that estimate."),
                      "skipped": "TF32 (no tensor cores)"}
     above = P.cpu_estimate_sentence(CPUPeakEstimate(cores=1, clock_ghz=0.001, vector_lanes=4, fma_units=1), best)
     assert "More than 100% means the estimate is too low" in above
@@ -213,7 +230,8 @@ def _row(name, bound_high, bound_low, high, low):
     return RooflineRow(name, 1.0, 1.0, bound_high, bound_low, high, low)
 
 
-VS_TF32 = {"norm": _row("norm", "memory", "memory", 2.0, 1.0), "mlp": _row("mlp", "compute", "compute", 3.0, 1.5),
+# the mlp is memory-bound in TF32 and compute-bound in FP32: the table must tell the two baselines apart
+VS_TF32 = {"norm": _row("norm", "memory", "memory", 2.0, 1.0), "mlp": _row("mlp", "memory", "compute", 3.0, 1.5),
            "AdamW step": _row("AdamW step", "memory", "memory", 1.0, 1.0)}
 VS_FP32 = {"norm": _row("norm", "memory", "memory", 2.0, 1.0), "mlp": _row("mlp", "compute", "compute", 14.0, 1.0),
            "AdamW step": _row("AdamW step", "memory", "memory", 1.0, 1.0)}
@@ -221,9 +239,10 @@ VS_FP32 = {"norm": _row("norm", "memory", "memory", 2.0, 1.0), "mlp": _row("mlp"
 
 def test_speedup_table_and_facts():
     assert P.speedup_table(VS_TF32, VS_FP32).splitlines() == [
-        "| operation | bound in BF16 | BF16 over TF32 | over FP32 (TF32 off) | bound in FP32 |", "|---|---|---|---|---|",
-        "| norm | memory | 2.00x | 2.00x | memory |", "| mlp | compute | 2.00x | 14.00x | compute |",
-        "| AdamW step | memory | 1.00x | 1.00x | memory |"]
+        "| operation | bound in BF16 | bound in TF32 | BF16 over TF32 | bound in FP32 (TF32 off) "
+        "| BF16 over FP32 (TF32 off) |", "|---|---|---|---|---|---|",
+        "| norm | memory | memory | 2.00x | memory | 2.00x |", "| mlp | compute | memory | 2.00x | compute | 14.00x |",
+        "| AdamW step | memory | memory | 1.00x | memory | 1.00x |"]
     assert P.speedup_facts(VS_TF32, VS_FP32) == {"mem_speedup": 2.0, "compute_speedup_fp32": 14.0,
                                                  "compute_speedup_tf32": 2.0}
     with pytest.raises(ValueError, match="same operations"):
@@ -249,18 +268,17 @@ def _study(peaks=None, compiled=True):
 def test_throughput_facts_on_a_cpu_and_on_a_gpu():
     facts = P.throughput_facts(_study(), on_gpu=False)
     # 200, 400 and 250 tokens/s; FP32's MFU 200 * 1e9 / 1e12
+    caveat = facts.pop("throughput_caveat")
     assert facts == {"tp_seeds": 1,          # every run is seed 0; the compiled run is not counted
-                     "live_bf16_speed": 2.0, "live_fp16_speed": 1.25, "live_fp32_mfu": pytest.approx(20.0),
-                     "mfu_source": "a peak",
-                     "throughput_caveat": "These are this machine's ratios only: a CPU has no tensor cores, and its "
-                                          "ratios do not transfer to a GPU. The live runs skip `torch.compile` to keep "
-                                          "the page quick; the recorded GPU runs include it. A CPU has no "
-                                          "datasheet peak, and this page uses two measured ones: MFU divides by the "
-                                          "capability probe's product (the one named above), measured once per "
-                                          "process so that every lesson's MFU divides by the same figure, while the "
-                                          "roofline's ceiling is the best product of this page's sweep, the most "
-                                          "this machine reached. A larger product can run faster than the probe's, "
-                                          "so an MFU here can overstate the share of the machine a run used."}
+                     "live_bf16_speed": "**2.00**", "live_fp16_speed": "**1.25**", "live_fp32_mfu": "**20.0%**",
+                     "mfu_source": "a peak"}
+    assert caveat.startswith("These are this machine's ratios only: a CPU has no tensor cores")
+    # three denominators, each named
+    assert "uses three measured ones" in caveat and "probe's FP32 product" in caveat
+    assert "probe's fastest dtype" in caveat and "best product of this page's sweep" in caveat
+    # a tiny MFU (a loaded CPU) keeps its digits instead of printing 0%
+    tiny = P.throughput_facts(_study(peaks={"fp32": 60.0}), on_gpu=False)
+    assert tiny["live_fp32_mfu"] == "**0.333%**"
     assert P.throughput_facts(_study(), on_gpu=True)["throughput_caveat"] == (
         "The live runs compile `fp32` with `torch.compile` (one seed, blue in the figure); `python -m "
         "course_lib.gpu_session` records every recipe compiled in the model ladder below.")
@@ -593,12 +611,34 @@ def test_speed_evidence_labels_live_and_recorded_runs():
 
 
 def test_exercise_facts():
-    ops = [OpCost("softmax", 5.0, 4.0), OpCost("MLP up", 300.0, 1.0)]
+    config = gpt_config_for(SizeProfile("small"))
+    m, k, n = 2 * config.context, config.d_model, 4 * config.d_model
+    ops = [OpCost("softmax", 5.0, 4.0), OpCost("MLP up", 2 * m * n * k, 2 * m * n * k / 300)]
     flops = 6 * 6.5e9 + 12 * 32 * 4096 * 4096
-    assert P.exercise_facts(ops) == pytest.approx({
+    assert P.exercise_facts(ops, config, batch=2) == pytest.approx({
         "ex_flops": flops / 1e9, "ex_rate": 3000 * flops / 1e12, "ex_mfu": 100 * 3000 * flops / 989.5e12,
         "ex_mfu_sparse": 100 * 3000 * flops / (2 * 989.5e12), "h100_bf16": 989.5,
         "ex_fewer_flops": 100 * (1 - (4095 / 4096) ** 3), "ex_vocab": 50304, "a100_ridge": 312e3 / 2039,
-        "a100_bf16": 312.0, "a100_bw": 2039.0, "ex_softmax_ai": 1.25, "ex_mlp_ai": 300.0})
+        "a100_bf16": 312.0, "a100_bw": 2039.0, "ex_softmax_ai": 1.25, "ex_mlp_ai": 300.0,
+        "ex_mlp_m": m, "ex_mlp_k": k, "ex_mlp_n": n})
+    # the shape comes from the model the ops were built for: the library's own ops agree
+    real = transformer_op_costs(config.d_model, config.n_heads, config.context, 2, bytes_per_element=2)
+    assert P.exercise_facts(real, config, batch=2)["ex_mlp_m"] == m
+    with pytest.raises(ValueError, match="not .* build ops for this config"):
+        P.exercise_facts(ops, config, batch=3)
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        P.exercise_facts(ops, config, batch=0)
     with pytest.raises(ValueError, match="'MLP up'"):
-        P.exercise_facts(ops[:1])
+        P.exercise_facts(ops[:1], config, batch=2)
+
+
+def test_recorded_size_names_the_older_model_of_a_record_made_before_the_re_size():
+    old = _record("training_throughput", _study(peaks={"fp32": 0.5, "bf16_autocast": 2.0}),
+                  parameters={"size": "full"})
+    assert P.recorded_size(old) == ("at the full size of its day, the older 384-wide course model (narrower than "
+                                    "today's)")
+    assert P.recorded_throughput_note(old).startswith("Recorded on **") and "older 384-wide" in \
+        P.recorded_throughput_note(old)
+    model = {"d_model": 512, "n_layers": 8, "n_heads": 8, "context": 256, "batch": 64}
+    new = _record("training_throughput", _study(), parameters={"size": "full", "course_model": model})
+    assert P.recorded_size(new) == "at full size"

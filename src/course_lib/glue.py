@@ -15,13 +15,7 @@ from IPython.display import Markdown
 from myst_nb import glue  # type: ignore[import-untyped]
 
 from .tables import MarkdownTable, errata_table
-
-
-def ratio_text(ratio: float) -> str:
-    """A speed ratio for prose: two decimals from 0.1 up, two significant digits below (0.0031, not 0.00)."""
-    if not ratio > 0:
-        raise ValueError(f"a speed ratio must be positive, got {ratio!r}")
-    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:#.2g}"   # "#": 0.010, not 0.01
+from .tables import ratio_text as ratio_text   # re-exported: the lessons' prose takes it from glue
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:
@@ -56,6 +50,16 @@ def sig3(value: float) -> str:
         return f"{value:g}"
     rounded = float(f"{value:.3g}")   # 99.96 rounds to 100, which takes no decimals
     return f"{rounded:,.{max(0, 2 - math.floor(math.log10(rounded)))}f}"
+
+
+def percent_text(fraction: float) -> str:
+    """A share (0.003 of a whole) as a percentage with three significant digits (``0.300%``, ``20.0%``,
+    ``153%``), so that a nonzero share never prints as ``0%``; exactly zero is ``0%``."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError(f"fraction must be a real number, got {type(fraction).__name__}")
+    if not (math.isfinite(fraction) and fraction >= 0):
+        raise ValueError(f"a share must be finite and non-negative, got {fraction!r}")
+    return "0%" if fraction == 0 else f"{sig3(100 * fraction)}%"
 
 
 def bold(text: object) -> str:

@@ -368,7 +368,7 @@ def record_size_text(record: Record) -> str:
                           f"batch, got {model!r}") from None
     if record.earlier_full_model:
         return (f"the full profile before {EARLIER_FULL_UNTIL}, a narrower course model than today's ({shape}; "
-                "see the setup page)")
+                "see {doc}`the setup page </book/setup>`)")
     return f"{size} profile, course model {shape}"
 
 

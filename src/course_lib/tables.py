@@ -45,3 +45,10 @@ def errata_table(rows: Iterable[Sequence[str]]) -> MarkdownTable:
     if not rows:
         raise ValueError("errata_table needs at least one (claim, measured) row")
     return markdown_table(("claim", "measured"), rows)
+
+
+def ratio_text(ratio: float) -> str:
+    """A speed ratio for prose: two decimals from 0.1 up, two significant digits below (0.0031, not 0.00)."""
+    if not ratio > 0:
+        raise ValueError(f"a speed ratio must be positive, got {ratio!r}")
+    return f"{ratio:.2f}" if ratio >= 0.1 else f"{ratio:#.2g}"   # "#": 0.010, not 0.01

@@ -16,7 +16,7 @@ from ..hardware import (
     format_unsupported_reason,
     tf32_matmuls,
 )
-from ..tables import MarkdownTable, markdown_table
+from ..tables import MarkdownTable, markdown_table, ratio_text
 from .timing import Timing, time_function
 
 DTYPE_LABELS = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16",
@@ -202,8 +202,9 @@ class CapabilityProbe:
         for d in ("tf32", "bf16", "fp16", "fp8"):
             r = self.relative(d)
             if r is not None:
-                # an emulated dtype (FP8 on a CPU) runs at a thousandth of FP32: one significant digit, not "x0.00"
-                part = f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.2f}" if r >= 0.01 else f"{DTYPE_LABELS[d].split(' ')[0]} x{r:.1g}"
+                # the course's one rule for a speed ratio (tables.ratio_text): two decimals from 0.1 up, two
+                # significant digits below, so an emulated dtype's thousandth is not "x0.00"
+                part = f"{DTYPE_LABELS[d].split(' ')[0]} x{ratio_text(r)}"
                 if d == "fp8" and torch.device(self.device).type == "cpu":
                     part += " (a CPU has no FP8 matrix unit: torch computes the product in wider types)"
                 parts.append(part)
@@ -219,7 +220,7 @@ class CapabilityProbe:
                 r = self.relative(d)
                 note = ("a CPU has no FP8 matrix unit: torch computes the product in wider types"
                         if d == "fp8" and torch.device(self.device).type == "cpu" else "")
-                rows.append((label, f"{self.tflops[d]:.3g}", "" if r is None else f"x{r:.2g}", note))
+                rows.append((label, f"{self.tflops[d]:.3g}", "" if r is None else f"x{ratio_text(r)}", note))
             elif d in self.unsupported:
                 rows.append((label, "not measured", "", self.unsupported[d]))
         if not rows:

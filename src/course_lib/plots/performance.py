@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.transforms import offset_copy
 
 from ..bench import attainable_tflops
 from .style import FORMAT_COLOURS, finish_figure
@@ -14,6 +15,22 @@ _DTYPE_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16": "#0072B2", "fp16
 
 
 _DTYPE_NAMES = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16", "fp8": "FP8 E4M3"}
+
+
+MISALIGNED_NUDGE = (0.15, 0.08)   # log2 units: the first dtype's offset to the left, then each next one's step
+
+
+def misaligned_x(n: int, index: int) -> float:
+    """Where the throughput figure draws the misaligned size ``n`` (n - 1 of an aligned size) for the
+    ``index``-th dtype of its panel: to the left of ``n + 1`` by 0.15 log2 units plus 0.08 per dtype, so that
+    no hollow marker sits on a filled one (the aligned sizes, a factor 2 apart) nor on another dtype's hollow
+    marker, whatever the throughputs."""
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < 8:
+        raise ValueError(f"index must be an int from 0 to 7, got {index!r}")
+    if n < 1:
+        raise ValueError(f"n must be positive, got {n!r}")
+    first, step = MISALIGNED_NUDGE
+    return (n + 1) * 2 ** -(first + step * index)
 
 
 def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure:
@@ -29,9 +46,7 @@ def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure
         for j, (dtype, points) in enumerate(by_dtype.items()):
             colour = _DTYPE_COLOURS.get(dtype, "#555555")
             aligned = sorted((n, t) for n, t in points.items() if n % 8 == 0)
-            # misaligned sizes sit next to their aligned neighbour: nudge each dtype's marker sideways so
-            # that dtypes with equal throughput do not hide each other
-            odd = sorted((n * 2 ** (0.06 * (j - 2)), t) for n, t in points.items() if n % 8)
+            odd = sorted((misaligned_x(n, j), t) for n, t in points.items() if n % 8)
             if aligned:
                 ax.plot(*zip(*aligned), "o-", color=colour, lw=1.8, ms=4, label=_DTYPE_NAMES.get(dtype, dtype))
             if odd:
@@ -138,6 +153,9 @@ def plot_throughput(panels: dict) -> Figure:
     return finish_figure(fig)
 
 
+TICK_POINTS = 9   # the length of a time-to-target tick, and the step between recipes' ticks (points)
+
+
 def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: dict | None = None) -> Figure:
     """Training loss against wall-clock seconds, one line per run, coloured by recipe; one panel per
     device. ``panels``: ``{title: {recipe: [(seconds, losses), ...]}}``; ``target``: ``{title: loss}``
@@ -162,7 +180,11 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: d
                         label=f"{recipe} ({len(runs)} seeds)" if j == 0 else None)
             reached = [t for t in ((times or {}).get(title, {}).get(recipe) or []) if t is not None]
             if reached and target and title in target:
-                ax.plot(reached, [target[title]] * len(reached), "|", color=colour, ms=14, mew=2.2, zorder=4)
+                # each recipe's ticks at their own height about the line (TICK_POINTS apart, a tick's length),
+                # so that runs of different recipes that reach the target together stay visible
+                shift = TICK_POINTS * (recipes.index(recipe) - (len(recipes) - 1) / 2)
+                ax.plot(reached, [target[title]] * len(reached), "|", color=colour, ms=TICK_POINTS, mew=2.2,
+                        zorder=4, transform=offset_copy(ax.transData, fig=fig, y=shift, units="points"))
         if target and title in target:
             ax.axhline(target[title], color="#555555", ls="-", lw=0.8, zorder=0, label="target loss")
             if times and title in times:

@@ -22,7 +22,7 @@ from ..bench.transfer import (
     transfer_unavailable_reason,
 )
 from ..device import SizeProfile
-from ..glue import Prose, ratio_text
+from ..glue import Prose, count_word, ratio_text
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
 
@@ -88,9 +88,47 @@ def overlap_verdict(overlap: WorkerOverlap, workers: int) -> Prose:
         return Prose(f"the workers hid {100 * overlap.hidden_share(workers):.0f}% of the preparation time, and every "
                      f"run with them was faster than every run without ({ranges})")
     if min(overlap.seconds.step[workers]) > max(overlap.seconds.step[0]):
-        return Prose(f"slower in every run ({ranges}): handing batches between processes cost more than the "
-                     "workers saved")
+        return Prose(f"slower in every run ({ranges}): here the workers cost more than they saved")
     return Prose(f"no faster beyond the noise, since the runs overlap ({ranges})")
+
+
+def no_gain_reason(overlap: WorkerOverlap, workers: int) -> Prose:
+    """Why ``workers`` workers may not have made a step faster, when they did not (empty when they did): the
+    cores they had beside the compute, and what they cost. Overlap needs a core that the compute leaves idle;
+    on a small CPU the workers compete with the compute for the cores, which a GPU that computes does not."""
+    if overlap.beyond_noise(workers):
+        return Prose("")
+    costs = ("and each worker is a process of its own, whose batches are handed back to the main process "
+             "through shared memory, which costs time as well")
+    if overlap.device.startswith("cuda"):
+        return Prose("Overlap needs the preparation to be a real share of the step and cores left for the "
+                     f"workers; here it did not show, {costs}.")
+    threads, cores = overlap.compute_threads, overlap.host_cores
+    if threads >= cores:
+        room = (f"the compute already used all {cores} of this machine's cores, so the workers could only take "
+                "cores from it, not run beside it")
+    else:
+        room = (f"the compute left {cores - threads} of this machine's {cores} cores to the workers, but the "
+                "workers, the main process and the operating system compete for so few cores")
+    return Prose(f"Overlap may not help on a CPU this small: {room}, {costs}. On a GPU, which computes while the "
+                 "host's cores are free, the same loader can hide the preparation.")
+
+
+def takeaway(overlap: WorkerOverlap, workers: int) -> Prose:
+    """The lesson's takeaway on workers, as strong as the measurement: "measured here" only when ``workers``
+    workers made every run faster than every run without."""
+    claim = "Let `DataLoader` workers prepare the batches while the device computes"
+    if overlap.beyond_noise(workers):
+        return Prose(f"{claim} (measured here: {count_word(workers)} workers hid "
+                     f"{100 * overlap.hidden_share(workers):.0f}% of the preparation time)")
+    on_gpu = overlap.device.startswith("cuda")
+    here = "on this machine's GPU" if on_gpu else "on this CPU"
+    slower = min(overlap.seconds.step[workers]) > max(overlap.seconds.step[0])
+    shown = f"{here} they made every step slower" if slower else f"{here} they gained nothing beyond the noise"
+    if on_gpu:
+        return Prose(f"{claim}, where the preparation is a real share of the step ({shown})")
+    return Prose(f"{claim}, where cores are free for them ({shown}: workers compete with the compute for a "
+                 "small CPU's cores)")
 
 
 def startup_phrase(overlap: WorkerOverlap, workers: int) -> Prose:
@@ -135,7 +173,8 @@ def loading_facts(result: DataLoading) -> dict[str, object]:
     """The worker overlap's facts for the lesson (``dl_*``): the largest number of workers run, the batch size
     and the runs; the medians over runs of preparing a batch, computing a step, and a
     step without and with those workers (ms); and the verdict, start-up, compute placement and pinning
-    phrases."""
+    phrases, why the workers may not have helped (``dl_no_gain``, empty when they did) and the takeaway
+    (``dl_takeaway``), as strong as the measurement."""
     if not isinstance(result, DataLoading):
         raise TypeError(f"expected a DataLoading result, got {type(result).__name__}")
     o = result.overlap
@@ -144,7 +183,8 @@ def loading_facts(result: DataLoading) -> dict[str, object]:
             "dl_prepare_ms": 1e3 * o.median_prepare, "dl_compute_ms": 1e3 * o.median_compute,
             "dl_step0_ms": 1e3 * o.median_step(0), "dl_stepw_ms": 1e3 * o.median_step(most),
             "dl_verdict": overlap_verdict(o, most), "dl_startup": startup_phrase(o, most),
-            "dl_compute_where": compute_placement(o), "dl_pinning": pinning_phrase(result.loader_pinning)}
+            "dl_compute_where": compute_placement(o), "dl_pinning": pinning_phrase(result.loader_pinning),
+            "dl_no_gain": no_gain_reason(o, most), "dl_takeaway": takeaway(o, most)}
 
 
 # ---- the host-to-device copies --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..bench.roofline import gpt_matmul_parameters, model_flops_per_token, roofl
 from ..bench.timing import make_timer, time_function
 from ..device import SizeProfile, describe_hardware, peak_allocated_bytes
 from ..fp8 import predict_fp8_linear, torchao_float8
+from ..glue import ratio_text
 from ..hardware import (
     DATASHEET_PEAKS,
     find_gpu_peaks,
@@ -91,7 +92,7 @@ def recipe_unsupported_reason(recipe: str, device: torch.device | str) -> str | 
     probe = capability_probe(device)
     fp8, bf16 = probe.tflops.get("fp8"), probe.tflops.get("bf16")
     if fp8 is not None and bf16 is not None and fp8 < bf16:
-        return (f"FP8 products measured {fp8 / bf16:.2g} times BF16's throughput here (n={probe.n}): emulated, "
+        return (f"FP8 products measured {ratio_text(fp8 / bf16)} times BF16's throughput here (n={probe.n}): emulated, "
                 f"so their time says nothing about FP8 hardware")
     try:
         float8_converter(recipe)
@@ -365,7 +366,7 @@ def measure_run(rung: RungFacts, recipe: str, device: torch.device, *, compiled:
 def scale_ladder(profile: SizeProfile, device: torch.device | str = "cpu", *, rungs: Sequence[str] = ("course_small",),
                  recipes: Sequence[str] = LADDER_RECIPES, compile_modes: Sequence[bool] = (False,),
                  sdpa: bool = False, steps: int = 5, warmup: int = 2, batch_size: int | None = None,
-                 predict_for: Sequence[str] = ("H200 SXM",)) -> ScaleLadder:
+                 predict_for: Sequence[str] = ("H100 SXM5",)) -> ScaleLadder:
     """Measure every (rung of ``rungs``, recipe of ``recipes``, compile mode) this device runs (the rest
     skipped with the reason), and predict every rung of :data:`RUNGS` and recipe on this device and on each
     datasheet GPU of ``predict_for``. ``batch_size`` overrides each rung's sequences per step."""

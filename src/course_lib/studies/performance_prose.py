@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 
 
@@ -16,7 +18,7 @@ from ..bench import (
     matmul_flops,
     model_flops_per_token,
 )
-from ..glue import Prose, and_list, count_word, sig3
+from ..glue import Prose, and_list, bold, count_word, percent_text, ratio_text, sig3
 from ..hardware import DATASHEET_PEAKS, MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_memory
 from ..models import GPTConfig
@@ -42,7 +44,8 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in %), and a
     phrase that says whether that range is wider than the first measurement's quartiles; and the first
     median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
-    against the medians' own spread."""
+    against the harness's own noise: the wider of its repeated medians' spread and the first measurement's
+    quartiles (both in % of the median)."""
     if not points:
         raise ValueError("timing_facts needs at least one measured point")
     if not timer_seconds > 0:
@@ -51,42 +54,54 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     t = point.timing
     medians = [p.timing.median for p in points]
     spread = 100 * (max(medians) / min(medians) - 1)
+    noise = max(spread, 100 * (t.q75 - t.q25) / t.median)
     return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
             "t_repeats": t.repeats, "t_tflops": point.tflops,
             "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
-            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread),
+            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), noise),
             "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
 
 
-def timer_comparison(diff_pct: float, spread_pct: float) -> Prose:
+def timer_comparison(diff_pct: float, noise_pct: float) -> Prose:
     """The harness's median against ``torch.utils.benchmark.Timer``'s, ``diff_pct`` percent apart (positive:
-    the harness is slower), judged against ``spread_pct``, how far apart the harness's own repeated medians
-    were. Timer times one buffer, which can sit in a warmer cache: that explains a slower harness only."""
-    if not spread_pct >= 0:
-        raise ValueError(f"spread_pct must be a non-negative percentage, got {spread_pct!r}")
+    the harness is slower), judged against ``noise_pct``, how far the harness's own measurement moves (its
+    repeated medians' spread or its quartiles, the wider). Within the noise the phrase says the two agree;
+    beyond it, it reports the gap and offers a reason only as a possibility, and the warm-cache reason (Timer
+    reuses one buffer) only for a slower harness, the one sign it could cause."""
+    if not noise_pct >= 0:
+        raise ValueError(f"noise_pct must be a non-negative percentage, got {noise_pct!r}")
+    if not math.isfinite(diff_pct):
+        raise ValueError(f"diff_pct must be finite, got {diff_pct!r}")
     side = "higher" if diff_pct >= 0 else "lower"
-    gap = f"{abs(diff_pct):.1f}% {side} than the median of PyTorch's own `torch.utils.benchmark.Timer` on the same shape"
-    if abs(diff_pct) <= spread_pct:
-        return Prose(f"{gap}: no more than its own repeated medians differ ({spread_pct:.1f}%, below), so the two "
-                     "tools agree within this machine's noise")
+    timer = "the median of PyTorch's own `torch.utils.benchmark.Timer` on the same shape"
+    noise = (f"its own noise here ({noise_pct:.1f}%, the wider of its repeated medians' spread below and one "
+             "measurement's quartiles)")
+    if abs(diff_pct) <= noise_pct:
+        return Prose(f"within {abs(diff_pct):.1f}% of {timer} ({side}), no more than {noise}: the two tools agree "
+                     "within this machine's noise")
+    gap = f"{abs(diff_pct):.1f}% {side} than {timer}, more than {noise}"
     if diff_pct > 0:
-        return Prose(f"{gap}, beyond its own repeated medians' {spread_pct:.1f}%: Timer reuses one buffer, which "
-                     "can stay in a warmer cache than the harness's rotated buffers")
-    return Prose(f"{gap}, beyond its own repeated medians' {spread_pct:.1f}%. A warmer cache would make Timer "
-                 "faster, not slower, so it does not explain this gap: Timer averages blocks of calls that "
-                 "include Python's call overhead, and on a shared machine the load can change between the two "
-                 "measurements")
+        return Prose(f"{gap}. One possible reason: Timer reuses one buffer, which can stay in a warmer cache than "
+                     "the harness's rotated buffers; another is that the machine's load changed between the two "
+                     "measurements, which only a repeat can tell apart")
+    return Prose(f"{gap}. A warmer cache would make Timer faster, not slower, so it does not explain this gap; "
+                 "Timer averages blocks of calls that include Python's call overhead, and on a shared machine the "
+                 "load can change between the two measurements")
 
 
 def spread_against_quartiles(low_median: float, high_median: float, q25: float, q75: float) -> Prose:
-    """Whether repeated measurements' medians (``low_median`` to ``high_median``) stray beyond one
-    measurement's quartiles, ``q25`` to ``q75`` (all in seconds), as the end of a sentence."""
+    """Whether repeated measurements' medians (``low_median`` to ``high_median``) spread wider than one
+    measurement's quartiles, ``q25`` to ``q75`` (all in seconds), as the end of a sentence: the widths are
+    compared, and a narrower range that still lies partly outside the quartiles is said to be shifted."""
     if not (0 < low_median <= high_median and 0 < q25 <= q75):
         raise ValueError(f"need 0 < low_median <= high_median and 0 < q25 <= q75, got {low_median!r}, "
                          f"{high_median!r}, {q25!r}, {q75!r}")
-    if low_median < q25 or high_median > q75:
+    if high_median - low_median > q75 - q25:
         return Prose("wider than the quartiles of one measurement: a single measurement's quartiles understate "
                      "how much a repeat can move")
+    if low_median < q25 or high_median > q75:
+        return Prose("no wider than the quartiles of one measurement, though not inside them: the repeats moved "
+                     "no more than one measurement varies, but the whole measurement can shift")
     return Prose("inside the quartiles of one measurement: on this run, one measurement's quartiles covered "
                  "the repeats")
 
@@ -136,15 +151,16 @@ def cpu_estimate_sentence(estimate: CPUPeakEstimate | None, best_fp32_tflops: fl
     return Prose(f"A CPU has no datasheet figure here; cores x clock x FLOPs per cycle ({estimate.cores} x "
                  f"{estimate.clock_ghz:.2f} GHz x {estimate.flops_per_cycle}, assuming {estimate.fma_units} FMA "
                  f"units of {estimate.vector_lanes} FP32 lanes) estimates its FP32 peak at {estimate.tflops:.2f} "
-                 f"TFLOP/s, and the best FP32 product here reached {100 * best_fp32_tflops / estimate.tflops:.0f}% "
-                 "of that estimate." + (" More than 100% means the estimate is too low, not that the product beat "
+                 f"TFLOP/s, and the best FP32 product here reached "
+                 f"{percent_text(best_fp32_tflops / estimate.tflops)} of that estimate." + (" More than 100% means the estimate is too low, not that the product beat "
                                         "the hardware: it takes the clock /proc/cpuinfo reports, and a CPU can run "
                                         "faster than that." if best_fp32_tflops > estimate.tflops else ""))
 
 
 def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEstimate | None) -> dict[str, object]:
     """The sweep at its largest multiple of 8 (``live_big``) and its largest size that is not one
-    (``live_odd``): FP32's TFLOP/s at both, BF16's and FP16's throughput over FP32's at ``live_big``; the
+    (``live_odd``): FP32's TFLOP/s at both, BF16's and FP16's throughput over FP32's at ``live_big`` (as
+    :func:`glue.ratio_text` writes a speed ratio, the rule of every ratio on lesson 6's page); the
     CPU estimate's sentence; the dtypes not run, and why."""
     live = measured_tflops(sweep)
     missing = [d for d in ("fp32", "bf16", "fp16") if d not in live]
@@ -157,8 +173,8 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
     skipped = "; ".join(f"{DTYPE_LABELS[d]} ({why})" for d, why in sweep.skipped.items()) or "none"
     return {"live_big": big, "live_odd": odd,
             "live_fp32_big": live["fp32"][big], "live_fp32_odd": live["fp32"][odd],
-            "live_bf16_ratio": live["bf16"][big] / live["fp32"][big],
-            "live_fp16_ratio": live["fp16"][big] / live["fp32"][big],
+            "live_bf16_ratio": Prose(bold(ratio_text(live["bf16"][big] / live["fp32"][big]))),
+            "live_fp16_ratio": Prose(bold(ratio_text(live["fp16"][big] / live["fp32"][big]))),
             "cpu_estimate": cpu_estimate_sentence(estimate, sweep.best("fp32")),
             "skipped": Prose(skipped)}
 
@@ -216,13 +232,15 @@ def roofline_facts(ops: Sequence[OpCost], bandwidth_gbs: float, gpu: GPUPeaks) -
 
 
 def speedup_table(vs_tf32: Mapping[str, RooflineRow], vs_fp32: Mapping[str, RooflineRow]) -> MarkdownTable:
-    """Per operation, the roofline's BF16 speed-up over TF32 and over FP32 and where each is bound."""
+    """Per operation, where it is bound in BF16, in TF32 and in FP32 with TF32 off, and the roofline's BF16
+    speed-up over each wider one (a column per baseline, so that TF32's bound explains its speed-up)."""
     if set(vs_tf32) != set(vs_fp32):
         raise ValueError("the two predictions must cover the same operations")
     return markdown_table(
-        ("operation", "bound in BF16", "BF16 over TF32", "over FP32 (TF32 off)", "bound in FP32"),
-        [(name, r.bound_low, f"{r.speedup:.2f}x", f"{vs_fp32[name].speedup:.2f}x", vs_fp32[name].bound_high)
-         for name, r in vs_tf32.items()])
+        ("operation", "bound in BF16", "bound in TF32", "BF16 over TF32", "bound in FP32 (TF32 off)",
+         "BF16 over FP32 (TF32 off)"),
+        [(name, r.bound_low, r.bound_high, f"{r.speedup:.2f}x", vs_fp32[name].bound_high,
+          f"{vs_fp32[name].speedup:.2f}x") for name, r in vs_tf32.items()])
 
 
 def speedup_facts(vs_tf32: Mapping[str, RooflineRow], vs_fp32: Mapping[str, RooflineRow]) -> dict[str, object]:
@@ -248,7 +266,8 @@ def _eager_rows(study: ThroughputStudy) -> dict[str, dict]:
 
 
 def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, object]:
-    """BF16's and FP16's token rate over FP32's (eager runs, median over seeds), FP32's MFU (%) and the peak
+    """BF16's and FP16's token rate over FP32's (eager runs, median over seeds, as :func:`glue.ratio_text`
+    writes a speed ratio), FP32's MFU (as :func:`glue.percent_text` writes a share) and the peak
     it is measured against, the number of seeds of the eager runs, and the caveat that fits where the study
     ran (``on_gpu``) and whether it compiled."""
     rows = _eager_rows(study)
@@ -259,11 +278,13 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
     if not on_gpu:
         caveat = ("These are this machine's ratios only: a CPU has no tensor cores, and its ratios do not transfer "
                   "to a GPU. The live runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
-                  "include it. A CPU has no datasheet peak, and this page uses two measured ones: MFU divides by "
-                  "the capability probe's product (the one named above), measured once per process so that every "
-                  "lesson's MFU divides by the same figure, while the roofline's ceiling is the best product of this "
-                  "page's sweep, the most this machine reached. A larger product can run faster than the probe's, "
-                  "so an MFU here can overstate the share of the machine a run used.")
+                  "include it. A CPU has no datasheet peak, and this page uses three measured ones, each named "
+                  "where it is used: the MFU above divides by the capability probe's FP32 product (the one named "
+                  "above), measured once per process so that every lesson's MFU divides by the same figure; the "
+                  "ladder's MFU divides by the probe's fastest dtype, which need not be FP32; and the roofline's "
+                  "ceiling is the best product of this page's sweep, the most this machine reached. A larger "
+                  "product can run faster than the probe's, so an MFU here can overstate the share of the machine "
+                  "a run used.")
     elif compiled:
         caveat = (f"The live runs compile {and_list([f'`{r}`' for r in compiled])} with `torch.compile` (one "
                   "seed, blue in the figure); `python -m course_lib.gpu_session` records every recipe compiled in the model "
@@ -272,11 +293,22 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
         caveat = ("The live runs skip `torch.compile`; `python -m course_lib.record training_throughput` measures "
                   "compiled runs too.")
     return {"tp_seeds": len({r.seed for r in study.runs if not r.compiled}),
-            "live_bf16_speed": rows["bf16_autocast"]["tokens_per_s"] / fp32["tokens_per_s"],
-            "live_fp16_speed": rows["fp16_autocast_scaler"]["tokens_per_s"] / fp32["tokens_per_s"],
-            "live_fp32_mfu": 100 * fp32["mfu"],
+            "live_bf16_speed": Prose(bold(ratio_text(rows["bf16_autocast"]["tokens_per_s"] / fp32["tokens_per_s"]))),
+            "live_fp16_speed": Prose(bold(ratio_text(rows["fp16_autocast_scaler"]["tokens_per_s"]
+                                                     / fp32["tokens_per_s"]))),
+            "live_fp32_mfu": Prose(bold(percent_text(fp32["mfu"]))),
             "mfu_source": Prose(study.peak_source),
             "throughput_caveat": Prose(caveat)}
+
+
+def recorded_size(record: RecordedResult) -> str:
+    """``at full size``, or for a record made before the full profile's re-size, that it ran the older,
+    narrower course model (its width from the record), so that a recorded number is read as that model's."""
+    if not record.record.earlier_full_model:
+        return "at full size"
+    model = record.record.course_model or {}
+    return (f"at the full size of its day, the older {model.get('d_model', '?')}-wide course model (narrower "
+            "than today's)")
 
 
 def recorded_seeds_phrase(study: ThroughputStudy | None) -> Prose:
@@ -322,7 +354,7 @@ def recorded_throughput_note(record: RecordedResult) -> Prose:
 
     def named(key: tuple[str, bool]) -> str:
         return f"{key[0]} ({'compiled' if key[1] else 'eager'})"
-    text = (f"Recorded on **{record.label}** at full size ({study.peak_source}; compiled runs: one "
+    text = (f"Recorded on **{record.label}** {recorded_size(record)} ({study.peak_source}; compiled runs: one "
             f"seed). BF16 autocast runs {bf16['tokens_per_s'] / base['tokens_per_s']:.2f} times as many tokens "
             f"per second as FP32, yet it uses only {100 * bf16['mfu']:.1f}% of the BF16 peak: a model of this "
             f"size keeps the GPU busy with launches and memory-bound operations, not with matrix products. The "
@@ -464,7 +496,7 @@ def recorded_memory_note(record: RecordedResult) -> Prose:
         counted, peak = b.total, b.measured_peak_bytes
         rows.append((b.recipe, f"{counted / 2**20:,.0f}", f"{peak / 2**20:,.0f}", f"{peak / counted:.2f}"))
     table = markdown_table(("recipe", "counted (MiB)", "allocator peak (MiB)", "peak over counted"), rows)
-    return Prose(f"Recorded on **{record.label}** at full size: the counted bytes against "
+    return Prose(f"Recorded on **{record.label}** {recorded_size(record)}: the counted bytes against "
                  "`torch.cuda.max_memory_allocated` for the step. The peak is higher by what the count "
                  "leaves out: temporaries such as the logits' gradient, the allocator's rounding and "
                  "workspaces of the matrix libraries.\n\n" + table.rstrip("\n") + "\n\n" + describe_records([record]))
@@ -539,15 +571,22 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
     ]
 
 
-def exercise_facts(ops: Sequence[OpCost]) -> dict[str, object]:
-    """The numbers of the exercises' solutions: a 7B model's FLOPs per token (GFLOP), its rate and MFU at
-    3,000 tokens/s against the H100's dense and sparse BF16 peak; the FLOPs 4095 saves against 4096 (%);
-    the vocabulary 50,257 padded to a multiple of 64; the A100's ridge point; the softmax's and the MLP
-    up-projection's intensities among ``ops`` (FLOPs per byte)."""
+def exercise_facts(ops: Sequence[OpCost], config: GPTConfig, *, batch: int) -> dict[str, object]:
+    """The numbers of the exercises: a 7B model's FLOPs per token (GFLOP), its rate and MFU at 3,000
+    tokens/s against the H100's dense and sparse BF16 peak; the FLOPs 4095 saves against 4096 (%); the
+    vocabulary 50,257 padded to a multiple of 64; the A100's ridge point; the softmax's and the MLP
+    up-projection's intensities among ``ops`` (FLOPs per byte), and the up-projection's shape
+    ``[M, K] @ [K, N]`` for ``config`` at ``batch`` sequences (``ops`` must be that model's)."""
     by_name = {o.name: o for o in ops}
     for name in ("softmax", "MLP up"):
         if name not in by_name:
             raise ValueError(f"ops lack the {name!r} operation")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    m, k, n = batch * config.context, config.d_model, 4 * config.d_model
+    if by_name["MLP up"].flops != matmul_flops(m, n, k):
+        raise ValueError(f"ops' MLP up-projection is not {m} x {k} @ {k} x {n}: build ops for this config "
+                         f"and batch {batch}")
     h100, a100 = DATASHEET_PEAKS["H100 SXM5"], DATASHEET_PEAKS["A100 SXM4 80GB"]
     h100_bf16, a100_bf16 = h100.peak("bf16"), a100.peak("bf16")
     if h100_bf16 is None or a100_bf16 is None:
@@ -560,4 +599,5 @@ def exercise_facts(ops: Sequence[OpCost]) -> dict[str, object]:
             "ex_fewer_flops": 100 * (1 - (4095 / 4096) ** 3),
             "ex_vocab": -(-50257 // 64) * 64,
             "a100_ridge": bf16_ridge(a100), "a100_bf16": a100_bf16, "a100_bw": a100.bandwidth_gbs,
-            "ex_softmax_ai": by_name["softmax"].intensity, "ex_mlp_ai": by_name["MLP up"].intensity}
+            "ex_softmax_ai": by_name["softmax"].intensity, "ex_mlp_ai": by_name["MLP up"].intensity,
+            "ex_mlp_m": m, "ex_mlp_k": k, "ex_mlp_n": n}

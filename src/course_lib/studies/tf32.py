@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..formats import get_format
+from ..formats import get_format, round_to_format
 from ..glue import Prose
 from ..hardware import MATMUL_PRECISIONS, float32_matmul_precision
 from ..results import RecordedResult
@@ -18,22 +18,44 @@ from .performance import ThroughputStudy
 PRECISIONS = tuple(MATMUL_PRECISIONS)
 
 
+# the format each reduced setting allows inside an FP32 product
+ALLOWED_FORMAT = {"high": "TF32", "medium": "BF16"}
+
+
+def _operands(device: torch.device | str, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, n, generator=gen).to(device), torch.randn(n, n, generator=gen).to(device)
+
+
+def _largest_difference(product: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((product.double() - exact).abs().max()) / float(exact.abs().max())
+
+
 def matmul_precision_errors(device: torch.device | str, *, n: int = 256, seed: int = 0) -> dict[str, float]:
     """The largest relative difference (to the largest entry of the exact product) between an ``n`` x ``n``
     FP32 product computed under each of :data:`PRECISIONS` and under "highest", on ``device``. The setting
     in force before the call comes back afterwards."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(n, n, generator=gen).to(device)
-    b = torch.randn(n, n, generator=gen).to(device)
+    a, b = _operands(device, n, seed)
     products = {}
     for precision in PRECISIONS:
         with float32_matmul_precision(precision):
             products[precision] = (a @ b).double()
     exact = products["highest"]
-    scale = float(exact.abs().max())
-    return {p: float((products[p] - exact).abs().max()) / scale for p in PRECISIONS}
+    return {p: _largest_difference(products[p], exact) for p in PRECISIONS}
+
+
+def rounded_operand_errors(device: torch.device | str, *, n: int = 256, seed: int = 0) -> dict[str, float]:
+    """For each reduced setting ("high", "medium"), what a product in the format it allows would differ by:
+    the same operands as :func:`matmul_precision_errors`, rounded to TF32 or BF16 (``round_to_format``) and
+    multiplied in full FP32 (sums in FP32, as tensor cores keep them), against the "highest" product; the
+    same relative measure, so the two can be compared."""
+    a, b = _operands(device, n, seed)
+    with float32_matmul_precision("highest"):
+        exact = (a @ b).double()
+        return {p: _largest_difference(torch.as_tensor(round_to_format(a, f)) @ torch.as_tensor(round_to_format(b, f)),
+                                       exact) for p, f in ALLOWED_FORMAT.items()}
 
 
 def format_facts() -> dict[str, object]:
@@ -43,30 +65,55 @@ def format_facts() -> dict[str, object]:
             "fp32_man_bits": fp32.mantissa_bits}
 
 
-def precision_table(errors: Mapping[str, float]) -> MarkdownTable:
-    """:func:`matmul_precision_errors` as a table: each setting, what it allows, and its largest difference."""
-    allows = {"highest": "full FP32", "high": "TF32 (or better)", "medium": "BF16 (or better)"}
-    unknown = sorted(set(errors) - set(allows))
+def _check(errors: Mapping[str, float], rounded: Mapping[str, float]) -> None:
+    unknown = sorted(set(errors) - set(PRECISIONS))
     if unknown:
         raise ValueError(f"unknown matmul precision settings {unknown}")
-    return markdown_table(["setting", "products in", "largest difference from \"highest\""],
-                          [(f"`{p}`", allows[p], "none" if e == 0 else f"{e:.1e} of the largest entry")
-                           for p, e in errors.items()])
-
-
-def precision_phrase(errors: Mapping[str, float]) -> Prose:
-    """What the "high" (TF32) and "medium" (BF16) settings did to an FP32 product here, from
-    :func:`matmul_precision_errors`: no change at all, or a difference of the given size."""
-    missing = [p for p in ("high", "medium") if p not in errors]
+    missing = [p for p in ALLOWED_FORMAT if p not in errors or p not in rounded]
     if missing:
-        raise ValueError(f"errors lack the settings {missing}")
+        raise ValueError(f"errors and rounded must both give the settings {missing}")
 
-    def effect(p: str, unit: str) -> str:
-        e = errors[p]
-        return (f'"{p}" gives the same bits as "highest" (this device has no {unit} path for FP32 products)'
-                if e == 0 else f'"{p}" moves the product by up to {e:.1e} of its largest entry ({unit} products)')
 
-    return Prose(effect("high", "TF32") + "; " + effect("medium", "BF16"))
+def precision_table(errors: Mapping[str, float], rounded: Mapping[str, float]) -> MarkdownTable:
+    """:func:`matmul_precision_errors` beside :func:`rounded_operand_errors` as a table: each setting, the
+    format it allows inside the product, its measured difference from "highest", and the difference a
+    product of operands rounded to that format has."""
+    _check(errors, rounded)
+
+    def diff(e: float) -> str:
+        return "none" if e == 0 else f"{e:.1e}"
+
+    return markdown_table(["setting", "allows in products", "measured difference from \"highest\"",
+                           "a product in that format differs by"],
+                          [(f"`{p}`", ALLOWED_FORMAT.get(p, "full FP32 only"), diff(e),
+                            diff(rounded[p]) if p in rounded else "-") for p, e in errors.items()])
+
+
+def precision_phrase(errors: Mapping[str, float], rounded: Mapping[str, float], *, match: float = 0.1) -> Prose:
+    """What the "high" and "medium" settings did to an FP32 product here (:func:`matmul_precision_errors`),
+    judged against what a product in the format each allows differs by (:func:`rounded_operand_errors`): the
+    same bits; a difference of at least ``match`` times the rounded product's, as products in that format
+    would give; or a smaller one, so that this device's kernel did not compute products in that format. A
+    setting allows the narrower format; the measurement says whether this device used it."""
+    _check(errors, rounded)
+    if not 0 < match < 1:
+        raise ValueError(f"match must lie in (0, 1), got {match!r}")
+
+    def effect(p: str) -> str:
+        e, r, f = errors[p], rounded[p], ALLOWED_FORMAT[p]
+        against = f"a product of {f}-rounded operands differs by {r:.1e}"
+        if e == 0:
+            return (f'"{p}" gives the same bits as "highest" ({against}): this device\'s kernel computed full '
+                    f"FP32 products under it")
+        if e >= match * r:
+            return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, of the order of {against} '
+                    f"({e / r:.2g} times that): consistent with {f} products")
+        return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, far less than {against}: the '
+                f"setting allows {f} inside the product, but this device's kernel did not compute {f} products "
+                "here (a difference that small comes from another kernel: another summation order, or each FP32 "
+                f"operand split into several {f} parts)")
+
+    return Prose(effect("high") + "; " + effect("medium"))
 
 
 def tf32_recorded_note(record: RecordedResult, *, tie: float = 0.05) -> Prose:
