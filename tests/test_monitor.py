@@ -422,6 +422,18 @@ def test_anomaly_mode_sees_nan_but_not_inf():
     assert mon.anomaly_mode_raises(math.nan) and not mon.anomaly_mode_raises(math.inf)
 
 
+def test_anomaly_mode_flags_a_forward_overflow_late_at_the_loss():
+    """The recovery section's FP16 forward overflow: anomaly mode, which checks backward outputs only, names
+    the first backward function that returned a NaN (the loss's log-softmax), not the layer that overflowed;
+    the same model without the fault raises nothing."""
+    profile = size_profile("cpu")
+    message = monitoring_studies.anomaly_on_forward_overflow(profile)
+    assert message is not None and "LogSoftmaxBackward" in message and "fc" not in message
+    from unittest import mock
+    with mock.patch.object(monitoring_studies, "plant_fault"):   # no fault planted: a healthy FP16 step
+        assert monitoring_studies.anomaly_on_forward_overflow(profile) is None
+
+
 def test_matmul_stats_classify_each_operand_and_scaling_moves_them_into_range():
     setup = _setup(1)
     model = setup.model(0)

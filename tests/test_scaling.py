@@ -364,8 +364,13 @@ def test_scale_gradient_fidelity_shows_what_adam_hides():
     assert set(fid.noise) == {"blocks.0.attn.qkv.bias", "blocks.1.attn.qkv.bias"}
     assert all(v == 64.0 for v in fid.noise.values())          # d_model = 64 key entries in each
     from course_lib import plots
-    labels = [t.get_text() for t in plots.plot_scale_fidelity(fid).axes[0].get_legend().get_texts()]
+    fig = plots.plot_scale_fidelity(fid)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert any("overflowed" in t for t in labels) and len(labels) == 3
+    assert labels[0] == "scale 2\u2070" and labels[1] == "scale 2\u00b9\u2076"   # the prose's notation
+    # the legend sits under the axes and their tick labels, off the data it would hide
+    assert fig.axes[0].get_legend() is None
+    assert fig.legends[0].get_window_extent().y1 <= fig.axes[0].get_tightbbox().y0 + 1
     for bad in (dict(scales=()), dict(scales=(0.0,)), dict(scales=(math.inf,)), dict(batches=0)):
         with pytest.raises(ValueError):
             scale_gradient_fidelity(SizeProfile("small"), steps=0, **bad)
@@ -596,3 +601,36 @@ def test_side_by_side_check_refuses_unknown_arguments():
         compare_with_grad_scaler(0)
     with pytest.raises(TypeError, match="n_steps must be an int"):
         compare_with_grad_scaler(3.0)
+
+
+def test_a_scaler_without_cuda_warns_when_created_then_does_nothing():
+    """What the disabled-scaler pitfall says: torch warns (once, at construction) and the scaler then
+    passes the loss through unscaled, with no further warning."""
+    import warnings
+    from unittest import mock
+
+    from course_lib.scaling import PITFALLS
+    with mock.patch.object(torch.cuda, "is_available", return_value=False):
+        with warnings.catch_warnings(record=True) as made:
+            warnings.simplefilter("always")
+            scaler = torch.amp.GradScaler("cuda")
+        with warnings.catch_warnings(record=True) as used:
+            warnings.simplefilter("always")
+            loss = scaler.scale(torch.tensor(3.0))
+    assert [str(w.message) for w in made] == [
+        "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."]
+    assert not scaler.is_enabled() and float(loss) == 3.0 and used == []
+    assert "warns once" in PITFALLS["disabled_scaler"] and "silently" not in PITFALLS["disabled_scaler"]
+
+
+def test_the_source_lesson_3_prints_fits_its_box_and_speaks_of_the_code():
+    """Lesson 3 prints these three functions' source: lines fit a 77-column box, and the comments explain
+    the code, not the page that prints it."""
+    import inspect
+
+    from course_lib.scaling import TeachingLossScaler
+    from course_lib.scaling import clipping as clip_edits
+    for fn in (TeachingLossScaler.update, clip_edits.scaled_step, clip_edits.adaptive_clip_grad_):
+        source = inspect.getsource(fn)
+        assert max(len(line) for line in source.splitlines()) <= 77, fn.__name__
+        assert "lesson" not in source.lower(), fn.__name__

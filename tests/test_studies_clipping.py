@@ -309,13 +309,28 @@ def test_spike_facts_compute_the_jump_and_the_verdicts():
                                                       "went from 1.00 on the step before to a peak of 2 in the ten steps after (means over 2 seeds).") in facts["clip_jump"]
     assert (facts["clip_full_steps"], facts["clip_full_width"], facts["clip_full_seeds"]) == (300, 128, 5)
     assert (facts["clip_none_lo"], facts["clip_none_hi"], facts["clip_none_mean"]) == (3.0, 4.0, 3.5)
-    assert facts["clip_none_over_global"] == pytest.approx(3.5 / 1.2)
+    # seed by seed, not a ratio of means: 3.0 / 1.1 and 4.0 / 1.3
+    assert facts["clip_seed_ratio_lo"] == pytest.approx(3.0 / 1.1)
+    assert facts["clip_seed_ratio_hi"] == pytest.approx(4.0 / 1.3)
+    assert "was 2.7 to 3.1 times the same seed's with global-norm clipping." in facts["clip_seed_ratios"]
     assert "beyond seed noise" in facts["clip_verdict"]
     # (1.1, 1.3) overlaps the no-spike range (1.0, 1.2) without lying inside it: "within" would overstate it
     assert facts["clip_vs_ref"].startswith("overlapping the seed-to-seed range") and "seed noise" in facts["clip_vs_ref"]
     # the reference's range stands beside the words that name it, in four decimals
     assert "of the runs that saw no spikes at all (1.0000 to 1.2000), a difference" in facts["clip_vs_ref"]
     assert facts["clip_max_norm"] == 1.0 and facts["clip_steps"] == 8 and facts["clip_spikes"] == 2
+
+
+def test_seed_ratio_facts_pair_seeds_and_say_when_they_disagree():
+    # one seed's large loss would carry a ratio of means (8 / 1 over 1 / 1 gives 4.5 as a mean ratio)
+    facts = CP.seed_ratio_facts([8.0, 1.2], [1.0, 1.0])
+    assert (facts["clip_seed_ratio_lo"], facts["clip_seed_ratio_hi"]) == pytest.approx((1.2, 8.0))
+    assert "was 1.2 to 8 times" in facts["clip_seed_ratios"]
+    assert "some seeds and below" in CP.seed_ratio_facts([0.5, 2.0], [1.0, 1.0])["clip_seed_ratios"]
+    diverged = CP.seed_ratio_facts([math.inf, 2.0], [1.0, 1.0])
+    assert diverged["clip_seed_ratio_hi"] == 2.0 and "1 of 2 seeds without clipping diverged" in diverged["clip_seed_ratios"]
+    with pytest.raises(ValueError, match="one final loss per seed"):
+        CP.seed_ratio_facts([1.0], [1.0, 2.0])
 
 
 @pytest.mark.parametrize("none, glob, verdict, vs_ref", [

@@ -129,8 +129,8 @@ def _div(*, failed=True, located=True, fused_peak=1.5e5):
 def test_outcomes_and_location_are_said_from_the_result():
     div = _div()
     assert P.divergence_outcomes(div) == (
-        "Over 3 steps at learning rate 0.05, the loss turned non-finite with attention written out ($q k^\\top$, then "
-        "the scale), in 1 of 1 seeds (at step 2); with fused attention (SDPA), in 0 of 1 seeds.")
+        "Over 3 steps at learning rate 0.05, the loss turned non-finite with attention written out "
+        "(`q @ k.transpose(-2, -1)`, then the scale), in 1 of 1 seeds (at step 2); with fused attention (SDPA), in 0 of 1 seeds.")
     assert P.located_sentence(div) == (
         "Re-run from the weights that failed (seed 0, step 2), the locator names `matmul` in `blocks.0.attn`. "
         "Its inputs were finite (float16 [2, 3] with largest magnitude 90 and float16 [2, 3] with largest "
@@ -139,8 +139,8 @@ def test_outcomes_and_location_are_said_from_the_result():
     q, k = TensorSummary((16, 2, 64, 32), "float16", 90.0, 0, 0), TensorSummary((16, 2, 32, 64), "float16", 81.8, 0, 0)
     qk = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(q, k)))
     assert ("(float16 [16, 2, 64, 32] with largest magnitude 90 and float16 [16, 2, 32, 64] with largest magnitude "
-            "81.8): batch and attention heads first, then $q$ (64 positions by a head dimension of 32) and "
-            "$k^\\top$ (32 by 64); its output") in P.located_sentence(qk)
+            "81.8): batch and attention heads first, then `q` (64 positions by a head dimension of 32) and "
+            "`kᵀ` (32 by 64); its output") in P.located_sentence(qk)
     v = TensorSummary((16, 2, 64, 32), "float16", 3.0, 0, 0)
     att_v = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(
         TensorSummary((16, 2, 64, 64), "float16", 1.0, 0, 0), v)))
@@ -148,8 +148,33 @@ def test_outcomes_and_location_are_said_from_the_result():
     assert P.located_sentence(_div(located=False)).startswith(
         "Re-run from the same weights, step 2 of seed 0 stayed finite under the locator")
     assert P.located_sentence(_div(failed=False)) == (
-        "No run failed, so there is no step to locate; the largest $|q \\cdot k|$ any run reached was 150,000, against "
+        "No run failed, so there is no step to locate; the largest |q · k| any run reached was 150,000, against "
         "FP16's largest value 65,504.")
+
+
+def test_glued_prose_carries_no_tex_math():
+    # glued Markdown lands where MathJax does not typeset it: a $...$ would show as raw LaTeX on the page
+    div = _div()
+    q, k = TensorSummary((16, 2, 64, 32), "float16", 90.0, 0, 0), TensorSummary((16, 2, 32, 64), "float16", 81.8, 0, 0)
+    qk = dataclasses.replace(div, located=dataclasses.replace(div.located, inputs=(q, k)))
+    scaled = dataclasses.replace(div, runs=div.runs + (dataclasses.replace(div.runs[1], attention="scaled_first"),))
+    texts = [*P.divergence_facts(scaled, 3e-3, 16).values(), P.located_sentence(qk),
+             P.located_sentence(_div(failed=False)), P.recorded_divergence_note(scaled, "NVIDIA H200"),
+             P.proxy_sentence("small", False), P.proxy_sentence("small", True), P.proxy_sentence("full", False)]
+    assert not [t for t in texts if isinstance(t, str) and ("$" in t or "\\" in t)]
+
+
+def test_the_proxy_sentence_says_what_the_location_stands_for():
+    small = P.proxy_sentence("small", False)
+    assert "locates the failure of the proxy, not of the full-size record" in small
+    assert "awaits a GPU recording of this study (`fp16_divergence`)" in small
+    assert "The GPU record below locates the failure in a full-size run" in P.proxy_sentence("small", True)
+    assert "awaits" not in P.proxy_sentence("small", True)
+    assert P.proxy_sentence("full", False).startswith("These runs are the full-size study")
+    with pytest.raises(ValueError, match="size must be 'small' or 'full'"):
+        P.proxy_sentence("medium", False)
+    with pytest.raises(TypeError, match="recorded must be a bool"):
+        P.proxy_sentence("small", 1)
 
 
 def test_the_verdict_reports_products_against_fp16s_range():
@@ -202,5 +227,9 @@ def test_the_figure_draws_a_line_per_run_and_fp16s_limit():
     labels = [line.get_label() for line in ax.get_lines()]
     assert "seed 0, written out: loss not finite at step 2" in labels
     assert "seed 0, fused (SDPA)" in labels
+    # readable at the book's column: a narrow figure whose legend and limit label are at least 10 points
+    assert fig.get_figwidth() <= 6.5
+    assert min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 10
+    assert any("FP16's largest value" in t.get_text() and t.get_fontsize() >= 10 for t in ax.texts)
     assert any(line.get_ydata()[0] == FP16_MAX for line in ax.get_lines() if len(line.get_ydata()) == 2
                and line.get_ydata()[0] == line.get_ydata()[1])

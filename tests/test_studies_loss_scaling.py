@@ -243,6 +243,7 @@ def test_fidelity_facts_pick_the_best_scale_by_its_worst_error_and_the_plateau_b
     facts = P.fidelity_facts(_fidelity())
     assert facts == {"fid_steps": 30, "fid_worst_1": "4.0% (`b`)", "fid_worst_best": "0.20%", "fid_best": "2\u2078",
                      "fid_median_ratio": 0.02 / 0.0015, "fid_within": 25.0, "fid_batches": 2,
+                     "fid_median_gap": pytest.approx(100 * (0.0015 / 0.0012 - 1)),
                      "fid_plateau": "2\u2078 and 2\u00b9\u2076", "fid_overflow": "2\u00b2\u2074", "fid_noise": "No FP32 entry was that small here",
                      "fid_noise_floor": "2\u207b\u00b2\u2074", "fid_lost_by_scale": "50.000% at 2\u2070, 12.500% at 2\u2078 and 0.000% at 2\u00b9\u2076"}
     assert all(isinstance(facts[k], Prose) for k in ("fid_worst_1", "fid_worst_best", "fid_best", "fid_plateau"))
@@ -266,9 +267,13 @@ def test_lost_by_scale_gives_each_scales_largest_share_and_groups_equal_ones():
 def test_noise_note_names_what_entries_lost_left_out_and_why_a_key_bias_is_noise():
     fid = dataclasses.replace(_fidelity(), noise={"blocks.0.attn.qkv.bias": 64.0, "b": 1.5})
     note = P.noise_note(fid)
-    assert note.startswith("Left out here: 64 of `blocks.0.attn.qkv.bias` and 1.5 of `b` per batch. ")
+    assert note.startswith("Left out here, in entries per batch, averaged over 2 batches: 64 of "
+                           "`blocks.0.attn.qkv.bias` and 1.5 of `b`. ")
     assert "zero in exact arithmetic" in note
-    assert P.noise_note(dataclasses.replace(_fidelity(), noise={"b": 2.0})) == "Left out here: 2 of `b` per batch"
+    assert P.noise_note(dataclasses.replace(_fidelity(), noise={"b": 2.0})) == (
+        "Left out here, in entries per batch, averaged over 2 batches: 2 of `b`")
+    one_batch = dataclasses.replace(_fidelity(), batches=1, noise={"b": 2.0})
+    assert P.noise_note(one_batch) == "Left out here, in entries per batch: 2 of `b`"
 
 
 def test_fidelity_facts_need_scale_1_without_overflow_and_a_factor_of_at_least_1():
@@ -322,7 +327,8 @@ def test_pitfall_table_says_what_was_caught_raised_and_how_far_the_weights_moved
 def test_pitfall_facts_compare_each_demo_with_the_correct_loop():
     facts = P.pitfall_facts(_demos())
     assert facts == {"clip_ratio": 0.125, "clip_scale_log2": 20, "clip_scale": "2\u00b2\u2070", "sched_ratio": 0.375, "micro_steps": 6,
-                     "correct_steps": 3}
+                     "correct_steps": 3, "clip_shrink": "The update shrinks by *S* \u00d7 min(norm, `max_norm`)/`max_norm`, "
+                     "which is the scale *S* itself only when the true norm exceeds `max_norm`, and less when it does not."}
     # the disabled scaler never scales, so its planted overflow never happens: one more step than the correct loop
     disabled = PitfallDemo("disabled_scaler", (Finding("disabled_scaler", 0, "m"),), None, 4, 4, 2.5, 1.0)
     with_disabled = P.pitfall_facts([disabled, *_demos()])
@@ -355,8 +361,11 @@ def test_scaling_errata_state_each_measurement():
                           "steps the real GradScaler's scale is still 65536.")
     assert rows[1][1] == ("There is no cap: with `growth_interval=1`, 20 clean steps take the real GradScaler from "
                           "2\u00b9\u2076 to 2\u00b3\u2076. 2\u00b9\u2076 is only the default initial scale.")
-    assert rows[2][1] == ("It clips the still-scaled gradients, so the update shrinks by about the scale: the weights "
-                          "moved 8.47e-07 times as far as in the correct loop (pitfalls table above).")
+    assert rows[2][1] == ("It clips the still-scaled gradients to `max_norm`, so once unscaled their norm is "
+                          "`max_norm`/*S* instead of min(norm, `max_norm`): the update shrinks by *S* \u00d7 min(norm, "
+                          "`max_norm`)/`max_norm`, which is the scale *S* itself only when the true norm exceeds "
+                          "`max_norm`, and less when it does not. The weights moved 8.47e-07 times as far as in "
+                          "the correct loop (pitfalls table above).")
     assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0\". Multiply the loss by a constant and "
                           "divide the gradients by it before the step, or give GradScaler a `growth_interval` longer "
                           "than the run (it still backs off after an overflow).")

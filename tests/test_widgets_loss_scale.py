@@ -147,6 +147,29 @@ def read_rows(root):
     return out
 
 
+def shown_share(share: float) -> str:
+    """The explorer's percentage: two decimals, more where two would show a share short of all as 100.00%
+    or a share above none as 0.00%."""
+    s = 0.0 if -5e-5 < share < 0 else share
+    for digits in range(2, 9):
+        text = f"{100 * s:.{digits}f}"
+        if not ((s < 1 and float(text) >= 100) or (s > 0 and float(text) <= 0)):
+            break
+    return text + "%"
+
+
+def test_a_share_short_of_all_never_reads_100_percent(page_with):
+    """One overflow among 100,001 gradients: two decimals would show 100.00% surviving and 0.00% overflowing."""
+    values = torch.cat([torch.ones(100_000), torch.tensor([1e5])])
+    page = page_with(loss_scale_explorer(values, "FP16", start=0).html())
+    root = page.locator(".course-explorer")
+    rows = read_rows(root)
+    assert rows["survive"][2] == "99.999%" and rows["overflow"][2] == "0.001%"
+    assert rows["flushed"][2] == "0.00%"   # none at all: two decimals are exact
+    assert "99.999% of the 100,001 non-zero gradients survive" in root.locator("[data-role=readout]").text_content()
+    assert shown_share(1.0) == "100.00%" and shown_share(-1e-17) == "0.00%"
+
+
 def test_controls_change_the_shown_shares_to_pythons(page_with, gradients):
     page = page_with(loss_scale_explorer(gradients, "FP16").html())
     root = page.locator(".course-explorer")
@@ -159,7 +182,7 @@ def test_controls_change_the_shown_shares_to_pythons(page_with, gradients):
         assert rows["survive"][0] == sweep.survive[i] and rows["normal"][0] == sweep.survive_normal[i]
         assert rows["flushed"][0] == sweep.flushed[i] and rows["overflow"][0] == sweep.overflow[i]
         assert rows["subnormal"][0] == sweep.subnormal[i]
-        assert rows["survive"][2] == f"{100 * sweep.survive[i]:.2f}%"
+        assert rows["survive"][2] == shown_share(sweep.survive[i])
         assert f"2^{k}" in readout.text_content()
 
     assert readout.get_attribute("data-log2") == "0"
@@ -256,7 +279,7 @@ def test_colours_are_the_lessons_figures(js_page, gradients, page_with):
     lines = {line.get_label(): to_hex(line.get_color()) for line in figure.axes[0].get_lines()}
     plt.close(figure)
     colours = {kind: to_hex(c) for kind, c in js_page.evaluate("() => courseLib.COLOURS").items()}
-    assert colours["normal"] == lines["survive as normal numbers (full precision)"]
+    assert colours["normal"] == lines["survive as normal numbers (full FP16 precision)"]
     assert colours["flushed"] == lines["flushed to zero"]
     assert colours["overflow"] == lines["overflow"]
     assert colours["survive"] == lines["survive (all)"]

@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter
 
+from ..glue import power_of_two_text
 from .style import FORMAT_COLOURS, finish_figure, recipe_colour
 
 
@@ -20,7 +21,7 @@ def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
     ax.axvspan(lo, hi, color="#009E73", alpha=0.08, label="within 0.5 points of the best survival")
     ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=2, label="survive (all)")
     ax.plot(sweep.scales, np.array(sweep.survive_normal) * 100, color="#0072B2", lw=1.5, ls="--",
-            label="survive as normal numbers (full precision)")
+            label="survive as normal numbers (full FP16 precision)")
     ax.plot(sweep.scales, np.array(sweep.flushed) * 100, color="#E69F00", lw=1.5, label="flushed to zero")
     ax.plot(sweep.scales, np.array(sweep.overflow) * 100, color="#CC79A7", lw=1.5, label="overflow")
     for label, x in (marks or {}).items():
@@ -42,7 +43,8 @@ def plot_scale_fidelity(result) -> Figure:
     fig, ax = plt.subplots(figsize=(10, 4.6))
     x = np.arange(len(result.names))
     for j, sc in enumerate(result.scales):
-        label = f"scale 2^{math.log2(sc):g}" if math.log2(sc) == int(math.log2(sc)) else f"scale {sc:g}"
+        exponent = math.log2(sc)   # superscripts, as the lesson's prose writes a scale (2⁰, 2¹⁶)
+        label = f"scale {power_of_two_text(int(exponent))}" if exponent == int(exponent) else f"scale {sc:g}"
         if result.overflowed[sc]:
             ax.plot([], [], " ", label=f"{label}: gradients overflowed (inf), no error to draw")
             continue
@@ -53,7 +55,8 @@ def plot_scale_fidelity(result) -> Figure:
     ax.set_ylabel("relative error of the gradient\n(FP16 autocast against FP32)")
     ax.set_title(f"Each parameter's gradient under each loss scale (after {result.steps} FP32 steps)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # under the axes and their tick labels: inside, it covered the unscaled line's largest errors
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=9, loc="lower center", ncol=3, frameon=False)
     return finish_figure(fig)
 
 
@@ -151,27 +154,30 @@ def plot_qk_growth(divergence) -> Figure:
     """The largest attention product ``|q . k|`` before the scale (the largest over layers) against the step,
     one line per run of a :class:`~course_lib.studies.fp16_divergence.Fp16Divergence` (colour: seed; solid:
     attention written out, dashed: any other kind), FP16's largest value as a line, and a cross where a
-    run's loss turned non-finite."""
+    run's loss turned non-finite. Narrow (6 inches) with one legend column: the book scales a figure to its
+    column (about 672 px), where a 10-point label reads about 15 px tall."""
     fp16_max = float(np.finfo(np.float16).max)
-    fig, ax = plt.subplots(figsize=(8.5, 4.6))
+    fig, ax = plt.subplots(figsize=(6.0, 5.6))
     seeds = sorted({run.seed for run in divergence.runs})
     styles = {"explicit": "-", "scaled_first": "-.", "sdpa": "--"}
     names = {"explicit": "written out", "scaled_first": "q scaled first", "sdpa": "fused (SDPA)"}
     for run in divergence.runs:
         peak = np.array(run.peaks(), dtype=float)
         colour = recipe_colour(seeds.index(run.seed))
-        ax.plot(run.probe_steps, peak, color=colour, ls=styles[run.attention], lw=1.6,
+        ax.plot(run.probe_steps, peak, color=colour, ls=styles[run.attention], lw=2,
                 label=f"seed {run.seed}, {names[run.attention]}"
                       + ("" if run.first_nonfinite is None else f": loss not finite at step {run.first_nonfinite}"))
         if run.first_nonfinite is not None and len(peak) and np.isfinite(peak[-1]):
-            ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=8, mec="#000000", mew=0.8, alpha=0.9)
-    ax.axhline(fp16_max, color="#000000", lw=1)
-    ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:,.0f}", fontsize=8, va="bottom")
+            ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=10, mec="#000000", mew=0.8,
+                    alpha=0.9)
+    ax.axhline(fp16_max, color="#000000", lw=1.2)
+    ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:,.0f}", fontsize=10, va="bottom")
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
-    ax.set_xlabel("training step")
-    ax.set_ylabel("largest |q . k| before the 1/sqrt(d) scale")
-    ax.set_title(f"Attention products against FP16's range (learning rate {divergence.lr:g})")
+    ax.tick_params(labelsize=10)
+    ax.set_xlabel("training step", fontsize=11)
+    ax.set_ylabel("largest |q . k| before the 1/sqrt(d) scale", fontsize=11)
+    ax.set_title(f"Attention products (learning rate {divergence.lr:g})", fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     return finish_figure(fig)

@@ -23,20 +23,39 @@ def plot_recovery(demo) -> Figure:
         losses = np.asarray(log.losses, dtype=float)
         scales = np.asarray(log.scales, dtype=float)
         shown = np.where(np.isfinite(losses), losses, np.nan)
-        # a rollback starts a new segment: the abandoned attempt faded, the run that continued solid
+        skipped_mask = np.asarray(log.skipped, dtype=bool)
+        # a rollback starts a new segment at the step it went back to: the steps of the segment before from
+        # there on were abandoned (drawn faded and dotted, above the grey run they may lie on, in every
+        # panel); the steps kept and the run that continued are solid, joined across the rollback
         cuts = [0] + [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]] + [len(steps)]
+        kept = np.zeros(len(steps), dtype=bool)
         for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-            last = k == len(cuts) - 2
-            kw = dict(color=colour, lw=2.6 if j == 0 else 1.6, ms=3, zorder=2 + j, alpha=1.0 if last else 0.45)
-            top.plot(steps[a:b], shown[a:b], "o-", label=label if last else None, **kw)
-            mid.plot(steps[a:b], scales[a:b], "o-", **kw)
+            resumed_at = steps[b] if b < len(steps) else np.inf
+            kept[a:b] = steps[a:b] < resumed_at
+        solid = dict(color=colour, lw=2.6 if j == 0 else 1.6, ms=3, zorder=2 + j)
+        faded = dict(color=colour, lw=1.6, ms=5, mfc="none", ls=":", alpha=0.55, zorder=5)
+        order = np.flatnonzero(kept)
+        top.plot(steps[order], shown[order], "o-", label=label, **solid)
+        mid.plot(steps[order], scales[order], "o-", **solid)
+        for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+            gone = [i for i in range(a, b) if not kept[i]]
+            if not gone:
+                continue
+            path = ([gone[0] - 1] if gone[0] > a else []) + gone   # from the last kept step on
+            first = not any(not kept[i] for i in range(cuts[0], a))
+            top.plot(steps[path], shown[path], "o", label="abandoned attempt, rolled back" if first else None,
+                     **faded)
+            mid.plot(steps[path], scales[path], "o", **faded)
+            abandoned_skips = [i for i in gone if skipped_mask[i]]
+            bottom.plot(steps[abandoned_skips], np.full(len(abandoned_skips), j), "|", color=colour, ms=14,
+                        mew=2.4, alpha=0.35, zorder=3)
         bad = steps[~np.isfinite(losses)]
         if len(bad):
             # a non-finite loss has no height: mark it along the top of the panel
             top.plot(bad, np.full(len(bad), 1.0), "x", color=colour, ms=6, mew=1.6,
                      transform=top.get_xaxis_transform(), clip_on=False,
                      label=("no recovery" if j == 0 else "recovery") + ": loss inf/NaN")
-        skipped = steps[np.asarray(log.skipped, dtype=bool)]
+        skipped = steps[skipped_mask & kept]
         # above the fault's line, which runs through the same step
         bottom.plot(skipped, np.full(len(skipped), j), "|", color=colour, ms=14, mew=2.4, zorder=3)
     for ax in (top, mid, bottom):

@@ -51,7 +51,6 @@ def adaptive_clip_grad_(parameters, clipping: float = 0.01,
     weights are zero can still move). Units as in :func:`unitwise_norm`.
     Returns how many units were clipped. Call it after ``scaler.unscale_``:
     it compares gradients with weights."""
-    # (lines kept short: lesson 3 prints this function's source)
     clipping = check_positive("clipping", clipping)
     eps = check_positive("eps", eps)
     clipped = 0
@@ -80,7 +79,6 @@ def scaled_step(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer,
                 loss: torch.Tensor, edit) -> None:
     """One training step under a loss scaler, with a gradient edit in its
     one right place."""
-    # (lines kept short: lesson 3 prints this function's source)
     params = [p for group in opt.param_groups for p in group["params"]]
     scaler.scale(loss).backward()
     scaler.unscale_(opt)  # from here on p.grad holds the true gradients

@@ -12,7 +12,8 @@ import torch
 
 PITFALLS = {
     "disabled_scaler": "GradScaler is disabled: created without a device on a machine without CUDA (it "
-                       "targets 'cuda' by default and silently turns itself off). Pass the device: "
+                       "targets 'cuda' by default, warns once, when created, that CUDA is not available, "
+                       "and then does nothing). Pass the device: "
                        "torch.amp.GradScaler('cpu') or torch.amp.GradScaler('cuda').",
     "clip_before_unscale": "Gradients were clipped (or their norm measured) while still scaled: the "
                            "threshold applied to gradients `scale` times too large. Call "
@@ -336,7 +337,7 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
         warnings.simplefilter("ignore")  # the no-device GradScaler warns that CUDA is missing
         if name == "disabled_scaler":
             # The mistake as it happens on a machine without CUDA: no device given, so GradScaler targets
-            # 'cuda', finds no CUDA and turns itself off. On a GPU machine, hide CUDA from it for this one
+            # 'cuda', finds no CUDA, warns and does nothing. On a GPU machine, hide CUDA from it for this one
             # construction, so the demo plants the same mistake everywhere.
             with mock.patch.object(torch.cuda, "is_available", return_value=False):
                 scaler = torch.amp.GradScaler()
@@ -432,7 +433,7 @@ AUTOCAST_PITFALLS_DTYPE = {"fp16_autocast_without_scaler": torch.float16, "scale
 
 def _scaler_device_type(device) -> str:
     """The device type a demo's GradScaler is created for: ``"cpu"``, or ``"cuda"`` where CUDA is
-    available (elsewhere GradScaler would silently disable itself, a different demo)."""
+    available (elsewhere GradScaler would warn and disable itself, a different demo)."""
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
     try:
@@ -443,7 +444,7 @@ def _scaler_device_type(device) -> str:
         raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)!r}")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asks for CUDA, which is not available here (GradScaler "
-                         f"would silently disable itself); use 'cpu'")
+                         f"would warn and disable itself); use 'cpu'")
     return device_type
 
 

@@ -205,7 +205,6 @@ class TeachingLossScaler:
         An overflow is an inf or NaN in the gradients of any optimizer
         unscaled since the last update; a replay of recorded steps, which
         has no gradients, passes ``found_inf`` instead."""
-        # (lines kept short: lesson 3 prints this method's source)
         found_inf = self._overflow_since_update(found_inf)
         self._optimizers.clear()
         if found_inf:
@@ -320,7 +319,7 @@ class ScalerDefaults:
 
 def grad_scaler_defaults(device: str = "cpu") -> ScalerDefaults:
     """Read GradScaler's defaults from the installed torch (pass the device: without one GradScaler
-    targets CUDA and silently disables itself on a machine without a GPU)."""
+    targets CUDA and, on a machine without a GPU, warns and disables itself)."""
     s = torch.amp.GradScaler(device)
     return ScalerDefaults(s.get_scale(), s.get_growth_factor(), s.get_backoff_factor(),
                           s.get_growth_interval())

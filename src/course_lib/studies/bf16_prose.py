@@ -341,8 +341,10 @@ def bf16_errata_rows(rtx3090: GPUPeaks, advice_3090: Advice, ft: FP16FineTune, u
 
 # ---- the FP16 failure, located -----------------------------------------------------------------------
 
-ATTENTION_NAMES = {"explicit": "attention written out ($q k^\\top$, then the scale)",
-                   "scaled_first": "$q$ scaled before the product", "sdpa": "fused attention (SDPA)"}
+# plain text and code spans, no $...$ math: these phrases are glued as Markdown, and a glued phrase lands in
+# an element MathJax skips, so math in it would show as raw LaTeX
+ATTENTION_NAMES = {"explicit": "attention written out (`q @ k.transpose(-2, -1)`, then the scale)",
+                   "scaled_first": "`q` scaled before the product", "sdpa": "fused attention (SDPA)"}
 
 
 def divergence_outcomes(div: Fp16Divergence) -> Prose:
@@ -369,7 +371,7 @@ def located_sentence(div: Fp16Divergence) -> Prose:
     failed (with the largest product any run reached, against FP16's largest value)."""
     if div.located_step is None:
         peak = max((p for p in map(_peak, div.runs) if math.isfinite(p)), default=math.nan)
-        return Prose(f"No run failed, so there is no step to locate; the largest $|q \\cdot k|$ any run reached was "
+        return Prose(f"No run failed, so there is no step to locate; the largest |q · k| any run reached was "
                      f"{_fmt_max(peak)}, against FP16's largest value {_fmt_max(FP16_MAX)}.")
     if div.located is None:
         return Prose(f"Re-run from the same weights, step {div.located_step} of seed {div.located_seed} stayed "
@@ -389,14 +391,14 @@ def located_sentence(div: Fp16Divergence) -> Prose:
 def _attention_shapes(report) -> str:
     """What the dimensions of an attention product's inputs are, where the locator named a ``matmul`` of two
     4-D tensors: batch and heads first, then the matrices; ``q @ k^T`` where the shapes are (T, d) by (d, T)
-    with T != d (``att @ v`` is (T, T) by (T, d)); "" otherwise."""
+    with T != d (``att @ v`` is (T, T) by (T, d)); "" otherwise. Plain text, no math: it is glued."""
     shapes = [tuple(s.shape) for s in report.inputs]
     if report.op != "matmul" or len(shapes) != 2 or any(len(shape) != 4 for shape in shapes):
         return ""
     (_, _, t, d), (_, _, d2, t2) = shapes
     if (t, d) == (t2, d2) and t != d:
-        return (f": batch and attention heads first, then $q$ ({t} positions by a head dimension of {d}) and "
-                f"$k^\\top$ ({d} by {t})")
+        return (f": batch and attention heads first, then `q` ({t} positions by a head dimension of {d}) and "
+                f"`kᵀ` ({d} by {t})")
     return ": batch and attention heads first, then the two matrices multiplied"
 
 
@@ -467,6 +469,26 @@ def learning_rate_sentence(div: Fp16Divergence, course_lr: float, course_batch: 
            else "")
     return Prose(f"The runs train at learning rate {div.lr:g}, {how} the {course_lr:g} of the course model's "
                  f"other runs (the parity runs above among them){why}.{batch}")
+
+
+def proxy_sentence(size: str, recorded: bool) -> Prose:
+    """What the located failure stands for. At the ``size`` 'small' the live runs are a proxy (a smaller model,
+    a higher learning rate, smaller batches), so what they locate is their own failure, not the full-size
+    record's; ``recorded``: whether a GPU record of this study exists (its note then locates a full-size run).
+    At 'full' the live runs are the full-size study itself."""
+    if size not in ("small", "full"):
+        raise ValueError(f"size must be 'small' or 'full', got {size!r}")
+    if not isinstance(recorded, bool):
+        raise TypeError(f"recorded must be a bool, got {type(recorded).__name__}")
+    if size == "full":
+        return Prose("These runs are the full-size study, so the operation named is where a full-size run "
+                     "failed.")
+    where = ("The GPU record below locates the failure in a full-size run of this study." if recorded else
+             "Which operation failed in the full-size runs recorded above is not shown: that awaits a GPU "
+             "recording of this study (`fp16_divergence`).")
+    return Prose("These runs are a small proxy on the CPU (the small course model, with the learning rate "
+                 "and batch said below the figure), so this locates the failure of the proxy, not of the full-size "
+                 f"record. {where}")
 
 
 def divergence_facts(div: Fp16Divergence, course_lr: float, course_batch: int | None = None) -> dict[str, object]:

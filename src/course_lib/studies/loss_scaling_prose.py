@@ -22,6 +22,10 @@ from ..tables import MarkdownTable, markdown_table
 from .loss_scaling import NOISE_FLOOR, FlightRecording, ScaleFidelity, ScalingRun, adam_update_change
 
 CORRECT_LOOP = "correct loop"   # the name run_pitfall_demo(None) gives the loop without a mistake
+# one statement of what clipping before unscale_ does, for every place of the page that says it
+CLIP_BEFORE_UNSCALE_SHRINK = ("the update shrinks by *S* \u00d7 min(norm, `max_norm`)/`max_norm`, which is "
+                              "the scale *S* itself only when the true norm exceeds `max_norm`, and less when it does "
+                              "not.")
 SMALLEST_FLOAT32 = 2.0 ** -149
 
 
@@ -301,7 +305,8 @@ def fidelity_table(fid: ScaleFidelity) -> MarkdownTable:
 def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object]:
     """The worst gradient error without a scale (``fid_worst_1``) and at the scale with the smallest worst
     error (``fid_best``, ``fid_worst_best``), the ratio of their median errors, the scales whose median
-    error is within ``within`` times the best one's (``fid_plateau``; ``fid_within`` in percent), the
+    error is within ``within`` times the best one's (``fid_plateau``; ``fid_within`` in percent) and how
+    far apart their medians are (``fid_median_gap``, the largest over the smallest, in percent), the
     scales that overflowed, and the run's steps and batches. Scale 1 must be measured without overflow."""
     if not within >= 1:
         raise ValueError(f"within is a factor of at least 1, got {within!r}")
@@ -319,6 +324,7 @@ def fidelity_facts(fid: ScaleFidelity, within: float = 1.25) -> dict[str, object
         "fid_best": Prose(power_of_two(best)),
         "fid_median_ratio": med[1.0] / med[best],
         "fid_within": 100 * (within - 1),
+        "fid_median_gap": 100 * (max(med[sc] for sc in plateau) / min(med[sc] for sc in plateau) - 1),
         "fid_batches": fid.batches,
         "fid_plateau": Prose(" and ".join(power_of_two(sc) for sc in plateau)),
         "fid_overflow": Prose(", ".join(overflowed) or "none"),
@@ -349,12 +355,14 @@ def lost_by_scale(fid: ScaleFidelity) -> Prose:
 
 def noise_note(fid: ScaleFidelity) -> Prose:
     """What "entries lost" left out as FP32's rounding noise (:attr:`ScaleFidelity.noise`): per parameter, the
-    entries per batch, and why a key bias's gradient is such noise."""
+    entries per batch (averaged over the batches, so a fraction can appear), and why a key bias's gradient
+    is such noise."""
     if not fid.noise:
         return Prose("No FP32 entry was that small here")
     listed = and_list([f"{count:g} of `{name}`" for name, count in fid.noise.items()])
     keys = any(name.endswith("qkv.bias") for name in fid.noise)
-    return Prose(f"Left out here: {listed} per batch" + (
+    averaged = f", averaged over {plural(fid.batches, 'batch', 'batches')}" if fid.batches > 1 else ""
+    return Prose(f"Left out here, in entries per batch{averaged}: {listed}" + (
         ". Attention's query-key-value bias holds the key bias, whose gradient is zero in exact arithmetic (a "
         "bias added to every key shifts all of a query's scores by one amount, which softmax ignores): FP32 "
         "computes it as rounding noise" if keys else ""))
@@ -406,6 +414,7 @@ def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
         "clip_ratio": clip.update_norm / correct.update_norm,
         "clip_scale_log2": int(math.log2(clip.final_scale)),
         "clip_scale": Prose(power_of_two_text(int(math.log2(clip.final_scale)))),
+        "clip_shrink": Prose(CLIP_BEFORE_UNSCALE_SHRINK[0].upper() + CLIP_BEFORE_UNSCALE_SHRINK[1:]),
         "sched_ratio": by_name["scheduler_on_skipped_step"].update_norm / correct.update_norm,
         "micro_steps": by_name["update_every_microbatch"].optimizer_steps,
         "correct_steps": correct.optimizer_steps,
@@ -444,7 +453,8 @@ def scaling_errata(defaults: ScalerDefaults, *, default_steps: int, default_scal
          f"There is no cap: with `growth_interval=1`, {fast_steps} clean steps take the real GradScaler from "
          f"{init} to {power_of_two(fast_scale)}. {init} is only the default initial scale."),
         ("Clipping before unscaling does nothing, or produces NaN.",
-         f"It clips the still-scaled gradients, so the update shrinks by about the scale: the weights moved "
+         f"It clips the still-scaled gradients to `max_norm`, so once unscaled their norm is `max_norm`/*S* "
+         f"instead of min(norm, `max_norm`): {CLIP_BEFORE_UNSCALE_SHRINK} The weights moved "
          f"{_ratio_text(clip_ratio)} times as far as in the correct loop (pitfalls table above)."),
         ("For static loss scaling, use `GradScaler(growth_factor=1.0)`.",
          f"{static}. Multiply the loss by a constant and divide the gradients by it before the step, or give "

@@ -105,6 +105,29 @@ def nan_hunt(profile, device: torch.device | str = "cpu", *, layer: str = "block
     return NanHunt(layer, kind, locator.report, message, plain_s, locator_s, anomaly_s, repeats)
 
 
+def anomaly_on_forward_overflow(profile, device: torch.device | str = "cpu", *, layer: str = "blocks.0.fc",
+                                seed: int = 0) -> str | None:
+    """One step of the course model under FP16 autocast with the overflow of :func:`overflow_recovery`
+    planted in ``layer`` from the first step, run under ``torch.autograd.detect_anomaly(check_nan=True)``:
+    the first line of anomaly mode's error (which names the first backward function that returned a NaN),
+    or None if it raised nothing. Anomaly mode checks backward outputs only, so a forward overflow shows
+    only where its NaN first comes out of a backward function."""
+    setup = course_setup(profile, device, steps=1, default_steps=(1, 1), seed=seed)
+    model = setup.model(seed)
+    plant_fault(model, layer, "overflow")
+    x, y = setup.sampler.batch(0, setup.device)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # anomaly mode warns that it is slow
+            with torch.autograd.detect_anomaly(check_nan=True):
+                with torch.autocast(setup.device.type, dtype=torch.float16):
+                    loss = model(x, y)[1]
+                loss.backward()
+    except RuntimeError as exc:
+        return str(exc).strip().splitlines()[0]
+    return None
+
+
 def _step_in_run(name: str, step: int | None, n: int) -> int:
     """A fault's start step inside a run of ``n`` steps: a third of the way by default, else checked."""
     step = n // 3 if step is None else step

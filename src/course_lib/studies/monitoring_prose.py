@@ -415,10 +415,23 @@ _ANOMALY_LEAD = {(False, True): "It checks backward outputs for NaN only",
                  (False, False): "In this torch it raised on neither"}
 
 
+def _forward_overflow_text(message: str | None) -> str:
+    """What anomaly mode said of an FP16 overflow in the forward pass (its error's first line, or None)."""
+    if message is None:
+        return ("The recovery section's FP16 forward overflow, planted under it, raised nothing: its infs "
+                "never became a NaN in a backward output.")
+    return (f"A forward overflow is flagged only if its infs later turn into a NaN in some backward output, and "
+            f"then late, where that NaN appears: the recovery section's FP16 forward overflow, planted under it, "
+            f"was reported at {_code(anomaly_function(message) or message)}, not at the layer that "
+            f"overflowed.")
+
+
 def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, records: Sequence[RecordedResult], *,
-                inf_raises: bool, nan_raises: bool) -> list[tuple[str, str]]:
+                inf_raises: bool, nan_raises: bool, overflow_anomaly: str | None) -> list[tuple[str, str]]:
     """Lesson 9's errata, (claim, what this page measured): the forward NaN hunt, the FP16 run without
-    recovery, whether anomaly mode raised on an inf and on a NaN gradient, and the monitor's overhead here,
+    recovery, whether anomaly mode raised on an inf and on a NaN gradient, what it said of the recovery
+    section's FP16 forward overflow (``overflow_anomaly``: its error's first line, None if it raised nothing;
+    :func:`~course_lib.studies.monitoring.anomaly_on_forward_overflow`), and the monitor's overhead here,
     judged against the run's noise (and on the first recorded GPU run, if any)."""
     _check_intervals(cost)
     if forward.kind != "nan":
@@ -450,7 +463,7 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
         ("`detect_anomaly` catches overflows.",
          f"{_ANOMALY_LEAD[(inf_raises, nan_raises)]}: a backward pass whose gradient is inf "
          f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
-         f"{'raised' if nan_raises else 'passed'}; FP16 overflows to inf."),
+         f"{'raised' if nan_raises else 'passed'}. {_forward_overflow_text(overflow_anomaly)}"),
         ("Gradient monitoring is too slow to leave on.",
          f"{measured} (the unmonitored loop alone moved by a median {_unsigned(100 * noise, d)} between "
          f"rounds).{recorded}"),

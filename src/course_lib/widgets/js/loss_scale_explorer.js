@@ -81,9 +81,17 @@ export function parseScale(text, lo, hi) {
   return { log2: k };
 }
 
-/** A share as a percentage; survive - subnormal can come out a hair below zero (-2e-17), shown as 0.00%. */
+/** A share as a percentage; survive - subnormal can come out a hair below zero (-2e-17), shown as 0.00%.
+ *  Two decimals, more where two would round a share short of all to 100.00% (34 gradients lost of a
+ *  million) or a share above none to 0.00%: a reader must not see "all" or "none" where some are lost. */
 function shareText(share) {
-  return percent(share < 0 && share > -5e-5 ? 0 : share);
+  const s = share < 0 && share > -5e-5 ? 0 : share;
+  let digits = 2;
+  const rounded = (d) => (100 * s).toFixed(d);
+  while (digits < 8 && ((s < 1 && Number(rounded(digits)) >= 100) || (s > 0 && Number(rounded(digits)) <= 0))) {
+    digits += 1;
+  }
+  return digits === 2 ? percent(s) : `${rounded(digits)}%`;
 }
 
 function scaleText(k) {
