@@ -644,6 +644,30 @@ def test_roofline_small_shapes_are_slower_and_large_approach_2x():
         fp8.predict_fp8_linear(16, 16, 16, recipe="delayed", **kw)
 
 
+def test_roofline_splits_each_time_by_what_bounds_its_kernels():
+    kw = dict(bf16_tflops=989.5, fp8_tflops=1979, bandwidth_gbs=3350)
+    assert fp8.kernel_counts("tensorwise") == (3, 13)
+    assert fp8.kernel_counts("rowwise") == (3, 10)
+    small = fp8.predict_fp8_linear(256, 256, 256, **kw)
+    # every kernel of both layers at the 2 us floor: the speedup is the ratio of kernel counts
+    assert (small.bf16_kernels, small.fp8_kernels) == (3, 13)
+    assert small.fp8_bound_s["kernel floor"] == pytest.approx(13 * fp8.LAUNCH_SECONDS)
+    assert small.bf16_bound_s["kernel floor"] == pytest.approx(3 * fp8.LAUNCH_SECONDS)
+    assert small.speedup == pytest.approx(3 / 13)
+    # fusing saves bytes, not kernels: at the floor the fused prediction is the same
+    fused = fp8.predict_fp8_linear(256, 256, 256, fuse_casts=True, **kw)
+    assert fused.fp8_kernels == 13 and fused.speedup == pytest.approx(small.speedup)
+    bare = fp8.predict_fp8_linear(256, 256, 256, launch_seconds=0, **kw)
+    assert bare.fp8_bound_s["kernel floor"] == 0 and bare.speedup > 2 * small.speedup
+    big = fp8.predict_fp8_linear(16384, 16384, 16384, **kw)
+    assert big.fp8_bound_s["compute"] > big.fp8_bound_s["memory"] > 0
+    for e in (small, fused, bare, big):
+        assert sum(e.fp8_bound_s.values()) == pytest.approx(e.fp8_s)
+        assert sum(e.bf16_bound_s.values()) == pytest.approx(e.bf16_s)
+    with pytest.raises(ValueError, match="roofline covers"):
+        fp8.kernel_counts("delayed")
+
+
 # ---- experiments ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ here asserts a speed: the studies run tiny on the CPU, and the sentences are che
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from types import SimpleNamespace
 
@@ -122,6 +123,17 @@ def test_profile_facts_per_device():
     assert "| matmul | 60 | 60.0% |" in table and "BF16 nn.Linear, total | 50" in table
     with pytest.raises(ValueError, match="no time"):
         fp8_prose.layer_profile_facts(Fp8LayerProfile("cpu", 1, 1, "t", "s", 1, dict.fromkeys(LAYER_GROUPS, 0.0), 1.0))
+    assert cpu["prof_other"] == ""   # no operators listed: nothing to say about them
+    listed = dataclasses.replace(layer_profile(), other_ops={"aten::copy_": 3.0, "aten::t": 1.0, "aten::view": 0.0})
+    other = fp8_prose.layer_profile_facts(listed)["prof_other"]
+    assert other.startswith('The group "other" (5.0%) holds every operator called outside')
+    assert other.endswith("here the largest: `copy_` 3.0% and `t` 1.0% of the layer's time.")
+
+
+def test_profile_lists_the_operators_of_the_other_group():
+    profile = fp8_speed.profile_fp8_layer("cpu", features=32, tokens=32, steps=1)
+    assert profile.other_ops and all(op.startswith("aten::") for op in profile.other_ops)
+    assert sum(profile.other_ops.values()) == pytest.approx(profile.self_us["other"])
 
 
 # ---- torchao compiled against BF16 -----------------------------------------------------------------------
@@ -264,6 +276,14 @@ def test_compiled_speed_table_and_facts():
         fp8_prose.compiled_speed_facts(speed(linear={BF16: {64: 1.0}}, block={}))
 
 
+def test_compiled_prediction_note_says_when_predictions_only_count_kernels():
+    note = fp8_prose.compiled_prediction_note(speed())   # 64 tokens of 64 and 128 features, on an H100
+    assert "same at every layer size here" in note and "2 µs floor" in note
+    assert "(3 for BF16 against 13 for tensorwise)" in note
+    assert fp8_prose.compiled_prediction_note(dataclasses.replace(speed(), tokens=8192, sizes=(8192,))) == ""
+    assert fp8_prose.compiled_prediction_note(dataclasses.replace(speed(), predicted_for="")) == ""
+
+
 def test_compiled_table_shows_eager_bf16_where_the_course_layer_is_compared_with_it():
     s = speed(compiled=True, linear={BF16: {64: 1.0}, BF16_EAGER: {64: 2.0}, TW: {64: 0.5}, COURSE_EAGER: {64: 4.0}})
     header, _, row, *_ = fp8_prose.compiled_speed_table(s).splitlines()
@@ -308,15 +328,17 @@ def test_compiled_speed_figure():
             warnings.simplefilter("error")     # a layout matplotlib cannot do warns; the page would show it
             fig = plot_fp8_compiled_speed(s)
         assert isinstance(fig, Figure)
-        left = fig.axes[0]
-        assert len(left.get_lines()) >= 3      # two measured FP8 lines, one predicted, the line at 1
+        measured, right, predicted, _ = fig.axes
+        # measurements on the top row, the roofline's predictions on the bottom one: never on one axis
+        assert all(line.get_linestyle() != "--" for line in measured.get_lines())
+        assert [line.get_linestyle() for line in predicted.get_lines()] == ["--", "-"]   # prediction, line at 1
+        assert "measured on CPU" in measured.get_title() and "predicted for H100 SXM5" in predicted.get_title()
         texts = [t for ax in fig.axes for t in ax.texts + [ax.xaxis.label, ax.yaxis.label]]
         assert all(t.get_fontsize() >= 9 for t in texts if t.get_text())
-        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-        assert len(legends) == 1 and all(t.get_fontsize() >= 9 for t in legends[0].get_texts())
+        assert len(fig.legends) == 1 and all(t.get_fontsize() >= 9 for t in fig.legends[0].get_texts())
         fig.canvas.draw()
-        box = legends[0].get_window_extent()
-        for ax in fig.axes[:2]:                    # below both panels, clear of their labels
+        box = fig.legends[0].get_window_extent()
+        for ax in fig.axes:                        # below every panel, clear of their labels
             assert box.y1 < ax.get_tightbbox().y0
         plt.close(fig)
 
@@ -328,6 +350,7 @@ def test_compiled_speed_figure_keeps_coinciding_markers_apart():
     assert len(measured) == 2 and measured[0].get_marker() != measured[1].get_marker()
     xs = [tuple(line.get_xdata()) for line in measured]
     assert xs[0] != xs[1] and all(abs(a / b - 1) < 0.1 for a, b in zip(*xs))   # nudged, not moved
-    labels = [t.get_text() for t in fig.axes[2].get_legend().get_texts()]
-    assert "Llama block, predicted (H100 SXM5)" in labels
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "tensorwise, predicted" in labels
+    assert len(fig.axes[3].get_lines()) == 2      # the block's predicted bar and the line at 1
     plt.close(fig)

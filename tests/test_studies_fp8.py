@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from course_lib import tables
 from course_lib.fp8 import QuantizationError
 from course_lib.fp8.accumulation import AccumulationStudy
 from course_lib.fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
@@ -55,10 +56,10 @@ def test_format_facts_are_e4m3_and_e5m2s_limits():
     assert facts["e4m3_eps"] == 0.125 and facts["e5m2_eps"] == 0.25
     assert facts["e4m3_binades"] == pytest.approx(math.log2(448 / 2 ** -9), rel=1e-12)
     assert facts["e5m2_binades"] == pytest.approx(math.log2(57344 / 2 ** -16), rel=1e-12)
-    # written exactly, as the lesson's tables write them
-    assert (facts["e4m3_tiny_text"], facts["e4m3_eps_text"], facts["e5m2_eps_text"]) == ("$2^{-9}$", "$2^{-3}$",
-                                                                                         "$2^{-2}$")
-    assert isinstance(facts["e5m2_tiny_text"], Prose) and facts["e5m2_tiny_text"] == "$2^{-16}$"
+    # written exactly, in superscript digits: glued Markdown renders no $-math
+    assert (facts["e4m3_tiny_text"], facts["e4m3_eps_text"], facts["e5m2_eps_text"]) == ("2⁻⁹", "2⁻³", "2⁻²")
+    assert isinstance(facts["e5m2_tiny_text"], Prose) and facts["e5m2_tiny_text"] == "2⁻¹⁶"
+    assert not any("$" in str(v) for v in facts.values())
     assert len(facts) == 12
 
 
@@ -131,8 +132,26 @@ def spike_run(spike_at: int = 2, keys=("current", "delayed, max of 2", "delayed,
 def test_spike_facts_reads_the_history_length_from_the_recipe():
     # a history of 2 holds the spike's amax for the two steps after it (3 and 4: 0.125 and 0.5), not step 5
     assert fp8_prose.spike_facts(spike_run()) == {
-        "spike_factor": 50.0, "spike_at": 2, "spike_history": 2, "spike_sat_delayed": 50.0, "spike_err_delayed": 75.0,
+        "spike_bumps": "", "spike_factor": 50.0, "spike_at": 2, "spike_history": 2, "spike_sat_delayed": 50.0, "spike_err_delayed": 75.0,
         "spike_err_current": 3.0, "spike_sat_current": 0.0, "spike_after_max": 50.0, "spike_before": 6.25}
+
+
+def test_recent_bumps_note_ties_each_bump_to_the_amax_growing():
+    import dataclasses
+    run = spike_run(spike_at=0)
+    recent = "delayed, most recent"
+    # steps 2..5 after the spike at 0; step 4 errs 4x the others' and its amax grew 1.2x
+    bumped = dataclasses.replace(run, amax=(50.0, 1.0, 1.0, 1.0, 1.2, 1.0),
+                                 relative_error={**run.relative_error, recent: (0.9, 0.9, 0.02, 0.02, 0.08, 0.02)},
+                                 saturated={**run.saturated, recent: (0.0, 0.0, 0.0, 0.0, 0.001, 0.0)})
+    note = fp8_prose.recent_bumps_note(bumped)
+    assert note.startswith('After the spike, the "most recent" line\'s error rises at step 4, more than 10% above '
+                           "its median (step 4: the amax grew 1.20x over the step before, and 0.10% of the values "
+                           "saturated).")
+    assert "too large for a tensor that has grown" in note
+    assert fp8_prose.recent_bumps_note(run) == ""            # flat: nothing to explain
+    with pytest.raises(ValueError, match="no recipe"):
+        fp8_prose.recent_bumps_note(spike_run(keys=("current", "delayed, max of 2")))
 
 
 def test_spike_facts_refuses_a_spike_without_neighbours_or_a_max_history():
@@ -193,6 +212,9 @@ def test_cast_cost_table_and_facts():
     faster = fp8_prose.cast_cost_facts({**times, current: 0.0027}, {**times, known: 0.0031, current: 0.0027},
                                        device="cpu")
     assert "cannot cause" in faster["cost_phrase"]
+    # a noise below 1% keeps its digits: it never prints as 0%
+    small = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.004}, device="cpu")["cost_phrase"]
+    assert "more than the 0.4% by which" in small
     with pytest.raises(ValueError, match="again lacks"):
         fp8_prose.cast_cost_facts(times, {}, device="cpu")
     with pytest.raises(ValueError, match="device must name"):
@@ -350,7 +372,9 @@ def test_accumulation_facts_places_the_reported_figure():
 
 
 def estimate(m: int, speedup: float) -> Fp8LinearEstimate:
-    return Fp8LinearEstimate(m, m, m, "tensorwise", speedup, 0.75, 0.25)     # fp8_s = 1
+    return Fp8LinearEstimate(m, m, m, "tensorwise", speedup, 0.75, 0.25,     # fp8_s = 1
+                             3, 13, {"kernel floor": 0.0, "memory": 0.0, "compute": speedup},
+                             {"kernel floor": 0.0, "memory": 0.25, "compute": 0.75})
 
 
 ESTIMATES = {"tensorwise": [estimate(512, 0.5), estimate(1024, 0.75), estimate(2048, 1.25), estimate(16384, 2.0)]}
@@ -359,6 +383,7 @@ MEASURED = {"recorded GPU: _scaled_mm / BF16, one product, no casts": {1024: 0.9
 
 def test_speedup_facts_with_and_without_a_record():
     facts = fp8_prose.speedup_facts(ESTIMATES, MEASURED, gpu())
+    assert facts.pop("pred_limits") == fp8_prose.speed_limits_note(ESTIMATES, gpu())
     assert facts == {"pred_1k": 0.75, "pred_16k": 2.0, "pred_breakeven": 2048,
                      "pred_crossing": "first passes 1 (1.25) at", "rec_mm_8k": "1.82",
                      "h100_fp8": 250.0, "h100_bf16_peak": 100.0, "peak_ratio": 2.5}
@@ -373,6 +398,26 @@ def test_speedup_facts_with_and_without_a_record():
         fp8_prose.speedup_facts({"tensorwise": ESTIMATES["tensorwise"][:2]}, {}, gpu())
     with pytest.raises(ValueError, match="no BF16 or no FP8"):
         fp8_prose.speedup_facts(ESTIMATES, {}, gpu(fp8=None))
+
+
+def test_speed_limits_note_names_the_kernel_floor_where_it_decides():
+    h100 = DATASHEET_PEAKS["H100 SXM5"]
+    note = fp8_prose.speed_limits_note(fp8_studies.roofline_speedups(h100, [256, 512, 1024, 2048, 16384]), h100)
+    assert "least time per kernel, 2 µs" in note
+    assert "BF16 layer runs 3 kernels" in note and "FP8 13" in note and "rowwise 10" in note
+    assert "at 256 to 1024 every FP8 kernel takes that floor" in note
+    assert "(256 and 512), the prediction is just the ratio of kernel counts, 3/13 = 0.23 (3/10 = 0.30" in note
+    assert "0.56 at 256, 0.56 at 512 and 0.76 at 1024" in note
+    assert "fused line lies on the unfused one" in note
+    assert "From 2048 on, the products' arithmetic takes most" in note and "$" not in note
+    # without a floor there is nothing about kernels to say
+    bare = {"tensorwise": [predict_fp8_linear(n, n, n, bf16_tflops=989.5, fp8_tflops=1979, bandwidth_gbs=3350,
+                                              launch_seconds=0) for n in (256, 4096)]}
+    plain = fp8_prose.speed_limits_note(bare, h100)
+    assert "floor" not in plain and plain.startswith("At 256, memory traffic")
+    assert "At 4096, the products' arithmetic" in plain
+    with pytest.raises(ValueError, match="no split"):
+        fp8_prose.speed_limits_note({"tensorwise": [Fp8LinearEstimate(8, 8, 8, "tensorwise", 1.0, 0.5, 0.5)]}, h100)
 
 
 def test_crossing_phrase():
@@ -461,6 +506,22 @@ def test_recorded_linear_speed_table_and_summary():
         fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}))
 
 
+def test_recorded_summary_flags_a_bf16_time_that_falls_with_size():
+    # the H100 record's shape: BF16 slower at the smallest size than at every larger one
+    odd = Fp8LinearSpeed("cuda", (256, 512, 1024), {"BF16 nn.Linear": {256: 0.000463, 512: 0.00029, 1024: 0.000297},
+                                                   COURSE: {256: 0.00243, 512: 0.0048, 1024: 0.00495}}, {})
+    assert fp8_prose.bf16_slower_than_larger(odd) == [256]
+    assert fp8_prose.bf16_slower_than_larger(speed()) == []
+    summary = fp8_prose.recorded_linear_speed_summary(odd, "H100", {})
+    # the range leaves n = 256 (0.19) out: 0.06 to 0.06
+    assert summary.startswith("On H100 the course's FP8 layer ran at 0.06 to 0.06 times BF16's speed")
+    assert ("it took longer at n = 256 (0.463 ms) than at 512 and 1024 (0.290 to 0.297 ms)" in summary
+            and "so the range leaves it out" in summary)
+    alone = Fp8LinearSpeed("cuda", (256, 512), {"BF16 nn.Linear": {256: 2.0, 512: 1.0}, COURSE: {256: 4.0}}, {})
+    assert "0.50 to 0.50" in fp8_prose.recorded_linear_speed_summary(alone, "H100", {})
+    assert "the range rests on it" in fp8_prose.recorded_linear_speed_summary(alone, "H100", {})
+
+
 # ---- errata and exercises ----------------------------------------------------------------------------------
 
 def test_fp8_errata_rows():
@@ -473,7 +534,9 @@ def test_fp8_errata_rows():
     assert rows[0][1] == (
         f"Ada GPUs (compute capability 8.9) have FP8 tensor cores: the L4's datasheet lists {l4:g} dense FP8 "
         f"TFLOP/s and the RTX 4090's {rtx:g} (with FP32 accumulation); Transformer Engine supports FP8 on 8.9 "
-        "{cite:p}`nvidia_te`. (Block-scaled FP8 recipes do need 9.0 or newer.)")
+        "{cite:p}`nvidia_te`. (Blockwise scaling in software, DeepSeek-V3's tiles and blocks, was built for 9.0 "
+        "(Hopper) kernels {cite:p}`deepseek2024v3`; hardware block-scaled (MX) products need compute capability "
+        "10.x, {doc}`08_microscaling`.)")
     assert rows[1][1].startswith(
         "The dense FP8 peak is 2.0x BF16's (1979 against 989.5 TFLOP/s on an H100); one recorded H100 product "
         "reached 1.82x; the roofline above predicts 2.00x for a 16384-wide layer with its casts. End to end, ")
@@ -485,7 +548,7 @@ def test_fp8_errata_rows():
     assert rows[4][1] == (
         "In E4M3 it copes with small outliers only: a 1,000x outlier channel flushed 12.5% of the other values of "
         "this page's activation; it is at 100,000x that 50.0% go. Per-token scales help little (the outlier "
-        "section above); 1 x 32 tiles do.")
+        "section above); 1 x 32 tiles flush fewer, 6.2% at 100,000x, but not none.")
     unrecorded = fp8_prose.fp8_errata_rows(overflow, sweep(), block=32, estimates=ESTIMATES, measured={})
     assert "one recorded H100 product reached nanx;" in unrecorded[1][1]
 
@@ -507,11 +570,11 @@ def test_exercise_facts():
 
 
 def test_ratio_text_keeps_two_significant_digits_below_a_tenth():
-    assert [fp8_prose.ratio_text(r) for r in (1.234, 0.1, 0.0031, 0.000456)] == ["1.23", "0.10", "0.0031", "0.00046"]
+    assert [tables.ratio_text(r) for r in (1.234, 0.1, 0.0031, 0.000456)] == ["1.23", "0.10", "0.0031", "0.00046"]
     # two significant digits also where the second is a zero: 0.010 beside 0.0081, not 0.01
-    assert [fp8_prose.ratio_text(r) for r in (0.01, 0.001, 0.0994)] == ["0.010", "0.0010", "0.099"]
+    assert [tables.ratio_text(r) for r in (0.01, 0.001, 0.0994)] == ["0.010", "0.0010", "0.099"]
     with pytest.raises(ValueError, match="positive"):
-        fp8_prose.ratio_text(0.0)
+        tables.ratio_text(0.0)
 
 
 def test_the_spikes_amax_stays_in_the_history_for_exactly_history_steps():
@@ -541,6 +604,11 @@ def test_spike_gains_are_the_studys_and_lie_in_their_range():
     assert fp8_prose.spike_gain_facts((0.8, 1.2)) == {"spike_gain_lo": 0.8, "spike_gain_hi": 1.2}
     with pytest.raises(ValueError, match="0 < lo <= hi"):
         fp8_prose.spike_gain_facts((1.2, 0.8))
+    # a 50x spike over quiet steps all at 0.8, the spike step at 1.2: 75x, margin 7 (2**7 = 128 >= 75 > 64)
+    worst = fp8_prose.spike_gain_facts((0.8, 1.2), spike=50.0)
+    assert worst["spike_worst"] == pytest.approx(75.0) and worst["spike_worst_margin"] == 7
+    with pytest.raises(ValueError, match="above 1"):
+        fp8_prose.spike_gain_facts((0.8, 1.2), spike=0.5)
 
 
 def test_fp8_training_pieces_merge_into_one_result_newest_first():

@@ -83,10 +83,13 @@ def test_flush_matters_needs_a_percentage_point_and_a_factor_of_two():
 def test_granularity_note_separates_the_relative_error_from_the_flushed_share():
     assert R.granularity_note(LIVE) == (
         "On these tensors the granularity of the scales hardly moves the relative error. The share of the gradient "
-        "flushed to zero changes little: from 0.0040% (1 x 32 tiles, E4M3) to 0.060% (per tensor, E4M3).")
+        "flushed to zero runs from 0.0040% (1 x 32 tiles, E4M3) to 0.060% (per tensor, E4M3), 15 times as much and "
+        "0.056 percentage points apart: whatever the ratio, shares under 1 percentage point apart leave the "
+        "granularity no say in how much of the gradient is lost.")
     assert R.granularity_note(RECORDED) == (
         "On these tensors the granularity of the scales hardly moves the relative error. The share of the gradient "
-        "flushed to zero does depend on it: from 2.8% (1 x 32 tiles, E4M3) to 11.4% (per tensor, E4M3).")
+        "flushed to zero does depend on it: from 2.8% (1 x 32 tiles, E4M3) to 11.4% (per tensor, E4M3), 4.1 times "
+        "as much and 8.6 percentage points apart.")
     # 2% to 3% is more than the 25% the sentence calls "hardly"
     assert R.granularity_note(lab((0.0, 0.0, 0.0, 0.0), errors=(0.02, 0.05, 0.03, 0.025))).startswith(
         "On these tensors the granularity of the scales moves the relative error, from 2.0% to 3.0%.")
@@ -97,11 +100,12 @@ def test_lab_record_note_says_what_the_record_flushes():
     assert R.lab_record_note(RECORDED, "on X") == (
         "Recorded on X (tables after the outlier section), every scaled E4M3 recipe's relative error lies between "
         "2.5% and 2.7%, but the share of the gradient flushed to zero runs from 2.8% (1 x 32 tiles, E4M3) to 11.4% "
-        "(per tensor, E4M3); E5M2 with one scale flushes 1.0%. There the granularity of the scales decides how "
+        "(per tensor, E4M3), 4.1 times as much and 8.6 percentage points apart; E5M2 with one scale flushes 1.0%. There the granularity of the scales decides how "
         "much of the gradient flushes, though not the relative error, which the largest values dominate.")
     same = R.lab_record_note(LIVE, "on X")
     assert ", and the share of the gradient flushed" in same and same.endswith(
-        "(per tensor, E4M3); E5M2 with one scale flushes 0%. There, too, the granularity changes little.")
+        "percentage points apart; E5M2 with one scale flushes 0%. There, too, the shares lie under 1 percentage "
+        "point apart: the granularity has no say in how much of the gradient is lost.")
     moved = lab((0.1, 0.0, 0.03, 0.02), errors=(0.02, 0.05, 0.03, 0.025))
     assert R.lab_record_note(moved, "on X").endswith("though the relative error moves too.")
 
@@ -172,7 +176,7 @@ def test_the_errata_row_on_outliers_quotes_the_record_beside_the_page():
     assert rows[4][1] == (
         "In E4M3 it copes with a lot: a 1,000x outlier channel flushed 0.40% of the other values of this page's "
         "activation (1.3% recorded on X); it is at 100,000x that 36.0% (88.7% recorded) go. Per-token scales help "
-        "little (the outlier section above); 1 x 32 tiles do.")
+        "little (the outlier section above); 1 x 32 tiles flush fewer, 9.4% at 100,000x, but not none.")
     # a record where 1,000x already flushes 5% or more: per-tensor scaling copes with small outliers only
     worse = fp8_prose.fp8_errata_rows(overflow, sweep(), block=32, estimates=estimates, measured={},
                                       recorded_sweep=sweep((0.0, 0.06, 0.9), block=128), recorded_where="on X")
@@ -243,13 +247,13 @@ def test_session_pieces_note_counts_recipes_steps_and_parts():
              (Step("fp8_training", {"recipes": ["c"]}),), (Step("other"),))
     note = R.session_pieces_note(parts)
     assert isinstance(note, Prose) and note == (
-        "The GPU session (`python -m course_lib.gpu_session`) records it in pieces: one recipe per step, each step "
-        "a `course_lib.record` command with a record of its own, and up to two steps to a part, which the session "
-        "plans to fit one ten-minute command (two parts; `python -m course_lib.gpu_session plan` lists them). This "
-        "page merges the pieces recorded on one GPU.")
+        "The course's GPU script (`python -m course_lib.gpu_session`) splits it: it trains one recipe per run, each "
+        "run a `course_lib.record` command that writes a record of its own, and groups up to two runs into a batch "
+        "short enough for one ten-minute command (two batches; `python -m course_lib.gpu_session plan` lists "
+        "them). This page merges the records made on one GPU.")
     even = ((Step("fp8_training", {"recipes": ["a", "b"]}), Step("fp8_training", {"recipes": ["c"]})),)
-    assert "up to two recipes per step" in R.session_pieces_note(even)
-    assert "and two steps to a part" in R.session_pieces_note(even) and "(one part;" in R.session_pieces_note(even)
+    assert "up to two recipes per run" in R.session_pieces_note(even)
+    assert "groups two runs into a batch" in R.session_pieces_note(even) and "(one batch;" in R.session_pieces_note(even)
     with pytest.raises(ValueError, match="no part"):
         R.session_pieces_note(parts, "mx_training")
     with pytest.raises(ValueError, match="whole"):

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 LAUNCH_SECONDS = 2e-6   # torchao's roofline: the least time any kernel takes (measured on an H100)
 
@@ -14,7 +15,10 @@ class Fp8LinearEstimate:
     """Predicted time of one linear layer's forward and backward (three products), BF16 against FP8.
 
     Seconds. ``fp8_cast_s``: the extra memory traffic of computing scales and casting (the overhead that
-    makes small shapes slower)."""
+    makes small shapes slower). ``bf16_kernels``, ``fp8_kernels``: how many kernels each runs (products,
+    and for FP8 each scale-and-cast kernel); ``bf16_bound_s``, ``fp8_bound_s``: each one's time split by
+    what bounds its kernels, ``{"kernel floor": s, "memory": s, "compute": s}`` (each kernel counted under
+    the largest of its launch floor, its memory time and its compute time)."""
 
     m: int
     k: int
@@ -23,6 +27,10 @@ class Fp8LinearEstimate:
     bf16_s: float
     fp8_gemm_s: float
     fp8_cast_s: float
+    bf16_kernels: int = 0
+    fp8_kernels: int = 0
+    bf16_bound_s: Mapping[str, float] = field(default_factory=dict)
+    fp8_bound_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def fp8_s(self) -> float:
@@ -33,10 +41,33 @@ class Fp8LinearEstimate:
         return self.bf16_s / self.fp8_s
 
 
-def _gemm_seconds(m, k, n, bytes_in, peak_flops, bandwidth, gemm_eff, mem_eff, launch):
+BOUNDS = ("kernel floor", "memory", "compute")   # what can bound one kernel's time in the roofline
+
+
+def _gemm_seconds(m, k, n, bytes_in, peak_flops, bandwidth, gemm_eff, mem_eff, launch) -> tuple[str, float]:
+    """(what bounds it, seconds) of one product."""
     compute = 2 * m * k * n / peak_flops / gemm_eff
     traffic = (m * k + k * n) * bytes_in + m * n * 2   # output in BF16
-    return max(compute, traffic / bandwidth / mem_eff, launch)
+    return _bound(launch, traffic / bandwidth / mem_eff, compute)
+
+
+def _bound(launch: float, memory: float, compute: float = 0.0) -> tuple[str, float]:
+    """The largest of a kernel's launch floor, memory time and compute time, with its name (ties go to the
+    floor, then memory: a kernel at the floor is bound by it)."""
+    name, seconds = max(zip(BOUNDS, (launch, memory, compute)), key=lambda item: (item[1], -BOUNDS.index(item[0])))
+    return name, seconds
+
+
+def _by_bound(kernels: list[tuple[str, float]]) -> dict[str, float]:
+    return {name: sum(s for b, s in kernels if b == name) for name in BOUNDS}
+
+
+def kernel_counts(recipe: str = "tensorwise") -> tuple[int, int]:
+    """How many kernels the roofline charges one linear layer's forward and backward in BF16 and with
+    ``recipe`` in FP8: three products each, and FP8's scale-and-cast kernels (the same number fused or not:
+    fusing saves bytes, not kernels)."""
+    casts = sum(len(_cast_kernels(1, role, recipe, False)) for role in ("input", "weight", "grad_output"))
+    return 3, 3 + casts
 
 
 def _cast_kernels(numel: int, role: str, recipe: str, fuse: bool) -> list[float]:
@@ -84,12 +115,14 @@ def predict_fp8_linear(m: int, k: int, n: int, *, bf16_tflops: float, fp8_tflops
     bw = bandwidth_gbs * 1e9
     bf16_peak, fp8_peak = bf16_tflops * 1e12, fp8_tflops * 1e12
     shapes = ((m, k, n), (m, n, k), (k, m, n))   # output, grad_input, grad_weight
-    bf16 = sum(_gemm_seconds(*s, 2, bf16_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds) for s in shapes)
+    bf16 = [_gemm_seconds(*s, 2, bf16_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds) for s in shapes]
     fp8_shapes = shapes[:2] if recipe == "rowwise_with_gw_hp" else shapes
-    gemm = sum(_gemm_seconds(*s, 1, fp8_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds) for s in fp8_shapes)
+    gemm = [_gemm_seconds(*s, 1, fp8_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds) for s in fp8_shapes]
     if recipe == "rowwise_with_gw_hp":
-        gemm += _gemm_seconds(*shapes[2], 2, bf16_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds)
+        gemm.append(_gemm_seconds(*shapes[2], 2, bf16_peak, bw, gemm_efficiency, memory_efficiency, launch_seconds))
     kernels = (_cast_kernels(m * k, "input", recipe, fuse_casts) + _cast_kernels(k * n, "weight", recipe, False)
                + _cast_kernels(m * n, "grad_output", recipe, fuse_casts))
-    cast = sum(max(b / bw / memory_efficiency, launch_seconds) for b in kernels)
-    return Fp8LinearEstimate(m, k, n, recipe, bf16, gemm, cast)
+    cast = [_bound(launch_seconds, b / bw / memory_efficiency) for b in kernels]
+    return Fp8LinearEstimate(m, k, n, recipe, sum(s for _, s in bf16), sum(s for _, s in gemm),
+                             sum(s for _, s in cast), bf16_kernels=len(bf16), fp8_kernels=len(gemm) + len(cast),
+                             bf16_bound_s=_by_bound(bf16), fp8_bound_s=_by_bound(gemm + cast))

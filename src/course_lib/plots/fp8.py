@@ -6,7 +6,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator
 
 from .style import TENSOR_COLOUR, finish_figure, fp8_colour, plot_seeded_runs, recipe_colour
@@ -44,20 +43,30 @@ def plot_scaling_lab(lab) -> Figure:
 def plot_outlier_sweep(sweep) -> Figure:
     """Two panels against the size of one outlier channel, per recipe: the share of the other channels'
     values flushed to zero, and their relative error."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8.5, 4.2))
     for j, recipe in enumerate(sweep.relative_error):
         style = dict(color=fp8_colour(recipe, j), lw=1.8, ms=4, label=recipe, marker="o", ls=["-", "--"][j % 2])
         left.plot(sweep.factors, np.asarray(sweep.flushed[recipe]) * 100, **style)
         right.plot(sweep.factors, sweep.relative_error[recipe], **style)
     for ax in (left, right):
         ax.set_xscale("log")
-        ax.set_xlabel(f"outlier channel's size (channel {sweep.channel} x this, log)")
+        ax.set_xlabel(f"outlier channel {sweep.channel}'s size, x (log)")
         ax.grid(alpha=0.3, which="both")
-    left.set_ylabel("other channels' values flushed to zero (%)")
+    left.set_ylabel("other channels' values\nflushed to zero (%)")
     right.set_yscale("log")
-    right.set_ylabel("relative error of the other channels (log)")
-    left.legend(fontsize=8, loc="upper left")
+    label_log_axis(right.yaxis)
+    right.set_ylabel("relative error of\nthe other channels (log)")
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=3, frameon=False)
     return finish_figure(fig)
+
+
+def label_log_axis(axis) -> None:
+    """Label a log axis at 1, 2 and 5 times each power of ten (plain numbers), so that an axis spanning
+    less than two decades still labels its data region, not only one or two powers of ten."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
 def plot_delayed_spike(run) -> Figure:
@@ -68,6 +77,7 @@ def plot_delayed_spike(run) -> Figure:
     steps = np.arange(len(run.amax))
     top.plot(steps, run.amax, "o-", color=TENSOR_COLOUR, ms=3, lw=1.2)
     top.set_yscale("log")
+    label_log_axis(top.yaxis)
     top.set_ylabel("amax (log)")
     styles = ["-", "--", ":"]
     for j, recipe in enumerate(run.saturated):
@@ -77,8 +87,9 @@ def plot_delayed_spike(run) -> Figure:
     middle.set_ylabel("values saturated (%)")
     bottom.set_ylabel("relative error (log)")
     bottom.set_yscale("log")
+    label_log_axis(bottom.yaxis)
     bottom.set_xlabel("step")
-    middle.legend(fontsize=8, loc="upper right")
+    middle.legend(fontsize=9, loc="upper right")
     for ax in (top, middle, bottom):
         ax.grid(alpha=0.3, which="both")
         ax.axvline(run.spike_at, color=TENSOR_COLOUR, lw=0.8, ls=":")
@@ -96,7 +107,8 @@ def plot_accumulation(studies) -> Figure:
     are left out of the log axis."""
     if not isinstance(studies, dict):
         studies = {studies.rounding.replace("_", " "): studies}
-    fig, axes = plt.subplots(1, len(studies), figsize=(5.6 * len(studies), 4.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(studies), figsize=(min(8.5, 5.6 * len(studies)), 4.4), squeeze=False,
+                             sharey=True)
     for ax, (title, study) in zip(axes[0], studies.items()):
         for j, (label, points) in enumerate(study.errors.items()):
             ks = np.array([k for k, p in zip(study.ks, points) if p[0] > 0])
@@ -108,10 +120,11 @@ def plot_accumulation(studies) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("K, length of the dot product (log2)")
-        ax.set_title(f"accumulator rounding: {title}", fontsize=10)
+        ax.set_title(f"rounding: {title}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("relative error of the sum (log)\nline: median, bar: max")
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=min(3, len(labels)) or 1, frameon=False)
     return finish_figure(fig)
 
 
@@ -119,7 +132,7 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
     """Predicted FP8/BF16 speedup of a linear layer's forward+backward against its size, one line per
     recipe (``estimates``: ``{label: [Fp8LinearEstimate, ...]}``, x axis: M = K = N). ``measured``:
     ``{label: {n: speedup}}`` drawn as markers (recorded GPU matmuls)."""
-    fig, ax = plt.subplots(figsize=(8.5, 5))
+    fig, ax = plt.subplots(figsize=(7, 5.2))
     styles = ["-", "--", "-."]
     for j, (label, rows) in enumerate(estimates.items()):
         ax.plot([e.m for e in rows], [e.speedup for e in rows], styles[j % 3], color=fp8_colour(label, j), lw=2,
@@ -133,19 +146,23 @@ def plot_fp8_speedup(estimates: dict, *, measured: dict | None = None) -> Figure
     ax.set_xlabel("M = K = N (log2)")
     ax.set_ylabel("speedup of FP8 over BF16")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, [label.replace(": ", ":\n", 1) for label in labels], fontsize=10, loc="lower center",
+               ncol=2, frameon=False)
     return finish_figure(fig)
 
 
 def plot_fp8_compiled_speed(speed, *, title: str | None = None) -> Figure:
-    """FP8 against BF16 from a :class:`~course_lib.studies.fp8_speed.Fp8CompiledSpeed`: left, each FP8
-    implementation's speed as a multiple of BF16's per square linear layer (markers of one shape per
-    implementation, measured, nudged apart along x so that none hides another) beside the roofline's
-    prediction per recipe (dashed lines, no markers); right, the same for the Llama-like block (markers
-    measured, black lines predicted). One legend below both panels. Above the line at 1, FP8 is faster."""
-    fig = plt.figure(figsize=(8.5, 5.8))
-    grid = fig.add_gridspec(2, 2, width_ratios=[2.3, 1], height_ratios=[4, 0.85])
-    left, right, key = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
+    """FP8 against BF16 from a :class:`~course_lib.studies.fp8_speed.Fp8CompiledSpeed`, as BF16's time over
+    FP8's (above the line at 1, FP8 is faster). Top row, measured on the study's device: each FP8
+    implementation per square linear layer (markers of one shape per implementation, nudged apart along x
+    so that none hides another) and on the Llama-like block. Bottom row, the roofline's prediction for
+    ``speed.predicted_for`` (dashed lines per recipe; black bars for the block): kept apart from the
+    measurements, which may come from another device. One legend below the panels."""
+    fig = plt.figure(figsize=(8.5, 7.6))
+    grid = fig.add_gridspec(2, 2, width_ratios=[2.3, 1])
+    left, right = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+    p_left, p_right = fig.add_subplot(grid[1, 0], sharex=left), fig.add_subplot(grid[1, 1])
     names = [k for k in speed.linear_s if not k.startswith("BF16")]
     colours = {name: SPEED_COLOURS[j % len(SPEED_COLOURS)] for j, name in enumerate(
         dict.fromkeys([*(f"torchao {r}" for r in speed.predicted_linear), *names, *speed.block_s]))}
@@ -162,53 +179,51 @@ def plot_fp8_compiled_speed(speed, *, title: str | None = None) -> Figure:
     for recipe, predicted in speed.predicted_linear.items():
         ns = sorted(predicted)
         values += [predicted[n] for n in ns]
-        left.plot(ns, [predicted[n] for n in ns], "--", color=colours[f"torchao {recipe}"], lw=1.5,
-                  label=f"{recipe}, predicted ({speed.predicted_for})")
-    left.set_xscale("log", base=2)
-    left.set_xticks(list(speed.sizes), [str(n) for n in speed.sizes])
-    left.minorticks_off()
-    if speed.sizes:
-        lo_n, hi_n = min(speed.sizes), max(speed.sizes)
-        left.set_xlim(lo_n / 2 ** 0.3, hi_n * 2 ** 0.3)
-    left.set_xlabel(f"features in → out, n → n (log2); {speed.tokens} tokens")
-    left.set_ylabel("BF16 time / FP8 time (log)")
-    left.set_title("square linear layers", fontsize=10)
+        p_left.plot(ns, [predicted[n] for n in ns], "--", color=colours[f"torchao {recipe}"], lw=1.8,
+                    label=f"{recipe}, predicted")
     block = [k for k in speed.block_s if k != "BF16"]
     for j, name in enumerate(block):
         ratio = speed.block_speedup(name)
         values.append(ratio)
         right.plot([j], [ratio], markers[name], color=colours[name], ms=9, mec="white", mew=1.0)
-        recipe = name.removeprefix("torchao ")
-        if recipe in speed.predicted_block:
-            values.append(speed.predicted_block[recipe])
-            right.plot([j - 0.25, j + 0.25], [speed.predicted_block[recipe]] * 2, color="#000000", lw=2)
-    if block:
-        right.set_xticks(range(len(block)), [b.removeprefix("torchao ") for b in block])
-        right.set_xlim(-0.6, len(block) - 0.4)
-        right.set_xlabel("torchao recipe")
-        right.set_title(f"Llama block, width {speed.block_width}", fontsize=10)
-    else:
-        right.text(0.5, 0.5, "no block timed", ha="center", va="center", transform=right.transAxes, fontsize=9)
-        right.set_xticks([])
+    recipes = [r for r in speed.predicted_linear if r in speed.predicted_block]
+    for j, recipe in enumerate(recipes):
+        values.append(speed.predicted_block[recipe])
+        p_right.plot([j - 0.25, j + 0.25], [speed.predicted_block[recipe]] * 2,
+                     color=colours[f"torchao {recipe}"], lw=2.5)
+    for ax in (left, p_left):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(speed.sizes), [str(n) for n in speed.sizes])
+        ax.minorticks_off()
+        if speed.sizes:
+            lo_n, hi_n = min(speed.sizes), max(speed.sizes)
+            ax.set_xlim(lo_n / 2 ** 0.3, hi_n * 2 ** 0.3)
+        ax.set_ylabel("BF16 time / FP8 time (log)")
+    p_left.set_xlabel(f"features in → out, n → n (log2); {speed.tokens} tokens")
+    where = speed.device.split(":")[0].upper()
+    left.set_title(f"measured on {where}, {speed.mode.split(':')[0]}: linear layers", fontsize=10)
+    p_left.set_title(f"predicted for {speed.predicted_for or 'no GPU'}: linear layers", fontsize=10)
+    for ax, labels, what in ((right, [b.removeprefix("torchao ") for b in block], "timed"),
+                             (p_right, recipes, "predicted")):
+        if labels:
+            ax.set_xticks(range(len(labels)), labels)
+            ax.set_xlim(-0.6, len(labels) - 0.4)
+            ax.set_title(f"Llama block, width {speed.block_width}", fontsize=10)
+        else:
+            ax.text(0.5, 0.5, f"no block {what}", ha="center", va="center", transform=ax.transAxes, fontsize=9)
+            ax.set_xticks([])
+    p_right.set_xlabel("torchao recipe")
     lo, hi = min(values), max(values)
-    for ax in (left, right):
+    for ax in (left, right, p_left, p_right):
         ax.axhline(1.0, color=TENSOR_COLOUR, lw=1)
         ax.set_yscale("log")
         ax.set_ylim(lo / 1.5, hi * 1.5)
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))   # two labelled ticks at least
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+        label_log_axis(ax.yaxis)
         ax.grid(alpha=0.3, which="major", axis="y")
-    right.text(1.02, 1.0, "BF16", transform=right.get_yaxis_transform(), va="center", fontsize=9,
-               color=TENSOR_COLOUR)
     handles, labels = left.get_legend_handles_labels()
-    if block and speed.predicted_block:
-        handles.append(Line2D([], [], color="#000000", lw=2))
-        labels.append(f"Llama block, predicted ({speed.predicted_for})")
-    key.axis("off")
-    key.legend(handles, labels, loc="center", ncol=2, fontsize=9, frameon=False)
-    fig.suptitle(title or f"FP8 against BF16, forward + backward: {speed.device.split(':')[0].upper()}, "
-                 f"{speed.mode.split(':')[0]} (above 1: FP8 faster)", fontsize=11)
+    more, more_labels = p_left.get_legend_handles_labels()
+    fig.legend(handles + more, labels + more_labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
+    fig.suptitle(title or "FP8 against BF16, forward + backward (above 1: FP8 faster)", fontsize=11)
     return finish_figure(fig)
 
 

@@ -74,7 +74,10 @@ def _error_range(lab: ScalingLab) -> tuple[float, float]:
 def _flush_range(lab: ScalingLab, tensor: str) -> str:
     shares = _flushed(lab, tensor)
     lo, hi = min(shares, key=shares.__getitem__), max(shares, key=shares.__getitem__)
-    return f"{percent_text(shares[lo])}% ({lo}) to {percent_text(shares[hi])}% ({hi})"
+    times = (f"{shares[hi] / shares[lo]:.2g} times as much" if shares[lo] > 0 else "none against some")
+    points = 100 * (shares[hi] - shares[lo])
+    return (f"{percent_text(shares[lo])}% ({lo}) to {percent_text(shares[hi])}% ({hi}), {times} and "
+            f"{points:.2g} percentage points apart")
 
 
 def granularity_note(lab: ScalingLab, *, tensor: str = "gradient") -> Prose:
@@ -88,7 +91,9 @@ def granularity_note(lab: ScalingLab, *, tensor: str = "gradient") -> Prose:
               f"{percent_text(lo)}% to {percent_text(hi)}%.")
     flushed = (f"The share of the {tensor} flushed to zero does depend on it: from {_flush_range(lab, tensor)}."
                if flush_matters(lab, tensor) else
-               f"The share of the {tensor} flushed to zero changes little: from {_flush_range(lab, tensor)}.")
+               f"The share of the {tensor} flushed to zero runs from {_flush_range(lab, tensor)}: whatever the "
+               f"ratio, shares under {FLUSH_MATTERS_POINTS:g} percentage point apart leave the granularity no say "
+               f"in how much of the {tensor} is lost.")
     return Prose(f"{errors} {flushed}")
 
 
@@ -107,7 +112,8 @@ def lab_record_note(recorded: ScalingLab | None, where: str, *, tensor: str = "g
         verdict += ("not the relative error, which the largest values dominate." if hi <= (1 + ERROR_SPREAD) * lo
                     else "the relative error moves too.")
     else:
-        verdict = "There, too, the granularity changes little."
+        verdict = (f"There, too, the shares lie under {FLUSH_MATTERS_POINTS:g} percentage point apart: the "
+                   f"granularity has no say in how much of the {tensor} is lost.")
     but = "but" if flush_matters(recorded, tensor) else "and"
     return Prose(f"Recorded {where} (tables after the outlier section), every scaled E4M3 recipe's relative "
                  f"error lies between {percent_text(lo)}% and {percent_text(hi)}%, {but} the share of the {tensor} "
@@ -282,9 +288,9 @@ def session_pieces_note(parts: Sequence[Sequence[Any]], experiment: str = "fp8_t
         raise ValueError(f"a step records {experiment!r} whole, not a few recipes: there are no pieces to count")
     sizes = {len(p) for p in mine}
     recipes = "one recipe" if per_step == {1} else f"up to {count_word(max(per_step))} recipes"
-    steps = f"{'' if len(sizes) == 1 else 'up to '}{count_word(max(sizes))} step{'' if max(sizes) == 1 else 's'}"
-    return Prose(f"The GPU session (`python -m course_lib.gpu_session`) records it in pieces: {recipes} per step, "
-                 f"each step a `course_lib.record` command with a record of its own, and {steps} to a part, which "
-                 f"the session plans to fit one ten-minute command ({count_word(len(mine))} "
-                 f"part{'' if len(mine) == 1 else 's'}; `python -m course_lib.gpu_session plan` lists them). This "
-                 "page merges the pieces recorded on one GPU.")
+    runs = f"{'' if len(sizes) == 1 else 'up to '}{count_word(max(sizes))} run{'' if max(sizes) == 1 else 's'}"
+    batches = f"{count_word(len(mine))} batch{'' if len(mine) == 1 else 'es'}"
+    return Prose(f"The course's GPU script (`python -m course_lib.gpu_session`) splits it: it trains {recipes} per "
+                 f"run, each run a `course_lib.record` command that writes a record of its own, and groups {runs} "
+                 f"into a batch short enough for one ten-minute command ({batches}; `python -m "
+                 "course_lib.gpu_session plan` lists them). This page merges the records made on one GPU.")

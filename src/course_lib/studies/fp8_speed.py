@@ -9,7 +9,7 @@ import copy
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -47,6 +47,15 @@ def grouped_self_times(events, device_type: str) -> dict[str, float]:
     """Self time (us) of the ``aten::`` operators among profiler ``events``, summed by :func:`operator_group`
     (the group of each from its nearest :mod:`course_lib.fp8` Python frame, found through ``cpu_parent``)."""
     totals = dict.fromkeys(LAYER_GROUPS, 0.0)
+    for (group, _), us in self_times_by_operator(events, device_type).items():
+        totals[group] += us
+    return totals
+
+
+def self_times_by_operator(events, device_type: str) -> dict[tuple[str, str], float]:
+    """Self time (us) of each ``aten::`` operator among profiler ``events``, keyed by (its
+    :func:`operator_group`, its name): what :func:`grouped_self_times` sums, one operator at a time."""
+    totals: dict[tuple[str, str], float] = {}
     for event in events:
         if not event.name.startswith("aten::"):
             continue
@@ -55,7 +64,8 @@ def grouped_self_times(events, device_type: str) -> dict[str, float]:
             match = _FP8_FRAME.search(parent.name)
             function = match.group(1) if match else None
             parent = parent.cpu_parent
-        totals[operator_group(event.name, function)] += self_time_us(event, device_type)
+        key = (operator_group(event.name, function), event.name)
+        totals[key] = totals.get(key, 0.0) + self_time_us(event, device_type)
     return totals
 
 
@@ -64,7 +74,8 @@ class Fp8LayerProfile:
     """Where one forward + backward of the course's FP8 layer spends its time: profiler self time (us,
     averaged over ``steps`` steps) per group of :data:`LAYER_GROUPS`, and the same BF16 ``nn.Linear``'s
     total self time measured the same way. ``[tokens, features] @ [features, features]``; GPU kernel time
-    on a GPU, CPU time elsewhere."""
+    on a GPU, CPU time elsewhere. ``other_ops``: the operators of the ``other`` group, name to self time
+    (us per step)."""
 
     device: str
     tokens: int
@@ -74,6 +85,7 @@ class Fp8LayerProfile:
     steps: int
     self_us: dict[str, float]
     bf16_us: float
+    other_ops: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_us(self) -> float:
@@ -108,16 +120,18 @@ def profile_fp8_layer(device: torch.device | str, *, features: int = 256, tokens
     grad = torch.randn(tokens, features, generator=gen).to(device, torch.bfloat16)
     layers = {"fp8": Fp8Linear.from_linear(base, recipe=recipe, backend=backend, io_dtype=torch.bfloat16),
               "bf16": copy.deepcopy(base).to(device, torch.bfloat16)}
-    totals = {}
+    totals, other = {}, {}
     for name, layer in layers.items():
         for _ in range(2):
             layer(x).backward(grad)
         with quiet_native_stderr(), torch_profile(activities=profiler_activities(device), with_stack=True) as prof:
             for _ in range(steps):   # the profiler synchronises the GPU when it stops
                 layer(x).backward(grad)
-        totals[name] = {k: v / steps for k, v in grouped_self_times(prof.events(), device.type).items()}
+        by_op = self_times_by_operator(prof.events(), device.type)
+        totals[name] = {g: sum(us for (group, _), us in by_op.items() if group == g) / steps for g in LAYER_GROUPS}
+        other[name] = {op: us / steps for (group, op), us in by_op.items() if group == "other"}
     return Fp8LayerProfile(str(device), tokens, features, recipe, backend, steps, totals["fp8"],
-                           sum(totals["bf16"].values()))
+                           sum(totals["bf16"].values()), other["fp8"])
 
 
 # ---- torchao float8, compiled, against BF16 ------------------------------------------------------------
