@@ -74,6 +74,11 @@ def test_check_delayed_scale():
     assert not rolled.correct and "rolled out" in rolled.message
     assert check_delayed_scale(448 / 4, history, amax_history_len=1).correct
     assert check_delayed_scale(448 / 4, history, amax_compute_algo="most_recent").correct
+    # the lesson's history: the 9.0 has rolled out of a window of 4, so ignoring the window gives 448 / 9 / 2
+    lesson = [9.0, 3.5, 7.0, 2.0, 1.0, 0.5]
+    assert check_delayed_scale(448 / 7 / 2, lesson, margin=1, amax_history_len=4).correct
+    ignored = check_delayed_scale(448 / 9 / 2, lesson, margin=1, amax_history_len=4)
+    assert not ignored.correct and "rolled out" in ignored.message
     assert not check_delayed_scale(None, history).correct
     assert not check_delayed_scale("56", history).correct
 
@@ -124,6 +129,22 @@ def test_check_scale_after_against_torch_grad_scaler():
     assert not check_scale_after(None, 3).correct
     with pytest.raises(ValueError):
         check_scale_after(1.0, -1)
+    with pytest.raises(ValueError):
+        check_scale_after(1.0, 3, growth_factor=1.0)
+
+
+def test_check_scale_after_hints_every_wrong_answer_at_lesson_3_step():
+    from course_lib.exercises import check_scale_after
+    # lesson 3's exercise: growing every step would be 2**4004, far past float's range
+    right = check_scale_after(131072.0, 4005, overflow_steps=(2,))
+    assert right.correct   # halved at step 2, doubled after 2000 and again after 4000 clean steps
+    for wrong in (65536, 32768, 262144, 1e300, float("inf"), 2**5000, 0.0, -1.0):
+        feedback = check_scale_after(wrong, 4005, overflow_steps=(2,))
+        assert not feedback.correct and feedback.message.count("Not quite") == 1
+        assert "Rule:" in feedback.message and "131072" not in feedback.message   # a hint, not the answer
+    assert "does not grow every step" in check_scale_after(1e300, 4005, overflow_steps=(2,)).message
+    assert "runs of 2000 clean steps" in check_scale_after(32768, 4005, overflow_steps=(2,)).message
+    assert "restarts at 0" in check_scale_after(262144, 4005, overflow_steps=(2,)).message
 
 
 def test_check_autocast_policy():

@@ -282,6 +282,9 @@ def test_microscaling_figures_draw_their_data():
     assert "log axis" in fig.axes[1].get_ylabel() and "linear axis" in fig.axes[0].get_ylabel()
     lines = {ln.get_label(): ln for ln in fig.axes[1].get_lines()}
     assert lines["activation + outlier"].get_linestyle() == "--" and lines["activation"].get_linestyle() == "-"
+    # the dashed line drawn over the solid one, open: where the two coincide both stay visible
+    assert lines["activation + outlier"].get_zorder() > lines["activation"].get_zorder()
+    assert lines["activation + outlier"].get_markerfacecolor() == "none"
     assert list(lines["activation"].get_ydata()) == pytest.approx(
         [study.errors["e2m1"]["activation"][b].relative_error for b in study.blocks])
     # one legend names the tensors of both panels, under them, overlapping neither
@@ -308,8 +311,13 @@ def test_microscaling_figures_draw_their_data():
     assert [list(ln.get_xdata()) for ln in middle.get_lines() if ln.get_marker() not in ("None", "")] == [
         pytest.approx([0.0, 10.0]), pytest.approx([-10.0, 5.0])]
     right_lines = {ln.get_label(): list(ln.get_ydata()) for ln in right.get_lines()}
-    assert right_lines["nvfp4 (stochastic rounding)"] == pytest.approx([20.0, 15.0])
-    assert right_lines["nvfp4_no_sr (round to nearest)"] == pytest.approx([20.0, 20.0])
+    assert right_lines["nvfp4\n(stochastic rounding)"] == pytest.approx([20.0, 15.0])
+    assert right_lines["nvfp4_no_sr\n(round to nearest)"] == pytest.approx([20.0, 20.0])
+    # one panel per row, and no text under 12 points: three side by side read at 7 to 8 pixels on the page
+    assert left.get_position().y0 > middle.get_position().y0 > right.get_position().y0
+    assert [t.get_text() for t in fig.legends[0].get_texts()][0] == "nvfp4\n(stochastic rounding)"
+    assert_legends_clear_of_panels(fig)
+    assert min(t.get_fontsize() for t in fig.findobj(plt.Text) if t.get_text()) >= 12
     with pytest.raises(ValueError, match="no recipe"):
         plots.plot_gradient_fidelity(fid, reference="mxfp4")
 
@@ -333,6 +341,13 @@ def test_monitoring_figures_draw_their_data():
     assert len(marks) == 2 and list(marks[0].get_xdata()) == [1, 2]     # the no-recovery run's bad steps
     assert fig.axes[1].get_yscale() == "log"
     assert any("rolled back to 0" in t.get_text() for t in top.texts)
+    # the abandoned attempt (steps 0-1 before the rollback to 0) is faded in every panel, the rest is not
+    for ax in fig.axes:
+        faded = [ln for ln in ax.get_lines() if (ln.get_alpha() or 1.0) < 1]
+        assert [list(ln.get_xdata()) for ln in faded] == ([[1]] if ax is fig.axes[2] else [[0, 1]]), ax
+    solid = [ln for ln in fig.axes[1].get_lines() if ln.get_color() == "#0072B2" and ln.get_alpha() is None]
+    assert [list(ln.get_xdata()) for ln in solid] == [[0, 1, 2]]
+    assert "abandoned attempt, rolled back" in [t.get_text() for t in fig.legends[0].get_texts()]
     assert_legends_clear_of_panels(fig)   # the legend under the panels covers no step of either run
     trend = monitoring_studies.UnderflowTrend("FP16", (0, 5), {"a": (0.1, 0.2), "b": (0.0, 0.0), "c": (0.3, 0.3)}, (3.0, 2.0), ())
     fig = plots.plot_underflow_trend(trend, top_n=2)
@@ -363,6 +378,35 @@ def test_loss_against_time_colours_recipes_by_dtype_and_dashes_each():
     ticks = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "|" and len(ln.get_xdata())]
     assert len(ticks) == 1 and list(ticks[0].get_xdata()) == [0.25] and list(ticks[0].get_ydata()) == [2.2]
     assert ticks[0].get_color() == "#000000"
+    # two recipes that reach the target at the same time: both ticks visible, one above the other
+    fig = plots.plot_loss_against_time({"CPU": {"fp32": runs, "bf16_autocast": runs}}, target={"CPU": 2.2},
+                                       times={"CPU": {"fp32": [20.45], "bf16_autocast": [20.45]}})
+    ticks = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "|" and len(ln.get_xdata())]
+    fig.canvas.draw()
+    at = [ln.get_transform().transform((20.45, 2.2)) for ln in ticks]
+    assert len(ticks) == 2 and at[0][0] == pytest.approx(at[1][0])
+    gap = abs(at[0][1] - at[1][1]) * 72 / fig.dpi   # points
+    assert gap >= ticks[0].get_markersize() - 1e-9
+
+
+def test_matmul_throughput_keeps_every_hollow_marker_off_the_filled_ones():
+    import math
+
+    from course_lib.plots.performance import misaligned_x
+    dtypes = ("fp32", "bf16", "fp16", "fp8")
+    # equal throughput for every dtype: the worst case for hiding
+    panel = {d: {n: 1.0 for n in (64, 127, 128, 255, 256, 511, 512) if d != "fp8" or n % 8 == 0} for d in dtypes}
+    fig = plots.plot_matmul_throughput({"live": panel})
+    lines = [ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata())]
+    filled = [x for ln in lines if ln.get_markerfacecolor() != "none" for x in ln.get_xdata()]
+    hollow = [x for ln in lines if ln.get_markerfacecolor() == "none" for x in ln.get_xdata()]
+    assert len(hollow) == 9 and filled
+    # at least 0.1 log2 units from every filled marker and from each other
+    assert min(abs(math.log2(h) - math.log2(f)) for h in hollow for f in filled) >= 0.1
+    assert min(abs(math.log2(a) - math.log2(b)) for i, a in enumerate(hollow) for b in hollow[i + 1:]) >= 0.05
+    assert misaligned_x(127, 0) < 128 and misaligned_x(127, 3) > 64
+    with pytest.raises(ValueError, match="index"):
+        misaligned_x(127, 8)
 
 
 def test_dashboard_draws_each_panel_and_groups_alerts():
@@ -429,6 +473,10 @@ def test_distributed_figures_draw_every_variant_and_rank():
     assert len(err.lines) == len(REDUCTION_VARIANTS) + 1 and len(off.lines) == len(REDUCTION_VARIANTS)
     assert err.get_yscale() == "log" and off.lines[1].get_ydata()[1] == 20.0     # shares drawn in %
     assert_legends_clear_of_panels(fig)
+    # the two FP16 lines can coincide: the dotted one's hollow circles are larger than the solid one's filled
+    fp16 = {line.get_label(): line for line in err.lines if line.get_label().startswith("FP16")}
+    solid, dotted = fp16["FP16, ring, /N first (DDP hook)"], fp16["FP16, ring, /~sqrt(N) first (FSDP2)"]
+    assert dotted.get_markerfacecolor() == "none" and dotted.get_markersize() > 1.5 * solid.get_markersize()
     case = ScalerCase({0: (), 1: (1,)}, {0: (4.0, 4.0, 4.0), 1: (4.0, 4.0, 2.0)}, False, {0: False, 1: True})
     dp = DataParallelStudy(2, "gloo", "cpu", "small", 3, 1, 10, {}, {}, {"a": case, "b": case}, {}, {}, {}, {}, 0.0)
     fig = plots.plot_rank_scales(dp)
@@ -443,10 +491,15 @@ def test_distributed_figures_draw_every_variant_and_rank():
     assert list(lines[1].get_xdata()) == [2] and list(lines[3].get_xdata()) == []
     assert any("rank 0: weights not finite" in t.get_text() for t in visible[0].texts)
     assert_legends_clear_of_panels(fig)
-    three = plots.plot_rank_scales(dataclasses.replace(dp, scaler_cases={k: case for k in "abcd"}))
-    spare = [ax for ax in three.axes if ax.get_legend() is not None]
+    five = plots.plot_rank_scales(dataclasses.replace(dp, scaler_cases={k: case for k in "abcde"}))
+    assert five.get_figwidth() <= 6.5                   # two panels a row: readable at the book's column
+    spare = [ax for ax in five.axes if ax.get_legend() is not None]
     assert len(spare) == 1 and not spare[0].axison      # the grid's empty slot holds the legend
-    assert [t.get_text() for t in spare[0].get_legend().get_texts()][:2] == ["the step the inf was planted at", "rank 0"]
+    names = [t.get_text() for t in spare[0].get_legend().get_texts()]
+    assert names[:2] == ["the step the inf was planted at", "rank 0"]
+    # only rank 1 skipped alone and no step was skipped by all: the legend names only the marks drawn
+    assert "only rank 1 skipped the step" in names and "only rank 0 skipped the step" not in names
+    assert "every rank skipped the step" not in names
 
 
 def test_wide_figures_get_text_that_reads_at_the_column_size():

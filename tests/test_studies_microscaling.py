@@ -14,6 +14,7 @@ from course_lib import mx
 from course_lib.device import size_profile
 from course_lib.fp8 import QuantizationError
 from course_lib.glue import Prose
+from course_lib.studies.microscaling_mechanisms import RoundingBias
 from course_lib.studies import training_prose
 from course_lib.studies import microscaling as ms
 from course_lib.studies import microscaling_layers as L
@@ -76,7 +77,9 @@ def test_block_size_facts():
     assert facts.pop("blk_sizes") == "1 and 32 elements per scale, and one scale per tensor"
     # 99.2% flushed beside an error of 87.5%: whole percents read apart from 100
     assert (facts.pop("blk_fp4_out_flushed_pct"), facts.pop("blk_fp4_out_tensor_pct")) == ("99%", "88%")
-    # E4M3 lines: 1.5625 -> 3.125 (100%) and 1.5625 -> 4.6875 (200%): not flat
+    # E4M3 lines: 1.5625 -> 3.125 (100%) and 1.5625 -> 4.6875 (200%): not flat, and the outlier's line apart
+    assert facts.pop("blk_fp8_outlier_lines").startswith(
+        "In the E4M3 panel the dashed line and the solid activation line differ")
     assert facts == pytest.approx({
         "blk_fp4_32": 12.5, "blk_fp4_tensor": 25.0, "blk_fp4_out_32": 37.5, "blk_fp4_out_tensor": 87.5,
         "blk_fp4_out_flushed": 99.21875, "blk_fp4_out_flushed32": 25.0, "blk_fp8_32": 3.125,
@@ -93,6 +96,13 @@ def test_block_size_facts():
     assert ms.block_size_facts(dataclasses.replace(block_study(), errors=same))["blk_fp8_move"] == \
         "does not move (to within 0.01% of itself)"
     assert flat_facts["blk_fp8_flat"] == pytest.approx(2.0)
+
+
+def test_outlier_lines_phrase():
+    same = {"1": qe(0.026), "tensor": qe(0.026)}
+    assert ms.outlier_lines_phrase(same, dict(same)).startswith("In the E4M3 panel the dashed line lies on the solid")
+    assert "differ" in ms.outlier_lines_phrase(same, {"1": qe(0.026), "tensor": qe(0.03)})
+    assert "differ" in ms.outlier_lines_phrase(same, {"1": qe(0.026, 0.01), "tensor": qe(0.026)})   # flushes
 
 
 @pytest.mark.parametrize("blocks, phrase", [
@@ -139,7 +149,7 @@ def comparison(floor: float, rceil: float, *, element: str = "e2m1", rceil_satur
 def test_mode_tables():
     assert ms.mode_examples_table(comparison(0.125, 0.15)) == (
         "| block amax | FLOOR scale | amax / scale | stored largest | RCEIL scale | amax / scale | stored largest |\n"
-        "|---|---|---|---|---|---|---|\n| 0.8849 | 2^-3 | 7.08 | 6 | 2^-2 | 3.54 | 4 |\n")
+        "|---|---|---|---|---|---|---|\n| 0.8849 | 2⁻³ | 7.08 | 6 | 2⁻² | 3.54 | 4 |\n")
     summary = ms.mode_summary_table({"e2m1": comparison(0.125, 0.15), "e4m3": comparison(0.0325, 0.025)})
     assert summary.splitlines()[2:] == ["| E2M1 | 50% | FLOOR | 12.50% | 25% |", "| E2M1 | 50% | RCEIL | 15.00% | 0% |",
                                         "| E4M3 | 50% | FLOOR | 3.25% | 25% |", "| E4M3 | 50% | RCEIL | 2.50% | 0% |"]
@@ -265,12 +275,15 @@ def fidelity() -> GradientFidelity:
 
 def test_fidelity_table_and_facts():
     assert ms.fidelity_table(fidelity()) == (
-        "| recipe | model seed 0: error per batch (minus NVFP4's, points ± 2 standard errors) | "
-        "model seed 1: error per batch (minus NVFP4's, points ± 2 standard errors) |\n|---|---|---|\n"
-        "| mxfp8 | 3.1% (-9.38±0.20) | 6.2% (-18.75±0.20) |\n| nvfp4 | 12.5% (+0.00) | 25.0% (+0.00) |\n"
-        "| nvfp4_no_sr | 9.4% (-3.12±0.20) | 28.1% (+3.12±0.20) |\n")
+        "| recipe | seed 0, batch 0 | seed 1, batch 0 |\n|---|---|---|\n"
+        "| mxfp8 | 3.1% | 6.2% |\n| nvfp4 | 12.5% | 25.0% |\n| nvfp4_no_sr | 9.4% | 28.1% |\n")
+    # one number per cell: each difference and its noise in their own columns, a row per recipe and model
+    assert ms.fidelity_difference_table(fidelity()) == (
+        "| recipe | model seed | batch 0: minus NVFP4 (points) | batch 0: noise (2 s.e.) |\n|---|---|---|---|\n"
+        "| mxfp8 | 0 | -9.38 | 0.20 |\n| mxfp8 | 1 | -18.75 | 0.20 |\n"
+        "| nvfp4_no_sr | 0 | -3.12 | 0.20 |\n| nvfp4_no_sr | 1 | +3.12 | 0.20 |\n")
     exact = dataclasses.replace(fidelity(), single_stderr={r: ((0.0,), (0.0,)) for r in fidelity().recipes})
-    assert "| mxfp8 | 3.1% (-9.38) | 6.2% (-18.75) |" in ms.fidelity_table(exact)   # no draws to vary
+    assert "| mxfp8 | 0 | -9.38 | none |" in ms.fidelity_difference_table(exact)   # no draws to vary
     facts = ms.fidelity_facts(fidelity())
     sr, takeaway = facts.pop("gf_sr"), facts.pop("gf_takeaway")
     assert all(isinstance(p, Prose) for p in (sr, takeaway, facts["gf_seeds"]))   # glued as Markdown
@@ -282,11 +295,11 @@ def test_fidelity_table_and_facts():
         "gf_avg_first": 18.75, "gf_avg_last": 12.5, "gf_k_last": 8})
     # one model each way, far beyond the noise (0.1 points): the sign depends on the model
     assert sr == ("Stochastic rounding makes a *single* gradient no better (without it, -3.12 to +3.12 points: the "
-                  "sign depends on the model): it trades bias for variance. Its value is in the average: over 8 draws "
-                  "the error of the mean falls from 18.8% to 12.5%, against 18.8% without it, 52% of the way to "
-                  "the 6.6% that 1/sqrt(k) would reach. Over many steps an optimizer averages gradients in the same "
-                  "way.")
-    assert takeaway == "over 2 models, stochastic rounding helped only the average of 8 draws"
+                  "sign depends on the model): it trades bias for variance. Averaging 8 draws brings the error of the "
+                  "mean from 18.8% to 12.5%, below the 18.8% of one gradient rounded to nearest, 52% of the way to "
+                  "the 6.6% that 1/sqrt(k) would reach.")
+    assert takeaway == ("over 2 models, stochastic rounding did not make one gradient closer, and the mean of 8 of "
+                        "its draws was 12.5% off against 18.8% for one gradient rounded to nearest")
     with pytest.raises(ValueError, match="no recipe named 'nvfp4_no_rht'"):
         fidelity().effect("nvfp4_no_rht")
 
@@ -398,13 +411,13 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert facts["gf_takeaway"] == (
         "over 2 models, square weight blocks helped on every batch of every model, the effect of the "
         "high-precision last block changed sign from model to model, the Hadamard transform "
-        "made no difference beyond the draw-to-draw noise and stochastic rounding helped only the average of 8 "
-        "draws")
+        "made no difference beyond the draw-to-draw noise and stochastic rounding did not make one gradient "
+        "closer, and the mean of 8 of its draws was 9.4% off against 15.6% for one gradient rounded to nearest")
     assert facts["gf_sr"] == (
         "Stochastic rounding makes a *single* gradient no better (without it, -3.12 to +3.12 points: the sign depends "
-        "on the batch): it trades bias for variance. Its value is in the average: over 8 draws the error of the mean "
-        "falls from 15.6% to 9.4%, against 15.6% without it, 62% of the way to the 5.5% that 1/sqrt(k) would "
-        "reach. Over many steps an optimizer averages gradients in the same way.")
+        "on the batch): it trades bias for variance. Averaging 8 draws brings the error of the mean from 15.6% to "
+        "9.4%, below the 15.6% of one gradient rounded to nearest, 62% of the way to the 5.5% that 1/sqrt(k) would "
+        "reach.")
 
     # the last block helping everywhere, in both recipes: the sentence says so and drops the warning
     helped = dict(fid.single, nvfp4_no_hp_last=((0.1875, 0.3125), (0.1875, 0.1875)),
@@ -420,9 +433,10 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     flat = dict(fid.averaged, nvfp4=((0.1875, 0.18), (0.125, 0.14)))
     sr = P.stochastic_rounding_sentence(pieces_fidelity(averaged=flat))
     assert sr.endswith("Averaging 8 draws brings the error of the mean from 15.6% to 16.0%, not below the 15.6% of "
-                       "rounding to nearest, no closer to the 5.5% that 1/sqrt(k) would reach: what remains "
-                       "is the error of the operands that are rounded to nearest (the forward pass's, and the "
-                       "weights and activations in the backward products).")
+                       "one gradient rounded to nearest, no closer to the 5.5% that 1/sqrt(k) would reach: what "
+                       "remains is the error of the operands that are rounded to nearest (the forward pass's, and "
+                       "the weights and activations in the backward products), so averaging a few draws of one "
+                       "gradient shows little of what stochastic rounding is for.")
     # an average that moves a little of the way: how far, counted (11% of 15.6 -> 5.5), not "less than half"
     some = dict(fid.averaged, nvfp4=((0.1875, 0.17), (0.125, 0.12)))
     assert ", 11% of the way to the 5.5% that 1/sqrt(k) would reach: what remains is the error" in str(
@@ -436,7 +450,13 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert P.pieces_takeaway(pieces_fidelity(single=somewhere)) == (
         "over 2 models, square weight blocks hurt on some models and helped on none, the effect of the "
         "high-precision last block changed sign from model to model, the Hadamard transform made no difference "
-        "beyond the draw-to-draw noise and stochastic rounding helped only the average of 8 draws")
+        "beyond the draw-to-draw noise and stochastic rounding did not make one gradient closer, and the mean of 8 of its "
+        "draws was 9.4% off against 15.6% for one gradient rounded to nearest")
+    # 10.74% beside 10.66%: both read 10.7%, so level, not below
+    level = dict(fid.averaged, nvfp4=((0.1875, 0.1074), (0.125, 0.1074)))
+    near = dict(fid.single, nvfp4_no_sr=((0.1066, 0.1066), (0.1066, 0.1066)))
+    assert "to 10.7%, level with the 10.7% of one gradient rounded to nearest" in str(
+        P.stochastic_rounding_sentence(pieces_fidelity(averaged=level, single=near)))
     one_draw = P.stochastic_rounding_sentence(pieces_fidelity(ks=(1,)))
     assert one_draw.endswith("With one draw per batch, this run does not measure the average of draws.")
 
@@ -451,7 +471,8 @@ def test_emulation_note():
 # ---- errata and exercises ----------------------------------------------------------------------------------
 
 def test_mx_errata_rows():
-    rows = ms.mx_errata_rows(comparison(0.125, 0.15), scale_errors(), fidelity(), torchao_agrees=True)
+    bias = RoundingBias((1, 4, 16), (0.16, 0.08, 0.05), 0.1, 0.01)
+    rows = ms.mx_errata_rows(comparison(0.125, 0.15), scale_errors(), fidelity(), bias=bias, torchao_agrees=True)
     assert rows == [
         ("MX scales are chosen so that nothing overflows.",
          "The spec's rule (FLOOR) saturates the largest value of 25% of this activation's FP4 blocks; RCEIL, "
@@ -461,18 +482,27 @@ def test_mx_errata_rows():
          "scale, 100% of the course model's gradient flushes to zero; with it, the weight's error is 9.4% against "
          "10.9% for E8M0 scales on the same 16-element blocks."),
         ("Stochastic rounding makes each gradient more accurate.",
-         "Not each: a single NVFP4 gradient was 18.8% off with it and 18.8% without. It removes bias, so averages "
-         "converge: 18.8% for one draw, 12.5% for the mean of 8."),
+         "Not each: a single NVFP4 gradient was 18.8% off with it and 18.8% without, and the mean of 8 draws 12.5%. "
+         "What it removes is bias, measured on one tensor: the mean of 16 stochastically rounded copies of the "
+         "gradient is 5.0% off, where rounding to nearest stays 10.0% off however often it is repeated."),
         ("FP4 training needs Blackwell.",
          "FP4 *speed* does; FP4 numerics run anywhere, as here: the elements and scales exactly, the sums in "
          "FP32, which a block-scaled tensor core is not documented to match. The course's emulation agrees with "
          "torchao's reference quantisation bit for bit."),
     ]
     other = ms.mx_errata_rows(comparison(0.125, 0.15, rceil_saturated=0.0625), scale_errors(), fidelity(),
-                              torchao_agrees=False)
+                              bias=bias, torchao_agrees=False)
     assert other[0][1].endswith("RCEIL, NVIDIA's rule, saturates that of 6% {cite:p}`ocp2023mx,torchao_mx`.")
     assert other[3][1].endswith("The course's emulation did not agree with torchao's reference quantisation on "
                                 "this page's check.")
+
+
+def test_errata_stochastic_row_follows_the_measured_sign():
+    # stochastic rounding's single gradient better than nearest's: the row does not say "Not each"
+    fid = dataclasses.replace(fidelity(), single=dict(fidelity().single, nvfp4_no_sr=((0.25,), (0.25,))))
+    bias = RoundingBias((1, 4), (0.16, 0.08), 0.1, 0.0)
+    row = ms.mx_errata_rows(comparison(0.125, 0.15), scale_errors(), fid, bias=bias, torchao_agrees=True)[2][1]
+    assert row.startswith("Here it did, on average: a single NVFP4 gradient was 18.8% off with it and 25.0% without")
 
 
 def test_exercise_facts():

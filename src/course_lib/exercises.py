@@ -239,6 +239,9 @@ def check_scale_after(answer, steps: int, overflow_steps=(), *, init_scale: floa
     when the steps in ``overflow_steps`` overflow and the others do not."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise ValueError(f"steps must be a non-negative int, got {steps!r}")
+    if not (math.isfinite(init_scale) and init_scale > 0 and growth_factor > 1 and 0 < backoff_factor < 1):
+        raise ValueError("init_scale must be positive and finite, growth_factor > 1 and 0 < backoff_factor < 1, "
+                         f"got {init_scale!r}, {growth_factor!r}, {backoff_factor!r}")
     overflows = set(overflow_steps)
     trace = replay_scale_schedule([0.0 if i in overflows else math.inf for i in range(steps + 1)],
                                   init_scale=init_scale, growth_factor=growth_factor,
@@ -248,20 +251,31 @@ def check_scale_after(answer, steps: int, overflow_steps=(), *, init_scale: floa
         return Feedback(False, "No answer yet: set the scale and run the cell again.")
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         return Feedback(False, f"Give a number, not {type(answer).__name__}.")
+    try:
+        value = float(answer)
+    except OverflowError:   # an int past float's range: as wrong as inf, and must not crash the check
+        value = math.inf if answer > 0 else -math.inf
     backoffs = sum(1 for i in overflows if i < steps)
     growths = round(math.log(truth / init_scale / backoff_factor**backoffs, growth_factor)) if truth > 0 else 0
-    story = (f"{backoffs} overflow(s) before step {steps} halve the scale each time, and it grows by "
-             f"{growth_factor:g}x only after {growth_interval} overflow-free steps in a row ({growths} time(s) "
-             f"here): {truth:g}")
-    if _close(float(answer), truth, 1e-9):
-        return Feedback(True, story + ".")
+    rule = (f"{backoffs} overflow(s) before step {steps} cut the scale by {backoff_factor:g}x each time, "
+            f"and it grows by {growth_factor:g}x only after {growth_interval} overflow-free steps in a row")
+    if _close(value, truth, 1e-9):
+        return Feedback(True, f"{rule} ({growths} time(s) here): {truth:g}.")
+    # compared in log space: growing every step gives init * growth**steps, far past float's range
+    # for a few thousand steps (2**4004), so that scale is never formed as a number
+    every_step_log = math.log(init_scale) + (steps - backoffs) * math.log(growth_factor)
+    grew_every_step = value > 0 and abs(math.log(value) - every_step_log) <= 1e-9 * max(1.0, abs(every_step_log))
     slips = []
-    if _close(float(answer), init_scale * growth_factor ** (steps - backoffs), 1e-9) or float(answer) > truth * 4:
+    if grew_every_step or value > truth * 4:
         slips.append("the scale does not grow every step: it grows once per `growth_interval` clean steps")
-    if overflows and _close(float(answer), truth / backoff_factor, 1e-9):
+    if overflows and _close(value, truth / backoff_factor, 1e-9):
         slips.append("the growth counter restarts at 0 after an overflow")
+    if 0 < value < truth:
+        slips.append(f"count how many runs of {growth_interval} clean steps fit between the last overflow "
+                     f"and step {steps}")
     detail = "; ".join(slips) or "replay the steps one by one"
-    return Feedback(False, f"Not quite: {answer:g}. {detail[0].upper() + detail[1:]}. {story}.")
+    # the rule, not the replayed scale: a wrong guess should not be answered with the answer
+    return Feedback(False, f"Not quite: {value:g}. {detail[0].upper() + detail[1:]}. Rule: {rule}.")
 
 
 AUTOCAST_ANSWERS = ("lower precision", "fp32", "promote", "input dtype")
@@ -486,7 +500,7 @@ def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
     tree = float(simulate_all_reduce(column, dtype, "tree"))
     truncated = chain(list(reversed(values)), truncate=True)
     rank0_first = chain(values, truncate=False)
-    tree_hint = f"the tree order (ranks added in pairs from rank 0), where the ring starts from the last rank: {order}"
+    tree_hint = f"the pairwise tree order (ranks added in pairs from rank 0), where the ring starts from the last rank: {order}"
     cut_hint = (f"each partial sum cut off (truncated) instead of rounded to the nearest {fmt} number; a sum "
                 f"halfway between two {fmt} numbers is a tie, which goes to the one with an even last bit")
     a = float(answer)

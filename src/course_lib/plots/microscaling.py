@@ -41,8 +41,11 @@ def plot_block_sizes(study) -> Figure:
         for j, tensor in enumerate(study.tensors):
             base = tensor.split(" +")[0]
             errs = [study.errors[element][tensor][b].relative_error for b in study.blocks]
-            ax.plot(x, errs, "o-" if base == tensor else "s--", color=_TENSOR_COLOURS.get(base, recipe_colour(j)),
-                    lw=1.8, ms=5, label=tensor)
+            # the dashed line drawn last, open and larger: where it lies on its tensor's solid line, both show
+            plain = base == tensor
+            ax.plot(x, errs, "o-" if plain else "s--", color=_TENSOR_COLOURS.get(base, recipe_colour(j)),
+                    lw=1.8 if plain else 1.4, ms=5 if plain else 10, mfc=None if plain else "none",
+                    mew=1.5, label=tensor, zorder=2 if plain else 3)
         ax.set_xticks(x, ["1\n(per\nelement)" if b == "1" else ("whole\ntensor" if b == "tensor" else b)
                           for b in study.blocks])
         ax.set_xlim(-0.5, len(study.blocks) - 0.5)   # room for the outer ticks' labels inside the panel
@@ -73,18 +76,28 @@ _SEED_MARKERS = ("o", "s", "^", "D")
 def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     """Three panels from a :class:`~course_lib.studies.microscaling_pieces.GradientFidelity`. Top: per
     recipe, the relative error of its gradient of the course model against the exact one (a marker per model
-    and batch, its shape the model's seed; a bar at the mean). Bottom left: per piece of the ``reference``
+    and batch, its shape the model's seed; a bar at the mean). Middle: per piece of the ``reference``
     recipe that ran, the error without it minus with it (same model and batch, points; right of zero, the
-    piece helped; a row per piece), and the same for MXFP4's high-precision last block. Bottom right: the error of the mean of k
+    piece helped; a row per piece), and the same for MXFP4's high-precision last block. Bottom: the error of the mean of k
     gradients against k, for the ``reference`` recipe (stochastic rounding; a thin line per model, a thick one
     for their mean) and, where present, the same recipe without it (``reference + "_no_sr"``), with
-    ``1/sqrt(k)`` from the first point for comparison."""
+    ``1/sqrt(k)`` from the first point for comparison. The panels stack, top to bottom, in that order."""
     if reference not in result.single:
         raise ValueError(f"no recipe named {reference!r}; recipes: {', '.join(result.recipes)}")
-    fig = plt.figure(figsize=(COLUMN_INCHES, 8))
-    grid = fig.add_gridspec(2, 2)
-    left = fig.add_subplot(grid[0, :])
-    middle, right = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    # one panel per row, at the column's width, with text of 12 points: three panels side by side left
+    # their labels at 7 to 8 pixels on the page
+    with plt.rc_context(_LARGE_TEXT):
+        fig = plt.figure(figsize=(COLUMN_INCHES, 14))
+        grid = fig.add_gridspec(3, 1, height_ratios=(1.1, 1.0, 0.9))
+        left, middle, right = (fig.add_subplot(grid[i, 0]) for i in range(3))
+        return _draw_gradient_fidelity(fig, left, middle, right, result, reference)
+
+
+_LARGE_TEXT: dict = {"font.size": 12, "axes.labelsize": 12, "xtick.labelsize": 12, "ytick.labelsize": 12,
+               "legend.fontsize": 12}
+
+
+def _draw_gradient_fidelity(fig, left, middle, right, result, reference: str) -> Figure:
     colours = {r: fp8_colour(r, j) for j, r in enumerate(result.recipes)}
     n_models = len(result.seeds)
     offsets = np.linspace(-0.22, 0.22, n_models) if n_models > 1 else np.zeros(1)
@@ -93,13 +106,13 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
         for s, values in enumerate(per_model):
             at = [i + offsets[s]] * len(values)
             x, y = (values, at) if across else (at, values)
-            ax.plot(x, y, _SEED_MARKERS[s % len(_SEED_MARKERS)], color=colour, ms=5, mfc="none", mew=1.3)
+            ax.plot(x, y, _SEED_MARKERS[s % len(_SEED_MARKERS)], color=colour, ms=7, mfc="none", mew=1.4)
 
     for i, recipe in enumerate(result.recipes):
         per_model = [[100 * v for v in m] for m in result.single[recipe]]
         left.bar(i, np.mean([v for m in per_model for v in m]), color=colours[recipe], alpha=0.3, width=0.7)
         markers(left, i, per_model, colours[recipe])
-    left.set_xticks(range(len(result.recipes)), result.recipes, rotation=20, ha="right")
+    left.set_xticks(range(len(result.recipes)), result.recipes, rotation=30, ha="right")
     left.set_ylabel("gradient error vs exact FP32 (%)\nmarker: model and batch; bar: mean")
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3, axis="y")
@@ -107,7 +120,7 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
         left.plot([], [], _SEED_MARKERS[s % len(_SEED_MARKERS)], color="#555555", mfc="none", mew=1.3,
                   label=f"model seed {seed}")
     # above the panel, where no marker can hide behind it
-    left.legend(fontsize=10, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=n_models, frameon=False)
+    left.legend(fontsize=12, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=n_models, frameon=False)
 
     # each bar is one piece of a recipe, named by what it is (the recipe without it is the other run)
     names = {"sr": "stochastic rounding", "rht": "Hadamard transform", "2d": "16x16 weight blocks",
@@ -123,26 +136,28 @@ def plot_gradient_fidelity(result, *, reference: str = "nvfp4") -> Figure:
     middle.axvline(0, color="#555555", lw=1)
     middle.set_yticks(range(len(pieces)), [label.replace(": ", ":\n") for _, _, label in pieces])
     middle.set_ylim(len(pieces) - 0.5, -0.5)
-    middle.set_xlabel("error without the piece minus with it\n(points; right of 0: the piece helped)")
+    middle.set_xlabel("error without the piece minus with it (points; right of 0: the piece helped)")
     middle.grid(alpha=0.3, axis="x")
 
     ks = np.asarray(result.ks)
-    for recipe, label in ((reference, f"{reference} (stochastic rounding)"),
-                          (reference + "_no_sr", f"{reference}_no_sr (round to nearest)")):
+    for recipe, label in ((reference, f"{reference}\n(stochastic rounding)"),
+                          (reference + "_no_sr", f"{reference}_no_sr\n(round to nearest)")):
         if recipe in result.averaged:
             for per_model in result.averaged[recipe]:
                 right.plot(ks, np.asarray(per_model) * 100, "-", color=colours[recipe], lw=0.8, alpha=0.5)
             right.plot(ks, np.asarray(result.mean_averaged(recipe)) * 100, "o-", color=colours[recipe], lw=2,
                        label=label)
     first = result.mean_averaged(reference)[0] * 100
-    right.plot(ks, first / np.sqrt(ks), ":", color="#777777", label="1/sqrt(k) from the first point")
+    right.plot(ks, first / np.sqrt(ks), ":", color="#777777", label="1/sqrt(k) from\nthe first point")
     right.set_xscale("log", base=2)
     right.set_xticks(ks, [str(k) for k in ks])
     right.set_ylim(bottom=0)
     right.set_xlabel("k, gradients averaged (log2 axis)")
-    right.set_ylabel("error of the mean of k gradients (%)\nthin lines: one model each")
+    right.set_ylabel("error of the mean\nof k gradients (%)\nthin lines: one model")
     right.grid(alpha=0.3)
-    right.legend(fontsize=8, loc="lower left")
+    # along the figure's bottom (finish_figure lays the panels out above it): it covers no line and leaves the
+    # panels their width
+    fig.legend(*right.get_legend_handles_labels(), fontsize=12, loc="lower center", ncols=3, frameon=False)
     return finish_figure(fig)
 
 

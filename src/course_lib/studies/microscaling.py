@@ -13,7 +13,7 @@ import torch
 from ..bench import time_function
 from ..formats import all_values
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
-from ..glue import Prose, and_list
+from ..glue import Prose, and_list, power_of_two_text
 from ..models import course_setup
 from ..mx.blocks import (
     BlockScaling,
@@ -30,8 +30,13 @@ from ..train import RECIPES, TrainConfig, TrainState, get_recipe, train
 from .fp8 import Fp8Training, capture_linear_tensors, seeded_curves, train_converted, with_outlier_channel
 from .training_prose import BASELINE, check_training, loss_differences, seed_facts
 # the pieces study lives in its own module; lesson 8 reaches its table and facts through this one
+from .microscaling_mechanisms import RoundingBias
 from .microscaling_pieces import GradientFidelity, gradient_fidelity
-from .microscaling_pieces import fidelity_facts as fidelity_facts, fidelity_table as fidelity_table
+from .microscaling_pieces import (
+    fidelity_difference_table as fidelity_difference_table,
+    fidelity_facts as fidelity_facts,
+    fidelity_table as fidelity_table,
+)
 
 
 @dataclass(frozen=True)
@@ -330,7 +335,8 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
     """Percent relative error and flushed of E2M1 blocks of 1, 32 and the whole tensor on the activation and
     on the outlier activation's other channels; E4M3 blocks of 32 and one scale per tensor; E4M3's binades;
     and the outlier activation's flushed share and error with one scale per tensor as text that agrees
-    (``blk_fp4_out_flushed_pct``, ``blk_fp4_out_tensor_pct``: :func:`percent_texts`)."""
+    (``blk_fp4_out_flushed_pct``, ``blk_fp4_out_tensor_pct``: :func:`percent_texts`); whether the E4M3
+    panel's two activation lines coincide (``blk_fp8_outlier_lines``, :func:`outlier_lines_phrase`)."""
     fp4, fp8 = study.errors["e2m1"], study.errors["e4m3"]
     act, out = fp4["activation"], fp4["activation + outlier"]
     return {"blk_fp4_32": 100 * act["32"].relative_error, "blk_fp4_tensor": 100 * act["tensor"].relative_error,
@@ -342,8 +348,22 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
             "e4m3_binades": element_format("e4m3").binades,
             "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error,
             "blk_sizes": block_sizes_phrase(study), **_flatness("blk_fp8", fp8),
+            "blk_fp8_outlier_lines": outlier_lines_phrase(fp8["activation"], fp8["activation + outlier"]),
             **dict(zip(("blk_fp4_out_flushed_pct", "blk_fp4_out_tensor_pct"),
                        map(Prose, percent_texts(100 * out["tensor"].flushed, 100 * out["tensor"].relative_error))))}
+
+
+def outlier_lines_phrase(plain: Mapping[str, QuantizationError], outlier: Mapping[str, QuantizationError]) -> Prose:
+    """For the figure's caption: whether the activation's line and the outlier activation's (its other
+    channels) coincide at every block size, to the axis's two decimals of a percent, and why they can."""
+    same = all(f"{100 * plain[b].relative_error:.2f}" == f"{100 * outlier[b].relative_error:.2f}"
+               and plain[b].flushed == outlier[b].flushed for b in plain)
+    if same:
+        return Prose("In the E4M3 panel the dashed line lies on the solid activation line at every block size: "
+                     "a power-of-two scale only shifts E4M3's grid, and the outlier's larger scale pushes none of "
+                     "the other channels' values below E4M3's range, so they round as they did without it.")
+    return Prose("In the E4M3 panel the dashed line and the solid activation line differ: the outlier's larger "
+                 "scale pushes some of the other channels' values below E4M3's normal range.")
 
 
 def block_sizes_phrase(study: BlockSizeStudy) -> Prose:
@@ -406,15 +426,16 @@ def mode_examples_table(comparison: ModeComparison) -> MarkdownTable:
         ["block amax", "FLOOR scale", "amax / scale", "stored largest", "RCEIL scale", "amax / scale",
          "stored largest"],
         [[f"{r['amax']:.4g}", *(v for m in ("floor", "rceil") for v in (
-            f"2^{r[f'{m} exponent']}", f"{r[f'{m} amax / scale']:.3g}", f"{r[f'{m} largest element']:g}"))]
+            power_of_two_text(int(r[f'{m} exponent'])), f"{r[f'{m} amax / scale']:.3g}", f"{r[f'{m} largest element']:g}"))]
          for r in comparison.examples])
 
 
 def mode_summary_table(modes: Mapping[str, ModeComparison]) -> MarkdownTable:
-    """Per element format and mode: the share of blocks where the modes differ, the relative error, and the
-    share of blocks whose largest value the clamp changes."""
+    """Per element format and mode: the share of blocks where the modes differ, the relative error over the
+    whole tensor (every block, not only those where the modes differ), and the share of blocks whose largest
+    value the clamp changes."""
     return markdown_table(
-        ["elements", "blocks where the modes differ", "mode", "relative error",
+        ["elements", "blocks where the modes differ", "mode", "relative error (whole tensor)",
          "blocks whose largest value the clamp changes"],
         [[el.upper(), f"{100 * c.blocks_differ:.0f}%", m.upper(), f"{100 * c.errors[m].relative_error:.2f}%",
           f"{100 * c.top_saturated[m]:.0f}%"] for el, c in modes.items() for m in ("floor", "rceil")])
@@ -525,13 +546,16 @@ def emulation_note(capability: tuple[int, int] | None) -> Prose:
 
 
 def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str, QuantizationError]],
-                   fidelity: GradientFidelity, *, torchao_agrees: bool) -> list[tuple[str, str]]:
+                   fidelity: GradientFidelity, *, bias: RoundingBias,
+                   torchao_agrees: bool) -> list[tuple[str, str]]:
     """Lesson 8's errata, (claim, what was measured) pairs, from the FLOOR/RCEIL comparison on the
     activation's FP4 blocks (``modes``), the scale choices' errors (``scale_errors[tensor][choice]``), the
-    gradient fidelity study, and whether the course's quantisation agreed with torchao's."""
+    gradient fidelity study, the rounding-bias measurement on one tensor (``bias``), and whether the course's
+    quantisation agreed with torchao's."""
     _, e8m0_16, no_tensor_scale, nvfp4, _ = nvfp4_scale_choices()
     rceil = modes.top_saturated["rceil"]
     averaged = fidelity.mean_averaged("nvfp4")
+    sr_one, nearest_one = fidelity.mean_error("nvfp4"), fidelity.mean_error("nvfp4_no_sr")
     return [
         ("MX scales are chosen so that nothing overflows.",
          f"The spec's rule (FLOOR) saturates the largest value of {100 * modes.top_saturated['floor']:.0f}% of "
@@ -544,16 +568,30 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
          f"against {100 * scale_errors['weight'][e8m0_16].relative_error:.1f}% for E8M0 scales on the same "
          "16-element blocks."),
         ("Stochastic rounding makes each gradient more accurate.",
-         f"Not each: a single NVFP4 gradient was {100 * fidelity.mean_error('nvfp4'):.1f}% off with it and "
-         f"{100 * fidelity.mean_error('nvfp4_no_sr'):.1f}% without. It removes bias, so averages converge: "
-         f"{100 * averaged[0]:.1f}% for one draw, {100 * averaged[-1]:.1f}% "
-         f"for the mean of {fidelity.ks[-1]}."),
+         ("Not each" if sr_one >= nearest_one else "Here it did, on average") + f": a single NVFP4 gradient was "
+         f"{100 * sr_one:.1f}% off with it and {100 * nearest_one:.1f}% without, and the mean of "
+         f"{fidelity.ks[-1]} draws {100 * averaged[-1]:.1f}%. What it removes is bias, measured on one tensor: "
+         f"the mean of {bias.ks[-1]} stochastically rounded copies of the gradient is "
+         f"{100 * bias.stochastic[-1]:.1f}% off, where rounding to nearest stays {100 * bias.nearest:.1f}% off "
+         "however often it is repeated."),
         ("FP4 training needs Blackwell.",
          "FP4 *speed* does; FP4 numerics run anywhere, as here: the elements and scales exactly, the sums in "
          "FP32, which a block-scaled tensor core is not documented to match. The course's emulation "
          + ("agrees with torchao's reference quantisation bit for bit." if torchao_agrees else
             "did not agree with torchao's reference quantisation on this page's check.")),
     ]
+
+
+def outlier_ratio(tensors: Mapping[str, torch.Tensor]) -> float:
+    """The largest magnitude of ``tensors["activation + outlier"]`` over that of ``tensors["activation"]``:
+    how many times larger than the activation's own largest value the outlier channel's block scale is set."""
+    missing = {"activation", "activation + outlier"} - set(tensors)
+    if missing:
+        raise ValueError(f"outlier_ratio needs the tensors {sorted(missing)}")
+    plain = float(tensors["activation"].abs().max())
+    if plain == 0:
+        raise ValueError("the activation is all zeros")
+    return float(tensors["activation + outlier"].abs().max()) / plain
 
 
 def exercise_facts() -> dict[str, object]:

@@ -260,23 +260,32 @@ def gradient_fidelity(profile, device: torch.device | str = "cpu", *,
 
 # ---- table and facts --------------------------------------------------------------------------------------
 
-def fidelity_table(fidelity: GradientFidelity, reference: str = REFERENCE) -> MarkdownTable:
-    """One row per recipe, one column per model seed: the gradient error on each of that model's batches and,
-    in brackets, its difference from ``reference``'s on the same batch (percentage points), with the noise it
-    must exceed to count, :data:`NOISE_SIGMAS` standard errors over the stochastic-rounding draws, where there
-    is any (``-0.47±0.60``; for a recipe without stochastic rounding that is the reference's own noise)."""
-    effects = {r: fidelity.effect(r, reference) for r in fidelity.recipes}
-
-    def difference(d: float, noise: float, recipe: str) -> str:
-        return f"{d:+.2f}" + (f"±{NOISE_SIGMAS * noise:.2f}" if noise > 0 and recipe != reference else "")
-
+def fidelity_table(fidelity: GradientFidelity) -> MarkdownTable:
+    """One row per recipe, one column per model seed and batch: the mean error of one gradient (percent)."""
     return markdown_table(
-        ["recipe", *(f"model seed {s}: error per batch (minus {reference.upper()}'s, points ± "
-                     f"{NOISE_SIGMAS:g} standard errors)" for s in fidelity.seeds)],
-        [[r, *(", ".join(f"{100 * v:.1f}%" for v in errs) + " ("
-               + ", ".join(difference(d, n, r) for d, n in zip(ds, ns)) + ")"
-               for errs, ds, ns in zip(fidelity.single[r], effects[r].per_model, effects[r].noise))]
+        ["recipe", *(f"seed {s}, batch {b}" for s in fidelity.seeds for b in range(fidelity.batches))],
+        [[r, *(f"{100 * v:.1f}%" for per_model in fidelity.single[r] for v in per_model)]
          for r in fidelity.recipes])
+
+
+def fidelity_difference_table(fidelity: GradientFidelity, reference: str = REFERENCE) -> MarkdownTable:
+    """One row per recipe other than ``reference`` and model seed; per batch, the recipe's error minus
+    ``reference``'s on the same batch (percentage points) and the noise it must exceed to count,
+    :data:`NOISE_SIGMAS` standard errors over the stochastic-rounding draws (for a recipe without stochastic
+    rounding, the reference's own noise; "none" where neither recipe rounds stochastically)."""
+    batches = range(fidelity.batches)
+    rows = []
+    for r in fidelity.recipes:
+        if r == reference:
+            continue
+        e = fidelity.effect(r, reference)
+        for s, ds, ns in zip(fidelity.seeds, e.per_model, e.noise):
+            rows.append([r, str(s), *(v for d, n in zip(ds, ns) for v in (
+                f"{d:+.2f}", f"{NOISE_SIGMAS * n:.2f}" if n > 0 else "none"))])
+    return markdown_table(
+        ["recipe", "model seed", *(h for b in batches for h in (
+            f"batch {b}: minus {reference.upper()} (points)", f"batch {b}: noise ({NOISE_SIGMAS:g} s.e.)"))],
+        rows)
 
 
 def _models(n: int) -> str:
@@ -402,28 +411,29 @@ def stochastic_rounding_sentence(fidelity: GradientFidelity) -> Prose:
     first, last = 100 * curve[0], 100 * curve[-1]
     nearest = 100 * fidelity.mean_error("nvfp4_no_sr")
     ideal = first / math.sqrt(k)
-    text += (f" Its value is in the average: over {k} draws the error of the mean falls from {first:.1f}% to "
-             f"{last:.1f}%, against {nearest:.1f}% without it" if last < nearest else
-             f" Averaging {k} draws brings the error of the mean from {first:.1f}% to {last:.1f}%, not below the "
-             f"{nearest:.1f}% of rounding to nearest")
+    # compared as displayed: 10.7% beside 10.7% is level, whatever the digits after
+    shown_last, shown_nearest = round(last, 1), round(nearest, 1)
+    relation = ("below" if shown_last < shown_nearest else "level with" if shown_last == shown_nearest else
+                "not below")
+    text += (f" Averaging {k} draws brings the error of the mean from {first:.1f}% to {last:.1f}%, {relation} the "
+             f"{nearest:.1f}% of one gradient rounded to nearest")
     # how much of the way to independent draws' 1/sqrt(k) the average went (the displayed ends are rounded)
     share = (first - last) / (first - ideal)
     target = f"the {ideal:.1f}% that 1/sqrt(k) would reach"
     text += (f", no closer to {target}" if share <= 0 else f", {100 * share:.0f}% of the way to {target}")
     if share < 0.5:
         text += (": what remains is the error of the operands that are rounded to nearest (the forward pass's, "
-                 "and the weights and activations in the backward products).")
+                 "and the weights and activations in the backward products), so averaging a few draws of one "
+                 "gradient shows little of what stochastic rounding is for.")
     else:
         text += "."
-    if last < nearest:
-        text += " Over many steps an optimizer averages gradients in the same way."
     return Prose(text)
 
 
 def pieces_takeaway(fidelity: GradientFidelity) -> Prose:
     """One clause per verdict: which pieces helped or hurt on every batch, on average or on some models, which
-    changed sign, and which stayed within the draw-to-draw noise; stochastic rounding apart when it did not
-    help a single gradient but its average of draws beat rounding to nearest."""
+    changed sign, and which stayed within the draw-to-draw noise; stochastic rounding apart, with both numbers,
+    when it did not help a single gradient but its average of draws beat one gradient rounded to nearest."""
     groups: dict[str, list[str]] = {}
     sr_average_only = False
     for recipe, name in PIECES.items():
@@ -447,7 +457,10 @@ def pieces_takeaway(fidelity: GradientFidelity) -> Prose:
     if NOISE in groups:
         clauses.append(f"{and_list(groups[NOISE])} made no difference beyond the draw-to-draw noise")
     if sr_average_only:
-        clauses.append(f"stochastic rounding helped only the average of {fidelity.ks[-1]} draws")
+        k = fidelity.ks[-1]
+        clauses.append(f"stochastic rounding did not make one gradient closer, and the mean of {k} of its draws was "
+                       f"{100 * fidelity.mean_averaged(REFERENCE)[-1]:.1f}% off against "
+                       f"{100 * fidelity.mean_error('nvfp4_no_sr'):.1f}% for one gradient rounded to nearest")
     if not clauses:
         raise ValueError("none of the NVFP4 recipe's pieces ran")
     return Prose(f"over {_models(len(fidelity.seeds))}, " + and_list(clauses))
