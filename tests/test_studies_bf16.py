@@ -248,7 +248,7 @@ def test_update_rule_bytes_and_adamws_moments_are_measured():
         "`bfloat16` moments for BF16 weights, and 20 for `bf16_master`")}
 
 
-def test_divergence_prose_counts_in_words_and_writes_math():
+def test_divergence_prose_counts_in_words_and_writes_code_not_tex():
     from course_lib.monitor import NonFiniteReport, TensorSummary
     from course_lib.studies.fp16_divergence import DivergenceRun, Fp16Divergence
 
@@ -263,7 +263,8 @@ def test_divergence_prose_counts_in_words_and_writes_math():
     some = Fp16Divergence(0.05, 3, 2, fused[:2] + (run(2, "sdpa", 100.0),), None, None, None, {})
     assert "all three runs with fused attention (SDPA) stayed finite, and two of them went past" in \
         P.divergence_verdict(some)
-    assert "q k^T" not in P.ATTENTION_NAMES["explicit"] and "$q k^\\top$" in P.ATTENTION_NAMES["explicit"]
+    # glued Markdown lands where MathJax does not look: code, not TeX
+    assert "$" not in P.ATTENTION_NAMES["explicit"] and "`q @ k.transpose(-2, -1)`" in P.ATTENTION_NAMES["explicit"]
     one_inf = TensorSummary((2, 3), "float16", 1.0, 0, 1)
     report = NonFiniteReport("blocks.0.attn", "forward", (TensorSummary((2, 3), "float16", 90.0, 0, 0),),
                              (one_inf,), op="matmul")
