@@ -326,7 +326,7 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
     bf16 = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=[3.0, 2.15, 2.505, 2.4])
     note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler})["recipe_skips"]
     assert ("At step 1 every autocast run's loss was above `fp32`'s, by +0.150 to +0.300 (`bf16_autocast` +0.150, "
-            "which skipped nothing), and at step 2 the runs that skipped nothing were back within 0.005 of it: a "
+            "which skipped nothing), and at step 2 the autocast runs that skipped nothing were back within 0.005 of it: a "
             "rise on one batch, shared by runs that never skipped, which this page does not explain further.") in note
     # perturbed fp32 runs as a yardstick: one that rises at step 1 as far as half the autocast runs' smallest
     # rise says the rise is the run's sensitivity; controls that stay near fp32 there say they do not explain it
@@ -336,12 +336,24 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
     rising = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.08, 2.5, 2.4]), "c2": control([3.0, 2.0, 2.52, 2.4])})
     note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
                        controls=rising)["recipe_skips"]
-    assert ("a rise on one batch, shared by runs that never skipped. `fp32` itself, trained again from its initial "
-            "weights each multiplied by 1 + 0.0001 × N(0, 1) (two draws, no autocast), was +0.080 and +0.000 from "
-            "its unperturbed run at step 1, and up to 0.080 at any step: in one of the two draws a difference in the "
-            "weights that no rounding made set off a rise at least half the autocast runs' smallest. Around this "
-            "step one batch's loss is sensitive to small differences in the weights, and autocast's rounding makes "
-            "such differences; one run per recipe cannot separate the two.") in note
+    assert ("a rise on one batch, shared by runs that never skipped. As a yardstick, `fp32` itself, trained again "
+            "from its initial weights each multiplied by 1 + 0.0001 × N(0, 1) (a relative change of about 0.0001, "
+            "against BF16's unit roundoff of 0.0039; two draws, no autocast), was +0.080 and +0.000 from its unperturbed run "
+            "at step 1, and up to 0.080 at any step: one of the two draws rose at step 1 at least half as far as "
+            "the smallest autocast rise, with no autocast rounding at all. Around this step one batch's loss is "
+            "sensitive to small differences in the weights, and rounding is one source of such differences; with "
+            "one run per recipe, a recipe's own effect there cannot be told from that sensitivity.") in note
+    # the skipped run's first loss after the skip (step 2), against the yardstick's widest draw there (0.02)
+    assert ("At step 2, the first loss after the skip, the yardstick's draws were within 0.020 of `fp32` and "
+            "`fp16_autocast_scaler` was +0.200: beyond the yardstick, so the skip's cost shows through the run's "
+            "sensitivity.") in note
+    far = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.2, 2.5, 2.4]), "c2": control([3.0, 2.08, 2.9, 2.4])})
+    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
+                       controls=far)["recipe_skips"]
+    assert ("one of the two draws rose at step 1 as far as the smallest autocast rise or further, and one more at "
+            "least half as far") in note
+    assert ("the yardstick's draws were within 0.400 of `fp32` and `fp16_autocast_scaler` was +0.200: within the "
+            "yardstick, so this page cannot tell the skip's cost from the run's sensitivity.") in note
     quiet = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.07, 2.5, 2.4]), "c2": control([3.0, 2.0, 2.6, 2.4])})
     note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
                        controls=quiet)["recipe_skips"]

@@ -143,8 +143,9 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     # and the earlier ones are drawn wider, so that a covered line still shows along both edges of the next
     for i, values in enumerate((controls or {}).values()):
         v = prepared(values)
-        ax.plot(np.arange(len(v)) + (smooth - 1), v, color="#999999", lw=1.0, zorder=3,
-                label=controls_label if i == 0 else None)
+        # small open circles on each step: a draw that coincides with a run's line still shows
+        ax.plot(np.arange(len(v)) + (smooth - 1), v, color="#999999", lw=1.0, zorder=3, marker="o", ms=3.5,
+                mfc="white", mec="#777777", mew=0.8, label=controls_label if i == 0 else None)
     drawn = [label for label in series if label != minus]
     dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
     for j, label in enumerate(drawn):

@@ -359,25 +359,49 @@ def _shared_rise(histories: Mapping[str, History], reference: str, controls: Per
         return ""
     text = (f"At step {t} every autocast run's loss was above `{reference}`'s, by {low:+.3f} to {high:+.3f} ("
             + and_list([f"`{n}` {gap(h, t):+.3f}" for n, h in clean.items()])
-            + f", which skipped nothing), and at step {t + 1} the runs that skipped nothing were back within "
-              f"{back:.3f} of it: a rise on one batch, shared by runs that never skipped")
+            + f", which skipped nothing), and at step {t + 1} the autocast runs that skipped nothing were back "
+              f"within {back:.3f} of it: a rise on one batch, shared by runs that never skipped")
     usable = {} if controls is None else {n: h for n, h in controls.runs.items() if len(h.losses) > t}
     if controls is None or controls.recipe != reference or not usable:
         return text + ", which this page does not explain further"
     at_t = [gap(h, t) for h in usable.values()]
     widest = max(abs(gap(h, i)) for h in usable.values() for i in range(min(len(h.losses), len(ref.losses))))
-    text += (f". `{reference}` itself, trained again from its initial weights each multiplied by 1 + "
-             f"{controls.scale:g} × N(0, 1) ({count_word(len(usable))} draws, no autocast), was "
+    roundoff = torch.finfo(torch.bfloat16).eps / 2
+    text += (f". As a yardstick, `{reference}` itself, trained again from its initial weights each multiplied by "
+             f"1 + {controls.scale:g} × N(0, 1) (a relative change of about {controls.scale:g}, against BF16's "
+             f"unit roundoff of {roundoff:.2g}; {count_word(len(usable))} draws, no autocast), was "
              f"{and_list([f'{v:+.3f}' for v in at_t])} from its unperturbed run at step {t}, and up to "
              f"{widest:.3f} at any step")
-    rising = sum(v >= low / 2 for v in at_t)
-    if rising:
-        return text + (f": in {count_word(rising)} of the {count_word(len(at_t))} draws a difference in the weights "
-                       "that no rounding made set off a rise at least half the autocast runs' smallest. Around this "
-                       "step one batch's loss is sensitive to small differences in the weights, and autocast's "
-                       "rounding makes such differences; one run per recipe cannot separate the two")
-    return text + (": a perturbation this small does not set off the rise, which this page does not explain "
-                   "further")
+    full, half = sum(v >= low for v in at_t), sum(v >= low / 2 for v in at_t)
+    n = count_word(len(at_t))
+    if full:
+        said = f"{count_word(full)} of the {n} draws rose at step {t} as far as the smallest autocast rise or further"
+        if half > full:
+            said += f", and {count_word(half - full)} more at least half as far"
+    elif half:
+        said = f"{count_word(half)} of the {n} draws rose at step {t} at least half as far as the smallest autocast rise"
+    else:
+        return text + (": a perturbation this small does not set off the rise, which this page does not explain "
+                       "further")
+    return text + (f": {said}, with no autocast rounding at all. Around this step one batch's loss is sensitive "
+                   "to small differences in the weights, and rounding is one source of such differences; with one "
+                   "run per recipe, a recipe's own effect there cannot be told from that sensitivity")
+
+
+def _skip_against_yardstick(name: str, run: History, reference: str, ref: History, step: int,
+                            controls: PerturbedRuns | None) -> str:
+    """At ``step`` (the first loss after a skip): the skipping run's gap to ``reference`` against the widest gap
+    of the yardstick's draws there; "" without usable controls."""
+    usable = [] if controls is None or controls.recipe != reference else [
+        h for h in controls.runs.values() if len(h.losses) > step]
+    if not usable or len(run.losses) <= step or len(ref.losses) <= step:
+        return ""
+    yard = max(abs(h.losses[step] - ref.losses[step]) for h in usable)
+    g = run.losses[step] - ref.losses[step]
+    verdict = ("beyond the yardstick, so the skip's cost shows through the run's sensitivity" if abs(g) > yard
+               else "within the yardstick, so this page cannot tell the skip's cost from the run's sensitivity")
+    return (f". At step {step}, the first loss after the skip, the yardstick's draws were within {yard:.3f} of "
+            f"`{reference}` and `{name}` was {g:+.3f}: {verdict}")
 
 
 def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
@@ -422,6 +446,7 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
             rise = _shared_rise(histories, reference, controls)
             if rise:
                 text += ". " + rise
+            text += _skip_against_yardstick(name, h, reference, ref, first + 1, controls)
             runs = [(name, h), (reference, ref)] + peers
             if all(len(getattr(r, "grad_norms", ())) > first + 1 for _, r in runs):
                 def norms(run: History) -> str:
