@@ -199,3 +199,13 @@ def test_a_checkpoint_keeps_the_cuda_random_states_where_cuda_is_in_use(monkeypa
     assert [int(t) for t in saved["cuda_rng"]] == [7]
     state.load_state_dict(saved)
     assert len(restored) == 1 and int(restored[0][0]) == 7
+
+
+def test_the_loop_lesson_4_prints_fits_its_box():
+    """Lesson 4 prints ``train`` and ``step_optimizers``: every line fits a 77-column code box, so the
+    folded source does not scroll sideways."""
+    import inspect
+
+    from course_lib.train import step_optimizers, train
+    for fn in (train, step_optimizers):
+        assert max(len(line) for line in inspect.getsource(fn).splitlines()) <= 77, fn.__name__

@@ -243,19 +243,25 @@ def evaluate(state: TrainState, sampler: BatchSampler, batches: int = 2, *, star
     return total / batches
 
 
-def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
-          val_sampler: BatchSampler | None = None, history: History | None = None, monitor=None) -> History:
-    """Run ``steps`` optimizer steps (default: up to ``config.steps``) from ``state.step`` on.
+def train(state: TrainState, sampler: BatchSampler, *,
+          steps: int | None = None,
+          val_sampler: BatchSampler | None = None,
+          history: History | None = None, monitor=None) -> History:
+    """Run ``steps`` optimizer steps (default: up to ``config.steps``)
+    from ``state.step`` on.
 
-    Batches are ``sampler.batch(step * accumulation_steps + micro)``, so a resumed run sees exactly the
-    batches the uninterrupted run would have seen. ``monitor``: a
-    :class:`course_lib.monitor.GradientHealthMonitor`, called after each backward and each step.
+    Batches are ``sampler.batch(step * accumulation_steps + micro)``, so
+    a resumed run sees exactly the batches the uninterrupted run would
+    have seen. ``monitor``: a
+    :class:`course_lib.monitor.GradientHealthMonitor`, called after each
+    backward and each step.
     """
     recipe, config, device = state.recipe, state.config, state.device
     history = History(recipe.name) if history is None else history
     end = config.steps if steps is None else state.step + steps
     peak_allocated_bytes(device, reset=True)
     model, opt, scaler = state.model, state.optimizer, state.scaler
+    n_micro = config.accumulation_steps
     with tf32_matmuls(recipe.tf32):
         while state.step < end:
             start = time.perf_counter()
@@ -264,11 +270,11 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
                 p.grad = None
             loss_sum = 0.0
             tokens = 0
-            for micro in range(config.accumulation_steps):
-                x, y = sampler.batch(state.step * config.accumulation_steps + micro, device)
+            for micro in range(n_micro):
+                x, y = sampler.batch(state.step * n_micro + micro, device)
                 with recipe_autocast(recipe, device):
                     _, loss = model(x, y)
-                scaler.scale(loss / config.accumulation_steps).backward()
+                scaler.scale(loss / n_micro).backward()
                 loss_sum += float(loss.detach().float())
                 tokens += x.numel()
             if state.masters is not None:
@@ -277,30 +283,36 @@ def train(state: TrainState, sampler: BatchSampler, *, steps: int | None = None,
             scale = scaler.get_scale() if scaler.is_enabled() else 1.0
             if monitor is not None:
                 monitor.after_backward(state.step, scale=scale)
-            result = step_optimizers(scaler, [opt], clip_norm=config.clip_norm)
+            result = step_optimizers(scaler, [opt],
+                                     clip_norm=config.clip_norm)
             ran, norm = result.ran[0], result.grad_norms[0]
             if ran:
                 state.scheduler.step()  # never on a skipped step
                 if state.masters is not None:
                     with torch.no_grad():
                         for m, p in zip(state.masters, state.params):
-                            p.copy_(m)  # rounds the FP32 master to the model's dtype
+                            # rounds the FP32 master to the model's dtype
+                            p.copy_(m)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
-            history.losses.append(loss_sum / config.accumulation_steps)
+            history.losses.append(loss_sum / n_micro)
             history.grad_norms.append(float(norm))
             history.scales.append(scale)
             history.skipped.append(not ran)
             history.lrs.append(opt.param_groups[0]["lr"])
             history.step_seconds.append(elapsed)
-            history.tokens_per_second.append(tokens / elapsed if elapsed > 0 else math.nan)
+            history.tokens_per_second.append(
+                tokens / elapsed if elapsed > 0 else math.nan)
             if monitor is not None:
-                monitor.after_step(state.step, loss=history.losses[-1], scale=scale, skipped=not ran)
+                monitor.after_step(state.step, loss=history.losses[-1],
+                                   scale=scale, skipped=not ran)
             state.step += 1
-            if val_sampler is not None and config.eval_every and state.step % config.eval_every == 0:
-                history.eval_losses.append((state.step, evaluate(state, val_sampler, config.eval_batches)))
-    history.peak_memory_bytes = peak_allocated_bytes(device)   # None on a CPU
+            if (val_sampler is not None and config.eval_every
+                    and state.step % config.eval_every == 0):
+                history.eval_losses.append((state.step, evaluate(
+                    state, val_sampler, config.eval_batches)))
+    history.peak_memory_bytes = peak_allocated_bytes(device)  # None: CPU
     return history
 
 
@@ -312,25 +324,33 @@ class StepResult:
     grad_norms: tuple[float, ...]
 
 
-def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *, clip_norm: float | None = None,
+def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *,
+                    clip_norm: float | None = None,
                     after_unscale=None) -> StepResult:
-    """One step of one or several optimizers sharing one GradScaler (GAN-style): unscale each, clip each,
-    step each, then update the scale once. Each optimizer is skipped on its own inf/NaN; the scale backs
-    off if any of them overflowed. A disabled scaler makes this a plain clip-and-step.
-    ``after_unscale(optimizer)``, if given, runs between unscaling and clipping (after the scaler has
-    looked for inf/NaN): :mod:`course_lib.distributed` reduces gradients there to show that order's pitfall."""
+    """One step of one or several optimizers sharing one GradScaler
+    (GAN-style): unscale each, clip each, step each, then update the scale
+    once. Each optimizer is skipped on its own inf/NaN; the scale backs off
+    if any of them overflowed. A disabled scaler makes this a plain
+    clip-and-step. ``after_unscale(optimizer)``, if given, runs between
+    unscaling and clipping (after the scaler has looked for inf/NaN):
+    :mod:`course_lib.distributed` reduces gradients there to show that
+    order's pitfall."""
     if not optimizers:
         raise ValueError("step_optimizers needs at least one optimizer")
+    max_norm = clip_norm if clip_norm is not None else math.inf
     ran, norms = [], []
     for opt in optimizers:
         marker: list[bool] = []
-        hook = opt.register_step_post_hook(lambda *_: marker.append(True))
+        hook = opt.register_step_post_hook(
+            lambda *_: marker.append(True))
         try:
-            scaler.unscale_(opt)  # before clipping, so the threshold applies to true gradients
+            # before clipping, so the threshold applies to true gradients
+            scaler.unscale_(opt)
             if after_unscale is not None:
                 after_unscale(opt)
-            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm is not None else math.inf)
+            params = [p for g in opt.param_groups for p in g["params"]
+                      if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
             scaler.step(opt)
         finally:
             hook.remove()
