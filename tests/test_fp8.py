@@ -648,6 +648,11 @@ def test_roofline_splits_each_time_by_what_bounds_its_kernels():
     kw = dict(bf16_tflops=989.5, fp8_tflops=1979, bandwidth_gbs=3350)
     assert fp8.kernel_counts("tensorwise") == (3, 13)
     assert fp8.kernel_counts("rowwise") == (3, 10)
+    # tensorwise: per operand an amax read and a zero-byte second stage; casts: input, grad_output, weight twice
+    assert fp8.cast_kernel_kinds("tensorwise") == {"no bytes": 3, "read": 3, "write": 4}
+    assert sum(fp8.cast_kernel_kinds("rowwise").values()) == 10 - 3
+    with pytest.raises(ValueError, match="covers"):
+        fp8.cast_kernel_kinds("blockwise")
     small = fp8.predict_fp8_linear(256, 256, 256, **kw)
     # every kernel of both layers at the 2 us floor: the speedup is the ratio of kernel counts
     assert (small.bf16_kernels, small.fp8_kernels) == (3, 13)

@@ -252,9 +252,11 @@ def test_speed_classes_call_a_ratio_within_one_percent_of_1_break_even():
 def test_compiled_speed_table_and_facts():
     table = fp8_prose.compiled_speed_table(speed())
     assert table.splitlines()[0] == ("| shape | BF16 eager (ms) | torchao tensorwise: x BF16 eager | course FP8 layer, "
-                                     "tensorwise (eager): x BF16 eager | predicted tensorwise on H100 SXM5: x BF16 |")
+                                     "tensorwise (eager): x BF16 eager | predicted tensorwise on H100 SXM5: x BF16 "
+                                     "(block: its seven linear products only) |")
     assert "| 64 tokens, 64→64 features | 1000.000 | 0.50 | 0.25 | 0.30 |" in table
     assert "| Llama block, width 64, 32 tokens | 3000.000 | 0.50 | - | 0.40 |" in table
+    assert "x BF16 (block: its seven linear products only) |" in table.splitlines()[0]
     tiny = fp8_prose.compiled_speed_table(speed(linear={BF16: {64: 1.0}, TW: {64: 400.0}}))
     assert "| 64 tokens, 64→64 features | 1000.000 | 0.0025 |" in tiny      # two significant figures, not 0.00
     facts = fp8_prose.compiled_speed_facts(speed())

@@ -227,7 +227,9 @@ def test_small_product_note_says_what_launch_bound_sizes_measure_and_keeps_the_s
     assert R.small_product_note(THROUGHPUT, GPU, up_to=1024) == (
         "Up to n = 512 both products took 25 to 40 us whatever the size, where Test GPU's datasheet peaks would "
         "need at most 9% of that: those sizes measure launch overhead, not tensor cores, and a ratio there compares "
-        "the two kernels' fixed costs. Up to 1024, with the spread of both timings (BF16's time over FP8's, from "
+        "the two kernels' fixed costs. The roofline below assumes 2 µs per kernel at least; these measured products "
+        "took 12 to 20 times that (each timing includes the launch and the timer's own overhead): the model's floor "
+        "is an assumption, and the small products measured here are slower still. Up to 1024, with the spread of both timings (BF16's time over FP8's, from "
         "their interquartile ranges), FP8's product was faster at 256 (1.02-1.40); slower at 512 (0.69-0.82); "
         "neither, within the spread, at 1024 (0.79-1.02). There the bare product itself is slower in FP8.")
     # without a slower size, and with no launch-bound size below up_to
@@ -312,7 +314,8 @@ def test_compiled_speed_table_splits_into_measured_and_predicted_columns():
     predicted = fp8_prose.compiled_speed_table(speed, columns="predicted")
     assert "predicted" not in measured and "(ms)" in measured.splitlines()[0]
     assert predicted == (
-        "| shape | predicted tensorwise on H100 SXM5: x BF16 | predicted rowwise on H100 SXM5: x BF16 |\n"
+        "| shape | predicted tensorwise on H100 SXM5: x BF16 (block: its seven linear products only) | predicted "
+        "rowwise on H100 SXM5: x BF16 (block: its seven linear products only) |\n"
         "|---|---|---|\n| 64 tokens, 64→64 features | 0.30 | 0.40 |\n| Llama block, width 64, 32 tokens | 0.50 | 0.60 |\n")
     # together, the two halves hold the whole table's columns, shape once
     whole = [line.split(" | ") for line in fp8_prose.compiled_speed_table(speed).splitlines() if "---" not in line]

@@ -102,7 +102,17 @@ def test_outlier_lines_phrase():
     same = {"1": qe(0.026), "tensor": qe(0.026)}
     assert ms.outlier_lines_phrase(same, dict(same)).startswith("In the E4M3 panel the dashed line lies on the solid")
     assert "differ" in ms.outlier_lines_phrase(same, {"1": qe(0.026), "tensor": qe(0.03)})
-    assert "differ" in ms.outlier_lines_phrase(same, {"1": qe(0.026, 0.01), "tensor": qe(0.026)})   # flushes
+    assert "pushes none" in ms.outlier_lines_phrase(same, dict(same))
+    assert "differ" in ms.outlier_lines_phrase(same, {"1": qe(0.026), "tensor": qe(0.03)})
+    # decided at the shown precision (2.60% both, as in the lesson): a difference past it does not count
+    close = {"1": qe(0.026003947), "tensor": qe(0.026003947, 0.0000153)}
+    tiny = ms.outlier_lines_phrase(close, {"1": qe(0.026000396), "tensor": qe(0.026000399, 0.000345)})
+    assert tiny.startswith("In the E4M3 panel the dashed line lies on the solid") and "differ" not in tiny
+    assert "(at most 0.034% of them, with one scale per tensor, against 0.002% without it)" in tiny
+    # flushing that shows in the error is a difference
+    assert "differ" in ms.outlier_lines_phrase(same, {"1": qe(0.04, 0.01), "tensor": qe(0.026)})
+    with pytest.raises(ValueError, match="same block sizes"):
+        ms.outlier_lines_phrase(same, {"1": qe(0.026)})
 
 
 @pytest.mark.parametrize("blocks, phrase", [
@@ -349,8 +359,17 @@ def test_piece_sentence_follows_the_verdict_and_the_size():
         "(without it, +0.10 to +2.00 points, under a tenth of the full recipe's 30.0% error).")
     assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05)), 12.0) == (
         "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
-        "recipe's 12.0% error, and the sign depends on the model (mean per model: -0.01, +0.03): no consistent "
-        "effect.")
+        "recipe's 12.0% error, and the sign depends on the model; per model the mean is -0.01 ± 0.00, +0.03 ± 0.00 "
+        "(2 standard errors), beyond the noise for model 1 (higher error with it) and model 2 (lower error with "
+        "it): no consistent effect.")
+    # the lesson's case: batches of every sign, and only one model's mean beyond 2 standard errors
+    one = P.PieceEffect(((1.5, -0.2), (-0.4, -0.48), (-3.0, 0.5)), ((0.5, 0.5), (0.05, 0.05), (1.0, 1.0)))
+    assert one.model_signs == (0, -1, 0) and one.verdict == P.MIXED
+    assert ("per model the mean is +0.65 ± 0.71, -0.44 ± 0.07, -1.25 ± 1.41 (2 standard errors), beyond the noise "
+            "only for model 2 (higher error with them): no consistent effect.") in P.piece_sentence(
+                "Square weight blocks", one, 12.0, plural=True)
+    quiet = P.PieceEffect(((1.5, -1.5),), ((0.1, 0.1),))
+    assert "no model's mean lies beyond its noise" in P.model_means_phrase(quiet)
     assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05), noise=0.1), 12.0) == (
         "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
         "recipe's 12.0% error, within the draw-to-draw noise of stochastic rounding on every batch: no consistent "
@@ -395,7 +414,8 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert P.largest_piece(fid) == "nvfp4_no_hp_last"       # mean +1.5625 against square blocks' +0.68
     assert P.last_block_sentence(fid) == (
         "Without the high-precision last block, the error changes by -6.25 to +6.25 points, and the sign depends on "
-        "the model (mean per model: +6.25, -3.12): no consistent effect. On average over models and batches its "
+        "the model; per model the mean is +6.25 ± 0.20, -3.12 ± 0.20 (2 standard errors), beyond the noise for "
+        "model 1 (lower error with it) and model 2 (higher error with it): no consistent effect. On average over models and batches its "
         "effect (+1.56 points) is the largest of the pieces', an average over models that disagree in sign. The same "
         "choice "
         "made for MXFP4 lowered its error from 20.3% to 18.8% on average (without the block in high precision minus "

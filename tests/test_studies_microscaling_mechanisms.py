@@ -38,6 +38,12 @@ def test_hadamard_effect_matches_the_recipe_and_keeps_the_product():
         mm.hadamard_sentence(better)
     worse = mm.HadamardEffect(16, 0.1, 0.1, 0.02, 0.1, 0.1, 0.03, 1e-8)
     assert "raised the error of their product, the weight gradient, from 2.0% to 3.0%." in mm.hadamard_sentence(worse)
+    # it says how this measurement differs from the recipe's whole-model ablation
+    assert "rounds both operands to nearest" in mm.hadamard_sentence(worse)
+    assert mm.hadamard_takeaway(better) == ("the Hadamard transform leaves the product unchanged and lowered one "
+                                            "layer's weight-gradient error (6.0% to 3.0%, both operands rounded to "
+                                            "nearest)")
+    assert "and raised one layer's" in mm.hadamard_takeaway(worse)
 
 
 def test_hadamard_effect_rejects_bad_input():
@@ -75,6 +81,10 @@ def test_rounding_bias_sentence_reads_its_numbers():
     assert biased.bias_share == pytest.approx(2.0)
     assert "a bias remains" in mm.rounding_bias_sentence(biased) and "2.5% of the values" in \
         mm.rounding_bias_sentence(biased)
+    assert mm.rounding_takeaway(biased) == ("stochastic rounding reduces the rounding bias across steps, though "
+                                            "some remains (the mean of 16 copies 8.0% off, against 10.0% for "
+                                            "rounding to nearest)")
+    assert mm.rounding_takeaway(unbiased).startswith("stochastic rounding shows no bias across steps")
     facts = mm.mechanism_facts(mm.HadamardEffect(16, 0.1, 0.1, 0.02, 0.1, 0.1, 0.01, 1e-8), unbiased)
     assert facts["rht_plain"] == pytest.approx(2.0) and facts["sr_k"] == 16 and facts["sr_mean"] == pytest.approx(4.0)
 

@@ -71,7 +71,7 @@ from .recipes import (
     StaticScaling,
     quantization_error,
 )
-from .roofline import LAUNCH_SECONDS, Fp8LinearEstimate, kernel_counts, predict_fp8_linear
+from .roofline import LAUNCH_SECONDS, Fp8LinearEstimate, cast_kernel_kinds, kernel_counts, predict_fp8_linear
 
 __all__ = [
     "AMAX_FLOOR",
@@ -115,5 +115,6 @@ __all__ = [
     "LAUNCH_SECONDS",
     "Fp8LinearEstimate",
     "predict_fp8_linear",
+    "cast_kernel_kinds",
     "kernel_counts",
 ]

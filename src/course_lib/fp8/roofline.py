@@ -70,6 +70,18 @@ def kernel_counts(recipe: str = "tensorwise") -> tuple[int, int]:
     return 3, 3 + casts
 
 
+def cast_kernel_kinds(recipe: str = "tensorwise") -> dict[str, int]:
+    """How many of the scale-and-cast kernels the roofline charges ``recipe`` (unfused) do what, from the
+    bytes each moves: ``"no bytes"`` (the second stage of an amax reduction, which turns partial amaxes into
+    a scale), ``"read"`` (the first stage: reads the BF16 tensor, writes nothing the model counts) and
+    ``"write"`` (casts and copies: write a new tensor)."""
+    kinds = {"no bytes": 0, "read": 0, "write": 0}
+    for role in ("input", "weight", "grad_output"):
+        for moved in _cast_kernels(1, role, recipe, False):
+            kinds["no bytes" if moved == 0 else "read" if moved == 2 else "write"] += 1
+    return kinds
+
+
 def _cast_kernels(numel: int, role: str, recipe: str, fuse: bool) -> list[float]:
     """Bytes moved by each scale-and-cast kernel of one operand (BF16 in, FP8 out), torchao's model."""
     bf16, f8 = 2, 1

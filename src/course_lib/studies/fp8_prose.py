@@ -368,7 +368,8 @@ def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
          f"dense FP8 TFLOP/s and the RTX 4090's {rtx.peak('fp8'):g} (with FP32 accumulation); Transformer Engine "
          "supports FP8 on 8.9 {cite:p}`nvidia_te`. (Blockwise scaling in software, DeepSeek-V3's tiles and blocks, "
          "was built for 9.0 (Hopper) kernels {cite:p}`deepseek2024v3`; hardware block-scaled (MX) products need "
-         "compute capability 10.x, {doc}`08_microscaling`.)"),
+         "Blackwell: compute capability 10.x (B200, B300) or 12.0 and 12.1 (sm_120, sm_121: GeForce and DGX "
+         "Spark), {doc}`08_microscaling`.)"),
         ("FP8 training is 4-6x faster than BF16.",
          f"The dense FP8 peak is {h100_fp8 / h100_bf16:.1f}x BF16's ({h100_fp8:g} against {h100_bf16:g} TFLOP/s on "
          f"an H100); one recorded H100 product reached {rec.get(8192, float('nan')):.2f}x; the roofline above "

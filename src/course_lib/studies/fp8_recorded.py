@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..fp8.roofline import LAUNCH_SECONDS
 from ..glue import Prose, and_list, count_word, plural
 from ..hardware import GPUPeaks
 from ..results import RecordedResult
@@ -260,6 +261,12 @@ def small_product_note(throughput: MatmulThroughput | None, gpu: GPUPeaks | None
                      f"the size, where {gpu.name}'s datasheet peaks would need at most {100 * worst:.0f}% of that: "
                      "those sizes measure launch overhead, not tensor cores, and a ratio there compares the two "
                      "kernels' fixed costs.")
+        floor_us = 1e6 * LAUNCH_SECONDS
+        if min(times) > floor_us:
+            parts.append(f"The roofline below assumes {floor_us:g} µs per kernel at least; these measured products "
+                         f"took {min(times) / floor_us:.0f} to {max(times) / floor_us:.0f} times that (each timing "
+                         "includes the launch and the timer's own overhead): the model's floor is an assumption, and "
+                         "the small products measured here are slower still.")
     spread = {n: ratio_spread(*p) for n, p in points.items()}
     faster = [f"{n} ({lo:.2f}-{hi:.2f})" for n, (_, lo, hi) in spread.items() if lo > 1]
     slower = [f"{n} ({lo:.2f}-{hi:.2f})" for n, (_, lo, hi) in spread.items() if hi < 1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..fp8.roofline import Fp8LinearEstimate, predict_fp8_linear
+from ..fp8.roofline import Fp8LinearEstimate, cast_kernel_kinds, predict_fp8_linear
 from ..glue import Prose, and_list, count_word, ratio_text
 from ..hardware import DATASHEET_PEAKS, GPUPeaks
 from ..tables import MarkdownTable, markdown_table
@@ -22,6 +22,7 @@ from .fp8_speed import (
     LAYER_GROUPS,
     Fp8CompiledSpeed,
     Fp8LayerProfile,
+    block_linear_shapes,
     shape_label,
     speed_class,
 )
@@ -96,15 +97,37 @@ def speed_limits_note(estimates: Mapping[str, Sequence[Fp8LinearEstimate]], gpu:
     sentences = []
     if floor:
         one = floor[0]
-        counts = f"a BF16 layer runs {one.bf16_kernels} kernels (its three products), unfused tensorwise FP8 " \
-                 f"{one.fp8_kernels} (the products and {one.fp8_kernels - 3} scale-and-cast kernels)"
+        kinds = cast_kernel_kinds("tensorwise")
+        what_casts = (f"{count_word(kinds['read'])} amax reductions of two kernels each (the second turns partial "
+                      f"amaxes into a scale and moves no bytes in the model) and {count_word(kinds['write'])} casts"
+                      if kinds["read"] == kinds["no bytes"] and 2 * kinds["read"] + kinds["write"] == one.fp8_kernels - 3
+                      else f"{one.fp8_kernels - 3} scale-and-cast kernels")
+        counts = (f"A BF16 layer runs {one.bf16_kernels} kernels, its three products; unfused tensorwise FP8 runs "
+                  f"{one.fp8_kernels}: the products, {what_casts}")
         if one.m in rowwise:
-            counts += f" and rowwise {rowwise[one.m].fp8_kernels}"
+            counts += f"; rowwise runs {rowwise[one.m].fp8_kernels}"
         launch_us = 1e6 * one.fp8_bound_s["kernel floor"] / one.fp8_kernels
+        bare = [predict_fp8_linear(e.m, e.k, e.n, bf16_tflops=bf16, fp8_tflops=fp8, bandwidth_gbs=gpu.bandwidth_gbs,
+                                   recipe="tensorwise", launch_seconds=0) for e in floor]
+        without = and_list([f"{b.speedup:.2f} at {b.m}" for b in bare])
+        below = [b.m for b in bare if b.speedup < 1]
+        lower = [e.m for e, b in zip(floor, bare) if e.speedup < b.speedup]
+        if len(below) == len(bare):
+            cause = (f"In the prediction, the small FP8 layers' bytes and FLOPs alone already keep them below BF16: "
+                     f"without the model's least time per kernel (`launch_seconds=0`) it would be {without}.")
+        elif below:
+            cause = (f"In the prediction, bytes and FLOPs alone keep the small FP8 layers below BF16 at "
+                     f"{_size_list(below)}: without the model's least time per kernel (`launch_seconds=0`) it would "
+                     f"be {without}.")
+        else:
+            cause = (f"In the prediction, bytes and FLOPs alone would not keep the small FP8 layers below BF16: "
+                     f"without the model's least time per kernel (`launch_seconds=0`) it would be {without}.")
+        where = _size_list([e.m for e in floor])
+        floor_does = ("pulls the prediction lower there" if len(lower) == len(floor) else
+                      f"pulls the prediction lower at {_size_list(lower)}" if lower else "changes nothing there")
         sentences.append(
-            f"In the prediction, what slows the small FP8 layers is not their casts' bytes but the roofline's least "
-            f"time per kernel, {launch_us:g} µs (torchao's figure for one kernel launch): {counts}, and at "
-            f"{_size_list([e.m for e in floor])} every FP8 kernel takes that floor.")
+            f"{cause} That floor, {launch_us:g} µs per kernel (torchao's figure for one kernel launch, an "
+            f"assumption of the model), is what every FP8 kernel takes at {where}, and it {floor_does}. {counts}.")
         both = [e for e in floor if math.isclose(e.bf16_bound_s["kernel floor"], e.bf16_s)]
         if both:
             ratio = f"{both[0].bf16_kernels}/{both[0].fp8_kernels} = {both[0].speedup:.2f}"
@@ -113,13 +136,9 @@ def speed_limits_note(estimates: Mapping[str, Sequence[Fp8LinearEstimate]], gpu:
                 ratio += f" ({rw.bf16_kernels}/{rw.fp8_kernels} = {rw.speedup:.2f} for rowwise)"
             sentences.append(f"Where BF16's products sit at the floor too ({_size_list([e.m for e in both])}), the "
                              f"prediction is just the ratio of kernel counts, {ratio}.")
-        bare = [predict_fp8_linear(e.m, e.k, e.n, bf16_tflops=bf16, fp8_tflops=fp8, bandwidth_gbs=gpu.bandwidth_gbs,
-                                   recipe="tensorwise", launch_seconds=0) for e in floor]
-        sentences.append("Without the floor (`launch_seconds=0`: FLOPs and bytes only) it would be "
-                         + and_list([f"{b.speedup:.2f} at {b.m}" for b in bare]) + ".")
         if fused and all(e.m in fused and math.isclose(fused[e.m].speedup, e.speedup) for e in floor):
-            sentences.append("Fusing the casts saves bytes, not kernels, so there the fused line lies on the "
-                             "unfused one.")
+            sentences.append("In this model, fusing the casts saves bytes, not kernels (a fused kernel still takes "
+                             "the floor), so there the fused line lies on the unfused one.")
     groups: list[tuple[str, list[Fp8LinearEstimate]]] = []
     for e in rest:
         if groups and groups[-1][0] == fp8_bound(e):
@@ -212,11 +231,19 @@ def recorded_linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
           *(f"{base[n] / speed.seconds[k][n]:.2f}" for k in others)] for n in base])
 
 
-def bf16_slower_than_larger(speed: Fp8LinearSpeed) -> list[int]:
-    """The sizes at which BF16's recorded time exceeds its time at some larger size: a smaller layer does
-    less work, so such a timing measured something besides the layer (warm-up, clocks)."""
+BF16_NEIGHBOURS = 2   # how many larger sizes a BF16 time must exceed to be flagged as not the layer's
+
+
+def bf16_slower_than_larger(speed: Fp8LinearSpeed, window: int = BF16_NEIGHBOURS) -> list[int]:
+    """The sizes at which BF16's recorded time exceeds its time at each of the next ``window`` larger sizes
+    (at each larger size, where fewer are recorded; the largest size is not judged): a smaller layer does less
+    work, so such a timing measured something besides the layer (warm-up, clocks). One larger neighbour is not
+    enough: at the small sizes, where launches dominate, neighbouring times differ by their noise."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
     base = speed.seconds.get(BF16_LAYER, {})
-    return [n for n in sorted(base) if any(base[m] < base[n] for m in base if m > n)]
+    sizes = sorted(base)
+    return [n for i, n in enumerate(sizes[:-1]) if all(base[n] > base[m] for m in sizes[i + 1:i + 1 + window])]
 
 
 def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
@@ -233,15 +260,16 @@ def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
     flag = ""
     if suspect:
         base = speed.seconds[BF16_LAYER]
-        larger = sorted(m for m in base if m > min(suspect))
-        times = sorted(1e3 * base[m] for m in larger)
-        spread = f"{times[0]:.3f} ms" if len(times) == 1 else f"{times[0]:.3f} to {times[-1]:.3f} ms"
-        where = and_list([f"n = {n} ({1e3 * base[n]:.3f} ms)" for n in suspect])
-        left_out = ("so the range leaves it out" if len(ours) < len(ratios) else
-                    "and the range rests on it, there being no other size")
-        flag = (f" BF16's own time falls with size there: it took longer at {where} than at "
-                f"{_size_list(larger)} ({spread}), which a smaller layer's work cannot explain (most likely warm-up "
-                f"or clocks during the first timing), {left_out}.")
+        sizes = sorted(base)
+        clauses = []
+        for n in suspect:   # each against the sizes it was judged by
+            nxt = sizes[sizes.index(n) + 1:sizes.index(n) + 1 + BF16_NEIGHBOURS]
+            clauses.append(f"at n = {n} ({1e3 * base[n]:.3f} ms) it is longer than at {and_list([str(m) for m in nxt])} "
+                           f"({and_list([f'{1e3 * base[m]:.3f}' for m in nxt])} ms)")
+        left_out = (f"the range leaves {and_list([f'n = {n}' for n in suspect])} out" if len(ours) < len(ratios) else
+                    "the range rests on it all the same, there being no other size")
+        flag = (f" BF16's own time is suspect: {'; '.join(clauses)}, which a smaller layer's work cannot explain "
+                f"(most likely warm-up or clocks during the first timing), so {left_out}.")
     rec = product_ratios(measured)
     product = (f", although one FP8 `_scaled_mm` product alone ran {rec[max(rec)]:.2f}x BF16's at n = "
                f"{max(rec)} (the recorded products above)" if rec else "")
@@ -341,9 +369,12 @@ def compiled_speed_table(speed: Fp8CompiledSpeed, columns: str = "all") -> Markd
     def base_name(b: str) -> str:
         return "BF16 compiled" if b == BF16 and speed.compiled else "BF16 eager"
 
+    # the roofline times the block's linear products, not its attention, norms or activations
+    only = (f" (block: its {count_word(len(block_linear_shapes(speed.block_width, 1)))} linear products only)"
+            if speed.block_width and speed.predicted_block else "")
     header = ["shape", *(f"{base_name(b)} (ms)" for b in bases),
               *(f"{k}: x {base_name(speed.baseline(k))}" for k in fp8s),
-              *(f"predicted {r} on {speed.predicted_for}: x BF16" for r in recipes)]
+              *(f"predicted {r} on {speed.predicted_for}: x BF16{only}" for r in recipes)]
     return markdown_table(header, rows)
 
 

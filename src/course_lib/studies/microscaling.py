@@ -355,15 +355,25 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
 
 def outlier_lines_phrase(plain: Mapping[str, QuantizationError], outlier: Mapping[str, QuantizationError]) -> Prose:
     """For the figure's caption: whether the activation's line and the outlier activation's (its other
-    channels) coincide at every block size, to the axis's two decimals of a percent, and why they can."""
-    same = all(f"{100 * plain[b].relative_error:.2f}" == f"{100 * outlier[b].relative_error:.2f}"
-               and plain[b].flushed == outlier[b].flushed for b in plain)
-    if same:
-        return Prose("In the E4M3 panel the dashed line lies on the solid activation line at every block size: "
-                     "a power-of-two scale only shifts E4M3's grid, and the outlier's larger scale pushes none of "
-                     "the other channels' values below E4M3's range, so they round as they did without it.")
-    return Prose("In the E4M3 panel the dashed line and the solid activation line differ: the outlier's larger "
-                 "scale pushes some of the other channels' values below E4M3's normal range.")
+    channels) coincide at every block size at the precision the table and axis show (two decimals of a
+    percent), and why they can; where they coincide but the outlier's scale flushed more of the other
+    channels' values to zero, how many, at most."""
+    if set(plain) != set(outlier) or not plain:
+        raise ValueError(f"both lines need the same block sizes, got {sorted(plain)} and {sorted(outlier)}")
+    shown = all(f"{100 * plain[b].relative_error:.2f}" == f"{100 * outlier[b].relative_error:.2f}" for b in plain)
+    if not shown:
+        return Prose("In the E4M3 panel the dashed line and the solid activation line differ: the outlier's larger "
+                     "scale pushes some of the other channels' values below E4M3's normal range.")
+    grid = "In the E4M3 panel the dashed line lies on the solid activation line at every block size (to two " \
+           "decimals of a percent): a power-of-two scale only shifts E4M3's grid"
+    more = max(plain, key=lambda b: outlier[b].flushed - plain[b].flushed)   # where it flushed the most extra
+    if outlier[more].flushed <= plain[more].flushed:
+        return Prose(f"{grid}, and the outlier's larger scale pushes none of the other channels' values below "
+                     "E4M3's range, so they round as they did without it.")
+    a, b = percent_texts(100 * outlier[more].flushed, 100 * plain[more].flushed)
+    return Prose(f"{grid}; the outlier's larger scale flushes a few more of the other channels' values to zero "
+                 f"(at most {a} of them, with {'one scale per tensor' if more == 'tensor' else more + ' elements per scale'}, "
+                 f"against {b} without it), too few to move the error at that precision.")
 
 
 def block_sizes_phrase(study: BlockSizeStudy) -> Prose:

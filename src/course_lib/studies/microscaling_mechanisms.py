@@ -87,7 +87,28 @@ def hadamard_sentence(effect: HadamardEffect) -> Prose:
         f"activation {100 * effect.plain_activation:.1f}% and {100 * effect.rht_activation:.1f}%), and "
         f"{moved} the error of their product, the weight gradient, from {100 * effect.plain_product:.1f}% to "
         f"{100 * effect.rht_product:.1f}%{by}. Without quantisation the transformed product is the exact one to "
-        f"{effect.identity_error:.0e} (FP32 rounding).")
+        f"{effect.identity_error:.0e} (FP32 rounding). This rounds both operands to nearest, on one layer's "
+        "weight gradient alone; the recipe rounds the gradient operand stochastically, and a whole model's "
+        "gradient also carries the other products' errors, which the transform does not touch.")
+
+
+def hadamard_takeaway(effect: HadamardEffect) -> Prose:
+    """The transform's measured effect in a clause, for the takeaways."""
+    moved = ("lowered" if effect.rht_product < effect.plain_product else
+             "raised" if effect.rht_product > effect.plain_product else "left")
+    return Prose(f"the Hadamard transform leaves the product unchanged and {moved} one layer's weight-gradient "
+                 f"error ({100 * effect.plain_product:.1f}% to {100 * effect.rht_product:.1f}%, both operands "
+                 "rounded to nearest)")
+
+
+def rounding_takeaway(bias: RoundingBias) -> Prose:
+    """What stochastic rounding did to the bias, in a clause: it reduces it (a bias remains) or none shows at
+    the copies measured, by :attr:`RoundingBias.bias_share` as :func:`rounding_bias_sentence` decides."""
+    k, mean, nearest = bias.ks[-1], 100 * bias.stochastic[-1], 100 * bias.nearest
+    what = ("shows no bias across steps" if bias.bias_share < 1.5 else
+            "reduces the rounding bias across steps, though some remains")
+    return Prose(f"stochastic rounding {what} (the mean of {k} copies {mean:.1f}% off, against "
+                 f"{nearest:.1f}% for rounding to nearest)")
 
 
 @dataclass(frozen=True)
@@ -157,8 +178,10 @@ def rounding_bias_sentence(bias: RoundingBias) -> Prose:
 def mechanism_facts(effect: HadamardEffect, bias: RoundingBias) -> dict[str, object]:
     """``rht_plain`` / ``rht_rht``: the weight-gradient product's error without and with the transform
     (percent), ``rht_sentence``; ``sr_one`` / ``sr_mean`` / ``sr_nearest`` (percent) and ``sr_k`` (copies) of
-    :class:`RoundingBias`, and ``sr_bias_sentence``."""
+    :class:`RoundingBias`, and ``sr_bias_sentence``; ``rht_takeaway`` and ``sr_takeaway``, clauses for the
+    takeaways."""
     return {"rht_plain": 100 * effect.plain_product, "rht_rht": 100 * effect.rht_product,
             "rht_sentence": hadamard_sentence(effect),
             "sr_one": 100 * bias.stochastic[0], "sr_mean": 100 * bias.stochastic[-1],
-            "sr_nearest": 100 * bias.nearest, "sr_k": bias.ks[-1], "sr_bias_sentence": rounding_bias_sentence(bias)}
+            "sr_nearest": 100 * bias.nearest, "sr_k": bias.ks[-1], "sr_bias_sentence": rounding_bias_sentence(bias),
+            "rht_takeaway": hadamard_takeaway(effect), "sr_takeaway": rounding_takeaway(bias)}

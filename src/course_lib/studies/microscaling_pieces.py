@@ -77,9 +77,19 @@ class PieceEffect:
         def sign(value: float, noise: float) -> int:
             return 1 if value > NOISE_SIGMAS * noise else -1 if value < -NOISE_SIGMAS * noise else 0
         batches = [[sign(v, n) for v, n in zip(m, ns)] for m, ns in zip(self.per_model, self.noise)]
-        models = [sign(mean, math.sqrt(sum(n * n for n in ns)) / len(ns))
-                  for mean, ns in zip(self.model_means, self.noise)]
+        models = [sign(mean, noise) for mean, noise in zip(self.model_means, self.model_noise)]
         return batches, models
+
+    @property
+    def model_noise(self) -> tuple[float, ...]:
+        """The standard error of each model's mean over its batches (points), from the batches' own."""
+        return tuple(math.sqrt(sum(n * n for n in ns)) / len(ns) for ns in self.noise)
+
+    @property
+    def model_signs(self) -> tuple[int, ...]:
+        """Per model, the sign of its mean beyond :data:`NOISE_SIGMAS` of :attr:`model_noise` (+1: the piece
+        helped, -1: it hurt, 0: within the noise)."""
+        return tuple(self._signs()[1])
 
     def models_where(self, sign: int) -> tuple[int, ...]:
         """The indices of the models where a batch or the model's mean differs with ``sign`` (+1: the piece
@@ -337,9 +347,8 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
     verdict = effect.verdict
     if verdict in (MIXED, NOISE):
         lower = subject[0].lower() + subject[1:]
-        means = ", ".join(f"{m:+.2f}" for m in effect.model_means)
-        how = (f"and the sign depends on {_mixed(effect)} (mean per model: {means})" if verdict == MIXED else
-               "within the draw-to-draw noise of stochastic rounding on every batch")
+        how = (f"and the sign depends on {_mixed(effect)}; {model_means_phrase(effect, plural=plural)}"
+               if verdict == MIXED else "within the draw-to-draw noise of stochastic rounding on every batch")
         return Prose(f"Without {lower}, the error changes by {'only ' if small else ''}{effect_range(effect)}"
                      f"{tenth}, {how}: no consistent effect.")
     verb = "help" if verdict in (HELPS, HELPS_ON_AVERAGE, HELPS_SOMEWHERE) else "hurt"
@@ -353,6 +362,20 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
     if not plural:
         where = where.replace(" are within", " is within")
     return Prose(f"{subject} {verb}{s}{' a little' if small else ''} {where} ({span}).")
+
+
+def model_means_phrase(effect: PieceEffect, *, plural: bool = False) -> str:
+    """Each model's mean difference with :data:`NOISE_SIGMAS` of its standard errors, and which means lie
+    beyond them (the page's rule for a difference that counts), with what the piece did there."""
+    sigmas = f"{NOISE_SIGMAS:g} standard errors"
+    means = ", ".join(f"{m:+.2f} ± {NOISE_SIGMAS * n:.2f}" for m, n in zip(effect.model_means, effect.model_noise))
+    it = "them" if plural else "it"
+    beyond = [(i + 1, sign) for i, sign in enumerate(effect.model_signs) if sign]
+    if not beyond:
+        return f"per model the mean is {means} ({sigmas}), and no model's mean lies beyond its noise"
+    which = and_list([f"model {i} ({'lower' if sign > 0 else 'higher'} error with {it})" for i, sign in beyond])
+    only = "only " if len(beyond) < len(effect.per_model) else ""
+    return f"per model the mean is {means} ({sigmas}), beyond the noise {only}for {which}"
 
 
 def largest_piece(fidelity: GradientFidelity) -> str | None:
