@@ -201,11 +201,19 @@ def test_check_first_nonfinite_names_the_maker_not_the_carriers():
     trace = [("a", "forward", True, True), ("b", "forward", True, False), ("c", "forward", False, False),
              ("loss", "forward", False, False)]
     assert check_first_nonfinite("b", trace).correct
-    assert "passed the NaN on" in check_first_nonfinite("c", trace).message
+    assert "passed the non-finite value on" in check_first_nonfinite("c", trace).message
     assert "noticed" in check_first_nonfinite("loss", trace).message
     assert "finite" in check_first_nonfinite("a", trace).message
     assert not check_first_nonfinite(None, trace).correct and not check_first_nonfinite(3, trace).correct
     assert check_first_nonfinite("none", [("a", "forward", False, False)]).correct
+    # whitespace around a name is not a mistake; a name the trace lacks is named as such
+    assert check_first_nonfinite("  b\n", trace).correct
+    stranger = check_first_nonfinite("blocks.9.fc", trace)
+    assert not stranger.correct and "not a module in this trace" in stranger.message and "`b`" in stranger.message
+    # a container fires after the modules inside it: finite in, non-finite out too, but later
+    nested = trace[:2] + [("block", "forward", True, False)] + trace[2:]
+    later = check_first_nonfinite("block", nested)
+    assert not later.correct and "fired after `b`'s" in later.message
     with pytest.raises(ValueError):
         check_first_nonfinite("a", [])
 
@@ -232,6 +240,14 @@ def test_check_ring_all_reduce_explains_order_and_rounding():
     tree_only = check_ring_all_reduce(1.0, [1.0, 2**-8, 2**-8])
     assert "tree order" in tree_only.message and "truncated" not in tree_only.message
     assert "one at a time" in check_ring_all_reduce(2.0, values).message
+    # an answer typed to fewer decimals is right when it rounds to the value there (1.015625 -> 1.0156)...
+    typed = check_ring_all_reduce(1.0156, values)
+    assert typed.correct and "4 decimals" in typed.message
+    assert check_ring_all_reduce(1.016, values).correct
+    # ...unless, at those decimals, it could be a neighbouring BF16 number (their spacing near 1 is 2^-7)
+    coarse = check_ring_all_reduce(1.02, values)
+    assert not coarse.correct and "more decimals" in coarse.message
+    assert not check_ring_all_reduce(1.0157, values).correct   # off in the 4th decimal
     assert "number" in check_ring_all_reduce("1", values).message
     assert "No answer" in check_ring_all_reduce(None, values).message
     assert check_ring_all_reduce(1.01171875, values, fmt="FP16").correct   # FP16 holds it exactly

@@ -289,6 +289,13 @@ def test_pitfall_consequences_are_measured():
     assert correct.update_norm > 0 and correct.final_scale == 2.0 ** 20
     # clipping scaled gradients shrinks the update by a factor of the order of the scale
     assert clip.update_norm / correct.update_norm < 10 / clip.final_scale
+    # per step the formula is exact for the gradient: 1/S of the correct loop's (here every true norm > max_norm)
+    assert len(clip.step_grad_norms) == len(correct.step_grad_norms) == correct.optimizer_steps
+    for c, g in zip(clip.step_grad_norms, correct.step_grad_norms):
+        assert c / g == pytest.approx(1 / clip.final_scale, rel=1e-5)
+    # the correct loop's weights move as far as SGD asks; the clipped loop's tiny steps lose part to rounding
+    assert sum(correct.step_moved) == pytest.approx(sum(correct.step_requested), rel=1e-4)
+    assert sum(clip.step_moved) < 0.95 * sum(clip.step_requested)
     assert micro.optimizer_steps == 2 * correct.optimizer_steps and micro.scheduler_steps > 0
     assert 0.85 < sched.update_norm / correct.update_norm < 0.95  # one StepLR decay (gamma 0.9) ahead
     assert run_pitfall_demo(None).update_norm == correct.update_norm  # same initial weights every time

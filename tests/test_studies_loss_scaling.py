@@ -160,6 +160,36 @@ def test_replay_facts_say_whether_the_replay_reproduced_the_recording():
     assert P.replay_facts(other, rec) == {"replay_matches": False}
 
 
+def _static(label, scale, skipped):
+    n = len(skipped)
+    return ScalingRun(label, (1.0,) * n, (scale,) * n, tuple(skipped))
+
+
+def test_replay_leniency_compares_the_first_step_with_the_static_run_at_the_same_scale():
+    big = 2.0 ** 24
+    # the replay takes step 0 (threshold above 2**24), skips step 1, then steps at 2**23
+    lenient = replay_scale_schedule([2.0 ** 24.5, big, math.inf, math.inf], init_scale=big, growth_interval=5)
+    runs = [_static("static 2\u2070", 1.0, [False] * 3), _static("static 2\u00b2\u2074", big, [True] * 3)]
+    text = P.replay_leniency(lenient, runs)
+    assert isinstance(text, Prose)
+    assert text.startswith("On that first step the static 2\u00b2\u2074 run overflowed, while the replay")
+    assert "too lenient" in text
+    assert "the replay stepped 1 time at 2\u00b2\u2074 or above" in text
+    assert "the static 2\u00b2\u2074 run never stepped in its 3 steps" in text
+    # when both skip the first step, the text says they agree
+    strict = replay_scale_schedule([1.0, math.inf], init_scale=big, growth_interval=5)
+    assert "agree: both skipped it" in P.replay_leniency(strict, runs)
+    # a replay may also be stricter than the static run
+    calm = [_static("static 2\u00b2\u2074", big, [False, True])]
+    assert "the replay at an initial scale of 2\u00b2\u2074 skipped, while" in P.replay_leniency(strict, calm)
+
+
+def test_replay_leniency_needs_a_static_run_at_the_replays_initial_scale():
+    replay = replay_scale_schedule([math.inf], init_scale=2.0 ** 24)
+    with pytest.raises(ValueError, match="no static run at the replay's initial scale"):
+        P.replay_leniency(replay, [_static("static 2\u2070", 1.0, [False])])
+
+
 def test_what_if_sentence_names_each_setting_and_splits_its_skips_at_the_first_growth():
     # step 1 overflows at a scale of 3 or more, step 5 at 6 or more
     stream = [math.inf, 3.0, math.inf, math.inf, math.inf, 6.0, math.inf]
@@ -301,13 +331,16 @@ def _demos():
     def found(name):
         return (Finding(name, 0, "m"),)
     return [
-        PitfallDemo("clip_before_unscale", found("clip_before_unscale"), None, 3, 3, 0.25, 2.0**20),
+        # the gradient at 1/S of the correct loop's; the weights keep 3 of the 4 units SGD asked for
+        PitfallDemo("clip_before_unscale", found("clip_before_unscale"), None, 3, 3, 0.25, 2.0**20,
+                    step_grad_norms=(2.0**-20, 2.0**-20), step_requested=(2.0, 2.0), step_moved=(1.0, 2.0)),
         PitfallDemo("update_every_microbatch", found("update_every_microbatch"), None, 6, 3, 0.5, 2.0**15),
         PitfallDemo("scheduler_on_skipped_step", found("scheduler_on_skipped_step") + found("clip_before_unscale"),
                     None, 3, 4, 0.75, 2.0**15),
         PitfallDemo("unscale_twice", (), "RuntimeError: unscale_() has already been called", 0, 0, 0.0, 2.0**16),
         PitfallDemo("scaler_with_bf16", found("scaler_with_bf16"), None, 4, 4, 7.0, 65536.0),
-        PitfallDemo("correct loop", (), None, 3, 3, 2.0, 2.0**15),
+        PitfallDemo("correct loop", (), None, 3, 3, 2.0, 2.0**15,
+                    step_grad_norms=(1.0, 1.0), step_requested=(0.5, 0.5), step_moved=(0.5, 0.5)),
     ]
 
 
@@ -327,8 +360,15 @@ def test_pitfall_table_says_what_was_caught_raised_and_how_far_the_weights_moved
 def test_pitfall_facts_compare_each_demo_with_the_correct_loop():
     facts = P.pitfall_facts(_demos())
     assert facts == {"clip_ratio": 0.125, "clip_scale_log2": 20, "clip_scale": "2\u00b2\u2070", "sched_ratio": 0.375, "micro_steps": 6,
-                     "correct_steps": 3, "clip_shrink": "The update shrinks by *S* \u00d7 min(norm, `max_norm`)/`max_norm`, "
-                     "which is the scale *S* itself only when the true norm exceeds `max_norm`, and less when it does not."}
+                     "correct_steps": 3, "clip_shrink": P.CLIP_BEFORE_UNSCALE_SHRINK,
+                     "clip_inv_scale": 2.0**-20, "clip_grad_ratio": 2.0**-20, "clip_kept_pct": 75.0,
+                     "correct_kept_pct": 100.0}
+    # the shrink formula follows a colon: lower case, and it says when it applies
+    assert P.CLIP_BEFORE_UNSCALE_SHRINK.startswith("when the scaled norm *S* \u00d7 norm exceeds `max_norm` "
+                                                   "(otherwise nothing is clipped)")
+    no_step = [dataclasses.replace(d, step_grad_norms=(), step_requested=(), step_moved=()) for d in _demos()]
+    with pytest.raises(ValueError, match="need a first optimizer step"):
+        P.pitfall_facts(no_step)
     # the disabled scaler never scales, so its planted overflow never happens: one more step than the correct loop
     disabled = PitfallDemo("disabled_scaler", (Finding("disabled_scaler", 0, "m"),), None, 4, 4, 2.5, 1.0)
     with_disabled = P.pitfall_facts([disabled, *_demos()])
@@ -362,10 +402,9 @@ def test_scaling_errata_state_each_measurement():
     assert rows[1][1] == ("There is no cap: with `growth_interval=1`, 20 clean steps take the real GradScaler from "
                           "2\u00b9\u2076 to 2\u00b3\u2076. 2\u00b9\u2076 is only the default initial scale.")
     assert rows[2][1] == ("It clips the still-scaled gradients to `max_norm`, so once unscaled their norm is "
-                          "`max_norm`/*S* instead of min(norm, `max_norm`): the update shrinks by *S* \u00d7 min(norm, "
-                          "`max_norm`)/`max_norm`, which is the scale *S* itself only when the true norm exceeds "
-                          "`max_norm`, and less when it does not. The weights moved 8.47e-07 times as far as in "
-                          "the correct loop (pitfalls table above).")
+                          "`max_norm`/*S* instead of min(norm, `max_norm`): " + P.CLIP_BEFORE_UNSCALE_SHRINK +
+                          " The weights moved 8.47e-07 times as far as in the correct loop (pitfalls table above; "
+                          "less than 1/*S*, because float32 weights round away part of so small a step).")
     assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0\". Multiply the loss by a constant and "
                           "divide the gradients by it before the step, or give GradScaler a `growth_interval` longer "
                           "than the run (it still backs off after an overflow).")

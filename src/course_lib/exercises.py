@@ -10,6 +10,7 @@ from .amp import cuda_policy
 from .distributed import simulate_all_reduce
 from .formats import FloatFormat, get_format, round_to_format, spacing
 from .fp8 import DelayedScaling, fp8_max
+from .glue import plural
 from .memory import bytes_per_parameter
 from .monitor import step_was_skipped
 from .mx import BlockScaling, e8m0_exponents, element_format
@@ -397,21 +398,30 @@ def check_first_nonfinite(answer, trace) -> Feedback:
         return Feedback(False, "No answer yet: name the module and run the cell again.")
     if not isinstance(answer, str):
         return Feedback(False, f"Give the module's name as a string, not {type(answer).__name__}.")
+    answer = answer.strip()
     if culprit is None:
         return Feedback(answer.lower() in ("none", ""), "No event has finite inputs and non-finite outputs: "
-                        "nothing in this trace produced the NaN (it came in from outside the hooked modules).")
+                        "nothing in this trace produced the non-finite value (it came in from outside the "
+                        "hooked modules).")
     if answer == culprit[0]:
         return Feedback(True, f"`{culprit[0]}` ({culprit[1]}): the first module whose inputs were finite and "
-                              "whose outputs were not. Every later module only passed the NaN on.")
+                              "whose outputs were not. Every later module only passed the non-finite value on.")
+    names = [e[0] for e in events]
+    if answer not in names:
+        return Feedback(False, f"`{answer}` is not a module in this trace; its modules are "
+                               f"{', '.join(f'`{n}`' for n in dict.fromkeys(names))}.")
     if answer == events[-1][0]:
-        return Feedback(False, "The last module is where the NaN is noticed (the loss), not where it was made.")
-    later = [e for e in events if e[0] == answer]
-    if later and not later[0][2]:
-        return Feedback(False, f"`{answer}` received a non-finite input already: it passed the NaN on. Look "
-                               "for the first module whose inputs were all finite.")
-    if later and later[0][3]:
+        return Feedback(False, "The last module is where the non-finite value is noticed (the loss), not where "
+                               "it was made.")
+    first = events[names.index(answer)]
+    if not first[2]:
+        return Feedback(False, f"`{answer}` received a non-finite input already: it passed the non-finite value "
+                               "on. Look for the first module whose inputs were all finite.")
+    if first[3]:
         return Feedback(False, f"`{answer}`'s outputs were finite when its hook fired.")
-    return Feedback(False, f"`{answer}` is not the first module with finite inputs and non-finite outputs.")
+    return Feedback(False, f"`{answer}` had finite inputs and non-finite outputs too, but its hook fired after "
+                           f"`{culprit[0]}`'s: a module that contains another (a whole block) fires after the "
+                           "modules inside it, so look for the first such event in firing order.")
 
 
 def check_skipped_steps(answer, scales) -> Feedback:
@@ -480,9 +490,10 @@ def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         return Feedback(False, f"Answer with a number, not {answer!r}.")
     order = " + ".join(f"{v:g}" for v in reversed(values))
+    right = (f"The ring adds {order} left to right, rounding to {fmt} after each addition "
+             f"(a tie to the number with an even last bit): {truth:.10g}.")
     if float(answer) == truth:
-        return Feedback(True, f"The ring adds {order} left to right, rounding to {fmt} after each addition "
-                              f"(a tie to the number with an even last bit): {truth:.10g}.")
+        return Feedback(True, right)
     dtype = dtypes[fmt]
 
     def chain(addends, truncate: bool) -> float:
@@ -504,6 +515,21 @@ def check_ring_all_reduce(answer, values, fmt: str = "BF16") -> Feedback:
     cut_hint = (f"each partial sum cut off (truncated) instead of rounded to the nearest {fmt} number; a sum "
                 f"halfway between two {fmt} numbers is a tie, which goes to the one with an even last bit")
     a = float(answer)
+    # an answer typed to fewer decimals than the value has (1.0156 for 1.015625) is right when it rounds to
+    # the value at the decimals typed, unless a slip's result rounds to the same answer there
+    typed = repr(a)
+    decimals = len(typed.split(".")[1]) if "." in typed and "e" not in typed else None
+    slips = {exact, tree, truncated, rank0_first} - {truth}
+    if decimals is not None and a not in slips:
+        half_unit = 0.5 * 10.0 ** -decimals * (1 + 1e-9)
+        t = torch.tensor(truth).to(dtype)
+        # the typed answer must single out the value among its format's numbers, not only among the slips
+        gap = min(abs(float(torch.nextafter(t, t + d)) - truth) for d in (1.0, -1.0))
+        if abs(a - truth) <= half_unit:
+            if half_unit < gap / 2 and not any(abs(a - v) <= half_unit for v in slips):
+                return Feedback(True, f"Right to the {plural(decimals, 'decimal')} you gave. {right}")
+            return Feedback(False, f"Close, but not precise enough: at {plural(decimals, 'decimal')}, {a:g} "
+                                   f"could also be another {fmt} number. Give more decimals.")
     if a == exact and exact != truth:
         hint = (f"{exact:.10g} is the exact sum; in {fmt}, every partial sum is rounded to the nearest {fmt} "
                 f"number (a tie to the one with an even last bit), the last one included")

@@ -290,6 +290,11 @@ class PitfallDemo:
     scheduler_steps: int
     update_norm: float = 0.0  # how far the weights moved over the run (L2 norm of final minus initial)
     final_scale: float = 0.0  # the scaler's scale at the end
+    # per optimizer step: the L2 norm of the gradients it stepped on (after any unscaling), the move SGD
+    # asked for (learning rate times that norm) and how far the float32 weights actually moved (L2 norms)
+    step_grad_norms: tuple[float, ...] = ()
+    step_requested: tuple[float, ...] = ()
+    step_moved: tuple[float, ...] = ()
 
 
 def run_pitfall_demo(name: str | None, *, iterations: int = 4,
@@ -333,6 +338,26 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
     initial = [p.detach().float().clone() for p in model.parameters()]
     opt_steps: list[bool] = []
     opt.register_step_post_hook(lambda *_: opt_steps.append(True))
+    grad_norms: list[float] = []
+    requested: list[float] = []
+    moved_by_step: list[float] = []
+    before_step: list[torch.Tensor] = []
+
+    def _flat_params() -> torch.Tensor:
+        return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+    def _before(optimizer, *_):
+        grads = [p.grad.float() for p in model.parameters() if p.grad is not None]
+        norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads))
+        grad_norms.append(norm)
+        requested.append(optimizer.param_groups[0]["lr"] * norm)
+        before_step[:] = [_flat_params()]
+
+    def _after(*_):
+        moved_by_step.append(float((_flat_params() - before_step[0]).norm()))
+
+    opt.register_step_pre_hook(_before)
+    opt.register_step_post_hook(_after)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the no-device GradScaler warns that CUDA is missing
         if name == "disabled_scaler":
@@ -423,7 +448,8 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
     moved = math.sqrt(sum(float(((p.detach().float() - p0) ** 2).sum())
                           for p, p0 in zip(model.parameters(), initial)))
     return PitfallDemo(name or "correct loop", tuple(audit.findings), error, len(opt_steps), sched_steps[0],
-                       moved, float(scaler.get_scale()))
+                       moved, float(scaler.get_scale()), tuple(grad_norms), tuple(requested),
+                       tuple(moved_by_step))
 
 
 AUTOCAST_PITFALLS_DTYPE = {"fp16_autocast_without_scaler": torch.float16, "scaler_with_bf16": torch.bfloat16,

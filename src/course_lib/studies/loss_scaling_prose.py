@@ -23,9 +23,10 @@ from .loss_scaling import NOISE_FLOOR, FlightRecording, ScaleFidelity, ScalingRu
 
 CORRECT_LOOP = "correct loop"   # the name run_pitfall_demo(None) gives the loop without a mistake
 # one statement of what clipping before unscale_ does, for every place of the page that says it
-CLIP_BEFORE_UNSCALE_SHRINK = ("the update shrinks by *S* \u00d7 min(norm, `max_norm`)/`max_norm`, which is "
-                              "the scale *S* itself only when the true norm exceeds `max_norm`, and less when it does "
-                              "not.")
+CLIP_BEFORE_UNSCALE_SHRINK = ("when the scaled norm *S* \u00d7 norm exceeds `max_norm` (otherwise nothing is "
+                              "clipped), each step's update shrinks by a factor of *S* \u00d7 min(norm, "
+                              "`max_norm`)/`max_norm`, which is the scale *S* itself only when the true norm "
+                              "exceeds `max_norm`, and less when it does not.")
 SMALLEST_FLOAT32 = 2.0 ** -149
 
 
@@ -272,6 +273,36 @@ def static_facts(runs: Sequence[ScalingRun]) -> dict[str, object]:
     }
 
 
+def replay_leniency(replay: ScaleTrace, runs: Sequence[ScalingRun]) -> Prose:
+    """Check a what-if ``replay`` against the static run at its initial scale, on step 0: the one step
+    where a static run and the flight recording share weights and batch (both start from the course
+    model's weights for the same seed and draw the same batch 0). Later steps are not comparable: the
+    runs' weights part after the first step. Says how many of the replay's steps stepped at the initial
+    scale or above, where the static run stepped on none if it skipped them all."""
+    if not replay.scales:
+        raise ValueError("the replay has no steps")
+    matching = [r for r in runs if r.scales and r.scales[0] == replay.init_scale and r.label.startswith("static")]
+    if not matching:
+        raise ValueError(f"no static run at the replay's initial scale {replay.init_scale:g}")
+    static, scale = matching[0], _scale_text(replay.init_scale)
+    stepped_high = sum(1 for sc, sk in zip(replay.scales, replay.skipped) if sc >= replay.init_scale and not sk)
+    taken = len(static.skipped) - static.n_skipped
+    static_steps = "never stepped" if taken == 0 else f"stepped {plural(taken, 'time')}"
+    if static.skipped[0] and not replay.skipped[0]:
+        first = (f"On that first step the {static.label} run overflowed, while the replay at an initial scale "
+                 f"of {scale} took it: its threshold, from the activation gradients alone, was too lenient")
+    elif static.skipped[0] == replay.skipped[0]:
+        first = (f"On that first step the {static.label} run and the replay at an initial scale of {scale} "
+                 f"agree: both {'skipped' if static.skipped[0] else 'took'} it")
+    else:
+        first = (f"On that first step the replay at an initial scale of {scale} skipped, while the "
+                 f"{static.label} run took it")
+    return Prose(f"{first}. Over its {plural(len(replay.scales), 'step')}, the replay stepped "
+                 f"{plural(stepped_high, 'time')} at {scale} or above; the {static.label} run "
+                 f"{static_steps} in its {plural(len(static.skipped), 'step')}. After the first step the comparison no longer "
+                 f"holds: the recording trained, so its later steps saw other weights than the static run.")
+
+
 def static_runs_table(runs: Sequence[ScalingRun]) -> MarkdownTable:
     """One row per run: its label, skipped steps of all steps, and its final loss (nats per byte)."""
     return markdown_table(["run", "skipped steps", "final loss"],
@@ -398,8 +429,26 @@ def pitfall_table(demos: Sequence[PitfallDemo]) -> MarkdownTable:
     return markdown_table(["planted mistake", "caught", "raised", "steps", "LR steps", "moved / correct"], rows)
 
 
+def _first_step_ratio(demo: PitfallDemo, correct: PitfallDemo) -> float:
+    """The norm of the gradient ``demo``'s first optimizer step stepped on, against the correct loop's."""
+    if not demo.step_grad_norms or not correct.step_grad_norms or correct.step_grad_norms[0] <= 0:
+        raise ValueError(f"{demo.name!r} and the correct loop need a first optimizer step with a gradient")
+    return demo.step_grad_norms[0] / correct.step_grad_norms[0]
+
+
+def _kept_pct(demo: PitfallDemo) -> float:
+    """How far the weights moved, summed over the optimizer steps, as a percentage of the moves SGD asked
+    for (learning rate times gradient norm): below 100 where float32 rounding ate part of the steps."""
+    asked = sum(demo.step_requested)
+    if not asked > 0 or len(demo.step_moved) != len(demo.step_requested):
+        raise ValueError(f"{demo.name!r} has no optimizer step that asked the weights to move")
+    return 100.0 * sum(demo.step_moved) / asked
+
+
 def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
-    """How far the weights moved against the correct loop when clipping before unscaling (``clip_ratio``),
+    """How far the weights moved against the correct loop when clipping before unscaling (``clip_ratio``;
+    with ``clip_inv_scale``, 1/S, the first step's gradient-norm ratio ``clip_grad_ratio``, and the share of
+    the requested SGD moves the weights kept, ``clip_kept_pct`` and ``correct_kept_pct``),
     when stepping the scheduler on a skipped step (``sched_ratio``) and with the scaler disabled
     (``disabled_ratio``, with its optimizer steps ``disabled_steps``, where present), log2 of the scale the
     clipping demo ended at, and the optimizer steps of the per-micro-batch demo and of the correct loop."""
@@ -414,7 +463,12 @@ def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
         "clip_ratio": clip.update_norm / correct.update_norm,
         "clip_scale_log2": int(math.log2(clip.final_scale)),
         "clip_scale": Prose(power_of_two_text(int(math.log2(clip.final_scale)))),
-        "clip_shrink": Prose(CLIP_BEFORE_UNSCALE_SHRINK[0].upper() + CLIP_BEFORE_UNSCALE_SHRINK[1:]),
+        "clip_shrink": Prose(CLIP_BEFORE_UNSCALE_SHRINK),
+        # the formula is per step and about the gradient; the weights' move also passes float32 rounding
+        "clip_inv_scale": 1.0 / clip.final_scale,
+        "clip_grad_ratio": _first_step_ratio(clip, correct),
+        "clip_kept_pct": _kept_pct(clip),
+        "correct_kept_pct": _kept_pct(correct),
         "sched_ratio": by_name["scheduler_on_skipped_step"].update_norm / correct.update_norm,
         "micro_steps": by_name["update_every_microbatch"].optimizer_steps,
         "correct_steps": correct.optimizer_steps,
@@ -455,7 +509,8 @@ def scaling_errata(defaults: ScalerDefaults, *, default_steps: int, default_scal
         ("Clipping before unscaling does nothing, or produces NaN.",
          f"It clips the still-scaled gradients to `max_norm`, so once unscaled their norm is `max_norm`/*S* "
          f"instead of min(norm, `max_norm`): {CLIP_BEFORE_UNSCALE_SHRINK} The weights moved "
-         f"{_ratio_text(clip_ratio)} times as far as in the correct loop (pitfalls table above)."),
+         f"{_ratio_text(clip_ratio)} times as far as in the correct loop (pitfalls table above; less than 1/*S*, "
+         f"because float32 weights round away part of so small a step)."),
         ("For static loss scaling, use `GradScaler(growth_factor=1.0)`.",
          f"{static}. Multiply the loss by a constant and divide the gradients by it before the step, or give "
          f"GradScaler a `growth_interval` longer than the run (it still backs off after an overflow)."),
