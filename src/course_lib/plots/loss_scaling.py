@@ -56,7 +56,9 @@ def plot_scale_fidelity(result) -> Figure:
     ax.set_title(f"Each parameter's gradient under each loss scale (after {result.steps} FP32 steps)")
     ax.grid(alpha=0.3)
     # under the axes and their tick labels: inside, it covered the unscaled line's largest errors
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=9, loc="lower center", ncol=3, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=9, loc="lower center", ncol=2 if len(labels) == 4 else 3,
+               frameon=False)   # four entries: two rows of two, not three and one
     return finish_figure(fig)
 
 
