@@ -353,3 +353,52 @@ def test_speedup_by_size_erratum_separates_the_baselines_and_says_what_is_measur
         "The ladder's own GPU records are above.")
     with pytest.raises(ValueError, match="no BF16 and FP32 predictions"):
         PROSE.speedup_by_size_erratum(small_ladder, "B300", {}, [])
+
+
+def test_the_predicted_ratio_stays_near_two_because_peaks_and_bytes_both_give_two(small_ladder):
+    # the H100's BF16 and TF32 peaks are 2x apart, as 4-byte and 2-byte elements are: every mix lands near 2
+    h100 = PROSE.why_the_ratio_stays("H100 SXM5", "tf32")
+    assert h100.startswith("Against TF32 on the H100 SXM5, a compute-bound product gains the ratio of the peaks, "
+                           "989.5/494.5 = 2.00x, and a memory-bound operation the ratio of the bytes, 4/2 = 2.00x; "
+                           "both are near 2")
+    assert "hardly moves the ratio" in h100 and "launch" not in h100
+    # against FP32 with TF32 off the peaks are 15x apart: the ratio moves with the mix
+    assert "the two differ, so the ratio moves" in PROSE.why_the_ratio_stays("H100 SXM5", "fp32")
+    cpu = PROSE.why_the_ratio_stays("this CPU (x)", "fp32")
+    assert cpu.startswith("Against FP32, a memory-bound operation gains the ratio of the bytes, 4/2 = 2.00x; this "
+                          "device's peaks are not on the datasheet table")
+    with pytest.raises(ValueError, match="over must be"):
+        PROSE.why_the_ratio_stays("H100 SXM5", "fp16")
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        LADDER.recipe_element_bytes("int8")
+    assert (LADDER.recipe_element_bytes("tf32"), LADDER.recipe_element_bytes("bf16_autocast")) == (4, 2)
+    verdict = PROSE.predicted_verdict(small_ladder, "H100 SXM5")
+    assert verdict.startswith("The roofline predicts BF16's speed over TF32's on the H100 SXM5 (every activation "
+                              "counted at 16 bits, as pure BF16 stores them; autocast keeps layer norm and softmax "
+                              "in FP32, so it gains less on those operations and this is its ceiling): ")
+    assert "989.5/494.5 = 2.00x" in verdict and "no launch cost" not in verdict
+    assert "autocast keeps layer norm and softmax in FP32" in PROSE.speedup_by_size_erratum(
+        small_ladder, "H100 SXM5", {}, [])[1]
+
+
+def test_prediction_lines_note_calls_cpu_lines_estimates_and_names_runs_above_them(small_ladder):
+    own = small_ladder.own_prediction_device
+    assert own.startswith("this CPU")
+
+    def scaled(rate):
+        return dataclasses.replace(small_ladder, predictions=tuple(
+            dataclasses.replace(p, tokens_per_second=rate) if p.device == own else p
+            for p in small_ladder.predictions))
+
+    below = PROSE.prediction_lines_note(scaled(1e12), 256)
+    assert below.startswith("The dashed lines for the H100 SXM5 use datasheet peaks and bandwidth with no "
+                            "launches: ceilings.")
+    assert (f"The lines for {own} are estimates, not ceilings: a CPU has no datasheet, so each dtype's rate is the "
+            "capability probe's, one square product of n = 256") in below
+    assert below.endswith("no measured run lies above its line here.")
+    above = PROSE.prediction_lines_note(scaled(1.0), 256)
+    run = small_ladder.runs[0]
+    times = small_ladder.tokens_per_second(run)
+    assert f"{PROSE.run_label(run)} at `{run.rung}`, {times:.1f} times its line" in above
+    with pytest.raises(ValueError, match="probe_n"):
+        PROSE.prediction_lines_note(small_ladder, 0)

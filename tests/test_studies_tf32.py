@@ -18,7 +18,7 @@ def test_the_measurement_compares_each_setting_with_highest_and_restores_the_set
     assert errors["high"] == 0.0        # a CPU has no TF32: "high" changes no bit
     # "medium" may change the kernel (oneDNN), but never by more than BF16-rounded operands would
     rounded = T.rounded_operand_errors("cpu", n=64)
-    assert errors["medium"] <= 2 * rounded["medium"]
+    assert errors["medium"] <= 2 * rounded["BF16"]
     assert torch.get_float32_matmul_precision() == before
     with pytest.raises(ValueError, match="n must be a positive int"):
         T.matmul_precision_errors("cpu", n=0)
@@ -27,42 +27,83 @@ def test_the_measurement_compares_each_setting_with_highest_and_restores_the_set
 def test_rounded_operands_differ_by_their_format_s_rounding():
     rounded = T.rounded_operand_errors("cpu", n=64)
     # BF16 keeps 7 stored mantissa bits, TF32 10: BF16's product differs about 8 times as much
-    assert 1e-4 < rounded["medium"] < 0.05 and 2 < rounded["medium"] / rounded["high"] < 32
+    assert list(rounded) == ["TF32", "BF16"]
+    assert 1e-4 < rounded["BF16"] < 0.05 and 2 < rounded["BF16"] / rounded["TF32"] < 32
     with pytest.raises(ValueError, match="n must be a positive int"):
         T.rounded_operand_errors("cpu", n=True)
 
 
-ROUNDED = {"high": 4e-4, "medium": 4e-3}
+def test_medium_allows_tf32_on_cuda_and_bf16_only_on_onednn_read_back_from_torch():
+    before = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision,
+              torch.backends.mkldnn.matmul.fp32_precision)
+    # torch 2.13's own mapping, read back: on NVIDIA GPUs "medium" is "high" (TF32)
+    assert T.backend_precisions("medium") == {"cuda": "tf32", "mkldnn": "bf16"}
+    assert T.backend_precisions("highest") == {"cuda": "ieee", "mkldnn": "ieee"}
+    assert (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision,
+            torch.backends.mkldnn.matmul.fp32_precision) == before
+    allowed = T.allowed_formats()
+    assert allowed == {"highest": {"cuda": "FP32", "mkldnn": "FP32"}, "high": {"cuda": "TF32", "mkldnn": "TF32"},
+                       "medium": {"cuda": "TF32", "mkldnn": "BF16"}}
+    assert T.medium_phrase(allowed) == ('"medium" allows TF32 in CUDA (cuBLAS) products, as "high" does, and '
+                                        "BF16 in CPU (oneDNN) products: on NVIDIA GPUs \"medium\" behaves as \"high\" does "
+                                        "(TF32, not BF16)")
+    bf16_gpu = {**allowed, "medium": {"cuda": "BF16", "mkldnn": "BF16"}}
+    assert T.medium_phrase(bf16_gpu) == '"medium" allows BF16 in CUDA (cuBLAS) products, and BF16 in CPU (oneDNN) products'
+    assert T.device_backend("cpu") == "mkldnn" and T.device_backend(torch.device("cuda", 0)) == "cuda"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        T.backend_precisions("low")
+    with pytest.raises(ValueError, match="CUDA device or the CPU"):
+        T.device_backend("meta")
+    with pytest.raises(ValueError, match="allowed must give 'medium'"):
+        T.medium_phrase({"high": allowed["high"]})
 
 
-def test_precision_phrase_judges_each_setting_against_a_product_in_its_format():
-    same = T.precision_phrase({"highest": 0.0, "high": 0.0, "medium": 0.0}, ROUNDED)
+ALLOWED = {"highest": {"cuda": "FP32", "mkldnn": "FP32"}, "high": {"cuda": "TF32", "mkldnn": "TF32"},
+           "medium": {"cuda": "TF32", "mkldnn": "BF16"}}
+ROUNDED = {"TF32": 4e-4, "BF16": 4e-3}
+
+
+def test_precision_phrase_judges_each_setting_against_a_product_in_its_backend_s_format():
+    same = T.precision_phrase({"highest": 0.0, "high": 0.0, "medium": 0.0}, ROUNDED, ALLOWED, "mkldnn")
     assert isinstance(same, Prose)
     assert same.startswith('"high" gives the same bits as "highest" (a product of TF32-rounded operands '
                            "differs by 4.0e-04): this device's kernel computed full FP32 products under it")
-    used = T.precision_phrase({"high": 3e-4, "medium": 4e-3}, ROUNDED)
+    used = T.precision_phrase({"high": 3e-4, "medium": 4e-3}, ROUNDED, ALLOWED, "mkldnn")
     assert ('"high" moves the product by up to 3.0e-04 of its largest entry, of the order of a product of '
             "TF32-rounded operands differs by 4.0e-04 (0.75 times that): consistent with TF32 products") in used
     assert "consistent with BF16 products" in used
+    # on a GPU "medium" allows TF32, as "high" does: it is judged against TF32's product, never BF16's
+    gpu = T.precision_phrase({"high": 3e-4, "medium": 3e-4}, ROUNDED, ALLOWED, "cuda")
+    assert "BF16" not in gpu and gpu.count("consistent with TF32 products") == 2
     # the CPU the review read: "medium" moved the product by 6.3e-07, far below BF16's 4.3e-03
-    unused = T.precision_phrase({"high": 0.0, "medium": 6.3e-7}, {"high": 5e-4, "medium": 4.3e-3})
+    unused = T.precision_phrase({"high": 0.0, "medium": 6.3e-7}, {"TF32": 5e-4, "BF16": 4.3e-3}, ALLOWED, "mkldnn")
     assert unused.endswith("far less than a product of BF16-rounded operands differs by 4.3e-03: the setting "
                            "allows BF16 inside the product, but this device's kernel did not compute BF16 "
                            "products here (a difference that small comes from another kernel: another "
                            "summation order, or each FP32 operand split into several BF16 parts)")
     assert "BF16 products)" not in unused
     with pytest.raises(ValueError, match="both give the settings"):
-        T.precision_phrase({"high": 0.0}, ROUNDED)
+        T.precision_phrase({"high": 0.0}, ROUNDED, ALLOWED, "cuda")
+    with pytest.raises(ValueError, match="rounded must give the formats"):
+        T.precision_phrase({"high": 0.0, "medium": 0.0}, {"TF32": 4e-4}, ALLOWED, "mkldnn")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        T.precision_phrase({"high": 0.0, "medium": 0.0}, ROUNDED, ALLOWED, "xpu")
     with pytest.raises(ValueError, match="match"):
-        T.precision_phrase({"high": 0.0, "medium": 0.0}, ROUNDED, match=1.5)
+        T.precision_phrase({"high": 0.0, "medium": 0.0}, ROUNDED, ALLOWED, "cuda", match=1.5)
 
 
-def test_precision_table_sets_each_setting_beside_its_format_s_product():
-    table = T.precision_table({"highest": 0.0, "high": 0.0, "medium": 6.3e-7}, ROUNDED)
-    assert table.splitlines()[2:] == ["| `highest` | full FP32 only | none | - |",
-                                      "| `high` | TF32 | none | 4.0e-04 |", "| `medium` | BF16 | 6.3e-07 | 4.0e-03 |"]
+def test_precision_table_gives_each_backend_its_own_format():
+    errors = {"highest": 0.0, "high": 0.0, "medium": 6.3e-7}
+    table = T.precision_table(errors, ROUNDED, ALLOWED, "mkldnn")
+    assert table.splitlines()[0] == ('| setting | CUDA (cuBLAS) allows | CPU (oneDNN) allows | measured difference '
+                                     'from "highest" here | a product in the format CPU (oneDNN) allows differs by |')
+    assert table.splitlines()[2:] == ["| `highest` | full FP32 only | full FP32 only | none | - |",
+                                      "| `high` | TF32 | TF32 | none | TF32: 4.0e-04 |",
+                                      "| `medium` | TF32 | BF16 | 6.3e-07 | BF16: 4.0e-03 |"]
+    assert T.precision_table(errors, ROUNDED, ALLOWED, "cuda").splitlines()[-1] == \
+        "| `medium` | TF32 | BF16 | 6.3e-07 | TF32: 4.0e-04 |"
     with pytest.raises(ValueError, match="unknown matmul precision"):
-        T.precision_table({"low": 0.0, "high": 0.0, "medium": 0.0}, ROUNDED)
+        T.precision_table({"low": 0.0, "high": 0.0, "medium": 0.0}, ROUNDED, ALLOWED, "cuda")
 
 
 def _run(recipe, seconds, compiled=False, seed=0):

@@ -312,7 +312,8 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         kind = "measured here and predicted" if device == ladder.own_prediction_device else "predicted only"
         top.set_title(f"{device}\n({kind})", fontsize=10)
         top.set_ylabel("tokens per second")
-        bottom.set_ylabel("MFU (% of the reference peak)")
+        # two short lines: one long line ran past the panel into the top panel's label and the figure's edge
+        bottom.set_ylabel("MFU\n(% of reference peak)")
         bottom.set_xlabel("parameters (log)")
         for ax in (top, bottom):
             ax.set_xscale("log")
@@ -326,4 +327,5 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         # one entry per row: two columns of long entries ran into the other column's legend
         bottom.legend(handles, labels, fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1,
                       frameon=False, title=f"{device}:", title_fontsize=9)
+    fig.align_ylabels(axes[:, 0])
     return finish_figure(fig)

@@ -56,6 +56,16 @@ _RECIPE_DTYPES = {"fp32": ("fp32", "fp32", 4), "tf32": ("tf32", "tf32", 4), "bf1
                   "fp8_rowwise": ("fp8", "bf16", 2)}
 
 
+def recipe_element_bytes(recipe: str) -> int:
+    """Bytes per activation element the roofline counts for ``recipe`` (:data:`LADDER_RECIPES`): 4 for FP32 and
+    TF32, 2 for the 16-bit and FP8 recipes. Every activation is counted at that width, as pure 16-bit storage
+    has them; autocast keeps layer norm, softmax and the loss in FP32, so its real bytes are a little more and
+    the prediction is its ceiling."""
+    if recipe not in _RECIPE_DTYPES:
+        raise ValueError(f"recipe must be one of {list(_RECIPE_DTYPES)}, got {recipe!r}")
+    return _RECIPE_DTYPES[recipe][2]
+
+
 def _check_names(names: Sequence[str], known: Sequence[str], what: str) -> None:
     if isinstance(names, str):
         raise TypeError(f"{what} is a sequence of names, not one string")

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..glue import Prose, and_list, plural, sig3
+from ..hardware import DATASHEET_PEAKS
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
-from .ladder import LADDER_PIECES, LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders
+from .ladder import LADDER_PIECES, LADDER_RECIPES, LadderRun, ScaleLadder, merge_ladders, recipe_element_bytes
 from .performance import ThroughputStudy
 
 RECIPE_LABELS = {"fp32": "FP32", "tf32": "TF32", "bf16_autocast": "BF16", "fp16_autocast_scaler": "FP16",
@@ -117,18 +118,80 @@ def predicted_speedups(ladder: ScaleLadder, device: str, over: str = "tf32") -> 
     return out
 
 
+# what the roofline's "BF16 autocast" counts, said wherever its prediction is quoted
+PURE_BF16_NOTE = ("every activation counted at 16 bits, as pure BF16 stores them; autocast keeps layer norm and "
+                  "softmax in FP32, so it gains less on those operations and this is its ceiling")
+
+
+def why_the_ratio_stays(device: str, over: str) -> Prose:
+    """Why the roofline's BF16 speed-up over ``over`` ("tf32" or "fp32") hardly moves with model size on
+    ``device``: a compute-bound product gains the ratio of the peaks (given where :data:`DATASHEET_PEAKS` knows
+    the device), a memory-bound operation the ratio of the bytes per element; when both are near 2, so is
+    every mix of them, at every size."""
+    if over not in ("tf32", "fp32"):
+        raise ValueError(f"over must be 'tf32' or 'fp32', got {over!r}")
+    wide, narrow = recipe_element_bytes(over), recipe_element_bytes("bf16_autocast")
+    label = RECIPE_LABELS[over]
+    bytes_part = f"a memory-bound operation the ratio of the bytes, {wide}/{narrow} = {wide / narrow:.2f}x"
+    entry = DATASHEET_PEAKS.get(device)
+    peaks = entry.tflops if entry is not None else {}
+    low, high = peaks.get("bf16"), peaks.get(over)
+    if not low or not high:
+        return Prose(f"Against {label}, {bytes_part.replace('operation the', 'operation gains the')}; this device's peaks are not on the datasheet table, so "
+                     "the ratio of its compute-bound products is left to the prediction itself.")
+    ratio = low / high
+    steady = abs(ratio - wide / narrow) <= 0.25 * wide / narrow
+    return Prose(f"Against {label} on the {device}, a compute-bound product gains the ratio of the peaks, "
+                 f"{low:,.1f}/{high:,.1f} = {ratio:.2f}x, and {bytes_part}"
+                 + ("; both are near 2, so every mix of compute- and memory-bound operations lands near 2 too, "
+                    "and growing the model, which shifts the mix towards products, hardly moves the ratio (the "
+                    "optimizer step, FP32 in every recipe, pulls it a little below)."
+                    if steady else "; the two differ, so the ratio moves as growing the model shifts the mix "
+                    "towards products."))
+
+
 def predicted_verdict(ladder: ScaleLadder, device: str) -> Prose:
     """What the roofline predicts for BF16 against TF32 (FP32 where the device has no TF32) on ``device``,
-    rung by rung, and that it is a bound with no launch or framework overhead."""
+    rung by rung, what it counts (every activation at 16 bits: pure BF16, autocast's ceiling), why the ratio
+    hardly moves with size (:func:`why_the_ratio_stays`), and that it is a bound with no launch or framework
+    overhead."""
     over = "tf32" if predicted_speedups(ladder, device, "tf32") else "fp32"
     ratios = predicted_speedups(ladder, device, over)
     if not ratios:
         raise ValueError(f"the ladder has no BF16 and {over} predictions for {device!r}")
     listed = ", ".join(f"{rung} {r:.2f}x" for rung, r in ratios.items())
-    return Prose(f"The roofline predicts BF16 autocast's speed over {RECIPE_LABELS[over]}'s on the {device}: {listed}. "
-                 f"It counts FLOPs and bytes only, no kernel launches or framework overhead, so it is the most mixed "
-                 f"precision can buy at each size; a measured ratio below it says that launches and memory-bound "
-                 f"operations, not matrix products, set the step time.")
+    return Prose(f"The roofline predicts BF16's speed over {RECIPE_LABELS[over]}'s on the {device} ({PURE_BF16_NOTE}): "
+                 f"{listed}. {why_the_ratio_stays(device, over)} It counts FLOPs and bytes only, no kernel launches "
+                 f"or framework overhead, so it is the most mixed precision can buy at each size; a measured ratio "
+                 f"below it says that launches and memory-bound operations, not matrix products, set the step time.")
+
+
+def prediction_lines_note(ladder: ScaleLadder, probe_n: int) -> Prose:
+    """What the ladder figure's dashed lines are: on a datasheet GPU, ceilings (peaks and bandwidth, no
+    launches); on the measuring CPU, estimates from the capability probe's rate of one square ``probe_n``
+    product per dtype, which is no peak, so a measured run can beat its line: each run that did (eager or
+    compiled, the rung and how many times its line's token rate) is named."""
+    _check(ladder)
+    if isinstance(probe_n, bool) or not isinstance(probe_n, int) or probe_n < 1:
+        raise ValueError(f"probe_n must be a positive int, got {probe_n!r}")
+    own = ladder.own_prediction_device
+    gpus = [d for d in ladder.predicted_devices() if d != own or not own.startswith("this CPU")]
+    text = (f"The dashed lines for the {and_list(gpus)} use datasheet peaks and bandwidth with no launches: "
+            "ceilings." if gpus else "")
+    if not own.startswith("this CPU"):
+        return Prose(text)
+    above = []
+    for run in ladder.runs:
+        p = ladder.prediction(own, run.rung, run.recipe)
+        if p is not None and ladder.tokens_per_second(run) > p.tokens_per_second:
+            above.append(f"{run_label(run)} at `{run.rung}`, {ladder.tokens_per_second(run) / p.tokens_per_second:.1f} "
+                         "times its line")
+    cpu = (f"The lines for {own} are estimates, not ceilings: a CPU has no datasheet, so each dtype's rate is the "
+           f"capability probe's, one square product of n = {probe_n}, and the model's products have other shapes "
+           "that a CPU's kernels can run faster or slower")
+    cpu += (f"; measured runs above their line: {and_list(above)}." if above else
+            "; no measured run lies above its line here.")
+    return Prose(" ".join(t for t in (text, cpu) if t))
 
 
 def where_it_ran(ladder: ScaleLadder) -> Prose:
@@ -293,7 +356,8 @@ def speedup_by_size_erratum(ladder: ScaleLadder, device: str, studies: Mapping[s
     rungs = list(over_fp32)
     first, last = rungs[0], rungs[-1]
     text = ("A speed-up is one set-up's time over another's, and this claim names neither its baseline nor its "
-            f"machine. For the {device}, the roofline (FLOPs and bytes only, so a ceiling) puts BF16 autocast at "
+            f"machine. For the {device}, the roofline (FLOPs and bytes only, so a ceiling; {PURE_BF16_NOTE}) puts "
+            f"BF16 at "
             f"{over_fp32[first]:.1f}x FP32 with TF32 off for `{first}` and {over_fp32[last]:.1f}x for `{last}`")
     if over_tf32:
         lo, hi = min(over_tf32.values()), max(over_tf32.values())

@@ -40,53 +40,59 @@ from .performance import (
 # ---- timing a matrix product -------------------------------------------------------------------------
 
 def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[str, object]:
-    """The first of ``points`` (repeated measurements of one product): its size, median and quartiles (ms),
-    repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in %), and a
-    phrase that says whether that range is wider than the first measurement's quartiles; and the first
-    median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
-    against the harness's own noise: the wider of its repeated medians' spread and the first measurement's
-    quartiles (both in % of the median)."""
-    if not points:
-        raise ValueError("timing_facts needs at least one measured point")
+    """The first of ``points`` (repeated measurements of one product, at least two): its size, median and
+    quartiles (ms), repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in
+    %), and a phrase that says whether that range is wider than the first measurement's quartiles; and the
+    first median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
+    against the spread of the repeated medians (a difference of medians is judged by how far a median moves,
+    not by how far single calls spread)."""
+    if len(points) < 2:
+        raise ValueError("timing_facts needs at least two measured points: their medians' spread is the noise "
+                         "a median's gap is judged by")
     if not timer_seconds > 0:
         raise ValueError(f"timer_seconds must be positive, got {timer_seconds!r}")
     point = points[0]
     t = point.timing
     medians = [p.timing.median for p in points]
     spread = 100 * (max(medians) / min(medians) - 1)
-    noise = max(spread, 100 * (t.q75 - t.q25) / t.median)
     return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
             "t_repeats": t.repeats, "t_tflops": point.tflops,
             "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
-            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), noise),
+            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread, len(points)),
             "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
 
 
-def timer_comparison(diff_pct: float, noise_pct: float) -> Prose:
+def timer_comparison(diff_pct: float, spread_pct: float, measurements: int) -> Prose:
     """The harness's median against ``torch.utils.benchmark.Timer``'s, ``diff_pct`` percent apart (positive:
-    the harness is slower), judged against ``noise_pct``, how far the harness's own measurement moves (its
-    repeated medians' spread or its quartiles, the wider). Within the noise the phrase says the two agree;
-    beyond it, it reports the gap and offers a reason only as a possibility, and the warm-cache reason (Timer
-    reuses one buffer) only for a slower harness, the one sign it could cause."""
-    if not noise_pct >= 0:
-        raise ValueError(f"noise_pct must be a non-negative percentage, got {noise_pct!r}")
+    the harness reads higher), judged against ``spread_pct``, how far apart the harness's ``measurements``
+    repeated medians of the same product lie (the noise of a median, the right yardstick for a difference of
+    medians). Within that spread the phrase says the two agree; beyond it, every repeated median lies on the
+    same side of Timer's, so the harness reads consistently higher (or lower) by the gap, and a reason is
+    offered only as a possibility and only where its sign fits: per-call synchronisation and rotated buffers
+    can make the harness slower than Timer's blocks of calls on one reused buffer, never faster."""
+    if not (math.isfinite(spread_pct) and spread_pct >= 0):
+        raise ValueError(f"spread_pct must be a finite non-negative percentage, got {spread_pct!r}")
     if not math.isfinite(diff_pct):
         raise ValueError(f"diff_pct must be finite, got {diff_pct!r}")
+    if isinstance(measurements, bool) or not isinstance(measurements, int) or measurements < 2:
+        raise ValueError(f"measurements must be an int of at least 2, got {measurements!r}")
     side = "higher" if diff_pct >= 0 else "lower"
     timer = "the median of PyTorch's own `torch.utils.benchmark.Timer` on the same shape"
-    noise = (f"its own noise here ({noise_pct:.1f}%, the wider of its repeated medians' spread below and one "
-             "measurement's quartiles)")
-    if abs(diff_pct) <= noise_pct:
+    noise = (f"the {spread_pct:.1f}% by which its own {measurements} repeated medians of this product spread "
+             "(given below), the noise of a median here")
+    if abs(diff_pct) <= spread_pct:
         return Prose(f"within {abs(diff_pct):.1f}% of {timer} ({side}), no more than {noise}: the two tools agree "
                      "within this machine's noise")
-    gap = f"{abs(diff_pct):.1f}% {side} than {timer}, more than {noise}"
+    gap = (f"{abs(diff_pct):.1f}% {side} than {timer}, more than {noise}: every repeated median lies {side} "
+           f"than Timer's, so the harness reads consistently {side} than Timer here, by about "
+           f"{abs(diff_pct):.1f}%")
     if diff_pct > 0:
-        return Prose(f"{gap}. One possible reason: Timer reuses one buffer, which can stay in a warmer cache than "
-                     "the harness's rotated buffers; another is that the machine's load changed between the two "
-                     "measurements, which only a repeat can tell apart")
-    return Prose(f"{gap}. A warmer cache would make Timer faster, not slower, so it does not explain this gap; "
-                 "Timer averages blocks of calls that include Python's call overhead, and on a shared machine the "
-                 "load can change between the two measurements")
+        return Prose(f"{gap}. A possible reason, not measured here: the harness synchronises around every call "
+                     "and rotates over several fresh buffers, while Timer times blocks of calls on one reused "
+                     "buffer that can stay in a warmer cache")
+    return Prose(f"{gap}. The harness's per-call synchronisation and rotated buffers would make it slower than "
+                 "Timer, not faster, so they do not explain this gap; the machine's load may have changed "
+                 "between the two tools' measurements, which only repeating Timer too can tell apart")
 
 
 def spread_against_quartiles(low_median: float, high_median: float, q25: float, q75: float) -> Prose:
@@ -411,11 +417,18 @@ def _reached_ranges(times: Mapping[str, Sequence[float | None]]) -> list[tuple[s
 
 # ---- where a step's time goes ------------------------------------------------------------------------
 
+CAST_ROW = "casts: `aten::_to_copy` + `aten::copy_`"
+
+
 def top_ops_table(steps: Mapping[str, ProfiledStep]) -> MarkdownTable:
-    """Per recipe, its profiled step's top operators: self time (ms) and calls."""
-    return markdown_table(("recipe", "operator", "self time (ms)", "calls"),
-                          [(r, f"`{name}`", f"{us / 1e3:.2f}", calls)
-                           for r, s in steps.items() for name, us, calls in s.top_ops])
+    """Per recipe, its profiled step's top operators: self time (ms) and calls; then a row :data:`CAST_ROW`
+    with the self times of ``aten::_to_copy`` and ``aten::copy_`` added, listed or not (the cast time the prose
+    quotes; calls "-": the step keeps their sum only)."""
+    rows: list[tuple[str, str, str, int | str]] = []
+    for r, s in steps.items():
+        rows += [(r, f"`{name}`", f"{us / 1e3:.2f}", calls) for name, us, calls in s.top_ops]
+        rows.append((r, CAST_ROW, f"{s.cast_us / 1e3:.2f}", "-"))
+    return markdown_table(("recipe", "operator", "self time (ms)", "calls"), rows)
 
 
 def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:

@@ -1,5 +1,6 @@
-"""TF32 and PyTorch's float32 matmul precision switch (lesson 6): what each setting does to an FP32 product on
-this device, measured, and what a recorded GPU run says TF32 buys against FP32 and against BF16 autocast."""
+"""TF32 and PyTorch's float32 matmul precision switch (lesson 6): what each setting allows on each backend (read
+back from torch), what it does to an FP32 product on this device, measured, and what a recorded GPU run says TF32
+buys against FP32 and against BF16 autocast."""
 
 from __future__ import annotations
 
@@ -17,9 +18,46 @@ from .performance import ThroughputStudy
 # torch.set_float32_matmul_precision's settings: full FP32, TF32 (or better), BF16 (or better)
 PRECISIONS = tuple(MATMUL_PRECISIONS)
 
+# the backends with a per-backend FP32 matmul switch (torch.backends.<backend>.matmul.fp32_precision): cuBLAS
+# on NVIDIA GPUs, oneDNN on CPUs
+BACKENDS = {"cuda": "CUDA (cuBLAS)", "mkldnn": "CPU (oneDNN)"}
 
-# the format each reduced setting allows inside an FP32 product
-ALLOWED_FORMAT = {"high": "TF32", "medium": "BF16"}
+# a per-backend fp32_precision value -> the narrowest format it allows inside an FP32 product
+FORMAT_OF_PRECISION = {"ieee": "FP32", "tf32": "TF32", "bf16": "BF16"}
+
+# the narrower formats a setting can allow, each measured by a product of operands rounded to it
+REDUCED_FORMATS = ("TF32", "BF16")
+
+
+def backend_precisions(precision: str) -> dict[str, str]:
+    """The per-backend ``fp32_precision`` ("ieee", "tf32" or "bf16") that ``precision`` (one of
+    :data:`PRECISIONS`) sets, by backend of :data:`BACKENDS`, read back from torch inside
+    ``hardware.float32_matmul_precision`` (so the setting in force comes back afterwards). A torch without a
+    backend's switch (before 2.9) gets the mapping torch 2.9+ uses, ``hardware.MATMUL_PRECISIONS``."""
+    if precision not in MATMUL_PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    out = dict(MATMUL_PRECISIONS[precision])
+    with float32_matmul_precision(precision):
+        for backend in BACKENDS:
+            switch = getattr(getattr(torch.backends, backend, None), "matmul", None)
+            if switch is not None and hasattr(switch, "fp32_precision"):
+                out[backend] = str(switch.fp32_precision)
+    return out
+
+
+def allowed_formats() -> dict[str, dict[str, str]]:
+    """For each setting of :data:`PRECISIONS`, the narrowest format it allows inside an FP32 product on each
+    backend ("FP32", "TF32" or "BF16"), from :func:`backend_precisions`."""
+    return {p: {b: FORMAT_OF_PRECISION.get(v, v) for b, v in backend_precisions(p).items()} for p in PRECISIONS}
+
+
+def device_backend(device: torch.device | str) -> str:
+    """The backend of :data:`BACKENDS` whose switch governs FP32 products on ``device``: "cuda" on a CUDA
+    device, "mkldnn" on a CPU."""
+    kind = torch.device(device).type
+    if kind not in ("cuda", "cpu"):
+        raise ValueError(f"device must be a CUDA device or the CPU, got {kind!r}")
+    return "cuda" if kind == "cuda" else "mkldnn"
 
 
 def _operands(device: torch.device | str, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,15 +85,15 @@ def matmul_precision_errors(device: torch.device | str, *, n: int = 256, seed: i
 
 
 def rounded_operand_errors(device: torch.device | str, *, n: int = 256, seed: int = 0) -> dict[str, float]:
-    """For each reduced setting ("high", "medium"), what a product in the format it allows would differ by:
-    the same operands as :func:`matmul_precision_errors`, rounded to TF32 or BF16 (``round_to_format``) and
+    """For each of :data:`REDUCED_FORMATS` ("TF32", "BF16"), what a product in that format would differ by:
+    the same operands as :func:`matmul_precision_errors`, rounded to the format (``round_to_format``) and
     multiplied in full FP32 (sums in FP32, as tensor cores keep them), against the "highest" product; the
     same relative measure, so the two can be compared."""
     a, b = _operands(device, n, seed)
     with float32_matmul_precision("highest"):
         exact = (a @ b).double()
-        return {p: _largest_difference(torch.as_tensor(round_to_format(a, f)) @ torch.as_tensor(round_to_format(b, f)),
-                                       exact) for p, f in ALLOWED_FORMAT.items()}
+        return {f: _largest_difference(torch.as_tensor(round_to_format(a, f)) @ torch.as_tensor(round_to_format(b, f)),
+                                       exact) for f in REDUCED_FORMATS}
 
 
 def format_facts() -> dict[str, object]:
@@ -65,42 +103,82 @@ def format_facts() -> dict[str, object]:
             "fp32_man_bits": fp32.mantissa_bits}
 
 
-def _check(errors: Mapping[str, float], rounded: Mapping[str, float]) -> None:
+def _check(errors: Mapping[str, float], rounded: Mapping[str, float], allowed: Mapping[str, Mapping[str, str]],
+           backend: str) -> None:
     unknown = sorted(set(errors) - set(PRECISIONS))
     if unknown:
         raise ValueError(f"unknown matmul precision settings {unknown}")
-    missing = [p for p in ALLOWED_FORMAT if p not in errors or p not in rounded]
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    missing = [p for p in ("high", "medium") if p not in errors or p not in allowed or backend not in allowed[p]]
     if missing:
-        raise ValueError(f"errors and rounded must both give the settings {missing}")
+        raise ValueError(f"errors and allowed must both give the settings {missing} (allowed for {backend!r})")
+    unrounded = sorted({allowed[p][backend] for p in ("high", "medium")} - set(rounded) - {"FP32"})
+    if unrounded:
+        raise ValueError(f"rounded must give the formats {unrounded}")
 
 
-def precision_table(errors: Mapping[str, float], rounded: Mapping[str, float]) -> MarkdownTable:
+def precision_table(errors: Mapping[str, float], rounded: Mapping[str, float],
+                    allowed: Mapping[str, Mapping[str, str]], backend: str) -> MarkdownTable:
     """:func:`matmul_precision_errors` beside :func:`rounded_operand_errors` as a table: each setting, the
-    format it allows inside the product, its measured difference from "highest", and the difference a
-    product of operands rounded to that format has."""
-    _check(errors, rounded)
+    format it allows inside an FP32 product on each backend (``allowed``, from :func:`allowed_formats`), its
+    measured difference from "highest" here, and the difference a product of operands rounded to the format
+    it allows on this device's ``backend`` has."""
+    _check(errors, rounded, allowed, backend)
 
     def diff(e: float) -> str:
         return "none" if e == 0 else f"{e:.1e}"
 
-    return markdown_table(["setting", "allows in products", "measured difference from \"highest\"",
-                           "a product in that format differs by"],
-                          [(f"`{p}`", ALLOWED_FORMAT.get(p, "full FP32 only"), diff(e),
-                            diff(rounded[p]) if p in rounded else "-") for p, e in errors.items()])
+    def allows(p: str, b: str) -> str:
+        f = allowed.get(p, {}).get(b, "-")
+        return "full FP32 only" if f == "FP32" else f
+
+    def in_format(p: str) -> str:
+        f = allowed.get(p, {}).get(backend, "FP32")
+        return f"{f}: {diff(rounded[f])}" if f in rounded else "-"
+
+    return markdown_table(["setting", *(f"{name} allows" for name in BACKENDS.values()),
+                           'measured difference from "highest" here',
+                           f"a product in the format {BACKENDS[backend]} allows differs by"],
+                          [(f"`{p}`", *(allows(p, b) for b in BACKENDS), diff(e), in_format(p))
+                           for p, e in errors.items()])
 
 
-def precision_phrase(errors: Mapping[str, float], rounded: Mapping[str, float], *, match: float = 0.1) -> Prose:
+def medium_phrase(allowed: Mapping[str, Mapping[str, str]]) -> Prose:
+    """What "medium" allows on each backend against "high" (``allowed``, from :func:`allowed_formats`): where
+    it allows what "high" allows, it says so, and where that holds on CUDA, that "medium" is "high" there."""
+    for p in ("high", "medium"):
+        if p not in allowed or any(b not in allowed[p] for b in BACKENDS):
+            raise ValueError(f"allowed must give {p!r} for every backend of {list(BACKENDS)}")
+    parts = []
+    for backend, name in BACKENDS.items():
+        medium, high = allowed["medium"][backend], allowed["high"][backend]
+        allows = "full FP32 only" if medium == "FP32" else medium
+        parts.append(f"{allows} in {name} products" + (', as "high" does' if medium == high else ""))
+    gpu, gpu_high = allowed["medium"]["cuda"], allowed["high"]["cuda"]
+    verdict = (f': on NVIDIA GPUs "medium" behaves as "high" does ({gpu}, not BF16)'
+               if gpu == gpu_high and gpu != "BF16" else "")
+    return Prose('"medium" allows ' + ", and ".join(parts) + verdict)
+
+
+def precision_phrase(errors: Mapping[str, float], rounded: Mapping[str, float],
+                     allowed: Mapping[str, Mapping[str, str]], backend: str, *, match: float = 0.1) -> Prose:
     """What the "high" and "medium" settings did to an FP32 product here (:func:`matmul_precision_errors`),
-    judged against what a product in the format each allows differs by (:func:`rounded_operand_errors`): the
-    same bits; a difference of at least ``match`` times the rounded product's, as products in that format
-    would give; or a smaller one, so that this device's kernel did not compute products in that format. A
-    setting allows the narrower format; the measurement says whether this device used it."""
-    _check(errors, rounded)
+    judged against what a product in the format each allows on this device's ``backend`` (``allowed``, from
+    :func:`allowed_formats`) differs by (:func:`rounded_operand_errors`): the same bits; a difference of at
+    least ``match`` times the rounded product's, as products in that format would give; or a smaller one, so
+    that this device's kernel did not compute products in that format. A setting allows the narrower format;
+    the measurement says whether this device used it."""
+    _check(errors, rounded, allowed, backend)
     if not 0 < match < 1:
         raise ValueError(f"match must lie in (0, 1), got {match!r}")
 
     def effect(p: str) -> str:
-        e, r, f = errors[p], rounded[p], ALLOWED_FORMAT[p]
+        f = allowed[p][backend]
+        if f == "FP32":
+            return f'"{p}" allows only full FP32 on {BACKENDS[backend]}' + (
+                "" if errors[p] == 0 else f" (it moved the product by {errors[p]:.1e}: another kernel)")
+        e, r = errors[p], rounded[f]
         against = f"a product of {f}-rounded operands differs by {r:.1e}"
         if e == 0:
             return (f'"{p}" gives the same bits as "highest" ({against}): this device\'s kernel computed full '
