@@ -209,7 +209,7 @@ def _per_backend_switches() -> dict[str, object]:
 @contextlib.contextmanager
 def float32_matmul_precision(precision: str):
     """Within the block, FP32 matrix products run at ``precision`` (one of :data:`MATMUL_PRECISIONS`:
-    "highest" is full FP32, "high" allows TF32, "medium" allows BF16); everything comes back afterwards.
+    "highest" is full FP32, "high" allows TF32, "medium" allows TF32 on CUDA and BF16 in oneDNN CPU products); everything comes back afterwards.
 
     The block works whichever API the caller used before it. Where the caller mixed the legacy
     ``set_float32_matmul_precision`` with torch 2.9's per-backend ``fp32_precision`` switches, torch refuses to
