@@ -330,12 +330,14 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
             "rise on one batch, shared by runs that never skipped, which this page does not explain further.") in note
     # perturbed fp32 runs as a yardstick: one that rises at step 1 as far as half the autocast runs' smallest
     # rise says the rise is the run's sensitivity; controls that stay near fp32 there say they do not explain it
-    def control(losses):
-        return types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=losses)
+    def note_with(*draws, recipe="fp32"):
+        runs = {f"c{i}": types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4, losses=list(d))
+                for i, d in enumerate(draws, 1)}
+        return A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
+                           controls=A.PerturbedRuns(recipe, 1e-4, runs))["recipe_skips"]
 
-    rising = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.08, 2.5, 2.4]), "c2": control([3.0, 2.0, 2.52, 2.4])})
-    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
-                       controls=rising)["recipe_skips"]
+    rising = ([3.0, 2.08, 2.5, 2.4], [3.0, 2.0, 2.52, 2.4])
+    note = note_with(*rising)
     assert ("a rise on one batch, shared by runs that never skipped. As a yardstick, `fp32` itself, trained again "
             "from its initial weights each multiplied by 1 + 0.0001 × N(0, 1) (a relative change of about 0.0001, "
             "against BF16's unit roundoff of 0.0039; two draws, no autocast), was +0.080 and +0.000 from its unperturbed run "
@@ -347,22 +349,16 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
     assert ("At step 2, the first loss after the skip, the yardstick's draws were within 0.020 of `fp32` and "
             "`fp16_autocast_scaler` was +0.200: beyond the yardstick, so the skip's cost shows through the run's "
             "sensitivity.") in note
-    far = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.2, 2.5, 2.4]), "c2": control([3.0, 2.08, 2.9, 2.4])})
-    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
-                       controls=far)["recipe_skips"]
+    note = note_with([3.0, 2.2, 2.5, 2.4], [3.0, 2.08, 2.9, 2.4])
     assert ("one of the two draws rose at step 1 as far as the smallest autocast rise or further, and one more at "
             "least half as far") in note
     assert ("the yardstick's draws were within 0.400 of `fp32` and `fp16_autocast_scaler` was +0.200: within the "
             "yardstick, so this page cannot tell the skip's cost from the run's sensitivity.") in note
-    quiet = A.PerturbedRuns("fp32", 1e-4, {"c1": control([3.0, 2.07, 2.5, 2.4]), "c2": control([3.0, 2.0, 2.6, 2.4])})
-    note = A.skip_note({"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler},
-                       controls=quiet)["recipe_skips"]
+    note = note_with([3.0, 2.07, 2.5, 2.4], [3.0, 2.0, 2.6, 2.4])
     assert ("was +0.070 and +0.000 from its unperturbed run at step 1, and up to 0.100 at any step: a perturbation "
             "this small does not set off the rise, which this page does not explain further.") in note
     # controls of another recipe are no yardstick for fp32
-    other = A.PerturbedRuns("bf16_autocast", 1e-4, rising.runs)
-    assert "which this page does not explain further." in A.skip_note(
-        {"fp32": fp32, "bf16_autocast": bf16, "fp16_autocast_scaler": scaler}, controls=other)["recipe_skips"]
+    assert "which this page does not explain further." in note_with(*rising, recipe="bf16_autocast")
     bf16.losses = [3.0, 1.9, 2.5, 2.4]      # bf16_autocast below fp32 at step 1: no shared rise to report
     assert "every autocast run" not in A.skip_note({"fp32": fp32, "bf16_autocast": bf16,
                                                     "fp16_autocast_scaler": scaler})["recipe_skips"]
