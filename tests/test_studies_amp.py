@@ -412,3 +412,14 @@ def test_torchs_math_backend_computes_fp16_in_fp32_unless_the_flag_allows_fp16()
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(flag)
     assert flag is False and finite == [True, False]
+
+
+def test_pure_master_sentence_says_how_far_apart_the_two_ended():
+    def run(*losses):
+        return types.SimpleNamespace(losses=list(losses))
+
+    note = A.pure_master_sentence({"bf16_pure": run(3.0, 2.5), "bf16_master": run(3.0, 2.48), "fp32": run(1.0)})
+    assert note == ("In the 2-step table above, `bf16_pure` and `bf16_master` ended 0.020 apart in final loss: the "
+                    "effect needs small updates late in training, which a run this short does not reach.")
+    assert A.pure_master_sentence({"bf16_pure": run(3.0)}) == ""                # bf16_master did not run
+    assert A.pure_master_sentence({"bf16_pure": run(), "bf16_master": run(1.0)}) == ""

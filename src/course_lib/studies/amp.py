@@ -553,6 +553,20 @@ def cuda_policy_phrase(op: str, lists: Mapping[str, frozenset[str]] | None = Non
         "-": "on none of CUDA's lists, so it returns its input's dtype"}[policy])
 
 
+def pure_master_sentence(histories: Mapping[str, History]) -> Prose:
+    """How far apart ``bf16_pure`` and ``bf16_master`` ended in the recipe runs (their last step's loss), and
+    over how many steps; "" when either did not run. Kept general: on a short run the two are expected to end
+    close, since the updates they round differently are still large."""
+    runs = [histories.get(n) for n in ("bf16_pure", "bf16_master")]
+    if any(r is None or not r.losses for r in runs):
+        return Prose("")
+    pure, master = runs
+    steps = min(len(pure.losses), len(master.losses))
+    gap = abs(pure.losses[steps - 1] - master.losses[steps - 1])
+    return Prose(f"In the {steps}-step table above, `bf16_pure` and `bf16_master` ended {gap:.3f} apart in final "
+                 "loss: the effect needs small updates late in training, which a run this short does not reach.")
+
+
 def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None, *,
                    pow_dtype: torch.dtype | None = None) -> dict[str, object]:
     """For the exercises: the dtype ``exp`` returned on the CPU (``ex_exp_cpu``), where CUDA's lists put
