@@ -656,3 +656,16 @@ def test_nvfp4_refuses_a_tensor_too_small_for_its_fp32_tensor_scale_and_errors_s
         x = torch.linspace(1, 2, 32).reshape(1, 32) * magnitude
         rel = block_error(x, mx_rule).relative_error
         assert math.isfinite(rel) and rel == pytest.approx(block_error(x / magnitude, mx_rule).relative_error, rel=1e-6)
+
+
+def test_nvfp4_scaling_is_the_recipes_format_and_rounds_stochastically_on_request():
+    from course_lib.mx.linear import block_recipe, nvfp4_scaling
+
+    recipe = block_recipe("nvfp4")
+    assert (recipe.activation, recipe.weight) == (nvfp4_scaling(), nvfp4_scaling(16))
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    nearest = nvfp4_scaling().round_trip(x)
+    assert torch.equal(nearest, nvfp4_scaling().round_trip(x))                   # round to nearest: one answer
+    gen = torch.Generator().manual_seed(1)
+    draws = [nvfp4_scaling(stochastic=True).round_trip(x, generator=gen) for _ in range(4)]
+    assert any(not torch.equal(d, nearest) for d in draws)                      # stochastic: draws differ

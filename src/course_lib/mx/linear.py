@@ -36,8 +36,11 @@ def _mx(element: str, mode: str = "rceil") -> BlockScaling:
     return BlockScaling(element, 32, scale_format="e8m0", mode=mode)
 
 
-def _nvfp4(block_rows: int = 1) -> BlockScaling:
-    return BlockScaling("e2m1", 16, block_rows=block_rows, scale_format="e4m3", tensor_scale=True)
+def nvfp4_scaling(block_rows: int = 1, *, stochastic: bool = False) -> BlockScaling:
+    """NVFP4: E2M1 elements in 1 x 16 blocks (``block_rows`` x 16 for the recipe's weights), E4M3 block
+    scales and an FP32 tensor scale; ``stochastic``: elements rounded stochastically."""
+    return BlockScaling("e2m1", 16, block_rows=block_rows, scale_format="e4m3", tensor_scale=True,
+                        stochastic=stochastic)
 
 
 def block_recipe(name: str) -> BlockRecipe:
@@ -58,7 +61,7 @@ def block_recipe(name: str) -> BlockRecipe:
         return BlockRecipe(name, _mx("e2m1"), _mx("e2m1"), _mx("e2m1"))
     if name == "mxfp4_hp_last":
         return BlockRecipe(name, _mx("e2m1"), _mx("e2m1"), _mx("e2m1"), high_precision_last=1)
-    full = BlockRecipe("nvfp4", _nvfp4(), _nvfp4(16), _nvfp4(), hadamard=True, stochastic_gradients=True,
+    full = BlockRecipe("nvfp4", nvfp4_scaling(), nvfp4_scaling(16), nvfp4_scaling(), hadamard=True, stochastic_gradients=True,
                        high_precision_last=1)
     if name == "nvfp4":
         return full
@@ -67,7 +70,7 @@ def block_recipe(name: str) -> BlockRecipe:
     if name == "nvfp4_no_rht":
         return replace(full, name=name, hadamard=False)
     if name == "nvfp4_no_2d":
-        return replace(full, name=name, weight=_nvfp4(1))
+        return replace(full, name=name, weight=nvfp4_scaling(1))
     if name == "nvfp4_no_hp_last":
         return replace(full, name=name, high_precision_last=0)
     raise ValueError(f"unknown block-scaled recipe {name!r}; known: {', '.join(BLOCK_RECIPES)}")

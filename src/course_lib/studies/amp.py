@@ -557,10 +557,9 @@ def pure_master_sentence(histories: Mapping[str, History]) -> Prose:
     """How far apart ``bf16_pure`` and ``bf16_master`` ended in the recipe runs (their last step's loss), and
     over how many steps; "" when either did not run. Kept general: on a short run the two are expected to end
     close, since the updates they round differently are still large."""
-    runs = [histories.get(n) for n in ("bf16_pure", "bf16_master")]
-    if any(r is None or not r.losses for r in runs):
+    pure, master = histories.get("bf16_pure"), histories.get("bf16_master")
+    if pure is None or master is None or not pure.losses or not master.losses:
         return Prose("")
-    pure, master = runs
     steps = min(len(pure.losses), len(master.losses))
     gap = abs(pure.losses[steps - 1] - master.losses[steps - 1])
     return Prose(f"In the {steps}-step table above, `bf16_pure` and `bf16_master` ended {gap:.3f} apart in final "

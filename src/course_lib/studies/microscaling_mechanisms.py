@@ -11,14 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from ..glue import Prose
-from ..mx.blocks import BlockScaling
+from ..mx.linear import nvfp4_scaling
 from ..mx.nvfp4 import HADAMARD_SIZE, hadamard_groups, random_hadamard_matrix, random_signs
-
-
-def nvfp4_scaling(*, stochastic: bool = False) -> BlockScaling:
-    """The NVFP4 format of activations and gradients: E2M1 in 1 x 16 blocks, E4M3 block scales and an FP32
-    tensor scale; ``stochastic``: elements rounded stochastically."""
-    return BlockScaling("e2m1", 16, scale_format="e4m3", tensor_scale=True, stochastic=stochastic)
 
 
 def _relative(approx: torch.Tensor, exact: torch.Tensor) -> float:
