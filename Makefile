@@ -62,8 +62,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests tools
 	$(VENV)/bin/mypy src
 
+# One pytest-xdist worker per core, tests handed out as workers free up (worksteal: a few tests take 20 s).
 unit: $(STAMP) $(LABSTAMP)
-	$(PY) -m pytest tests/
+	$(PY) -m pytest -n auto --dist worksteal tests/
 
 # The self-check a reader runs first on a GPU, run here on the CPU: the same code paths, tiny.
 selfcheck: $(STAMP)

@@ -1,5 +1,13 @@
-import matplotlib
-import pytest
+import os
+
+# Under pytest-xdist (make unit runs one worker per core) each worker keeps torch to one thread: two workers
+# each spinning two OpenMP threads on two cores ran the suite slower than one process did. Set before
+# anything imports torch; an explicit OMP_NUM_THREADS wins.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import matplotlib  # noqa: E402
+import pytest  # noqa: E402
 
 matplotlib.use("Agg")
 
