@@ -292,6 +292,47 @@ def test_a_hanging_rank_is_named_not_the_rank_waiting_for_it():
     assert "rank 1's last output:" in message
 
 
+def test_fsdp_collectives_carry_the_policy_dtypes_bytes(study):
+    # counted where FSDP2 calls torch.distributed: every parameter reduce-scattered once a step in reduce_dtype;
+    # gathered in param_dtype once for the forward and, for the blocks (freed after the forward), again for
+    # the backward, while the root module keeps its parameters
+    setup = D.setup_for_run(D.DistRun("x"), SizeProfile("small"), torch.device("cpu"))
+    model = setup.model(0)
+    n, in_blocks = (sum(p.numel() for p in ps) for ps in (model.parameters(), model.blocks.parameters()))
+    assert n == study.n_params and 0 < in_blocks < n
+    for label, (param, reduce) in distributed_studies.FSDP_POLICIES.items():
+        size = {None: 4, "float32": 4, "bfloat16": 2}
+        assert study.collective_bytes[label] == {"all_gather": size[param] * (n + in_blocks) * study.steps,
+                                                 "reduce_scatter": size[reduce] * n * study.steps}, label
+
+
+def test_collective_bytes_are_counted_passed_on_and_the_functions_restored(monkeypatch):
+    import torch.distributed as dist
+
+    calls = []
+    for name in ("all_gather_single", "reduce_scatter_single"):
+        monkeypatch.setattr(dist, name, lambda *a, _name=name, **k: calls.append(_name) or "work", raising=False)
+    before = (dist.all_gather_single, dist.reduce_scatter_single)
+    with pytest.raises(RuntimeError, match="inside"):
+        with D.count_collective_bytes() as counted:
+            assert dist.all_gather_single(torch.empty(6, dtype=torch.bfloat16), torch.empty(3)) == "work"
+            dist.reduce_scatter_single(output=torch.empty(2), input=torch.empty(4, dtype=torch.float64))
+            dist.all_gather_single(torch.empty(2, 5), torch.empty(5), group=None)
+            raise RuntimeError("inside")
+    assert counted == {"all_gather": 6 * 2 + 10 * 4, "reduce_scatter": 4 * 8}
+    assert calls == ["all_gather_single", "reduce_scatter_single", "all_gather_single"]
+    assert (dist.all_gather_single, dist.reduce_scatter_single) == before
+
+
+def test_sharded_step_bytes_and_its_bad_input():
+    assert D.sharded_step_bytes(2, 4, gathers=1) == {"all_gather": 2, "reduce_scatter": 4}
+    assert D.sharded_step_bytes(2, 2) == {"all_gather": 4, "reduce_scatter": 2}
+    for bad in ({"param_bytes": 0}, {"reduce_bytes": 2.0}, {"gathers": True}):
+        args = {"param_bytes": 2, "reduce_bytes": 4, **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            D.sharded_step_bytes(args["param_bytes"], args["reduce_bytes"], gathers=args.get("gathers", 2))
+
+
 def _marks(out, where_by_rank):
     for rank, wheres in where_by_rank.items():
         progress = ProgressMarks(out, rank)

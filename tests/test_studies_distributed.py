@@ -230,3 +230,25 @@ def test_ring_chunk_facts_are_gloos_chunks_against_ceil_n_over_ranks():
     assert D.ring_chunk_facts(8, 2)["ring_gloo"] == D.ring_chunk_facts(8, 2)["ring_naive"] == "**4** and **4**"
     with pytest.raises(ValueError, match="n must be a positive int"):
         D.ring_chunk_facts(0)
+
+
+def test_traffic_facts_measure_the_saving_and_bound_it_by_the_model():
+    from course_lib.studies import distributed_traffic as T
+
+    n, steps = 100, 4
+    counted = {"FSDP2, FP32 (no policy)": {"all_gather": 4 * 150 * steps, "reduce_scatter": 4 * n * steps},
+               "FSDP2, BF16 params, FP32 reduce": {"all_gather": 2 * 150 * steps, "reduce_scatter": 4 * n * steps},
+               "FSDP2, BF16 params, BF16 reduce": {"all_gather": 2 * 150 * steps, "reduce_scatter": 2 * n * steps}}
+    facts = T.traffic_facts(_study(n_params=n, steps=steps, collective_bytes=counted), comm_share=0.3)
+    assert {k: str(v) for k, v in facts.items()} == {
+        "comm_share": "30.0%", "gather_fp32_bpp": "**6.00**", "gather_bpp": "**3.00**", "gathers": "**1.50**",
+        "rs_fp32_bpp": "**4.00**", "rs_bf16_bpp": "**2.00**",
+        "traffic_saving": "**28.6%**",          # 2 of 7 bytes
+        "step_saving": "**8.57%**",
+        "model_once": "2 of 6 bytes", "model_once_share": "33.3%",
+        "model_twice": "2 of 8", "model_twice_share": "25.0%", "model_step_range": "7.50% to 10.0%"}
+    with pytest.raises(ValueError, match="no collective bytes"):
+        T.traffic_facts(_study())
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="comm_share"):
+            T.traffic_facts(_study(n_params=n, steps=steps, collective_bytes=counted), comm_share=bad)

@@ -39,6 +39,7 @@ from .reduce import (
     ring_chunks,
     simulate_all_reduce,
 )
+from .traffic import count_collective_bytes, sharded_step_bytes
 from .worker import (
     DEFAULT_TIMEOUT_S,
     DTYPES_BY_NAME,
@@ -60,6 +61,8 @@ from .worker import (
 
 __all__ = [
     "REDUCE_ORDERS",
+    "count_collective_bytes",
+    "sharded_step_bytes",
     "cast_compress_hook",
     "compress_hook",
     "REDUCE_CHECK_VALUES",

@@ -25,6 +25,7 @@ from .reduce import (
     reduce_check_plan,
     simulate_all_reduce,
 )
+from .traffic import count_collective_bytes
 
 WRAPPERS = ("ddp", "fsdp", "manual")
 
@@ -151,6 +152,9 @@ class RankHistory:
     final_params: torch.Tensor
     held_bytes: dict[str, int]
     seconds: float
+    # bytes its all-gathers and reduce-scatters carried over the whole run (FSDP2; zero where DDP's C++ reducer
+    # or a hand-written all_reduce communicates), counted by :func:`count_collective_bytes`
+    collective_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -340,10 +344,11 @@ class _SlicesInTurn:
 
 
 def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_size: int,
-                progress=None, micro_batches: int = 1) -> tuple[Any, Any]:
+                progress=None, micro_batches: int = 1, traffic: dict | None = None) -> tuple[Any, Any]:
     """Train ``run`` as rank ``rank`` of ``world_size`` (world_size 1: no process group needed); ``progress``
     (a :class:`ProgressMarks`) is told each step as it starts. ``micro_batches`` (one process only): each
-    global batch cut into that many slices, as that many ranks would cut it, their gradients accumulated."""
+    global batch cut into that many slices, as that many ranks would cut it, their gradients accumulated.
+    ``traffic`` (a dict) receives the bytes of the steps' all-gathers and reduce-scatters."""
     progress = progress or (lambda where: None)
     recipe = get_recipe(run.recipe, device)
     setup = setup_for_run(run, profile, device)
@@ -391,10 +396,13 @@ def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_si
         _train_manual(state, sampler, history, world_size, step_counter, lambda: progress(f"run {run.name}: "
                                                                                           f"step {state.step}"))
     else:
-        while state.step < config.steps:
-            step_counter["step"] = state.step
-            progress(f"run {run.name}: step {state.step}")
-            train(state, sampler, steps=1, history=history, monitor=monitor)
+        with count_collective_bytes() as counted:
+            while state.step < config.steps:
+                step_counter["step"] = state.step
+                progress(f"run {run.name}: step {state.step}")
+                train(state, sampler, steps=1, history=history, monitor=monitor)
+        if traffic is not None:
+            traffic.update(counted)
     return state, history
 
 
@@ -437,12 +445,12 @@ def _final_params(state) -> torch.Tensor:
 
 
 def _rank_history(run: DistRun, state, history, *, rank: int, world_size: int, backend: str,
-                  seconds: float) -> RankHistory:
+                  seconds: float, collective_bytes: dict[str, int]) -> RankHistory:
     return RankHistory(run=run.name, rank=rank, world_size=world_size, backend=backend, device=str(state.device),
                        losses=tuple(history.losses), scales=tuple(history.scales),
                        skipped=tuple(history.skipped), grad_norms=tuple(history.grad_norms),
                        final_params=_final_params(state), held_bytes=_held_bytes(state),
-                       seconds=seconds)
+                       seconds=seconds, collective_bytes=dict(collective_bytes))
 
 
 def rank_threads(local_world: int) -> int:
@@ -493,7 +501,7 @@ def _single_process_run(run: DistRun, profile, device: torch.device | str, micro
                       "param_dtype": None, "reduce_dtype": None, "scaler": scaler})
     state, history = _train_rank(solo, profile, device, 0, 1, micro_batches=micro_batches)
     return _rank_history(run, state, history, rank=0, world_size=1, backend="none",
-                         seconds=time.perf_counter() - start)
+                         seconds=time.perf_counter() - start, collective_bytes={})
 
 
 def choose_backend(requested: str, local_world_size: int) -> str:
@@ -536,9 +544,10 @@ def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None
             run.check_world_size(world_size)
             progress(f"run {run.name}: setting up")
             start = time.perf_counter()
-            state, history = _train_rank(run, profile, device, rank, world_size, progress)
+            traffic: dict[str, int] = {}
+            state, history = _train_rank(run, profile, device, rank, world_size, progress, traffic=traffic)
             record = _rank_history(run, state, history, rank=rank, world_size=world_size, backend=backend,
-                                   seconds=time.perf_counter() - start)
+                                   seconds=time.perf_counter() - start, collective_bytes=traffic)
             if out is not None:
                 _save_rank_history(record, out)
             if rank == 0:

@@ -234,6 +234,8 @@ class DataParallelStudy:
     all_reduce_mismatches: dict[str, int]
     seconds: float
     split_parity: tuple[float, float] | None = None
+    # rank 0's bytes of all-gathers and reduce-scatters over the run, per FSDP2 label (empty in older records)
+    collective_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def fp32_eval_of(flat_params: torch.Tensor, profile, *, seed: int = 0, batches: int = 4) -> float:
@@ -303,12 +305,14 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
             weights_finite={h.rank: bool(torch.isfinite(h.final_params).all()) for h in hs},
             non_finite_weights={h.rank: int((~torch.isfinite(h.final_params)).sum()) for h in hs},
             final_losses={h.rank: h.losses[-1] for h in hs})
-    evals, held, hook_gaps = {}, {}, {}
+    evals, held, hook_gaps, traffic = {}, {}, {}, {}
     ddp_fp32 = result.ranks(runs["DDP fp32"].name)[0]
     for label in ("DDP fp32", *FSDP_POLICIES, *[k for k, v in HOOKS.items() if v is not None]):
         h = ddp_fp32 if label in ("DDP fp32", "DDP FP32, FP32 all-reduce") else result.ranks(runs[label].name)[0]
         evals[label] = fp32_eval_of(h.final_params, profile)
         held[label] = h.held_bytes
+        if label in FSDP_POLICIES:
+            traffic[label] = h.collective_bytes
         if label in HOOKS:
             hook_gaps[label] = float((h.final_params - ddp_fp32.final_params).abs().max())
     return DataParallelStudy(world_size=world_size, backend=result.backend,
@@ -316,7 +320,7 @@ def data_parallel_study(profile, device: torch.device | str = "cpu", *, world_si
                              plant_step=plant_step, n_params=int(ddp_fp32.final_params.numel()),
                              parity=parity, curves=curves, scaler_cases=cases, eval_losses=evals, held_bytes=held,
                              hook_weight_gaps=hook_gaps, all_reduce_mismatches=result.all_reduce_mismatches(),
-                             seconds=result.seconds, split_parity=split_parity)
+                             seconds=result.seconds, split_parity=split_parity, collective_bytes=traffic)
 
 
 # --- What lesson 10's prose, tables and errata say about these results ----------------------------------
