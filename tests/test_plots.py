@@ -607,3 +607,24 @@ def test_clipping_runs_figure_draws_means_without_the_outliers_and_one_dot_per_s
         plot_clipping_runs(runs, ["per row"])
     with pytest.raises(ValueError, match="unknown"):
         plot_clipping_runs(runs, reference="per row")
+
+
+def test_scale_traces_mark_skipped_steps_above_every_line_and_in_the_legend():
+    from course_lib.scaling.scaler import ScaleTrace
+
+    def trace(skipped):
+        scales = tuple(2.0 ** (16 - sum(skipped[:i])) for i in range(len(skipped)))
+        return ScaleTrace(scales, tuple(skipped), (0,) * len(skipped), 2.0**16, 2.0, 0.5, 2000)
+
+    traces = {"GradScaler": trace([0, 1, 0, 1]), "replay": trace([0, 1, 0, 1]), "what if": trace([0, 0, 1, 0])}
+    ax = plots.plot_scale_traces(traces).axes[0]
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() != "None"]
+    marks = [ln for ln in ax.get_lines() if ln.get_linestyle() == "None"]
+    assert len(lines) == len(marks) == 3
+    assert [len(m.get_xdata()) for m in marks] == [2, 2, 1]
+    assert min(m.get_zorder() for m in marks) > max(ln.get_zorder() for ln in lines)
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["GradScaler (2 skipped)", "replay (2 skipped)",
+                                                          "what if (1 skipped)"]
+    # each entry shows its trace's skip marker, not only its line
+    assert [h.get_marker() for h in legend.legend_handles] == [m.get_marker() for m in marks]

@@ -8,6 +8,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter
 
 from ..glue import power_of_two_text
@@ -67,21 +68,25 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
     marked with crosses."""
     fig, ax = plt.subplots(figsize=(8.5, 4))
     markers = ["o", "x", "+", "^", "s"]
+    handles = []
     for i, (label, trace) in enumerate(traces.items()):
         colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
         steps = np.arange(len(trace.scales))
         # the first trace is drawn wide and underneath, so traces that coincide with it stay visible on top
-        ax.step(steps, trace.scales, where="post", color=colour, lw=5 if i == 0 else 1.5,
-                alpha=0.45 if i == 0 else 1.0, ls="-" if i < 2 else "--", zorder=1 if i == 0 else 2 + i,
-                label=f"{label} ({trace.n_skipped} skipped)")
+        line = dict(color=colour, lw=5 if i == 0 else 1.5, alpha=0.45 if i == 0 else 1.0, ls="-" if i < 2 else "--")
+        ax.step(steps, trace.scales, where="post", zorder=1 if i == 0 else 2 + i, **line)
         skipped = np.flatnonzero(trace.skipped)
-        ax.plot(skipped, np.array(trace.scales)[skipped], markers[i % len(markers)], color=colour,
-                ms=11 if i == 0 else 7, mfc="none" if i == 0 else colour, mew=1.8, zorder=3 + i)
+        # skipped steps' markers on top of every line: drawn after all of them (zorder), opaque
+        marker = dict(marker=markers[i % len(markers)], ms=11 if i == 0 else 7, mfc="none" if i == 0 else colour,
+                      mec=colour, mew=1.8)
+        ax.plot(skipped, np.array(trace.scales)[skipped], ls="none", zorder=10 + i, **marker)
+        # the legend shows each trace's line with its skip marker, so a marker can be told by its legend entry
+        handles.append(Line2D([], [], label=f"{label} ({trace.n_skipped} skipped)", **line, **marker))
     ax.set_yscale("log", base=2)
     ax.set_xlabel("training step")
     ax.set_ylabel("loss scale (log2 axis)")
     ax.set_title(title + " (markers: skipped steps)")
-    ax.legend(fontsize=8)
+    ax.legend(handles=handles, fontsize=8)
     ax.grid(alpha=0.3)
     return finish_figure(fig)
 
