@@ -4,6 +4,7 @@ lesson 5: the attention product growing into FP16's limit."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -73,12 +74,13 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
         colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
         steps = np.arange(len(trace.scales))
         # the first trace is drawn wide and underneath, so traces that coincide with it stay visible on top
-        line = dict(color=colour, lw=5 if i == 0 else 1.5, alpha=0.45 if i == 0 else 1.0, ls="-" if i < 2 else "--")
+        line: dict[str, Any] = dict(color=colour, lw=5 if i == 0 else 1.5, alpha=0.45 if i == 0 else 1.0,
+                                    ls="-" if i < 2 else "--")
         ax.step(steps, trace.scales, where="post", zorder=1 if i == 0 else 2 + i, **line)
         skipped = np.flatnonzero(trace.skipped)
         # skipped steps' markers on top of every line: drawn after all of them (zorder), opaque
-        marker = dict(marker=markers[i % len(markers)], ms=11 if i == 0 else 7, mfc="none" if i == 0 else colour,
-                      mec=colour, mew=1.8)
+        marker: dict[str, Any] = dict(marker=markers[i % len(markers)], ms=11 if i == 0 else 7,
+                                      mfc="none" if i == 0 else colour, mec=colour, mew=1.8)
         ax.plot(skipped, np.array(trace.scales)[skipped], ls="none", zorder=10 + i, **marker)
         # the legend shows each trace's line with its skip marker, so a marker can be told by its legend entry
         handles.append(Line2D([], [], label=f"{label} ({trace.n_skipped} skipped)", **line, **marker))
