@@ -173,6 +173,17 @@ def test_fp8_figures_draw_their_data():
     fig = plots.plot_delayed_spike(run)
     assert len(fig.axes) == 3
     assert len([ln for ln in fig.axes[1].get_lines() if not ln.get_label().startswith("_")]) == 3
+    # both log panels start at a labelled tick at or below their lowest point, so the quiet level can be read
+    lowest = {0: min(run.amax), 2: min(min(e) for e in run.relative_error.values())}
+    for index, low in lowest.items():
+        ax = fig.axes[index]
+        fig.canvas.draw()
+        lo, hi = ax.get_ylim()
+        labelled = [y for t in ax.get_yticklabels() if t.get_text() and lo <= (y := t.get_position()[1]) <= hi]
+        assert lo <= low and min(labelled) <= low, index
+    assert [plots.fp8.tick_floor(v) for v in (0.03, 0.02, 7.0, 1.0, 0.0099)] == [0.02, 0.02, 5.0, 1.0, 0.005]
+    with pytest.raises(ValueError, match="positive"):
+        plots.fp8.tick_floor(0.0)
     study = fp8.accumulation_error((128, 256), dots=4)
     fig = plots.plot_accumulation({"a": study, "b": study})
     assert len(fig.axes) == 2

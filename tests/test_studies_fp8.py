@@ -145,7 +145,7 @@ def test_recent_bumps_note_ties_each_bump_to_the_amax_growing():
                                  relative_error={**run.relative_error, recent: (0.9, 0.9, 0.02, 0.02, 0.08, 0.02)},
                                  saturated={**run.saturated, recent: (0.0, 0.0, 0.0, 0.0, 0.001, 0.0)})
     note = fp8_prose.recent_bumps_note(bumped)
-    assert note.startswith('After the spike, the "most recent" line\'s error rises at step 4, more than 10% above '
+    assert note.startswith('Later, the "most recent" line\'s error rises at step 4, more than 10% above '
                            "its median (step 4: the amax grew 1.20x over the step before, and 0.10% of the values "
                            "saturated).")
     assert "too large for a tensor that has grown" in note

@@ -3,6 +3,8 @@ training, accumulation error and the predicted speed-up."""
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
@@ -69,6 +71,15 @@ def label_log_axis(axis) -> None:
     axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
+def tick_floor(value: float) -> float:
+    """The largest of 1, 2 and 5 times a power of ten at or below ``value`` (> 0): where a log axis labelled
+    by :func:`label_log_axis` must start for a label to sit at or below its lowest point."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"tick_floor needs a positive finite number, got {value!r}")
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(s * power for s in (5, 2, 1) if s * power <= value * (1 + 1e-12))
+
+
 def plot_delayed_spike(run) -> Figure:
     """Three panels over steps: the tensor's amax (log), each recipe's share of saturated values, and each
     recipe's relative error (log)."""
@@ -89,6 +100,9 @@ def plot_delayed_spike(run) -> Figure:
     bottom.set_yscale("log")
     label_log_axis(bottom.yaxis)
     bottom.set_xlabel("step")
+    # each log panel starts at a labelled tick, so that the quiet steps' level can be read off the axis
+    top.set_ylim(bottom=tick_floor(float(np.min(run.amax))))
+    bottom.set_ylim(bottom=tick_floor(min(e for errs in run.relative_error.values() for e in errs if e > 0)))
     middle.legend(fontsize=9, loc="upper right")
     for ax in (top, middle, bottom):
         ax.grid(alpha=0.3, which="both")

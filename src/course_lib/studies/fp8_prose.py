@@ -163,7 +163,7 @@ def recent_bumps_note(spike: SpikeRun, *, recipe: str = "delayed, most recent", 
            "values saturate; a history reduced by \"max\" keeps headroom from earlier, larger steps." if grew else "")
     name = recipe.removeprefix("delayed, ")
     where = f"step {bumps[0]}" if len(bumps) == 1 else f"steps {and_list([str(t) for t in bumps])}"
-    return Prose(f"After the spike, the \"{name}\" line's error rises at {where}, more than "
+    return Prose(f"Later, the \"{name}\" line's error rises at {where}, more than "
                  f"{100 * (above - 1):.0f}% above its median ({'; '.join(parts)}).{why}")
 
 
