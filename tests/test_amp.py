@@ -44,6 +44,17 @@ def test_cuda_lists_from_the_installed_header():
     assert cuda_policy("_softmax", lists) == "fp32 (via dtype argument)"
     assert cuda_policy("native_layer_norm", lists) == "fp32"
     assert cuda_policy("view", lists) == "-"
+    assert cuda_policy("nll_loss_forward", lists) == cuda_policy("nll_loss", lists) == "fp32"
+
+
+def test_cpu_autocast_runs_the_loss_in_fp32_through_cross_entropy_not_log_softmax():
+    # lesson 4: the course model's loss is FP32 on the CPU because cross_entropy is on CPU autocast's FP32 list
+    import torch.nn.functional as F
+
+    logits, target = torch.randn(4, 8).bfloat16(), torch.randint(0, 8, (4,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert F.log_softmax(logits, -1).dtype == torch.bfloat16
+        assert F.cross_entropy(logits, target).dtype == torch.float32
     assert classify("add", ("float32", "bfloat16"), ("float32",)) == "fp32"
     with pytest.raises(FileNotFoundError):
         autocast_op_lists("/nonexistent/autocast_mode.h")
@@ -81,7 +92,7 @@ def test_exceptions_custom_function_and_checkpointing():
     assert ex["a.double() @ b.double()"] == "float64"
     # an explicit dtype= argument is honoured; .float() on a listed op's inputs is lowered again
     assert ex["torch.sum(a @ b, dtype=torch.float64)"] == "float64"
-    assert ex["a.float() @ b.float() (cast up, lowered again)"] == "bfloat16"
+    assert ex["h.float() @ b, h = a @ b (cast up, lowered again)"] == "bfloat16"
     assert not any(k.startswith("torch.ones") for k in ex)
     assert ex["a @ b inside autocast(enabled=False)"] == "float32"
     custom = custom_function_demo("cpu", torch.bfloat16)

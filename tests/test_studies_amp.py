@@ -137,9 +137,13 @@ def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
                           weight_dtype=torch.float32, warnings_seen=[], lists=LISTS, casts=(1, 1))
     assert cached[2][1].endswith(": here 3 calls of one linear layer in one region cast its weight once, and a "
                                  "second region once more.")
-    assert rows[3][1] == ("Both are deprecated: torch says \"`torch.cuda.amp.autocast(args...)` is deprecated\". "
+    assert rows[3][1] == ("Deprecated: torch says \"`torch.cuda.amp.autocast(args...)` is deprecated\". "
                           "`torch.amp` takes the device type as an argument, so one code path serves CUDA, the CPU "
                           "and other devices.")
+    both = A.amp_errata(mean_dtype=torch.bfloat16, softmax_dtype=torch.bfloat16, exp_dtype=torch.bfloat16,
+                        weight_dtype=torch.float32, lists=LISTS,
+                        warnings_seen=["autocast is deprecated.", "GradScaler is deprecated.", "autocast is deprecated."])
+    assert both[3][1].startswith('Deprecated: torch says "autocast is deprecated" and "GradScaler is deprecated". ')
     quiet = A.amp_errata(mean_dtype=torch.float32, softmax_dtype=torch.float32, exp_dtype=torch.float32,
                          weight_dtype=torch.float32, warnings_seen=[], lists=LISTS)
     assert quiet[3][1].startswith("The installed torch does not warn about them. `torch.amp` takes")
@@ -264,15 +268,15 @@ def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
     facts = A.sdpa_backend_facts({"runs": {"FLASH_ATTENTION": True, "EFFICIENT_ATTENTION": False, "MATH": True},
                                   "chosen": "FLASH_ATTENTION"})
     assert facts == {"attn_backends_run": "`FLASH_ATTENTION` and `MATH`", "attn_backend_chosen": "`FLASH_ATTENTION`",
-                     "attn_backend_inputs": "its own causal inputs"}
+                     "attn_backend_inputs": "`sdpa_backends`' causal inputs"}
     assert A.sdpa_backend_facts({"runs": {"MATH": True}, "chosen": None}) == {
         "attn_backends_run": "`MATH`", "attn_backend_chosen": "a kernel this torch does not name",
-        "attn_backend_inputs": "its own causal inputs"}
+        "attn_backend_inputs": "`sdpa_backends`' causal inputs"}
     # the inputs it built are said from the result, not typed
     found = A.sdpa_backends("cpu", torch.bfloat16, head_dim=16, seq=4)
     assert (found["shape"], found["dtype"]) == ((1, 2, 4, 16), "bfloat16")
     assert A.sdpa_backend_facts(found)["attn_backend_inputs"] == (
-        "its own causal `bfloat16` inputs: a batch of 1, two heads of 4 positions, head dimension 16")
+        "`sdpa_backends`' causal `bfloat16` inputs: a batch of 1, two heads of 4 positions, head dimension 16")
     with pytest.raises(ValueError, match="head_dim must be a positive int"):
         A.sdpa_backends("cpu", torch.float32, head_dim=0)
     with pytest.raises(ValueError, match="no attention kernel ran"):
@@ -418,8 +422,10 @@ def test_pure_master_sentence_says_how_far_apart_the_two_ended():
     def run(*losses):
         return types.SimpleNamespace(losses=list(losses))
 
-    note = A.pure_master_sentence({"bf16_pure": run(3.0, 2.5), "bf16_master": run(3.0, 2.48), "fp32": run(1.0)})
-    assert note == ("In the 2-step table above, `bf16_pure` and `bf16_master` ended 0.020 apart in final loss: the "
-                    "effect needs small updates late in training, which a run this short does not reach.")
+    note = A.pure_master_sentence({"bf16_pure": run(3.0, 2.75, 2.5), "bf16_master": run(3.0, 2.625, 2.48),
+                                   "fp32": run(1.0)})
+    assert note == ("In the 3-step runs above, `bf16_pure` and `bf16_master` differed by up to 0.125 in loss (at "
+                    "step 1) and by 0.020 at the last step, so the last step alone says little. The effect of the "
+                    "master weights needs small updates late in training, which a run this short does not reach.")
     assert A.pure_master_sentence({"bf16_pure": run(3.0)}) == ""                # bf16_master did not run
     assert A.pure_master_sentence({"bf16_pure": run(), "bf16_master": run(1.0)}) == ""

@@ -450,8 +450,10 @@ def test_tensorboard_facts_branch_by_branch():
 
 
 def test_scalars_table_one_row_per_step():
-    assert P.scalars_table({"scale": [(0, 65536.0), (1, 32768.0)], "loss": [(1, 0.123456)]}).splitlines() == [
-        "| step | `loss` | `scale` |", "|---|---|---|", "| 0 | - | 65,536 |", "| 1 | 0.1235 | 32,768 |"]
+    table = P.scalars_table({"scale": [(0, 65536.0), (1, 32768.0), (2, 32768.0)], "loss": [(1, 0.123456), (2, 0.34)]})
+    assert table.splitlines() == [
+        "| step | `loss` | `scale` |", "|---|---|---|", "| 0 | - | 65,536 |", "| 1 | 0.1235 | 32,768 |",
+        "| 2 | 0.3400 | 32,768 |"]   # four figures in every row, trailing zeros too
     with pytest.raises(ValueError, match="no scalars"):
         P.scalars_table({})
 

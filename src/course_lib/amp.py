@@ -147,9 +147,12 @@ def autocast_op_lists(header: str | Path = AUTOCAST_HEADER) -> dict[str, frozens
 
 
 def cuda_policy(op: str, lists: dict[str, frozenset[str]] | None = None) -> str:
-    """Which CUDA autocast list names ``op`` (leading underscores and ``native_`` ignored), or ``"-"``."""
+    """Which CUDA autocast list names ``op``, or ``"-"``: a kernel's name is matched to the list entry of the op
+    that calls it, ignoring leading underscores, ``native_`` and a ``_forward`` suffix (``_log_softmax`` is
+    ``log_softmax``, ``nll_loss_forward`` is ``nll_loss``)."""
     lists = autocast_op_lists() if lists is None else lists
-    names = {op, op.lstrip("_"), op.replace("native_", "")}
+    bare = op.lstrip("_").replace("native_", "")
+    names = {op, op.lstrip("_"), op.replace("native_", ""), bare.removesuffix("_forward")}
     for policy, ops in lists.items():
         if names & ops:
             return policy
@@ -167,7 +170,8 @@ def autocast_exceptions(device_type: str = "cpu", dtype: torch.dtype = torch.bfl
 
     Keys: an eligible matmul (for contrast), an in-place op on an FP32 tensor, a matmul with ``out=``, an op
     given an explicit ``dtype=`` argument (``sum``, which CUDA autocast otherwise runs in FP32), a matmul on
-    inputs cast up with ``.float()`` (autocast lowers them again: only a ``dtype=`` argument is honoured), a
+    an autocast output cast up with ``.float()`` (autocast lowers it again: only a ``dtype=`` argument is
+    honoured), a
     matmul inside ``autocast(enabled=False)``, and a matmul on FP64 inputs (autocast only touches FP32
     inputs of eligible ops).
     """
@@ -177,12 +181,13 @@ def autocast_exceptions(device_type: str = "cpu", dtype: torch.dtype = torch.bfl
     out = torch.empty(4, 4, device=device)
     acc = torch.zeros(4, 4, device=device)
     with torch.autocast(device_type, dtype=dtype):
+        h = a @ b   # an eligible op's output: already in the low-precision dtype
         result = {
             "a @ b (eligible op)": _name(a @ b),
             "acc.add_(a @ b) (in-place into FP32)": _name(acc.add_(a @ b)),
             "torch.mm(a, b, out=out)": _name(torch.mm(a, b, out=out)),
             "torch.sum(a @ b, dtype=torch.float64)": _name(torch.sum(a @ b, dtype=torch.float64)),
-            "a.float() @ b.float() (cast up, lowered again)": _name(a.float() @ b.float()),
+            "h.float() @ b, h = a @ b (cast up, lowered again)": _name(h.float() @ b),
             "a.double() @ b.double()": _name(a.double() @ b.double()),
         }
         with torch.autocast(device_type, enabled=False):

@@ -251,9 +251,9 @@ def sdpa_backend_facts(backends: Mapping[str, object]) -> dict[str, object]:
 def _backend_inputs(backends: Mapping[str, object]) -> Prose:
     shape, dtype = backends.get("shape"), backends.get("dtype")
     if not isinstance(shape, tuple) or len(shape) != 4 or dtype is None:
-        return Prose("its own causal inputs")
+        return Prose("`sdpa_backends`' causal inputs")
     batch, heads, seq, head_dim = (int(n) for n in shape)
-    return Prose(f"its own causal `{dtype}` inputs: a batch of {batch}, {count_word(heads)} heads of {seq} "
+    return Prose(f"`sdpa_backends`' causal `{dtype}` inputs: a batch of {batch}, {count_word(heads)} heads of {seq} "
                  f"positions, head dimension {head_dim}")
 
 
@@ -503,7 +503,8 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
     output under BF16 autocast on the CPU, a linear layer's weight dtype after running under autocast, how
     often its weight was cast (``casts``: :func:`weight_casts` for ``calls`` calls in one region, one in a
     second), and
-    the warnings ``torch.cuda.amp.autocast()`` gave (``warnings_seen``, messages); CUDA's policy for each op
+    the warnings ``torch.cuda.amp.autocast()`` and ``torch.cuda.amp.GradScaler()`` gave (``warnings_seen``,
+    messages, each quoted once); CUDA's policy for each op
     is read from ``lists`` (torch's header when None)."""
     for name, value in (("mean_dtype", mean_dtype), ("softmax_dtype", softmax_dtype), ("exp_dtype", exp_dtype),
                         ("weight_dtype", weight_dtype)):
@@ -518,8 +519,9 @@ def amp_errata(*, mean_dtype: torch.dtype, softmax_dtype: torch.dtype, exp_dtype
                         f"here {calls} calls of one linear layer in one region cast its weight "
                         f"{'once' if casts[0] == 1 else f'{casts[0]} times'}, and a second region "
                         f"{'once more' if casts[1] == 1 else f'{casts[1]} more times'}.")
-    deprecated = (f"Both are deprecated: torch says \"{warnings_seen[0].rstrip('.')}\"." if warnings_seen
-                  else "The installed torch does not warn about them.")
+    quoted = [f"\"{message.rstrip('.')}\"" for message in dict.fromkeys(warnings_seen)]
+    deprecated = (f"Deprecated: torch says {' and '.join(quoted)}."
+                  if quoted else "The installed torch does not warn about them.")
     return [
         ("`mean` stays in FP32 under autocast.",
          f"`mean` is on none of CUDA autocast's lists (torch's header gives it no policy), so it runs in its "
@@ -554,16 +556,19 @@ def cuda_policy_phrase(op: str, lists: Mapping[str, frozenset[str]] | None = Non
 
 
 def pure_master_sentence(histories: Mapping[str, History]) -> Prose:
-    """How far apart ``bf16_pure`` and ``bf16_master`` ended in the recipe runs (their last step's loss), and
-    over how many steps; "" when either did not run. Kept general: on a short run the two are expected to end
-    close, since the updates they round differently are still large."""
+    """How far apart ``bf16_pure`` and ``bf16_master`` were in the recipe runs: the largest loss gap at any
+    step (and where), and the gap at the last step; "" when either did not run. One final step alone would
+    say little: the two can end close after differing on the way."""
     pure, master = histories.get("bf16_pure"), histories.get("bf16_master")
     if pure is None or master is None or not pure.losses or not master.losses:
         return Prose("")
     steps = min(len(pure.losses), len(master.losses))
-    gap = abs(pure.losses[steps - 1] - master.losses[steps - 1])
-    return Prose(f"In the {steps}-step table above, `bf16_pure` and `bf16_master` ended {gap:.3f} apart in final "
-                 "loss: the effect needs small updates late in training, which a run this short does not reach.")
+    gaps = [abs(p - m) for p, m in zip(pure.losses[:steps], master.losses[:steps])]
+    widest = max(range(steps), key=gaps.__getitem__)
+    return Prose(f"In the {steps}-step runs above, `bf16_pure` and `bf16_master` differed by up to "
+                 f"{gaps[widest]:.3f} in loss (at step {widest}) and by {gaps[-1]:.3f} at the last step, so the last "
+                 "step alone says little. The effect of the master weights needs small updates late in training, "
+                 "which a run this short does not reach.")
 
 
 def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None, *,

@@ -482,7 +482,8 @@ def scalars_table(read_back: Mapping[str, Sequence[tuple[int, float]]]) -> Markd
 
 
 def _scalar(value: float) -> str:
-    return f"{value:,.0f}" if math.isfinite(value) and value == int(value) and abs(value) >= 1 else f"{value:.4g}"
+    # "#": trailing zeros kept, so that 0.34 reads 0.3400 beside its column's other four-figure values
+    return f"{value:,.0f}" if math.isfinite(value) and value == int(value) and abs(value) >= 1 else f"{value:#.4g}"
 
 
 def tensorboard_facts(read_back: Mapping[str, Sequence[tuple[int, float]]], log: MonitorLog,
