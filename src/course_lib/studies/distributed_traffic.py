@@ -58,6 +58,7 @@ def traffic_facts(study: DataParallelStudy, *, comm_share: float = EXERCISE_COMM
         "model_twice": Prose(f"{model[2][0]['reduce_scatter'] - model[2][1]['reduce_scatter']} of "
                              f"{sum(model[2][0].values())}"),
         "model_twice_share": Prose(percent_text(model_saving[2])),
-        "model_step_range": Prose(f"{percent_text(model_saving[2] * comm_share)} to "
-                                  f"{percent_text(model_saving[1] * comm_share)}"),
+        "model_step_range": Prose(f"{percent_text(model_saving[2] * comm_share)} of the step when every "
+                                  f"parameter is gathered twice, {percent_text(model_saving[1] * comm_share)} "
+                                  "when each is gathered once"),
     }
