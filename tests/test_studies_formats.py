@@ -109,7 +109,8 @@ def test_tf32_record_text_tabulates_the_first_record():
                         "agreement": {"nearest_even": 1.0, "nearest_away": 0.75, "toward_zero": 0.5}}}
     text = S.tf32_record_text([_recorded("tf32_matmul_rounding", {"n": 8}, values)])
     assert text == (
-        "Recorded on **NVIDIA H100 80GB HBM3 (sm 9.0)** with a 8 x 8 matrix (values over 40 binades): the share of "
+        "Recorded on **NVIDIA H100 80GB HBM3 (sm 9.0)** with a 8 x 8 matrix (standard normal values, each scaled "
+        "by 2^k with k from -20 to 19): the share of "
         "elements of `A @ I` (TF32 on) equal to A rounded by each rule.\n\n"
         "| rule | elements equal |\n|---|---|\n| round to nearest, ties to even | 100.0000% |\n"
         "| round to nearest, ties away | 75.0000% |\n| truncation (toward zero) | 50.0000% |\n\n"

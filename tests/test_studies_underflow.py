@@ -250,8 +250,13 @@ def test_adam_underflow_facts():
 def test_softmax_matmul_and_activation_facts():
     sm = SoftmaxOverflow((1.0, 2.5), (2.7, 12.2), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), (0.2, 0.8), 0.2, 0.21,
                          11.09, 0.2014)
-    assert S.softmax_facts(sm) == {"fp16_max": 65504.0, "exp_limit": 11.09, "sm_logits": "1, 2.5",
-                                   "ce_fp16": 0.21, "ce_fp64": 0.2014}
+    facts = S.softmax_facts(sm)
+    assert facts == {"fp16_max": 65504.0, "exp_limit": 11.09, "sm_logits": "1, 2.5", "ce_fp16": 0.21,
+                     "ce_fp64": 0.2014, "ce_exact_fp16": 0.201416015625,
+                     "ce_rounding": "**4.3%** off, where rounding only the result to FP16 would give **0.2014**: "
+                                    "the kernel rounds intermediate values to FP16 too"}
+    exact = dataclasses.replace(sm, torch_cross_entropy_fp16=0.201416015625)
+    assert S.softmax_facts(exact)["ce_rounding"] == "the exact value rounded to FP16: only the result was rounded"
     mm = MatmulOverflow(4, 2.0, 16.0, {"FP32": 16.0, "FP16": math.inf}, 2.0, 4.0)
     assert S.matmul_table(mm) == "| computed in | result |\n|---|---|\n| FP32 | 16 |\n| FP16 | inf |\n"
     assert S.matmul_facts(mm) == {"mm_n": 4, "mm_value": 2.0, "mm_exact": 16.0, "mm_divisor": 2.0,
@@ -288,7 +293,7 @@ def test_softmax_and_activation_tables_show_each_form_in_columns():
 def _errata(**changes):
     measured = dict(stored_1e7=2.0**-23, stored_1_2e7=2.0**-23, stored_65536=math.inf, overflow_from=65520.0,
                     stored_layer_norm_eps=float(np.float16(1e-5)), random_max=131.6, exp_max=8.7e13,
-                    exp_fp16_overflows=160, exp_n=1000)
+                    exp_fp16_overflows=160, exp_n=1000, random_width=1024, random_products=65536)
     return S.underflow_errata(**{**measured, **changes})
 
 
@@ -296,15 +301,16 @@ def test_underflow_errata_quote_the_measurements():
     assert _errata() == [
         ("1e-7 and 1.2e-7 become 0 in FP16.",
          "Both become the subnormal 1.192e-07 (FP16's subnormals are 5.96e-08 apart, so the two cannot be told "
-         "apart: errors of 19% and 0.7%). FP16 flushes to zero only below half its smallest subnormal, 2.98e-08: "
-         "they lose precision, not their existence."),
+         "apart: errors of 19% and 0.7%). FP16 flushes to zero only at or below half its smallest subnormal, "
+         "2.98e-08 (half of it is a tie, which rounds to the even neighbour, zero): they lose precision, not their "
+         "existence."),
         ("65536 fits in FP16 (it is close to the maximum).",
-         "FP16's largest value is 65,504; 65536 rounds to inf, as does everything from 65,520 (halfway to the next "
-         "binade, a tie that rounds up) on."),
+         "FP16's largest value is 65,504; 65536 rounds to inf, as does everything from 65,520 (halfway between 65,504 "
+         "and 65,536, a tie that rounds up) on."),
         ("A 1024-wide matmul of unit values overflows FP16.",
          "A 1024-term sum of ones is 1,024. With random unit-variance inputs, sums grow like the square root of the "
          "width: the largest of 65,536 such dot products here is 132, far below 65,504. Overflow needs large values "
-         "(the planted activation of the BF16-trained model above, logits before an exponential) or long sums of "
+         "(the planted activation of the BF16 model above, logits before an exponential) or long sums of "
          "them, not just width."),
         ("LayerNorm's eps (1e-5) underflows in FP16.",
          "It is stored as 1.0014e-05, a subnormal, not 0; and autocast runs `layer_norm` in FP32 on CUDA "
@@ -328,14 +334,18 @@ def test_underflow_errata_refuse_impossible_measurements():
 
 
 def test_exercise_facts_shift_the_late_gradients_three_binades():
-    late = torch.tensor([0.0, 2.0**-26, 2.0**-24, 2.0**-20, 1.0])
-    # of the 4 non-zero values 2**-26 flushes (below 2**-25); divided by 8, 2**-24 joins it
-    assert S.exercise_facts(late) == {"ex_flush_now": 25.0, "ex_flush_8x": 50.0, "ex_sqrt_k": (65504 / 4.5) ** 2,
-                                      "ex_fp16_tiny": 2.0**-24, "ex_fp16_half_tiny": 2.0**-25}
+    late = torch.tensor([0.0, 2.0**-26, 2.0**-24, 2.0**-22, 1.0])
+    # of the 4 non-zero values 2**-26 flushes (below 2**-25); divided by 8, 2**-24 joins it, and so does
+    # 2**-22, which lands on 2**-25 itself: a tie, rounded to the even neighbour, zero
+    assert S.exercise_facts(late, largest_sigmas=4.0) == {
+        "ex_flush_now": 25.0, "ex_flush_8x": 75.0, "ex_sigmas": 4.0, "ex_sqrt_k": (65504 / 4.0) ** 2,
+        "ex_fp16_tiny": 2.0**-24, "ex_fp16_half_tiny": 2.0**-25}
     with pytest.raises(ValueError, match="no non-zero gradient"):
-        S.exercise_facts(torch.zeros(3))
+        S.exercise_facts(torch.zeros(3), largest_sigmas=4.0)
     with pytest.raises(TypeError, match="floating-point tensor"):
-        S.exercise_facts(torch.tensor([1, 2]))
+        S.exercise_facts(torch.tensor([1, 2]), largest_sigmas=4.0)
+    with pytest.raises(ValueError, match="largest_sigmas"):
+        S.exercise_facts(late, largest_sigmas=0.0)
 
 
 def test_overflow_edge_facts_need_the_values_either_side_of_fp16s_overflow():

@@ -37,7 +37,7 @@ from .tables import (
     neighbours,
     properties_markdown,
 )
-from .tf32 import TF32Check, tf32_matmul_check, tf32_rounding_agreement
+from .tf32 import TF32_SCALE_EXPONENTS, TF32Check, tf32_matmul_check, tf32_rounding_agreement
 
 __all__ = [
     "Specials",
@@ -69,6 +69,7 @@ __all__ = [
     "properties_markdown",
     "explain_values_markdown",
     "TF32Check",
+    "TF32_SCALE_EXPONENTS",
     "tf32_rounding_agreement",
     "tf32_matmul_check",
 ]

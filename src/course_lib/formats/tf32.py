@@ -50,8 +50,13 @@ def tf32_rounding_agreement(a: torch.Tensor, product: torch.Tensor) -> dict[str,
     return out
 
 
+# the check's matrix: standard normal values, each scaled by 2**k with k drawn from range(*TF32_SCALE_EXPONENTS)
+TF32_SCALE_EXPONENTS = (-20, 20)
+
+
 def tf32_matmul_check(n: int, device: torch.device | str, *, seed: int = 0) -> TF32Check:
-    """Multiply a random ``n x n`` float32 matrix (values over 40 binades) by the identity with TF32 on.
+    """Multiply a random ``n x n`` float32 matrix (standard normal values scaled by powers of two, see
+    :data:`TF32_SCALE_EXPONENTS`) by the identity with TF32 on.
 
     With TF32 enabled, the tensor cores see the inputs rounded to TF32; the identity and the float32
     accumulation are exact, so the product *is* A as the hardware rounded it. Needs a CUDA GPU.
@@ -62,7 +67,7 @@ def tf32_matmul_check(n: int, device: torch.device | str, *, seed: int = 0) -> T
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(n, n, generator=gen) * torch.exp2(torch.randint(-20, 20, (n, n), generator=gen).float())
+    a = torch.randn(n, n, generator=gen) * torch.exp2(torch.randint(*TF32_SCALE_EXPONENTS, (n, n), generator=gen).float())
     a = a.to(device)
     eye = torch.eye(n, device=device)
     with tf32_matmuls(True):   # allow TF32 tensor cores for float32 matmuls

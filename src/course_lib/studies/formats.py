@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..device import SizeProfile
-from ..formats import FloatFormat, TF32Check, all_values, bit_string, encode, get_format, round_to_format, spacing
+from ..formats import TF32_SCALE_EXPONENTS, FloatFormat, TF32Check, all_values, bit_string, encode, get_format, round_to_format, spacing
 from ..glue import Prose
 from ..magnitudes import HistogramAccumulator, LogHistogram, log2_histogram
 from ..models import GPTConfig, course_setup
@@ -198,7 +198,9 @@ def tf32_record_text(records: Sequence[RecordedResult]) -> Prose:
         raise TypeError(f"expected a recorded TF32Check, got {type(check).__name__}")
     table = markdown_table(("rule", "elements equal"),
                            [(TF32_RULES[k], f"{100 * v:.4f}%") for k, v in check.agreement.items()])
-    return Prose(f"Recorded on **{rec.label}** with a {check.n} x {check.n} matrix (values over 40 binades): the "
+    low, high = TF32_SCALE_EXPONENTS
+    return Prose(f"Recorded on **{rec.label}** with a {check.n} x {check.n} matrix (standard normal values, each "
+                 f"scaled by 2^k with k from {low} to {high - 1}): the "
                  f"share of elements of `A @ I` (TF32 on) equal to A rounded by each rule.\n\n{table}\n"
                  f"{tf32_verdict(check)}\n\n{describe_records(records)}")
 

@@ -1,4 +1,4 @@
-"""Lesson 2's studies: gradients captured over FP32 training, naive FP16 against FP32, and a BF16-trained model
+"""Lesson 2's studies: gradients captured over FP32 training, naive FP16 against FP32, and a BF16 model
 run in FP16; and the facts, phrases, tables and errata the lesson's prose glues from them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from ..data import BatchSampler, load_corpus
 from ..device import SizeProfile
 from ..formats import get_format, round_to_format, spacing
-from ..glue import Prose, and_list
+from ..glue import Prose, and_list, bold
 from ..gradients import (
     UNDERFLOW_FORMATS,
     GradientCapture,
@@ -491,11 +491,20 @@ def adam_underflow_facts(default_eps: float, beta2: float) -> dict[str, object]:
 
 def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
     """FP16's largest value, the largest input whose ``exp`` FP16 holds, the logits (Markdown), and the
-    cross-entropy from ``F.cross_entropy`` on the FP16 logits (``ce_fp16``, rounded to FP16) and exactly,
-    from the FP64 softmax (``ce_fp64``)."""
+    cross-entropy from ``F.cross_entropy`` on the FP16 logits (``ce_fp16``) and exactly, from the FP64
+    softmax (``ce_fp64``), the exact value rounded to FP16 (``ce_exact_fp16``: what rounding only the result
+    would give) and ``ce_rounding``, a phrase on whether the kernel's result is that value or rounded inside."""
+    exact_fp16 = float(torch.tensor(sm.reference_cross_entropy_fp64, dtype=torch.float16))
+    if sm.torch_cross_entropy_fp16 == exact_fp16:
+        rounding = "the exact value rounded to FP16: only the result was rounded"
+    else:
+        off = abs(sm.torch_cross_entropy_fp16 / sm.reference_cross_entropy_fp64 - 1)
+        rounding = (f"{bold(f'{100 * off:.2g}%')} off, where rounding only the result to FP16 would give "
+                    f"{bold(f'{exact_fp16:.4g}')}: the kernel rounds intermediate values to FP16 too")
     return {"fp16_max": get_format("FP16").max_finite, "exp_limit": sm.largest_safe_exp_input,
             "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits)),
-            "ce_fp16": sm.torch_cross_entropy_fp16, "ce_fp64": sm.reference_cross_entropy_fp64}
+            "ce_fp16": sm.torch_cross_entropy_fp16, "ce_fp64": sm.reference_cross_entropy_fp64,
+            "ce_exact_fp16": exact_fp16, "ce_rounding": Prose(rounding)}
 
 
 def overflow_edge_facts(values: Sequence[float], stored: Sequence[float]) -> dict[str, object]:
@@ -576,10 +585,11 @@ def activation_overflow_facts(act: ActivationOverflow) -> dict[str, object]:
 
 def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: float, overflow_from: float,
                      stored_layer_norm_eps: float, random_max: float, exp_max: float, exp_fp16_overflows: int,
-                     exp_n: int) -> list[tuple[str, str]]:
+                     exp_n: int, random_width: int, random_products: int) -> list[tuple[str, str]]:
     """The errata rows (claim, measured), from what FP16 stores for 1e-7, 1.2e-7, 65536 and 1e-5 (LayerNorm's
-    eps), the smallest value that overflows FP16 (``overflow_from``), the largest ``|entry|`` of a
-    random 256 x 1024 by 1024 x 256 product (``random_max``), and ``exp`` of ``exp_n`` values of
+    eps), the smallest value that overflows FP16 (``overflow_from``), the largest ``|entry|`` of a random
+    product of unit-variance inputs (``random_max``; ``random_width`` terms per dot product,
+    ``random_products`` dot products), and ``exp`` of ``exp_n`` values of
     ``randn * 10``: its largest value in FP32 (``exp_max``) and how many overflow computed in FP16."""
     fp16, fp32 = get_format("FP16"), get_format("FP32")
     if not (math.isfinite(exp_max) and exp_max > 0) or not 0 <= exp_fp16_overflows <= exp_n:
@@ -594,15 +604,18 @@ def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: fl
         ("1e-7 and 1.2e-7 become 0 in FP16.",
          f"Both become the subnormal {stored_1e7:.4g} (FP16's subnormals are {fp16.min_subnormal:.3g} apart, so "
          f"the two cannot be told apart: errors of {100 * abs(stored_1e7 - 1e-7) / 1e-7:.0f}% and "
-         f"{100 * abs(stored_1_2e7 - 1.2e-7) / 1.2e-7:.1f}%). FP16 flushes to zero only below half its smallest "
-         f"subnormal, {fp16.min_subnormal / 2:.3g}: they lose precision, not their existence."),
+         f"{100 * abs(stored_1_2e7 - 1.2e-7) / 1.2e-7:.1f}%). FP16 flushes to zero only at or below half its "
+         f"smallest subnormal, {fp16.min_subnormal / 2:.3g} (half of it is a tie, which rounds to the even "
+         "neighbour, zero): they lose precision, not their existence."),
         ("65536 fits in FP16 (it is close to the maximum).",
          f"FP16's largest value is {fp16.max_finite:,.0f}; 65536 rounds to {stored_65536}, "
-         f"as does everything from {overflow_from:,.0f} (halfway to the next binade, a tie that rounds up) on."),
+         f"as does everything from {overflow_from:,.0f} (halfway between {fp16.max_finite:,.0f} and "
+         f"{2 * 2 ** math.floor(math.log2(fp16.max_finite)):,.0f}, a tie that rounds up) on."),
         ("A 1024-wide matmul of unit values overflows FP16.",
-         f"A 1024-term sum of ones is 1,024. With random unit-variance inputs, sums grow like the square root of "
-         f"the width: the largest of 65,536 such dot products here is {random_max:.0f}, far below "
-         f"{fp16.max_finite:,.0f}. Overflow needs large values (the planted activation of the BF16-trained "
+         f"A {random_width}-term sum of ones is {random_width:,}. With random unit-variance inputs, sums grow like "
+         f"the square root of the width: the largest of {random_products:,} such dot products here is "
+         f"{random_max:.0f}, far below "
+         f"{fp16.max_finite:,.0f}. Overflow needs large values (the planted activation of the BF16 "
          "model above, logits before an exponential) or long sums of them, not just width."),
         ("LayerNorm's eps (1e-5) underflows in FP16.",
          f"It is stored as {stored_layer_norm_eps:.5g}, a subnormal, not 0; and autocast runs `layer_norm` in "
@@ -614,11 +627,15 @@ def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: fl
     ]
 
 
-def exercise_facts(late: torch.Tensor) -> dict[str, object]:
+def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, object]:
     """The exercises' answers from the late activation gradients ``late``: percent of the non-zero ones FP16
-    flushes as they are (``ex_flush_now``) and divided by 8 (``ex_flush_8x``, an 8 times larger batch); the
-    width ``K`` at which 4.5 standard deviations of a unit-variance ``K``-term sum reach FP16's maximum; and
-    FP16's smallest subnormal and half of it."""
+    flushes (at or below half its smallest subnormal) as they are (``ex_flush_now``) and divided by 8
+    (``ex_flush_8x``, an 8 times larger batch); ``largest_sigmas``, how many standard deviations the largest
+    of many random dot products measured (``ex_sigmas``), and the width ``K`` at which that many standard
+    deviations of a unit-variance ``K``-term sum reach FP16's maximum (``ex_sqrt_k``); and FP16's smallest
+    subnormal and half of it."""
+    if not (isinstance(largest_sigmas, (int, float)) and math.isfinite(largest_sigmas) and largest_sigmas > 0):
+        raise ValueError(f"largest_sigmas must be a positive number, got {largest_sigmas!r}")
     if not isinstance(late, torch.Tensor) or not late.is_floating_point():
         raise TypeError("late must be a floating-point tensor of gradients")
     grads = late[late != 0].abs()
@@ -627,9 +644,10 @@ def exercise_facts(late: torch.Tensor) -> dict[str, object]:
     fp16 = get_format("FP16")
     bigger_batch = grads / 8
     return {
-        "ex_flush_now": 100 * float((grads < fp16.min_subnormal / 2).float().mean()),
-        "ex_flush_8x": 100 * float((bigger_batch < fp16.min_subnormal / 2).float().mean()),
-        "ex_sqrt_k": (fp16.max_finite / 4.5) ** 2,
+        "ex_flush_now": 100 * float((grads <= fp16.min_subnormal / 2).float().mean()),
+        "ex_flush_8x": 100 * float((bigger_batch <= fp16.min_subnormal / 2).float().mean()),
+        "ex_sigmas": largest_sigmas,
+        "ex_sqrt_k": (fp16.max_finite / largest_sigmas) ** 2,
         "ex_fp16_tiny": fp16.min_subnormal,
         "ex_fp16_half_tiny": fp16.min_subnormal / 2,
     }
