@@ -168,17 +168,18 @@ def test_amp_errata_refuse_dtypes_given_as_text():
         A.amp_errata(**{**kwargs, "warnings_seen": "deprecated"})
 
 
-def test_exercise_facts_name_exps_dtypes_and_the_master_copys_bytes():
-    facts = A.exercise_facts(torch.bfloat16, LISTS)
+def test_exercise_facts_name_the_ops_dtypes_and_the_master_copys_bytes():
+    facts = A.exercise_facts(torch.bfloat16, LISTS, op="exp")
     # bf16_master keeps an FP32 master copy (4 bytes) and its FP32 gradient (4) beyond bf16_pure, and AdamW's
     # two moments in FP32 (8) instead of BF16 (4): 12 bytes per parameter more
     # bf16_pure's torch AdamW keeps BF16 moments (2 + 2 + 4 bytes); BF16AdamW keeps FP32 moments (2 + 2 + 8),
     # and Kahan compensation a BF16 buffer more (2)
-    assert facts == {"ex_exp_cpu": "`torch.bfloat16`", "ex_master_extra": 12,
-                     "ex_exp_cuda": "on CUDA's FP32 list, so it returns `float32`", "ex_pure_moments": "`bfloat16`",
+    assert facts == {"ex_op_cpu": "`torch.bfloat16`", "ex_master_extra": 12,
+                     "ex_op_cuda": "on CUDA's FP32 list, so it returns `float32`", "ex_pure_moments": "`bfloat16`",
                      "ex_pure_bytes": 8, "ex_master_bytes": 20, "ex_sr_bytes": 12, "ex_kahan_bytes": 14}
-    assert isinstance(facts["ex_exp_cpu"], Prose) and isinstance(facts["ex_exp_cuda"], Prose)
-    with pytest.raises(TypeError, match="exp_dtype"):
+    assert isinstance(facts["ex_op_cpu"], Prose) and isinstance(facts["ex_op_cuda"], Prose)
+    assert A.exercise_facts(torch.bfloat16, LISTS, op="view")["ex_op_cuda"] != facts["ex_op_cuda"]
+    with pytest.raises(TypeError, match="op_dtype"):
         A.exercise_facts("bfloat16", LISTS)
     lists = {**LISTS, "fp32": LISTS["fp32"] | {"pow"}}
     facts = A.exercise_facts(torch.bfloat16, lists, pow_dtype=torch.float16)

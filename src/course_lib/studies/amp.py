@@ -571,25 +571,26 @@ def pure_master_sentence(histories: Mapping[str, History]) -> Prose:
                  "which a run this short does not reach.")
 
 
-def exercise_facts(exp_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None, *,
-                   pow_dtype: torch.dtype | None = None) -> dict[str, object]:
-    """For the exercises: the dtype ``exp`` returned on the CPU (``ex_exp_cpu``), where CUDA's lists put
-    ``exp`` (``ex_exp_cuda``, :func:`cuda_policy_phrase`), the bytes per parameter ``bf16_master`` keeps
-    beyond ``bf16_pure`` (``ex_master_extra``), the dtype of ``bf16_pure``'s AdamW moments
-    (``ex_pure_moments``), and the bytes per parameter of ``bf16_pure``, ``bf16_master`` and lesson 5's
-    ``BF16AdamW`` with stochastic rounding and with Kahan compensation (``ex_pure_bytes``,
-    ``ex_master_bytes``, ``ex_sr_bytes``, ``ex_kahan_bytes``); with ``pow_dtype`` (what ``pow`` of an FP16
-    autocast output returned on the CPU), that dtype (``ex_pow_cpu``). CUDA's policy for ``pow`` is the
-    checked exercise's answer, so it is not among the facts."""
-    if not isinstance(exp_dtype, torch.dtype):
-        raise TypeError(f"exp_dtype must be a torch.dtype, got {type(exp_dtype).__name__}")
+def exercise_facts(op_dtype: torch.dtype, lists: Mapping[str, frozenset[str]] | None = None, *,
+                   op: str = "log1p", pow_dtype: torch.dtype | None = None) -> dict[str, object]:
+    """For the exercises: the dtype ``op`` (the first exercise's op, one the page's tables do not show)
+    returned on a BF16 matmul output on the CPU (``ex_op_cpu``), where CUDA's lists put ``op``
+    (``ex_op_cuda``, :func:`cuda_policy_phrase`), the bytes per parameter ``bf16_master`` keeps beyond
+    ``bf16_pure`` (``ex_master_extra``), the dtype of ``bf16_pure``'s AdamW moments (``ex_pure_moments``),
+    and the bytes per parameter of ``bf16_pure``, ``bf16_master`` and lesson 5's ``BF16AdamW`` with
+    stochastic rounding and with Kahan compensation (``ex_pure_bytes``, ``ex_master_bytes``,
+    ``ex_sr_bytes``, ``ex_kahan_bytes``); with ``pow_dtype`` (what ``pow`` of an FP16 autocast output
+    returned on the CPU), that dtype (``ex_pow_cpu``). CUDA's policy for ``pow`` is the checked exercise's
+    answer, so it is not among the facts."""
+    if not isinstance(op_dtype, torch.dtype):
+        raise TypeError(f"op_dtype must be a torch.dtype, got {type(op_dtype).__name__}")
     if pow_dtype is not None and not isinstance(pow_dtype, torch.dtype):
         raise TypeError(f"pow_dtype must be a torch.dtype, got {type(pow_dtype).__name__}")
     pure, master = (sum(bytes_per_parameter(r).values()) for r in ("bf16_pure", "bf16_master"))
     facts: dict[str, object] = {
-        "ex_exp_cpu": _code(exp_dtype),
+        "ex_op_cpu": _code(op_dtype),
         "ex_master_extra": master - pure,
-        "ex_exp_cuda": cuda_policy_phrase("exp", lists),
+        "ex_op_cuda": cuda_policy_phrase(op, lists),
         "ex_pure_moments": _code(str(adamw_moment_dtype(torch.bfloat16)).replace("torch.", "")),
         "ex_pure_bytes": pure, "ex_master_bytes": master,
         "ex_sr_bytes": sum(update_rule_bytes("stochastic").values()),
