@@ -490,17 +490,14 @@ def adam_underflow_facts(default_eps: float, beta2: float) -> dict[str, object]:
 
 
 def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
-    """FP16's largest value, the largest input whose ``exp`` FP16 holds, the logits (Markdown), and the
-    cross-entropy from ``F.cross_entropy`` on the FP16 logits (``ce_fp16``) and exactly, from the FP64
-    softmax (``ce_fp64``), the exact value rounded to FP16 (``ce_exact_fp16``: what rounding only the result
-    would give) and ``ce_rounding``, a phrase on whether the kernel's result is that value or rounded inside."""
+    """FP16's largest value, the largest input whose ``exp`` FP16 holds, the logits (Markdown), the
+    cross-entropy from ``F.cross_entropy`` on the FP16 logits (``ce_fp16``), exactly from the FP64 softmax
+    (``ce_fp64``) and that rounded to FP16 (``ce_exact_fp16``), and whether the kernel rounded inside."""
     exact_fp16 = float(torch.tensor(sm.reference_cross_entropy_fp64, dtype=torch.float16))
-    if sm.torch_cross_entropy_fp16 == exact_fp16:
-        rounding = "the exact value rounded to FP16: only the result was rounded"
-    else:
-        off = abs(sm.torch_cross_entropy_fp16 / sm.reference_cross_entropy_fp64 - 1)
-        rounding = (f"{bold(f'{100 * off:.2g}%')} off, where rounding only the result to FP16 would give "
-                    f"{bold(f'{exact_fp16:.4g}')}: the kernel rounds intermediate values to FP16 too")
+    off = abs(sm.torch_cross_entropy_fp16 / sm.reference_cross_entropy_fp64 - 1)
+    rounding = ("the exact value rounded to FP16: only the result was rounded" if sm.torch_cross_entropy_fp16
+                == exact_fp16 else f"{bold(f'{100 * off:.2g}%')} off, where rounding only the result to FP16 "
+                f"would give {bold(f'{exact_fp16:.4g}')}: the kernel rounds intermediate values to FP16 too")
     return {"fp16_max": get_format("FP16").max_finite, "exp_limit": sm.largest_safe_exp_input,
             "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits)),
             "ce_fp16": sm.torch_cross_entropy_fp16, "ce_fp64": sm.reference_cross_entropy_fp64,
