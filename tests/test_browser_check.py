@@ -65,8 +65,8 @@ PLANTED = {
                       '<div class="cell_input"><pre>' + "z = " + "hidden + " * 20 + "</pre></div></details></div>"
                       '<div class="cell tag_hide-input"><details class="hide above-input"><summary>Show code</summary>'
                       '<div class="cell_input"><pre>w = short</pre></div></details></div></div>',
-    # the same for a cell's output (a folded output is the reader's choice) and a Markdown code block (one in a
-    # closed dropdown too)
+    # the same for a cell's output (a folded one once opened) and a Markdown code block (one in a closed
+    # dropdown passes: the reader has not opened it)
     "wide_output.html": '<div style="width: 600px"><div class="cell"><div class="cell_output"><pre>'
                         + "printed " * 20 + "</pre></div></div>"
                         '<div class="cell tag_hide-output"><details><summary>out</summary>'
@@ -187,6 +187,8 @@ def test_a_visible_code_cell_that_scrolls_sideways_fails(planted_results):
 def test_a_visible_output_or_code_block_that_scrolls_sideways_fails(planted_results):
     problems = planted_results["wide_output.html"].problems
     assert problems == ["a cell output scrolls sideways, widest line: " + ("printed " * 20).strip()[:80],
+                        "a folded cell output, opened, scrolls sideways, widest line: "
+                        + ("folded " * 20).strip()[:80],
                         "a code block scrolls sideways, widest line: "
                         + ("python -m course_lib.record " + "experiment " * 12).strip()[:80]], problems
 

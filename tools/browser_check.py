@@ -70,7 +70,7 @@ RAW_TEXT_PATTERNS = {
 _QUOTED_GLUE_JS = """() => [...document.querySelectorAll('.pasted-text')]
   .map(e => e.textContent.trim()).filter(t => /^'.*'$|^".*"$/.test(t))"""
 # [what, widest line] of each preformatted box a reader sees that is wider than its box: a code cell's input
-# (a folded one opened, as a reader opens it to read the code), a cell's output (folded outputs left out),
+# (a folded one opened, as a reader opens it to read the code), a cell's output (a folded one opened too),
 # and a code block of the page's Markdown (one in a closed dropdown left out: the reader has not opened it)
 _WIDE_CODE_JS = """() => {
   const widest = e => e.textContent.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '');
@@ -83,11 +83,18 @@ _WIDE_CODE_JS = """() => {
   folded.forEach(d => { d.open = true; });
   const opened = pick('a folded code cell, opened,', 'div.cell.tag_hide-input div.cell_input pre', e => true);
   folded.forEach(d => { d.open = false; });
+  // the same for a folded output (a listing of library source, say), opened to be read
+  const foldedOut = [...document.querySelectorAll('div.cell.tag_hide-output details')].filter(d => !d.open);
+  foldedOut.forEach(d => { d.open = true; });
+  const openedOut = pick('a folded cell output, opened,', 'div.cell.tag_hide-output div.cell_output pre',
+                         e => true);
+  foldedOut.forEach(d => { d.open = false; });
   return [
     ...pick('a code cell', 'div.cell:not(.tag_hide-input):not(.tag_hide-cell) div.cell_input pre', e => true),
     ...opened,
     ...pick('a cell output', 'div.cell:not(.tag_hide-output):not(.tag_hide-cell) div.cell_output pre',
             e => true),
+    ...openedOut,
     ...pick('a code block', 'pre', e => !e.closest('div.cell')),
   ];
 }"""

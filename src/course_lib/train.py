@@ -356,7 +356,7 @@ def step_optimizers(scaler: torch.amp.GradScaler, optimizers, *,
             hook.remove()
         ran.append(bool(marker))
         norms.append(float(norm))
-    scaler.update()  # once per iteration, whatever the number of optimizers
+    scaler.update()  # once per iteration, however many optimizers
     return StepResult(tuple(ran), tuple(norms))
 
 
