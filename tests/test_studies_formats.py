@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib.formats import TF32Check, get_format, round_to_format
+from course_lib.formats import FloatFormat, TF32Check, get_format, round_to_format
 from course_lib.glue import Prose
 from course_lib.magnitudes import LOG2_HI, LOG2_LO, LogHistogram
 from course_lib.models import GPTConfig
@@ -283,9 +283,14 @@ def test_overflow_rule_phrase_says_nan_or_saturation():
 
 
 def test_exercise_facts_are_the_answers_from_the_bits():
-    facts = S.exercise_facts(IEEE_E4M3, 448.0)
-    assert facts == {"fp16_count_1_2": 2**10, "e5m2_top_exp": 15, "e5m2_mantissa": 1.75, "e4m3_min_sub": 2.0**-9,
-                     "e4m3_min_exp": -6, "e4m3_m": 3, "e4m3_ieee_max": 240.0, "torch_e4m3_overflow": "saturate to 448"}
-    assert S.exercise_facts(IEEE_E4M3, math.nan)["torch_e4m3_overflow"] == "NaN"
+    e3m4 = FloatFormat("E3M4, IEEE-style", exponent_bits=3, mantissa_bits=4)
+    facts = S.exercise_facts(IEEE_E4M3, 448.0, checked=e3m4)
+    # E3M4: bias 3, smallest normal 2**-2, four mantissa bits below it: smallest subnormal 2**-6
+    assert facts == {"fp16_count_1_2": 2**10, "e5m2_top_exp": 15, "e5m2_mantissa": 1.75, "checked_bias": 3,
+                     "checked_min_exp": -2, "checked_m": 4, "checked_min_sub": 2.0**-6, "e4m3_ieee_max": 240.0,
+                     "torch_e4m3_overflow": "saturate to 448"}
+    assert S.exercise_facts(IEEE_E4M3, math.nan, checked=e3m4)["torch_e4m3_overflow"] == "NaN"
     with pytest.raises(TypeError, match="ieee_e4m3 must be a FloatFormat"):
-        S.exercise_facts(None, 448.0)
+        S.exercise_facts(None, 448.0, checked=e3m4)
+    with pytest.raises(TypeError, match="checked must be a FloatFormat"):
+        S.exercise_facts(IEEE_E4M3, 448.0, checked="E3M4")

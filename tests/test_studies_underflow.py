@@ -339,7 +339,8 @@ def test_exercise_facts_shift_the_late_gradients_three_binades():
     # 2**-22, which lands on 2**-25 itself: a tie, rounded to the even neighbour, zero
     assert S.exercise_facts(late, largest_sigmas=4.0) == {
         "ex_flush_now": 25.0, "ex_flush_8x": 75.0, "ex_sigmas": 4.0, "ex_sqrt_k": (65504 / 4.0) ** 2,
-        "ex_fp16_tiny": 2.0**-24, "ex_fp16_half_tiny": 2.0**-25}
+        "ex_e5m2_tiny": 2.0**-16, "ex_e5m2_half_tiny": 2.0**-17, "ex_e5m2_stored": 2.0**-16,
+        "ex_e5m2_err": pytest.approx(100 * (2.0**-16 / 1e-5 - 1))}   # 1e-5 lies above half of 2**-16: rounds up
     with pytest.raises(ValueError, match="no non-zero gradient"):
         S.exercise_facts(torch.zeros(3), largest_sigmas=4.0)
     with pytest.raises(TypeError, match="floating-point tensor"):

@@ -345,21 +345,25 @@ def overflow_rule_phrase(cast_of_overflow: float) -> Prose:
     return Prose("NaN" if math.isnan(cast_of_overflow) else f"saturate to {cast_of_overflow:g}")
 
 
-def exercise_facts(ieee_e4m3: FloatFormat, e4m3_cast_of_overflow: float) -> dict[str, object]:
-    """The exercises' answers: FP16 values in [1, 2), E5M2's top exponent and significand, E4M3's smallest
-    subnormal, smallest normal exponent and mantissa bits, the IEEE-style E4M3's maximum, and the installed
-    torch's E4M3 overflow rule from ``e4m3_cast_of_overflow`` (a cast of 1e4 to ``torch.float8_e4m3fn``)."""
-    if not isinstance(ieee_e4m3, FloatFormat):
-        raise TypeError(f"ieee_e4m3 must be a FloatFormat, got {type(ieee_e4m3).__name__}")
-    e4m3, e5m2 = get_format("FP8 E4M3"), get_format("FP8 E5M2")
+def exercise_facts(ieee_e4m3: FloatFormat, e4m3_cast_of_overflow: float, *, checked: FloatFormat
+                   ) -> dict[str, object]:
+    """The exercises' answers: FP16 values in [1, 2), E5M2's top exponent and significand, the checked
+    exercise's format's (``checked``, one no table shows) bias, smallest normal exponent, mantissa bits and
+    smallest subnormal, the IEEE-style E4M3's maximum, and the installed torch's E4M3 overflow rule from
+    ``e4m3_cast_of_overflow`` (a cast of 1e4 to ``torch.float8_e4m3fn``)."""
+    for name, value in (("ieee_e4m3", ieee_e4m3), ("checked", checked)):
+        if not isinstance(value, FloatFormat):
+            raise TypeError(f"{name} must be a FloatFormat, got {type(value).__name__}")
+    e5m2 = get_format("FP8 E5M2")
     fp16_values = all_values("FP16")
     return {
         "fp16_count_1_2": int(((fp16_values >= 1) & (fp16_values < 2)).sum()),
         "e5m2_top_exp": e5m2.max_exponent,
         "e5m2_mantissa": 2 - 2.0 ** -e5m2.mantissa_bits,
-        "e4m3_min_sub": e4m3.min_subnormal,
-        "e4m3_min_exp": e4m3.min_exponent,
-        "e4m3_m": e4m3.mantissa_bits,
+        "checked_bias": checked.bias,
+        "checked_min_exp": checked.min_exponent,
+        "checked_m": checked.mantissa_bits,
+        "checked_min_sub": checked.min_subnormal,
         "e4m3_ieee_max": ieee_e4m3.max_finite,
         "torch_e4m3_overflow": overflow_rule_phrase(e4m3_cast_of_overflow),
     }

@@ -629,8 +629,8 @@ def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, ob
     flushes (at or below half its smallest subnormal) as they are (``ex_flush_now``) and divided by 8
     (``ex_flush_8x``, an 8 times larger batch); ``largest_sigmas``, how many standard deviations the largest
     of many random dot products measured (``ex_sigmas``), and the width ``K`` at which that many standard
-    deviations of a unit-variance ``K``-term sum reach FP16's maximum (``ex_sqrt_k``); and FP16's smallest
-    subnormal and half of it."""
+    deviations of a unit-variance ``K``-term sum reach FP16's maximum (``ex_sqrt_k``); and FP8 E5M2's smallest
+    subnormal, half of it, what it stores for 1e-5 and how far off that is in percent (``ex_e5m2_*``)."""
     if not (isinstance(largest_sigmas, (int, float)) and math.isfinite(largest_sigmas) and largest_sigmas > 0):
         raise ValueError(f"largest_sigmas must be a positive number, got {largest_sigmas!r}")
     if not isinstance(late, torch.Tensor) or not late.is_floating_point():
@@ -638,13 +638,12 @@ def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, ob
     grads = late[late != 0].abs()
     if grads.numel() == 0:
         raise ValueError("late holds no non-zero gradient")
-    fp16 = get_format("FP16")
-    bigger_batch = grads / 8
+    fp16, e5m2 = get_format("FP16"), get_format("FP8 E5M2")
+    bigger_batch, stored = grads / 8, float(round_to_format(1e-5, e5m2))
     return {
         "ex_flush_now": 100 * float((grads <= fp16.min_subnormal / 2).float().mean()),
         "ex_flush_8x": 100 * float((bigger_batch <= fp16.min_subnormal / 2).float().mean()),
         "ex_sigmas": largest_sigmas,
         "ex_sqrt_k": (fp16.max_finite / largest_sigmas) ** 2,
-        "ex_fp16_tiny": fp16.min_subnormal,
-        "ex_fp16_half_tiny": fp16.min_subnormal / 2,
-    }
+        "ex_e5m2_tiny": e5m2.min_subnormal, "ex_e5m2_half_tiny": e5m2.min_subnormal / 2,
+        "ex_e5m2_stored": stored, "ex_e5m2_err": 100 * abs(stored / 1e-5 - 1)}
