@@ -437,7 +437,7 @@ def test_dashboard_draws_each_panel_and_groups_alerts():
     # two series that differ are told apart by marker and dash, not by colour alone
     assert layer_lines["a"].get_marker() != layer_lines["b"].get_marker()
     assert layer_lines["a"].get_linestyle() != layer_lines["b"].get_linestyle()
-    assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients (2 parameters)"]
+    assert [t.get_text() for t in fig.axes[3].texts] == ["alert: zero_gradients\n(2 parameters)"]
     # the alert's marker hangs inside the panel, under its top edge, not half above it
     marker = next(ln for ln in fig.axes[3].get_lines() if ln.get_marker() == "v" and ln.get_label().startswith("_"))
     fig.canvas.draw()
@@ -516,7 +516,7 @@ def test_distributed_figures_draw_every_variant_and_rank():
 def test_wide_figures_get_text_that_reads_at_the_column_size():
     import matplotlib.pyplot as plt
 
-    from course_lib.plots.style import COLUMN_INCHES, finish_figure, scale_text_to_column
+    from course_lib.plots.style import COLUMN_INCHES, MIN_FONT_POINTS, finish_figure, scale_text_to_column
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(2 * COLUMN_INCHES, 4))
     left.set_title("t", fontsize=10)
@@ -527,7 +527,8 @@ def test_wide_figures_get_text_that_reads_at_the_column_size():
     finish_figure(fig)
     fig.canvas.draw()   # ticks made at draw time must take the scaled size too
     assert left.title.get_fontsize() == pytest.approx(20.0)
-    assert left.get_legend().get_texts()[0].get_fontsize() == pytest.approx(16.0)
+    # the legend's 8 points, raised to the floor first, then doubled
+    assert left.get_legend().get_texts()[0].get_fontsize() == pytest.approx(2 * max(8.0, MIN_FONT_POINTS))
     sizes = [t.get_fontsize() for t in left.get_xticklabels() + right.get_yticklabels(minor=True)]
     assert sizes and sizes == pytest.approx([2 * plt.rcParams["font.size"]] * len(sizes))
     narrow, ax = plt.subplots(figsize=(COLUMN_INCHES / 2, 3))

@@ -42,7 +42,8 @@ def plot_scale_fidelity(result) -> Figure:
     """Relative error of each parameter's FP16-autocast gradient against FP32's (log scale), one line per
     loss scale of a :class:`~course_lib.studies.loss_scaling.ScaleFidelity`; a scale whose gradients overflowed is named
     in the legend without a line."""
-    fig, ax = plt.subplots(figsize=(10, 4.6))
+    # tall: the rotated parameter names take most of a short figure's height
+    fig, ax = plt.subplots(figsize=(10, 6.4))
     x = np.arange(len(result.names))
     for j, sc in enumerate(result.scales):
         exponent = math.log2(sc)   # superscripts, as the lesson's prose writes a scale (2⁰, 2¹⁶)
@@ -88,7 +89,8 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
     ax.set_xlabel("training step")
     ax.set_ylabel("loss scale (log2 axis)")
     ax.set_title(title + " (markers: skipped steps)")
-    ax.legend(handles=handles, fontsize=8)
+    # under the axes: inside, a long run's legend reached the falling scale's markers
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3)
     return finish_figure(fig)
 

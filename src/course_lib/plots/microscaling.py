@@ -49,7 +49,7 @@ def plot_block_sizes(study) -> Figure:
         ax.set_xticks(x, ["1\n(per\nelement)" if b == "1" else ("whole\ntensor" if b == "tensor" else b)
                           for b in study.blocks])
         ax.set_xlim(-0.5, len(study.blocks) - 0.5)   # room for the outer ticks' labels inside the panel
-        ax.set_xlabel("elements per E8M0 scale (categories, evenly spaced)")
+        ax.set_xlabel("elements per E8M0 scale\n(categories, evenly spaced)")   # two lines: panels side by side
         ax.set_title(f"{element.upper()} elements, {study.mode.upper()} scales", fontsize=10)
         values = [e.relative_error for t in study.tensors for e in study.errors[element][t].values()]
         # a log axis only where the errors span a factor of two or more; ticks at 1, 1.5, 2, 3, 5 and 7 per

@@ -62,7 +62,7 @@ def plot_recovery(demo) -> Figure:
         ax.axvline(demo.fault_at, color=LIMIT_COLOUR, ls="--", lw=1.2, zorder=1)
         ax.grid(alpha=0.3)
     for e in demo.events:
-        top.annotate(f"alert at step {e.step}: rolled back to {e.rolled_back_to}, continued in {e.recipe}",
+        top.annotate(f"alert at step {e.step}: rolled back to {e.rolled_back_to},\ncontinued in {e.recipe}",
                      xy=(e.step, 0.85), xycoords=top.get_xaxis_transform(), xytext=(8, 0),
                      textcoords="offset points", fontsize=8, va="center")
     top.text(demo.fault_at, top.get_ylim()[0], " fault starts", color=LIMIT_COLOUR, fontsize=8, va="bottom")
@@ -184,11 +184,12 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
     by_step: dict[int, list] = {}
     for a in alerts:
         by_step.setdefault(a.step, []).append(a)
-    for step, group in sorted(by_step.items()):
+    for k, (step, group) in enumerate(sorted(by_step.items())):
         kinds = sorted({a.kind for a in group})
-        text = "alert: " + ", ".join(kinds) + (f" ({len(group)} parameters)" if len(group) > 1 else
-                                               f" ({group[0].layer})" if group[0].layer else "")
-        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -18),
+        text = "alert: " + ", ".join(kinds) + (f"\n({len(group)} parameters)" if len(group) > 1 else
+                                               f"\n({group[0].layer})" if group[0].layer else "")
+        # two lines each, and each alert lower than the one before, so that neighbouring alerts do not collide
+        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -18 - 26 * k),
                           textcoords="offset points", fontsize=7, va="top",
                           bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
         # the marker hangs from the panel's top edge: centred 4 points below it, a 6-point triangle is inside

@@ -66,7 +66,8 @@ def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure
         axes[0][-1].plot([], [], "--", color="#555555", label="datasheet dense peak")
     for ax in axes[0]:
         # below the axes, so that no line is covered
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
+        # two columns: three ran into the neighbouring panel's legend
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     return finish_figure(fig)
 
 
@@ -114,7 +115,8 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved, log scale)")
     ax.set_ylabel("attainable TFLOP/s (log scale)")
     ax.set_title("Roofline: the course model's operations (points on the first ceiling)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    # under the axes: in the upper left it covered an operation's mark and the roofs
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
     return finish_figure(fig)
 
@@ -162,14 +164,16 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: d
     drawn as a horizontal line; ``times``: ``{title: {recipe: [seconds or None per run]}}``, each run's time to
     the target as the study measures it (its own averaging window), marked on the target line: the drawn
     curves are smoothed for display and need not cross the line where the measurement does."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 4.2), squeeze=False)
+    # panels one above the other, each the column's full width: side by side, each legend covered a panel's
+    # curves or, below the axes, ran into the other panel's legend
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
     recipes = list(dict.fromkeys(r for by_recipe in panels.values() for r in by_recipe))
     # one colour per recipe in every panel: its dtype's, as in the matmul figure (FP32 black, TF32 grey, BF16
     # blue, FP16 vermillion), and its own dash, since seeds of recipes that run alike overlap
     dashes = ["-", "--", "-.", ":"]
     styles = {r: (_DTYPE_COLOURS.get(r.split("_")[0], FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]),
                   dashes[i % len(dashes)]) for i, r in enumerate(recipes)}
-    for ax, (title, by_recipe) in zip(axes[0], panels.items()):
+    for ax, (title, by_recipe) in zip(axes[:, 0], panels.items()):
         for recipe, runs in by_recipe.items():
             colour, ls = styles[recipe]
             for j, (seconds, losses) in enumerate(runs):
@@ -193,7 +197,8 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: d
         ax.xaxis.set_major_locator(MaxNLocator(5))   # "0.000 0.025 ..." ran into each other on a fast run
         ax.set_ylabel("training loss (moving average)")
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        # upper right: the curves fall from the upper left, and a full-width panel leaves that corner empty
+        ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)
     return finish_figure(fig)
 
@@ -272,7 +277,7 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
     unknown = [d for d in devices if d not in ladder.predicted_devices()]
     if unknown:
         raise ValueError(f"no predictions for {unknown}; the ladder predicts {ladder.predicted_devices()}")
-    fig, axes = plt.subplots(2, len(devices), figsize=(8.5 if len(devices) == 1 else 11, 7.5), squeeze=False,
+    fig, axes = plt.subplots(2, len(devices), figsize=(8.5 if len(devices) == 1 else 11, 8.5), squeeze=False,
                              sharex=True)
     params = {r.name: r.n_params for r in ladder.rungs}
     for col, device in enumerate(devices):
@@ -311,9 +316,9 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
                                 mew=0.8)
         kind = "measured here and predicted" if device == ladder.own_prediction_device else "predicted only"
         top.set_title(f"{device}\n({kind})", fontsize=10)
-        top.set_ylabel("tokens per second")
-        # two short lines: one long line ran past the panel into the top panel's label and the figure's edge
-        bottom.set_ylabel("MFU\n(% of reference peak)")
+        top.set_ylabel("tokens/s")
+        # short: a long label ran past the panel into the top panel's label and the figure's edge
+        bottom.set_ylabel("MFU (%)")
         bottom.set_xlabel("parameters (log)")
         for ax in (top, bottom):
             ax.set_xscale("log")
@@ -325,7 +330,7 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         handles, labels = top.get_legend_handles_labels()
         # one entry per row: two columns of long entries ran into the other column's legend
-        bottom.legend(handles, labels, fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=1,
+        bottom.legend(handles, labels, fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=1,
                       frameon=False, title=f"{device}:", title_fontsize=9)
     fig.align_ylabels(axes[:, 0])
     return finish_figure(fig)

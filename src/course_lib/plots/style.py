@@ -37,10 +37,12 @@ FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F0
 FIGURE_DPI = 150   # rendered at 1.5x the usual 100 dpi: the book scales images to its column, so text stays sharp
 
 
-# The book scales every figure to its text column. A figure wider than this many inches is shrunk more than
-# one of this width, and its text with it: finish_figure enlarges such a figure's text in proportion, so
-# that a label reads at the same size on the page whatever the figure's width.
-COLUMN_INCHES = 8.5
+# The book scales every figure to its text column: 672 px in a 1280-px window, 7 inches at the browser's 96 px
+# per inch, where a point of text reads at 1.33 px. A figure wider than this many inches is shrunk more, and
+# its text with it: finish_figure enlarges such a figure's text in proportion, so that a label reads at the
+# same size on the page whatever the figure's width (at 8.5 inches, the old value, 10-point ticks read at 11 px
+# and 8-point legends at 9 px).
+COLUMN_INCHES = 7.0
 
 
 def scale_text_to_column(fig: Figure, column_inches: float = COLUMN_INCHES) -> float:
@@ -67,9 +69,9 @@ def scale_text_to_column(fig: Figure, column_inches: float = COLUMN_INCHES) -> f
     return factor
 
 
-# The smallest text a figure may carry, in points at the column's width: a legend or a note set smaller read
-# at about 6 px on the page.
-MIN_FONT_POINTS = 8.0
+# The smallest text a figure may carry, in points at the column's width (12 px on the page): a legend or a
+# note set smaller reads too small.
+MIN_FONT_POINTS = 9.0
 
 
 def enforce_min_font(fig: Figure, points: float = MIN_FONT_POINTS) -> int:

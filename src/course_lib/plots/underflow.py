@@ -110,7 +110,7 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel(f"|{kind} gradient| (bar: 1st to 99th percentile)")
-    ax.set_ylabel("layer (top: last layer, where backpropagation starts)")
+    ax.set_ylabel("layer (top: the last one)")   # short: a long label outgrew the axes
     ax.set_title(title or f"{kind.capitalize()} gradients layer by layer, going backwards")
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False)   # under the bars, covering none
