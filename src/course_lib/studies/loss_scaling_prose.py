@@ -151,7 +151,8 @@ def forward_nan_where(*, on_lesson_5: bool = False) -> Prose:
              else "Lesson 5's {ref}`fp16-divergence`")
     return Prose(
         where + " trains the course model with FP16 and a GradScaler into such a failure (at a higher learning "
-        "rate, so that it fails within the steps a lesson can afford) and names the operation that overflowed. The course "
+        "rate, so that it fails within the steps a lesson can afford) and, in a small CPU proxy, names the operation "
+        "that overflowed. The course "
         "model forms attention's $q k^\\top$ in FP16 before its $1/\\sqrt{d}$ scale, an order that overflows "
         "where PyTorch's fused attention does not ({doc}`04_amp` shows it), so one model written this way going "
         "NaN is no verdict on FP16 autocast for GPTs in general.")
