@@ -142,7 +142,8 @@ def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
                           "and other devices.")
     both = A.amp_errata(mean_dtype=torch.bfloat16, softmax_dtype=torch.bfloat16, exp_dtype=torch.bfloat16,
                         weight_dtype=torch.float32, lists=LISTS,
-                        warnings_seen=["autocast is deprecated.", "GradScaler is deprecated.", "autocast is deprecated."])
+                        warnings_seen=["autocast is deprecated.", "GradScaler is deprecated.",
+                                       "autocast is deprecated."])
     assert both[3][1].startswith('Deprecated: torch says "autocast is deprecated" and "GradScaler is deprecated". ')
     quiet = A.amp_errata(mean_dtype=torch.float32, softmax_dtype=torch.float32, exp_dtype=torch.float32,
                          weight_dtype=torch.float32, warnings_seen=[], lists=LISTS)

@@ -246,7 +246,9 @@ def test_traffic_facts_measure_the_saving_and_bound_it_by_the_model():
         "traffic_saving": "**28.6%**",          # 2 of 7 bytes
         "step_saving": "**8.57%**",
         "model_once": "2 of 6 bytes", "model_once_share": "33.3%",
-        "model_twice": "2 of 8", "model_twice_share": "25.0%", "model_step_range": "7.50% of the step when every parameter is gathered twice, 10.0% when each is gathered once"}
+        "model_twice": "2 of 8", "model_twice_share": "25.0%",
+        "model_step_range": ("7.50% of the step when every parameter is gathered twice, 10.0% when each is "
+                             "gathered once")}
     with pytest.raises(ValueError, match="no collective bytes"):
         T.traffic_facts(_study())
     for bad in (0, 1.5, True):

@@ -331,6 +331,8 @@ def test_underflow_errata_refuse_impossible_measurements():
         _errata(exp_max=math.inf)
     with pytest.raises(ValueError, match="exp_fp16_overflows <= exp_n"):
         _errata(exp_fp16_overflows=1001)
+    with pytest.raises(ValueError, match="random_width and random_products must be >= 1"):
+        _errata(random_products=0)
 
 
 def test_exercise_facts_shift_the_late_gradients_three_binades():

@@ -67,7 +67,8 @@ def tf32_matmul_check(n: int, device: torch.device | str, *, seed: int = 0) -> T
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     gen = torch.Generator().manual_seed(seed)
-    a = torch.randn(n, n, generator=gen) * torch.exp2(torch.randint(*TF32_SCALE_EXPONENTS, (n, n), generator=gen).float())
+    normal = torch.randn(n, n, generator=gen)   # drawn first, then the exponents: the generator's order
+    a = normal * torch.exp2(torch.randint(*TF32_SCALE_EXPONENTS, (n, n), generator=gen).float())
     a = a.to(device)
     eye = torch.eye(n, device=device)
     with tf32_matmuls(True):   # allow TF32 tensor cores for float32 matmuls

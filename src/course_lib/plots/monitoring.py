@@ -188,8 +188,9 @@ def plot_dashboard(log, alerts=(), *, attribute: str = "zero", top_n: int = 4, m
         kinds = sorted({a.kind for a in group})
         text = "alert: " + ", ".join(kinds) + (f"\n({len(group)} parameters)" if len(group) > 1 else
                                                f"\n({group[0].layer})" if group[0].layer else "")
-        # two lines each, and each alert lower than the one before, so that neighbouring alerts do not collide
-        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -18 - 26 * k),
+        # two lines each, and each alert lower than the one before (three levels, then again from the top), so
+        # that neighbouring alerts do not collide
+        layer_ax.annotate(text, xy=(step, 1.0), xycoords=layer_ax.get_xaxis_transform(), xytext=(6, -18 - 26 * (k % 3)),
                           textcoords="offset points", fontsize=7, va="top",
                           bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
         # the marker hangs from the panel's top edge: centred 4 points below it, a 6-point triangle is inside

@@ -11,9 +11,10 @@ import torch
 
 from ..distributed.traffic import sharded_step_bytes
 from ..glue import Prose, bold, percent_text, sig3
-from .distributed import FSDP_BF16_REDUCE, FSDP_FP32_REDUCE, DataParallelStudy
+from .distributed import FSDP_BF16_REDUCE, FSDP_FP32_REDUCE, FSDP_POLICIES, DataParallelStudy
 
-FSDP_NO_POLICY = "FSDP2, FP32 (no policy)"
+# the study's FSDP2 run without a mixed precision policy
+FSDP_NO_POLICY = next(label for label, dtypes in FSDP_POLICIES.items() if dtypes == (None, None))
 
 # the exercise's premise: communication takes this share of a training step (a hypothetical job)
 EXERCISE_COMM_SHARE = 0.3
@@ -32,9 +33,9 @@ def _saving(before: Mapping[str, float], after: Mapping[str, float]) -> float:
 
 def traffic_facts(study: DataParallelStudy, *, comm_share: float = EXERCISE_COMM_SHARE) -> dict[str, object]:
     """Lesson 10's facts of FSDP2's traffic: bytes per parameter and step rank 0 gathered without a policy
-    and with BF16 parameters, and reduce-scattered in FP32 and in BF16, how many gathers per parameter that makes, the measured
-    saving of the BF16 reduction and the model's for one and for two gathers per step, and each saving
-    as a share of a step whose communication is ``comm_share``."""
+    and with BF16 parameters, and reduce-scattered in FP32 and in BF16, how many gathers per parameter that
+    makes, the measured saving of the BF16 reduction and the model's for one and for two gathers per step,
+    and each saving as a share of a step whose communication is ``comm_share``."""
     if isinstance(comm_share, bool) or not isinstance(comm_share, (int, float)) or not 0 < comm_share <= 1:
         raise ValueError(f"comm_share must be a share in (0, 1], got {comm_share!r}")
     fp32, bf16 = _per_step(study, FSDP_FP32_REDUCE), _per_step(study, FSDP_BF16_REDUCE)

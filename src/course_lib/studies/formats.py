@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 
 from ..device import SizeProfile
-from ..formats import TF32_SCALE_EXPONENTS, FloatFormat, TF32Check, all_values, bit_string, encode, get_format, round_to_format, spacing
+from ..formats import (TF32_SCALE_EXPONENTS, FloatFormat, TF32Check, all_values, bit_string, encode, get_format,
+                       round_to_format, spacing)
 from ..glue import Prose
 from ..magnitudes import HistogramAccumulator, LogHistogram, log2_histogram
 from ..models import GPTConfig, course_setup

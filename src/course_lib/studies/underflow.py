@@ -597,6 +597,8 @@ def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: fl
                          f"{stored_1e7!r}, {stored_1_2e7!r} and {stored_layer_norm_eps!r}")
     if not fp16.max_finite < overflow_from:
         raise ValueError(f"overflow_from must exceed FP16's largest value, got {overflow_from!r}")
+    if min(random_width, random_products) < 1:
+        raise ValueError(f"random_width and random_products must be >= 1, got {random_width!r}, {random_products!r}")
     return [
         ("1e-7 and 1.2e-7 become 0 in FP16.",
          f"Both become the subnormal {stored_1e7:.4g} (FP16's subnormals are {fp16.min_subnormal:.3g} apart, so "
@@ -626,11 +628,10 @@ def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: fl
 
 def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, object]:
     """The exercises' answers from the late activation gradients ``late``: percent of the non-zero ones FP16
-    flushes (at or below half its smallest subnormal) as they are (``ex_flush_now``) and divided by 8
-    (``ex_flush_8x``, an 8 times larger batch); ``largest_sigmas``, how many standard deviations the largest
-    of many random dot products measured (``ex_sigmas``), and the width ``K`` at which that many standard
-    deviations of a unit-variance ``K``-term sum reach FP16's maximum (``ex_sqrt_k``); and FP8 E5M2's smallest
-    subnormal, half of it, what it stores for 1e-5 and how far off that is in percent (``ex_e5m2_*``)."""
+    flushes as they are (``ex_flush_now``) and divided by 8 (``ex_flush_8x``, an 8 times larger batch);
+    ``ex_sigmas``: ``largest_sigmas``, the standard deviations the largest of many random dot products
+    measured, and ``ex_sqrt_k``, the width at which that many reach FP16's maximum; and FP8 E5M2's smallest
+    subnormal, half of it, what it stores for 1e-5 and its error in percent (``ex_e5m2_*``)."""
     if not (isinstance(largest_sigmas, (int, float)) and math.isfinite(largest_sigmas) and largest_sigmas > 0):
         raise ValueError(f"largest_sigmas must be a positive number, got {largest_sigmas!r}")
     if not isinstance(late, torch.Tensor) or not late.is_floating_point():
@@ -639,11 +640,11 @@ def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, ob
     if grads.numel() == 0:
         raise ValueError("late holds no non-zero gradient")
     fp16, e5m2 = get_format("FP16"), get_format("FP8 E5M2")
-    bigger_batch, stored = grads / 8, float(round_to_format(1e-5, e5m2))
+    stored = float(round_to_format(1e-5, e5m2))
+    # what the FP16 codec rounds to zero (ties included), as they are and divided by 8
+    flushed = [100 * float((round_to_format(g, fp16) == 0).float().mean()) for g in (grads, grads / 8)]
     return {
-        "ex_flush_now": 100 * float((grads <= fp16.min_subnormal / 2).float().mean()),
-        "ex_flush_8x": 100 * float((bigger_batch <= fp16.min_subnormal / 2).float().mean()),
-        "ex_sigmas": largest_sigmas,
-        "ex_sqrt_k": (fp16.max_finite / largest_sigmas) ** 2,
+        "ex_flush_now": flushed[0], "ex_flush_8x": flushed[1],
+        "ex_sigmas": largest_sigmas, "ex_sqrt_k": (fp16.max_finite / largest_sigmas) ** 2,
         "ex_e5m2_tiny": e5m2.min_subnormal, "ex_e5m2_half_tiny": e5m2.min_subnormal / 2,
         "ex_e5m2_stored": stored, "ex_e5m2_err": 100 * abs(stored / 1e-5 - 1)}
