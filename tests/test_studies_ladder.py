@@ -124,12 +124,17 @@ def test_recipe_reasons_and_bad_input(monkeypatch):
     assert LADDER.base_recipe("fp8_rowwise") == "bf16_autocast"
     assert "TF32" in LADDER.recipe_unsupported_reason("tf32", "cpu")
     assert LADDER.recipe_unsupported_reason("fp32", "cpu") is None
-    # FP8 slower than BF16 (emulated) is a reason with the measured ratio; faster, the recipe runs
-    slow = LADDER.capability_probe("cpu")
-    assert "emulated" in LADDER.recipe_unsupported_reason("fp8_tensorwise", "cpu")
-    fast = dataclasses.replace(slow, tflops={**slow.tflops, "fp8": 2 * slow.tflops["bf16"]})
-    monkeypatch.setattr(LADDER, "capability_probe", lambda device: fast)
-    assert LADDER.recipe_unsupported_reason("fp8_tensorwise", "cpu") is None
+    # FP8 slower than BF16 or FP32 (emulated in a wider format) is a reason naming the measured ratio against
+    # the faster of the two; faster than both, the recipe runs. Probes are fixed: CPUs differ in which is faster.
+    measured = LADDER.capability_probe("cpu")
+    for tflops, reason in (({"fp32": 1.0, "bf16": 0.5, "fp8": 0.25}, "0.25 times FP32's"),
+                           ({"fp32": 0.1, "bf16": 0.5, "fp8": 0.25}, "0.50 times BF16's"),
+                           ({"fp32": 0.14, "bf16": 0.0024, "fp8": 0.052}, "0.37 times FP32's"),
+                           ({"fp32": 0.5, "bf16": 1.0, "fp8": 2.0}, None)):
+        probe = dataclasses.replace(measured, tflops=tflops)
+        monkeypatch.setattr(LADDER, "capability_probe", lambda device, probe=probe: probe)
+        why = LADDER.recipe_unsupported_reason("fp8_tensorwise", "cpu")
+        assert why is None if reason is None else reason in why and "emulated" in why
     for kwargs, match in (({"rungs": ("gpt3",)}, "unknown rung"), ({"recipes": ("int8",)}, "unknown recipe"),
                           ({"rungs": "course_small"}, "not one string"), ({"steps": 0}, "steps must be"),
                           ({"compile_modes": ()}, "compile_modes"), ({"predict_for": ("A9000",)}, "datasheet GPU")):

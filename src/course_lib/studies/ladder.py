@@ -99,11 +99,16 @@ def recipe_unsupported_reason(recipe: str, device: torch.device | str) -> str | 
         device, row_scales=recipe == "fp8_rowwise")
     if why:
         return why
+    # Emulated FP8 computes in a wider format, so it cannot beat that format's product; beating BF16 alone is
+    # not enough (a CPU whose BF16 product is itself emulated runs FP8 through FP32 faster than BF16).
     probe = capability_probe(device)
-    fp8, bf16 = probe.tflops.get("fp8"), probe.tflops.get("bf16")
-    if fp8 is not None and bf16 is not None and fp8 < bf16:
-        return (f"FP8 products measured {ratio_text(fp8 / bf16)} times BF16's throughput here (n={probe.n}): emulated, "
-                f"so their time says nothing about FP8 hardware")
+    fp8 = probe.tflops.get("fp8")
+    wider = [d for d in ("bf16", "fp32") if fp8 is not None and probe.tflops.get(d) is not None
+             and fp8 < probe.tflops[d]]
+    if wider:
+        d = max(wider, key=probe.tflops.__getitem__)
+        return (f"FP8 products measured {ratio_text(fp8 / probe.tflops[d])} times {d.upper()}'s throughput here "
+                f"(n={probe.n}): emulated, so their time says nothing about FP8 hardware")
     try:
         float8_converter(recipe)
     except ImportError as exc:  # torchao is optional on a GPU image
