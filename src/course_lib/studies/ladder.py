@@ -105,7 +105,7 @@ def recipe_unsupported_reason(recipe: str, device: torch.device | str) -> str | 
     fp8 = probe.tflops.get("fp8")
     wider = [d for d in ("bf16", "fp32") if fp8 is not None and probe.tflops.get(d) is not None
              and fp8 < probe.tflops[d]]
-    if wider:
+    if fp8 is not None and wider:
         d = max(wider, key=probe.tflops.__getitem__)
         return (f"FP8 products measured {ratio_text(fp8 / probe.tflops[d])} times {d.upper()}'s throughput here "
                 f"(n={probe.n}): emulated, so their time says nothing about FP8 hardware")
