@@ -1,7 +1,10 @@
+import dataclasses
 import math
 
 from course_lib.overflow import matmul_overflow, softmax_overflow
-from course_lib.studies.underflow import bf16_model_in_fp16
+from course_lib.device import SizeProfile
+from course_lib.models import gpt_config_for
+from course_lib.studies.underflow import activation_overflow_facts, bf16_model_in_fp16
 
 
 def test_softmax_naive_overflows_and_safe_forms_match_reference():
@@ -29,8 +32,16 @@ def test_planted_large_activation_breaks_fp16_not_bf16():
     r = bf16_model_in_fp16()
     assert r.largest_activation_bf16 > r.fp16_max
     assert math.isfinite(r.loss_bf16) and math.isnan(r.loss_fp16) and r.nonfinite_fp16_outputs > 0
+    cfg = gpt_config_for(SizeProfile("small"))
+    assert r.fp16_outputs == 4 * cfg.context * cfg.vocab_size   # every logit of the 4-sequence batch counted
+    assert activation_overflow_facts(r)["act_nonfinite"] == (
+        f"all {r.fp16_outputs:,}" if r.nonfinite_fp16_outputs == r.fp16_outputs
+        else f"{r.nonfinite_fp16_outputs:,} of {r.fp16_outputs:,}")
     mild = bf16_model_in_fp16(channel_gain=1.0)
     assert math.isfinite(mild.loss_fp16) and mild.nonfinite_fp16_outputs == 0
+    assert activation_overflow_facts(mild)["act_nonfinite"] == f"0 of {mild.fp16_outputs:,}"
+    some = dataclasses.replace(r, nonfinite_fp16_outputs=7, fp16_outputs=4096)
+    assert activation_overflow_facts(some)["act_nonfinite"] == "7 of 4,096"
 
 
 def test_fp16_finetune_of_overflowing_model_skips_every_step():

@@ -148,7 +148,7 @@ def test_update_facts_from_a_hand_built_comparison():
         "lost_nearest": "40.0-50.0%",                   # (0.4 + 0.6) / 2 and (0.3 + 0.5) / 2
         "gap_nearest": "+0.050 to +0.060", "gap_others": "-0.0010 and +0.0020",
         "upd_lead": "Only plain round-to-nearest separates from FP32.",
-        "upd_separates": "every seed of it lies above every seed of the other three",
+        "upd_separates": "every seed of it lies above every seed of every other rule",
         "upd_others_note": "FP32 master weights within 0.0010; stochastic rounding within 0.0020; "
                            "Kahan-compensated within 0.0010 in every seed: small against round-to-nearest's "
                            "gap of at least 0.050, and their ranges over seeds overlap"}

@@ -201,7 +201,7 @@ def separation_phrase(gaps: dict[str, list[float]]) -> Prose:
     """Whether every seed of round-to-nearest lies above every seed of the other rules."""
     others = [k for k in gaps if k != NEAREST]
     separates = min(gaps[NEAREST]) > max(max(gaps[k]) for k in others)
-    return Prose("every seed of it lies above every seed of the other three" if separates else
+    return Prose("every seed of it lies above every seed of every other rule" if separates else
                  "its seeds overlap those of the others")
 
 

@@ -203,12 +203,12 @@ def underflow_statistics(run: CapturedTraining) -> UnderflowStatistics:
 @dataclass(frozen=True)
 class ActivationOverflow:
     """A BF16 model with one large activation channel, run in BF16 and in FP16."""
-
     largest_activation_bf16: float
     loss_bf16: float
     loss_fp16: float
     nonfinite_fp16_outputs: int
     fp16_max: float
+    fp16_outputs: int      # the output logits counted, finite or not
 
 
 def bf16_model_in_fp16(channel_gain: float = 2.0**21, device: torch.device | str = "cpu", seed: int = 0) -> ActivationOverflow:
@@ -216,8 +216,7 @@ def bf16_model_in_fp16(channel_gain: float = 2.0**21, device: torch.device | str
     a stand-in for the very large activations some BF16-pretrained models develop, then run in FP16.
 
     The amplification is planted (and said so): a BF16 model never sees FP16's limit, so nothing in its
-    training keeps activations below 65504.
-    """
+    training keeps activations below 65504."""
     device = torch.device(device)
     cfg = gpt_config_for(SizeProfile("small"))
     model = build_gpt(cfg, seed=seed, device=device)
@@ -235,7 +234,7 @@ def bf16_model_in_fp16(channel_gain: float = 2.0**21, device: torch.device | str
     finally:
         hook.remove()
     return ActivationOverflow(largest_bf16, float(loss_bf16.float()), float(loss_fp16.float()),
-                              int((~torch.isfinite(logits16)).sum()), get_format("FP16").max_finite)
+                              int((~torch.isfinite(logits16)).sum()), get_format("FP16").max_finite, logits16.numel())
 
 
 # ---- facts and phrases for the lesson's prose -----------------------------------------------------------
@@ -575,9 +574,10 @@ def matmul_facts(mm: MatmulOverflow) -> dict[str, object]:
 
 
 def activation_overflow_facts(act: ActivationOverflow) -> dict[str, object]:
-    """The largest BF16 activation, the BF16 loss and the count of non-finite FP16 output logits."""
+    """The largest BF16 activation, the BF16 loss and the non-finite FP16 logits ("all 4,096", "7 of 4,096")."""
+    n, total = act.nonfinite_fp16_outputs, act.fp16_outputs
     return {"act_bf16_max": act.largest_activation_bf16, "act_loss_bf16": act.loss_bf16,
-            "act_nonfinite": act.nonfinite_fp16_outputs}
+            "act_nonfinite": Prose(f"all {n:,}" if n == total else f"{n:,} of {total:,}")}
 
 
 def underflow_errata(*, stored_1e7: float, stored_1_2e7: float, stored_65536: float, overflow_from: float,
