@@ -59,6 +59,16 @@ def test_check_bytes_per_parameter_names_the_slip():
     assert check_bytes_per_parameter("bf16_master", 20).correct
     with pytest.raises(ValueError, match="unknown recipe"):
         check_bytes_per_parameter("fp64", 8)
+    # SGD with momentum: one moment in the optimizer's dtype (FP32 weights 4, gradients 4, momentum 4)
+    assert check_bytes_per_parameter("bf16_autocast", 12, optimizer="sgd_momentum").correct
+    two = check_bytes_per_parameter("bf16_autocast", 16, optimizer="sgd_momentum")
+    assert not two.correct and "SGD with momentum keeps one" in two.message
+    assert "left out the momentum" in check_bytes_per_parameter("fp32", 8, optimizer="sgd_momentum").message
+    assert "no persistent 16-bit copy" in check_bytes_per_parameter("bf16_autocast", 14,
+                                                                    optimizer="sgd_momentum").message
+    assert check_bytes_per_parameter("bf16_master", 16, optimizer="sgd_momentum").correct   # 2 + 2 + 4 + 4 + 4
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        check_bytes_per_parameter("fp32", 16, optimizer="adam")
 
 
 def test_check_delayed_scale():

@@ -263,7 +263,9 @@ def test_compiled_speed_table_and_facts():
     assert facts["cs_verdict"].startswith("A CPU has **no FP8 tensor cores**") and facts["cs_faster_count"] == 1
     assert "This ran on a CPU" not in facts["cs_verdict"]
     assert "faster than BF16 for torchao tensorwise at 128 (2.00x)" in facts["cs_verdict"]
-    assert "timing noise" in facts["cs_verdict"]
+    assert facts["cs_verdict"].endswith("that is not FP8 arithmetic, which a CPU does not have.")
+    slow_bf16 = fp8_prose.compiled_speed_facts(speed(), bf16_relative=0.5)["cs_verdict"]
+    assert "BF16 is the slow side: this CPU multiplies BF16 at 0.50 times its FP32 rate" in slow_bf16
     gpu = fp8_prose.compiled_speed_facts(speed(device="cuda:0", compiled=True, skipped={RW: "no rows (test)"}))
     assert "tensor cores" not in gpu["cs_verdict"] and "noise" not in gpu["cs_verdict"]
     assert "torchao rowwise did not run: no rows (test)." in gpu["cs_verdict"]

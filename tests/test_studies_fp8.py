@@ -471,10 +471,19 @@ def test_linear_speed_table_and_facts():
     assert fp8_prose.linear_speed_table(speed()) == (
         f"| n | BF16 nn.Linear | {COURSE} |\n|---|---|---|\n| 64 | 1.000 ms | 4.000 ms |\n"
         "| 128 | 2.000 ms | 2.500 ms |\n")
-    cpu = fp8_prose.linear_speed_facts(speed())
+    cpu = fp8_prose.linear_speed_facts(speed(), bf16_relative=0.02)
     assert cpu == {"cpu_fp8_ratio": "0.25 to 0.80", "speed_device": "CPU", "speed_note": (
-        "A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 first, so FP8 can only cost "
-        "time here, and these timings say nothing about a GPU.")}
+        "A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 and multiplies there, so these "
+        "timings say nothing about a GPU.")}
+    # FP8 faster than BF16 on a CPU: BF16 is the slow side where the probe measured it slower than FP32
+    fast = Fp8LinearSpeed("cpu", (64, 128), {"BF16 nn.Linear": {64: 0.004, 128: 0.002},
+                                             COURSE: {64: 0.001, 128: 0.0025}}, {})
+    assert fp8_prose.linear_speed_facts(fast, bf16_relative=0.017)["speed_note"].endswith(
+        "Where FP8 came out faster, BF16 is the slow side: this CPU multiplies BF16 at 0.017 times its FP32 rate "
+        "(the banner's probe), and FP8 is multiplied in FP32.")
+    for unknown in (None, 1.5):
+        assert fp8_prose.linear_speed_facts(fast, bf16_relative=unknown)["speed_note"].endswith(
+            "Where FP8 came out faster, that is not FP8 arithmetic, which a CPU does not have.")
     gpu_facts = fp8_prose.linear_speed_facts(speed("cuda:0"))
     assert gpu_facts["speed_device"] == "CUDA"
     assert gpu_facts["speed_note"] == ("These are eager layers: each cast is a separate kernel, the overhead the "

@@ -218,7 +218,7 @@ def test_recorded_matmul_note_without_a_datasheet_entry_or_fp8():
 def test_roofline_ceilings_and_facts():
     ceilings = P.roofline_ceilings(_sweep(), 30.0, "cpu")
     assert ceilings == {"H100 SXM5 BF16 (datasheet)": (989.5, 3350.0), "A100 BF16 (datasheet)": (312.0, 2039.0),
-                        "this CPU, best measured": (_tflops(512, 0.0005), 30.0)}
+                        "this CPU, best measured (BF16)": (_tflops(512, 0.0005), 30.0)}
     ops = [OpCost("norm", 100.0, 1.0), OpCost("matmul", 1000.0, 1.0), OpCost("softmax", 5.0, 4.0)]
     facts = P.roofline_facts(ops, 30.0, DATASHEET_PEAKS["H100 SXM5"])
     assert facts == {"bandwidth": 30.0, "h100_ridge": pytest.approx(989.5e3 / 3350), "memory_bound": "norm, softmax"}

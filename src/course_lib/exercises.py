@@ -127,9 +127,18 @@ def check_op_bound(flops: float, bytes_moved: float, peak_tflops: float, bandwid
     return Feedback(False, f"Not quite: {why}, so it is {truth}-bound.{hint}")
 
 
-def check_bytes_per_parameter(recipe: str, answer) -> Feedback:
-    """Check a reader's persistent bytes per parameter (AdamW) for a recipe, explaining the usual slips."""
+OPTIMIZERS = ("adamw", "sgd_momentum")
+
+
+def check_bytes_per_parameter(recipe: str, answer, *, optimizer: str = "adamw") -> Feedback:
+    """Check a reader's persistent bytes per parameter for a recipe with ``optimizer`` (AdamW, or SGD with
+    momentum: one moment instead of AdamW's two, kept in the same dtype), explaining the usual slips."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     parts = bytes_per_parameter(recipe)
+    adamw_state = parts["optimizer_state"]
+    if optimizer == "sgd_momentum":
+        parts["optimizer_state"] = adamw_state // 2
     truth = sum(parts.values())
     if answer is None or answer is ...:
         return Feedback(False, f"No answer yet: set your bytes per parameter for `{recipe}` and run the cell again.")
@@ -147,7 +156,9 @@ def check_bytes_per_parameter(recipe: str, answer) -> Feedback:
         slips.append("you left out the FP32 master weights and their FP32 gradient (a gradient, beside the "
                      "BF16 one)")
     if answer == truth - parts["optimizer_state"]:
-        slips.append("you left out AdamW's two moments")
+        slips.append("you left out AdamW's two moments" if optimizer == "adamw" else "you left out the momentum")
+    if optimizer == "sgd_momentum" and answer == truth + adamw_state - parts["optimizer_state"]:
+        slips.append("you counted AdamW's two moments: SGD with momentum keeps one, in the same dtype")
     if "autocast" in recipe:
         if answer in (truth + 2, truth + 4):  # a persistent 16-bit weight copy, and 16-bit gradients too
             slips.append("autocast keeps no persistent 16-bit copy of the weights and no 16-bit gradients: "

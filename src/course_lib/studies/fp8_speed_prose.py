@@ -205,16 +205,28 @@ def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
                                           for n in speed.sizes])
 
 
-def linear_speed_facts(speed: Fp8LinearSpeed) -> dict[str, object]:
+def faster_on_cpu_reason(bf16_relative: float | None) -> str:
+    """Why FP8 can come out faster than BF16 on a CPU, which has no FP8 arithmetic: with ``bf16_relative``
+    (this CPU's BF16 matmul throughput over its FP32's, :meth:`course_lib.bench.CapabilityProbe.relative`)
+    below 1, BF16 is the slow side; otherwise only that it is not FP8 arithmetic."""
+    if bf16_relative is not None and bf16_relative < 1:
+        return (f"Where FP8 came out faster, BF16 is the slow side: this CPU multiplies BF16 at "
+                f"{ratio_text(bf16_relative)} times its FP32 rate (the banner's probe), and FP8 is multiplied in FP32.")
+    return "Where FP8 came out faster, that is not FP8 arithmetic, which a CPU does not have."
+
+
+def linear_speed_facts(speed: Fp8LinearSpeed, *, bf16_relative: float | None = None) -> dict[str, object]:
     """The course's FP8 layer's speed as a multiple of BF16's (range over sizes), the device, and what a
-    reader should make of these timings there."""
+    reader should make of these timings there (``bf16_relative``: see :func:`faster_on_cpu_reason`)."""
     ratios = list(speed.speedup(COURSE_LAYER).values())
     if not ratios:
         raise ValueError(f"{COURSE_LAYER!r} has no timing next to {BF16_LAYER!r}")
     device = speed.device.split(":")[0]
-    note = ("A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 first, so FP8 can only "
-            "cost time here, and these timings say nothing about a GPU." if device != "cuda" else
-            "These are eager layers: each cast is a separate kernel, the overhead the roofline charges.")
+    note = ("These are eager layers: each cast is a separate kernel, the overhead the roofline charges."
+            if device == "cuda" else
+            "A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 and multiplies there, so "
+            "these timings say nothing about a GPU." + (" " + faster_on_cpu_reason(bf16_relative)
+                                                        if max(ratios) > 1 else ""))
     return {"cpu_fp8_ratio": Prose(f"{ratio_text(min(ratios))} to {ratio_text(max(ratios))}"),
             "speed_device": device.upper(),
             "speed_note": Prose(note)}
@@ -389,10 +401,10 @@ def _by_speed(speed: Fp8CompiledSpeed) -> dict[str, list[str]]:
     return found
 
 
-def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
+def compiled_speed_facts(speed: Fp8CompiledSpeed, *, bf16_relative: float | None = None) -> dict[str, object]:
     """Where FP8 ran faster than BF16 in ``speed``, where it broke even (within :data:`BREAK_EVEN`) and where
     it was slower (by implementation and shape), how it ran (compiled or eager, device), and what a CPU run
-    can say."""
+    can say (``bf16_relative``: see :func:`faster_on_cpu_reason`)."""
     found = _by_speed(speed)
     faster, even, slower = found["faster"], found["break-even"], found["slower"]
     if not (faster or even or slower):
@@ -409,8 +421,7 @@ def compiled_speed_facts(speed: Fp8CompiledSpeed) -> dict[str, object]:
                  f"it was slower for {and_list(slower)}" if slower else ""]
         shown = "; ".join(p for p in parts if p) + "."
         if on_cpu and faster:
-            shown += (" On a CPU a ratio above 1 can only be timing noise (these layers are tiny, and the machine "
-                      "may be shared).")
+            shown += " " + faster_on_cpu_reason(bf16_relative)
     skipped = "".join(f" {k} did not run: {why}." for k, why in speed.skipped.items())
     return {"cs_device": device.upper(), "cs_mode": Prose(speed.mode), "cs_tokens": speed.tokens,
             "cs_verdict": Prose(where + shown + skipped), "cs_faster_count": len(faster)}

@@ -218,15 +218,16 @@ def recorded_matmul_note(record: RecordedResult) -> Prose:
 def roofline_ceilings(sweep: MatmulSweep, bandwidth_gbs: float,
                       device_type: str) -> dict[str, tuple[float, float]]:
     """The roofline figure's ceilings, label to (TFLOP/s, GB/s): the H100's and the A100's datasheet BF16
-    peaks and bandwidths, and this device's best measured product with its measured copy bandwidth."""
+    peaks and bandwidths, and this device's best measured product with its measured copy bandwidth, labelled
+    with the dtype that reached it (on a CPU without BF16 instructions it is FP32's)."""
     live = measured_tflops(sweep)
     if not live:
         raise ValueError("the sweep measured no dtype")
     h100, a100 = DATASHEET_PEAKS["H100 SXM5"], DATASHEET_PEAKS["A100 SXM4 80GB"]
-    best = max(v for d in live if (v := sweep.best(d)) is not None)
+    best, dtype = max((v, d) for d in live if (v := sweep.best(d)) is not None)
     return {"H100 SXM5 BF16 (datasheet)": (h100.peak("bf16") or 0.0, h100.bandwidth_gbs),
             "A100 BF16 (datasheet)": (a100.peak("bf16") or 0.0, a100.bandwidth_gbs),
-            f"this {device_type.upper()}, best measured": (best, bandwidth_gbs)}
+            f"this {device_type.upper()}, best measured ({dtype.upper()})": (best, bandwidth_gbs)}
 
 
 def roofline_facts(ops: Sequence[OpCost], bandwidth_gbs: float, gpu: GPUPeaks) -> dict[str, object]:
@@ -286,7 +287,7 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
                   "to a GPU. The live runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
                   "include it. A CPU has no datasheet peak, and this page uses three measured ones, each named "
                   "where it is used: the MFU above divides by the capability probe's FP32 product (the one named "
-                  "above), measured once per process so that every lesson's MFU divides by the same figure; the "
+                  "above, measured once per process and reused); the "
                   "ladder's MFU divides by the probe's fastest dtype, which need not be FP32; and the roofline's "
                   "ceiling is the best product of this page's sweep, the most this machine reached. A larger "
                   "product can run faster than the probe's, so an MFU here can overstate the share of the machine "
