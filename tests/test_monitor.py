@@ -481,6 +481,10 @@ def test_underflow_of_the_output_gradient_grows_as_training_goes_well():
     trend = monitoring_studies.underflow_trend(size_profile("cpu"), steps=60, every=20)
     head = trend.flush["head:grad_output"]
     assert head[-1] > head[0] + 0.02 and trend.losses[-1] < trend.losses[0]
+    # the result keeps the threshold its alerts used; at 100% (every non-zero value flushed) none fires here
+    assert trend.threshold == 0.1 and any(a.kind == "underflow" for a in trend.alerts)
+    never = monitoring_studies.underflow_trend(size_profile("cpu"), steps=20, every=20, threshold=1.0)
+    assert never.threshold == 1.0 and not any(a.kind == "underflow" for a in never.alerts)
 
 
 def test_diagnose_walks_the_procedure_to_the_planted_overflow():

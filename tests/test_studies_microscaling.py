@@ -368,6 +368,11 @@ def test_piece_sentence_follows_the_verdict_and_the_size():
     assert ("per model the mean is +0.65 ± 0.71, -0.44 ± 0.07, -1.25 ± 1.41 (2 standard errors), beyond the noise "
             "only for model 2 (higher error with them): no consistent effect.") in P.piece_sentence(
                 "Square weight blocks", one, 12.0, plural=True)
+    # named by seed, as the page's table and figure name the models
+    assert "beyond the noise only for model seed 5 (higher error with them)" in P.piece_sentence(
+        "Square weight blocks", one, 12.0, plural=True, seeds=(3, 5, 7))
+    with pytest.raises(ValueError, match="2 seeds for 3 models"):
+        P.model_means_phrase(one, seeds=(0, 1))
     quiet = P.PieceEffect(((1.5, -1.5),), ((0.1, 0.1),))
     assert "no model's mean lies beyond its noise" in P.model_means_phrase(quiet)
     assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05), noise=0.1), 12.0) == (
@@ -415,7 +420,7 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
     assert P.last_block_sentence(fid) == (
         "Without the high-precision last block, the error changes by -6.25 to +6.25 points, and the sign depends on "
         "the model; per model the mean is +6.25 ± 0.20, -3.12 ± 0.20 (2 standard errors), beyond the noise for "
-        "model 1 (lower error with it) and model 2 (higher error with it): no consistent effect. On average over models and batches its "
+        "model seed 0 (lower error with it) and model seed 1 (higher error with it): no consistent effect. On average over models and batches its "
         "effect (+1.56 points) is the largest of the pieces', an average over models that disagree in sign. The same "
         "choice "
         "made for MXFP4 lowered its error from 20.3% to 18.8% on average (without the block in high precision minus "
@@ -647,12 +652,16 @@ def test_layer_breakdown_table_and_sentence():
     bd = breakdown()   # blocks.1's error on batch 1 is 0 either way: closer on 1 batch, higher on none
     assert L.layer_breakdown_table(bd) == (
         "| layer | share of the exact gradient (squared norm) | error, `mxfp4` | error, `mxfp4_hp_last` | "
-        "batches where `mxfp4_hp_last`'s error is higher |\n|---|---|---|---|---|\n"
-        "| `blocks.0` | 37.5% | 20.0% | 40.0% | 2 of 2 |\n"
-        "| `blocks.1` (in FP32 in `mxfp4_hp_last`) | 12.5% | 20.0% | 10.0% | 0 of 2 |\n"
-        "| `head` | 50.0% | 15.0% | 30.0% | 2 of 2 |\n"
-        "| whole gradient | 100% | 21.7% | 33.2% | 2 of 2 |\n"
-        "| output probabilities (forward pass) |  | 4.00% | 5.00% | 2 of 2 |\n")
+        "batches where `mxfp4_hp_last`'s error is higher | part of the rise in squared error |\n"
+        "|---|---|---|---|---|---|\n"
+        "| `blocks.0` | 37.5% | 20.0% | 40.0% | 2 of 2 | 67% |\n"      # the sentence's 67%, readable in the table
+        "| `blocks.1` (in FP32 in `mxfp4_hp_last`) | 12.5% | 20.0% | 10.0% | 0 of 2 | -22% |\n"
+        "| `head` | 50.0% | 15.0% | 30.0% | 2 of 2 | 56% |\n"
+        "| whole gradient | 100% | 21.7% | 33.2% | 2 of 2 | 100% |\n"
+        "| output probabilities (forward pass) |  | 4.00% | 5.00% | 2 of 2 |  |\n")
+    # where the summed error fell, there is no rise to share out
+    assert all(line.endswith("|  |") for line in L.layer_breakdown_table(
+        breakdown(recipes=("mxfp4_hp_last", "mxfp4"))).splitlines()[2:])
     assert L.layer_breakdown_sentence(bd) == (
         "With `blocks.1` in high precision, the whole gradient's error was higher on 2 of 2 batches, and "
         "`blocks.1`'s own gradient was closer to the exact one on 1 of 2. The gradients of `blocks.0` and `head`, "

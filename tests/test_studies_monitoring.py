@@ -52,6 +52,7 @@ def test_underflow_trend_facts_name_the_growing_gradient_the_biases_and_the_qkv_
         "trend_bias_shares": "up to 37.5% of their values at step 0 and at most 50.0% at step 5",
         "trend_qkv_name": "`blocks.0.attn.qkv:grad_output`", "trend_qkv_first": 12.5, "trend_qkv_first_step": 0,
         "trend_qkv_peak": 75.0, "trend_qkv_peak_step": 5, "trend_qkv_last": 25.0,
+        "trend_threshold": pytest.approx(10.0), "trend_default_threshold": 25.0,   # the run's, the monitor's
     }
     for name in ("trend_grow_name", "trend_grow_alert", "trend_bias", "trend_bias_shares", "trend_qkv_name"):
         assert isinstance(facts[name], Prose)
@@ -274,8 +275,8 @@ def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
         "from +0.0% to +20.0% (every 10 steps). So watching every step made the mean step 50.0% longer, a cost by "
         "that rule; "
         "watching every 10 steps changed the mean step time by +20.0%, more than that noise overall, but the step "
-        "was longer by more than the noise in only 2 of 3 rounds (a cost must show in every round): no cost this run can tell "
-        "from zero.")
+        "was longer by more than the noise in only 2 of 3 rounds (a cost must show in every round): not a cost by "
+        "that rule, nor shown to be free.")
     assert P.overhead_sentence(FASTER).endswith(
         "watching every 10 steps made the mean step 20.0% shorter, by more than that noise in every round; a "
         "monitor only adds work, so the machine's load changed during the run.")
@@ -286,8 +287,8 @@ def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
 @pytest.mark.parametrize("cost, every, phrase", [
     (COST, 1, "cost 25.0% in the run, beyond its timing noise of 10.0% in every round"),
     (COST, 10, "cost nothing the run could separate from its timing noise (+5.0%, within the noise of 10.0%)"),
-    (UNRESOLVED, 10, "cost nothing the run could separate from its timing noise (+20.0%, longer by more than the "
-                     "noise of 5.0% in only 2 of 3 rounds)"),
+    (UNRESOLVED, 10, "was neither shown to cost time nor shown to be free in the run (+20.0%, longer by more "
+                     "than the noise of 5.0% in only 2 of 3 rounds)"),
     (FASTER, 10, "cost nothing measurable in the run (its steps were 20.0% shorter, beyond the timing noise of 1.0% "
                  "in every round, which only a change in the machine's load explains)"),
 ])
@@ -401,7 +402,7 @@ def test_the_takeaway_names_the_run_the_monitor_and_the_noise():
         "statistic back separately, watching every step changed the step time by +125.0% and every 10 steps by "
         "+10.0% (noise not recorded).")
     assert P.overhead_takeaway(UNRESOLVED, [ROUNDS_REC], torch.device("cuda", 0)) == (
-        "Sampling every 10 steps cost nothing this page's CUDA run could separate from its timing noise (+20.0%, "
+        "Sampling every 10 steps was neither shown to cost time nor shown to be free in this page's CUDA run (+20.0%, "
         "longer by more than the noise of 5.0% in only 2 of 3 rounds). On NVIDIA H100 80GB HBM3 (sm 9.0), with the "
         "older monitor that read each statistic back separately, watching every step changed the step time by "
         "+125.0% and every 10 steps by +10.0% (every 10 steps beyond the timing noise in every round; noise 2.0%).")
@@ -430,7 +431,7 @@ def test_a_comparison_with_the_noise_prints_enough_decimals_to_be_checked():
     assert "moved by a median 4.00% from one round" in sentence
     assert sentence.endswith("changed the mean step time by -4.04%, more than that noise overall, but the step was "
                              "shorter by more than the noise in only 4 of 6 rounds (a cost must show in every round but at most "
-                             "one): no cost this run can tell from zero.")
+                             "one): not a cost by that rule, nor shown to be free.")
     assert P.overhead_table(CLOSE).splitlines()[1:] == ["|---|---|---|", "| none | 1040.0 |  |",
                                                        "| every step | 1560.0 | +50.00% |",
                                                        "| every 10 steps | 998.0 | -4.04% |"]

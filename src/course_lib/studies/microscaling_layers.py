@@ -202,21 +202,25 @@ def _of(count: int, n: int) -> str:
 
 def layer_breakdown_table(bd: LayerBreakdown) -> MarkdownTable:
     """One row per layer group, then the whole gradient and the output probabilities: the group's share of the
-    exact gradient's squared norm (mean over batches), each recipe's relative error (mean over batches), and on
-    how many batches the error was higher with the kept block in high precision."""
+    exact gradient's squared norm (mean over batches), each recipe's relative error (mean over batches), on
+    how many batches the error was higher with the kept block in high precision, and the group's part of the
+    rise in the summed squared error (:meth:`LayerBreakdown.rise_shares`, computed batch by batch, so not from
+    the means beside it; blank where the summed error did not rise)."""
     without, with_ = bd.recipes
     n = bd.n_batches
+    rise = bd.rise_shares()
     rows = [(f"`{g}`" + (f" (in FP32 in `{with_}`)" if g == bd.kept else ""), f"{100 * bd.mean_share(g):.1f}%",
              f"{100 * bd.mean_relative(without, g):.1f}%", f"{100 * bd.mean_relative(with_, g):.1f}%",
-             _of(bd.higher_with_kept(g), n)) for g in bd.groups]
+             _of(bd.higher_with_kept(g), n), f"{100 * rise[g]:.0f}%" if rise else "") for g in bd.groups]
     totals = [sum(bd.total(r)) / n for r in bd.recipes]
     rows.append(("whole gradient", "100%", f"{100 * totals[0]:.1f}%", f"{100 * totals[1]:.1f}%",
-                 _of(bd.higher_with_kept("total"), n)))
+                 _of(bd.higher_with_kept("total"), n), "100%" if rise else ""))
     outputs = [sum(v for m in bd.output[r] for v in m) / n for r in bd.recipes]
     rows.append(("output probabilities (forward pass)", "", f"{100 * outputs[0]:.2f}%", f"{100 * outputs[1]:.2f}%",
-                 _of(bd.higher_with_kept(None), n)))
+                 _of(bd.higher_with_kept(None), n), ""))
     return markdown_table(["layer", "share of the exact gradient (squared norm)", f"error, `{without}`",
-                           f"error, `{with_}`", f"batches where `{with_}`'s error is higher"], rows)
+                           f"error, `{with_}`", f"batches where `{with_}`'s error is higher",
+                           "part of the rise in squared error"], rows)
 
 
 def layer_breakdown_sentence(bd: LayerBreakdown) -> Prose:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -335,11 +336,12 @@ def verdict_phrase(effect: PieceEffect) -> str:
             NOISE: "within the draw-to-draw noise on every batch"}[effect.verdict]
 
 
-def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *, plural: bool = False) -> Prose:
+def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *, plural: bool = False,
+                   seeds: Sequence[int] | None = None) -> Prose:
     """What removing ``subject`` (a piece of the recipe, as the sentence starts with it) did to the gradient
     error, from the sign of ``effect`` over models and batches beyond the draw-to-draw noise; "a little" (and
     "only") when its largest difference is under a tenth of ``reference_error``, the full recipe's own error
-    (percent)."""
+    (percent). ``seeds`` name the models as the page's tables do (see :func:`model_means_phrase`)."""
     s = "" if plural else "s"
     small = effect.largest < reference_error / 10
     tenth = f", under a tenth of the full recipe's {reference_error:.1f}% error" if small else ""
@@ -347,7 +349,7 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
     verdict = effect.verdict
     if verdict in (MIXED, NOISE):
         lower = subject[0].lower() + subject[1:]
-        how = (f"and the sign depends on {_mixed(effect)}; {model_means_phrase(effect, plural=plural)}"
+        how = (f"and the sign depends on {_mixed(effect)}; {model_means_phrase(effect, plural=plural, seeds=seeds)}"
                if verdict == MIXED else "within the draw-to-draw noise of stochastic rounding on every batch")
         return Prose(f"Without {lower}, the error changes by {'only ' if small else ''}{effect_range(effect)}"
                      f"{tenth}, {how}: no consistent effect.")
@@ -364,16 +366,20 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
     return Prose(f"{subject} {verb}{s}{' a little' if small else ''} {where} ({span}).")
 
 
-def model_means_phrase(effect: PieceEffect, *, plural: bool = False) -> str:
+def model_means_phrase(effect: PieceEffect, *, plural: bool = False, seeds: Sequence[int] | None = None) -> str:
     """Each model's mean difference with :data:`NOISE_SIGMAS` of its standard errors, and which means lie
-    beyond them (the page's rule for a difference that counts), with what the piece did there."""
+    beyond them (the page's rule for a difference that counts), with what the piece did there. Models are
+    named by their ``seeds`` ("model seed 0", as the tables and figures name them), else counted from 1."""
+    if seeds is not None and len(seeds) != len(effect.per_model):
+        raise ValueError(f"{len(seeds)} seeds for {len(effect.per_model)} models")
     sigmas = f"{NOISE_SIGMAS:g} standard errors"
     means = ", ".join(f"{m:+.2f} ± {NOISE_SIGMAS * n:.2f}" for m, n in zip(effect.model_means, effect.model_noise))
     it = "them" if plural else "it"
-    beyond = [(i + 1, sign) for i, sign in enumerate(effect.model_signs) if sign]
+    names = [f"model seed {x}" for x in seeds] if seeds is not None else [f"model {i + 1}" for i in range(len(effect.per_model))]
+    beyond = [(names[i], sign) for i, sign in enumerate(effect.model_signs) if sign]
     if not beyond:
         return f"per model the mean is {means} ({sigmas}), and no model's mean lies beyond its noise"
-    which = and_list([f"model {i} ({'lower' if sign > 0 else 'higher'} error with {it})" for i, sign in beyond])
+    which = and_list([f"{name} ({'lower' if sign > 0 else 'higher'} error with {it})" for name, sign in beyond])
     only = "only " if len(beyond) < len(effect.per_model) else ""
     return f"per model the mean is {means} ({sigmas}), beyond the noise {only}for {which}"
 
@@ -393,7 +399,8 @@ def last_block_sentence(fidelity: GradientFidelity) -> Prose:
     brought the gradient closer."""
     nv = fidelity.effect("nvfp4_no_hp_last")
     mx = fidelity.effect("mxfp4", "mxfp4_hp_last")
-    text = str(piece_sentence("The high-precision last block", nv, 100 * fidelity.mean_error(REFERENCE)))
+    text = str(piece_sentence("The high-precision last block", nv, 100 * fidelity.mean_error(REFERENCE),
+                              seeds=fidelity.seeds))
     largest = largest_piece(fidelity)
     if largest == "nvfp4_no_hp_last":
         text += (f" On average over models and batches its effect ({nv.mean:+.2f} points) is the largest of the "
@@ -515,10 +522,10 @@ def fidelity_facts(fidelity: GradientFidelity) -> dict[str, object]:
             facts["gf_last_block"] = last_block_sentence(fidelity)
         if "nvfp4_no_2d" in fidelity.recipes:
             facts["gf_2d"] = piece_sentence("Square weight blocks", fidelity.effect("nvfp4_no_2d"), reference_error,
-                                            plural=True)
+                                            plural=True, seeds=fidelity.seeds)
         if "nvfp4_no_rht" in fidelity.recipes:
             facts["gf_rht"] = piece_sentence("The Hadamard transform", fidelity.effect("nvfp4_no_rht"),
-                                             reference_error)
+                                             reference_error, seeds=fidelity.seeds)
         if "nvfp4_no_sr" in fidelity.recipes:
             facts["gf_sr"] = stochastic_rounding_sentence(fidelity)
         if any(r in fidelity.recipes for r in PIECES):

@@ -190,6 +190,7 @@ class UnderflowTrend:
     flush: dict[str, tuple[float, ...]]
     losses: tuple[float, ...]
     alerts: tuple[Alert, ...]
+    threshold: float = 0.1   # the alert's share, lowered from the monitor's default (records before it: 0.1)
 
 
 def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int | None = None, every: int = 5,
@@ -208,7 +209,7 @@ def underflow_trend(profile, device: torch.device | str = "cpu", *, steps: int |
         watch.close()
     flush = {k: tuple(v) for k, v in watch.log.layer_series("flush").items()}
     return UnderflowTrend(get_format(fmt).name, tuple(watch.log.sampled_steps), flush, tuple(history.losses),
-                          tuple(watch.alerts))
+                          tuple(watch.alerts), threshold)
 
 
 # lesson 9's two planted NaNs: (kind, layer), one made in a forward pass and one in a backward pass
@@ -397,6 +398,8 @@ def underflow_trend_facts(trend: UnderflowTrend) -> dict[str, object]:
         "trend_grow_first": 100 * trend.flush[growing][0],
         "trend_grow_last": 100 * trend.flush[growing][-1],
         "trend_grow_alert": Prose(f"at step {first_alert[growing]}" if growing in first_alert else "not at all"),
+        "trend_threshold": 100 * trend.threshold,
+        "trend_default_threshold": 100 * Thresholds().underflow_fraction,
         "trend_loss_first": trend.losses[0],
         "trend_loss_last": trend.losses[-1],
         "trend_bias": Prose(" and ".join(_code(n) for n in bias) or "no bias"),

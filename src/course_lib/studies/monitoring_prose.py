@@ -150,7 +150,7 @@ def _clause(cost: MonitorOverhead, every: int, decimals: int) -> str:
         "within noise": f"changed the mean step time by {signed}, within that noise: no cost this run can tell "
                         "from zero",
         "unresolved": f"changed the mean step time by {signed}, more than that noise overall, but the step was "
-                      f"{_beyond(cost, every)} (a cost must show in {rule}): no cost this run can tell from zero",
+                      f"{_beyond(cost, every)} (a cost must show in {rule}): not a cost by that rule, nor shown to be free",
         "faster": f"made the mean step {size} shorter, by more than that noise in {rule}; a monitor only adds "
                   "work, so the machine's load changed during the run",
     }[overhead_verdict(cost, every)]
@@ -185,7 +185,7 @@ def overhead_phrase(cost: MonitorOverhead, every: int, *, run: str = "this page'
         "cost": f"cost {_unsigned(pct, d)} in {run}, beyond its timing noise of {n} in {rule}",
         "within noise": f"cost nothing {run} could separate from its timing noise ({_signed(pct, d)}, within the "
                         f"noise of {n})",
-        "unresolved": f"cost nothing {run} could separate from its timing noise ({_signed(pct, d)}, "
+        "unresolved": f"was neither shown to cost time nor shown to be free in {run} ({_signed(pct, d)}, "
                       f"{_beyond(cost, every, f'the noise of {n}')})",
         "faster": f"cost nothing measurable in {run} (its steps were {_unsigned(pct, d)} shorter, beyond the timing "
                   f"noise of {n} in {rule}, which only a change in the machine's load explains)",
