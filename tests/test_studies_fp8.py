@@ -171,11 +171,16 @@ def test_margin_facts_compare_the_spike_and_the_quiet_steps():
                                  flushed={**plain.flushed, key: (0.01, 0.03, 0.0, 0.0, 0.0, 0.0)})
     facts = fp8_prose.margin_facts(plain, margin, 6)
     verdict = facts.pop("ex_m_verdict")
+    assert facts.pop("ex_m_sat_text") == "none"
     assert facts == pytest.approx({"ex_m_margin": 6, "ex_m_sat0": 50.0, "ex_m_sat": 0.0,
                                    "ex_m_err0": 4.125, "ex_m_err": 7.5, "ex_m_flush0": 0.0, "ex_m_flush": 2.0})
     assert verdict.startswith("E4M3's range absorbs the margin")          # 7.5 <= 2 * 4.125
     worse = dataclasses.replace(margin, relative_error={**margin.relative_error, key: (0.2,) * 6})
     assert "more than doubled" in fp8_prose.margin_facts(plain, worse, 6)["ex_m_verdict"]
+    same = dataclasses.replace(margin, relative_error={**margin.relative_error, key: (0.02, 0.0625, 0, 0, 0, 0)},
+                               saturated={**plain.saturated, key: (0.0, 0.0, 0.00012, 0.0, 0.0, 0.0)})
+    facts = fp8_prose.margin_facts(plain, same, 6)
+    assert facts["ex_m_verdict"].endswith("did not change at these decimals") and facts["ex_m_sat_text"] == "0.012%"
     with pytest.raises(ValueError, match="same tensors"):
         fp8_prose.margin_facts(plain, dataclasses.replace(margin, factor=10.0), 6)
     with pytest.raises(ValueError, match="quiet steps before it"):

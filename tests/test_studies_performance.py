@@ -174,7 +174,13 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
                                       "GHz x 64, assuming 2 FMA units of 16 FP32 lanes) estimates its FP32 peak at "
                                       f"0.33 TFLOP/s, and the best FP32 product here reached "
                                       f"{percent_text(best / 0.3328)} of that estimate."),
+                     "live_odd_16bit": "BF16 and FP16 ran at 0.17 and 0.99 times their own throughput at the "
+                                       "aligned size: misalignment slowed BF16 and FP16",
                      "skipped": "TF32 (no tensor cores)"}
+    # this CPU's case: the 16-bit products faster at n - 1, and a mixed one
+    assert P.misaligned_16bit_phrase({"bf16": 1.31, "fp16": 1.5}).endswith(
+        "1.31 and 1.50 times their own throughput at the aligned size: misalignment did not slow them here")
+    assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 1.5}).endswith("misalignment slowed BF16 only")
     above = P.cpu_estimate_sentence(CPUPeakEstimate(cores=1, clock_ghz=0.001, vector_lanes=4, fma_units=1), best)
     assert "More than 100% means the estimate is too low" in above
     assert "too low" not in facts["cpu_estimate"]
@@ -633,7 +639,10 @@ def test_exercise_facts():
         "ex_mfu_sparse": 100 * 3000 * flops / (2 * 989.5e12), "h100_bf16": 989.5,
         "ex_fewer_flops": 100 * (1 - (4095 / 4096) ** 3), "ex_vocab": 50304, "a100_ridge": 312e3 / 2039,
         "a100_bf16": 312.0, "a100_bw": 2039.0, "ex_softmax_ai": 1.25, "ex_mlp_ai": 300.0,
-        "ex_mlp_m": m, "ex_mlp_k": k, "ex_mlp_n": n})
+        "ex_mlp_m": m, "ex_mlp_k": k, "ex_mlp_n": n, "l4_ridge": 121e3 / 300, "l4_bf16": 121.0, "l4_bw": 300.0,
+        "ex_mlp_l4": "memory-bound, 26% below the ridge"})   # 300 against the L4's 403 FLOPs per byte
+    assert P.ridge_phrase(399.6, 121e3 / 300).startswith("memory-bound, but only 0.9% from the ridge")
+    assert P.ridge_phrase(600.0, 300.0) == "compute-bound, 100% above the ridge"
     # the shape comes from the model the ops were built for: the library's own ops agree
     real = transformer_op_costs(config.d_model, config.n_heads, config.context, 2, bytes_per_element=2)
     assert P.exercise_facts(real, config, batch=2)["ex_mlp_m"] == m

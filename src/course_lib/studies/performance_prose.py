@@ -182,7 +182,19 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
             "live_bf16_ratio": Prose(bold(ratio_text(live["bf16"][big] / live["fp32"][big]))),
             "live_fp16_ratio": Prose(bold(ratio_text(live["fp16"][big] / live["fp32"][big]))),
             "cpu_estimate": cpu_estimate_sentence(estimate, sweep.best("fp32")),
+            "live_odd_16bit": misaligned_16bit_phrase({d: live[d][odd] / live[d][big] for d in ("bf16", "fp16")}),
             "skipped": Prose(skipped)}
+
+
+def misaligned_16bit_phrase(ratios: dict[str, float]) -> Prose:
+    """BF16's and FP16's throughput at the misaligned size over their own at the aligned one (``ratios`` by
+    dtype), and whether misalignment slowed them, said of this device."""
+    said = " and ".join(DTYPE_LABELS[d] for d in ratios)
+    values = " and ".join(ratio_text(r) for r in ratios.values())
+    slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if r < 1]
+    verdict = ("misalignment did not slow them here" if not slowed else
+               f"misalignment slowed {' and '.join(slowed)}" + ("" if len(slowed) == len(ratios) else " only"))
+    return Prose(f"{said} ran at {values} times their own throughput at the aligned size: {verdict}")
 
 
 def recorded_matmul_note(record: RecordedResult) -> Prose:
@@ -601,7 +613,7 @@ def exercise_facts(ops: Sequence[OpCost], config: GPTConfig, *, batch: int) -> d
     if by_name["MLP up"].flops != matmul_flops(m, n, k):
         raise ValueError(f"ops' MLP up-projection is not {m} x {k} @ {k} x {n}: build ops for this config "
                          f"and batch {batch}")
-    h100, a100 = DATASHEET_PEAKS["H100 SXM5"], DATASHEET_PEAKS["A100 SXM4 80GB"]
+    h100, a100, l4 = DATASHEET_PEAKS["H100 SXM5"], DATASHEET_PEAKS["A100 SXM4 80GB"], DATASHEET_PEAKS["L4"]
     h100_bf16, a100_bf16 = h100.peak("bf16"), a100.peak("bf16")
     if h100_bf16 is None or a100_bf16 is None:
         raise ValueError("the H100's or the A100's datasheet entry lacks its BF16 peak")
@@ -614,4 +626,19 @@ def exercise_facts(ops: Sequence[OpCost], config: GPTConfig, *, batch: int) -> d
             "ex_vocab": -(-50257 // 64) * 64,
             "a100_ridge": bf16_ridge(a100), "a100_bf16": a100_bf16, "a100_bw": a100.bandwidth_gbs,
             "ex_softmax_ai": by_name["softmax"].intensity, "ex_mlp_ai": by_name["MLP up"].intensity,
-            "ex_mlp_m": m, "ex_mlp_k": k, "ex_mlp_n": n}
+            "ex_mlp_m": m, "ex_mlp_k": k, "ex_mlp_n": n,
+            "l4_ridge": bf16_ridge(l4), "l4_bf16": l4.peak("bf16"), "l4_bw": l4.bandwidth_gbs,
+            "ex_mlp_l4": ridge_phrase(by_name["MLP up"].intensity, bf16_ridge(l4))}
+
+
+def ridge_phrase(intensity: float, ridge: float, *, near: float = 0.05) -> Prose:
+    """Which ceiling limits an operation of ``intensity`` FLOPs per byte on a roofline whose ridge is at
+    ``ridge``, saying so when the two lie within ``near`` (a share) of each other, where the model cannot
+    tell which limits it."""
+    bound = "memory-bound" if intensity < ridge else "compute-bound"
+    gap = abs(intensity / ridge - 1)
+    if gap <= near:
+        return Prose(f"{bound}, but only {100 * gap:.1f}% from the ridge, where the two ceilings meet: at the "
+                     "ridge neither limit dominates, and a model this simple cannot say which one a real kernel "
+                     "meets first")
+    return Prose(f"{bound}, {100 * gap:.0f}% {'below' if intensity < ridge else 'above'} the ridge")
