@@ -1,4 +1,5 @@
 import dataclasses
+import math
 
 import matplotlib.pyplot as plt
 import pytest
@@ -562,13 +563,14 @@ def test_roofline_labels_nearby_operations_once():
     ax = fig.axes[0]
     numbers = sorted(t.get_text() for t in ax.texts if t.get_text().isdigit())
     assert numbers == ["1", "2", "3"]                      # 283 and 301.5 share the third label
-    key = next(t.get_text() for t in ax.texts if not t.get_text().isdigit())
-    assert key.splitlines() == ["1: a (memory-bound)", "2: b (memory-bound)", "3: qkv / mlp (compute-bound)"]
+    key = [t.get_text() for t in fig.legends[0].get_texts() if t.get_text()[:1].isdigit()]
+    assert key == ["1: a (memory)", "2: b (memory)", "3: qkv / mlp (compute)"]
+    assert not [t for t in ax.texts if not t.get_text().isdigit()]   # nothing but the numbers inside the axes
     assert len([ln for ln in ax.get_lines() if ln.get_marker() in ("o", "s") and len(ln.get_xdata()) == 1]) == 4
     # two operations within 25% of each other but on both sides of the ridge (300) keep their own labels
     split = plots.plot_roofline([OpCost("qkv", 283.0, 1.0), OpCost("mlp", 301.5, 1.0)], {"device": (300.0, 1000.0)})
-    key = next(t.get_text() for t in split.axes[0].texts if not t.get_text().isdigit())
-    assert key.splitlines() == ["1: qkv (memory-bound)", "2: mlp (compute-bound)"]
+    key = [t.get_text() for t in split.legends[0].get_texts() if t.get_text()[:1].isdigit()]
+    assert key == ["1: qkv (memory)", "2: mlp (compute)"]
 
 
 def test_seeded_runs_dash_the_recipes_and_hatch_a_black_band():
@@ -640,3 +642,12 @@ def test_scale_traces_mark_skipped_steps_above_every_line_and_in_the_legend():
                                                           "what if (1 skipped)"]
     # each entry shows its trace's skip marker, not only its line
     assert [h.get_marker() for h in legend.legend_handles] == [m.get_marker() for m in marks]
+    # the starting scale is labelled: ticks count from it, in steps that keep at most 8 over the range
+    assert [round(math.log2(v)) for v in ax.get_yticks() if v > 0] == [15, 16]
+    long = {"recorded": ScaleTrace((2.0**16,) * 3 + tuple(2.0 ** (15 - i) for i in range(172)), (0, 0, 0) + (1,) * 172,
+                                   (0,) * 175, 2.0**16, 2.0, 0.5, 2000)}
+    assert plots.loss_scaling.scale_tick_exponents(long) == [-144, -112, -80, -48, -16, 16]
+    crowded = [ln for ln in plots.plot_scale_traces(long).axes[0].get_lines() if ln.get_linestyle() == "None"]
+    assert crowded[0].get_markersize() < 11     # 172 skips: smaller marks, so that they do not merge into a band
+    with pytest.raises(ValueError, match="no positive finite scale"):
+        plots.loss_scaling.scale_tick_exponents({"x": ScaleTrace((0.0,), (1,), (0,), 1.0, 2.0, 0.5, 1)})

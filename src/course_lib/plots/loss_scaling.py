@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FormatStrFormatter, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from ..glue import power_of_two_text
 from .style import FORMAT_COLOURS, finish_figure, recipe_colour
@@ -65,6 +65,22 @@ def plot_scale_fidelity(result) -> Figure:
     return finish_figure(fig)
 
 
+def scale_tick_exponents(traces: dict, *, most: int = 8) -> list[int]:
+    """Powers of two for a scale axis: every ``step``-th exponent counted from the first trace's starting scale
+    (so that the scale a run starts at is labelled), the smallest step of 1, 2, 4, ... that keeps at most
+    ``most`` ticks over the traces' range."""
+    values = [v for t in traces.values() for v in t.scales if v > 0 and math.isfinite(v)]
+    if not values:
+        raise ValueError("the traces hold no positive finite scale")
+    lo, hi = math.floor(math.log2(min(values))), math.ceil(math.log2(max(values)))
+    first = next(iter(traces.values())).scales
+    anchor = round(math.log2(first[0])) if first and first[0] > 0 and math.isfinite(first[0]) else hi
+    step = 1
+    while (hi - lo) // step + 1 > most:
+        step *= 2
+    return [e for e in range(anchor - step * ((anchor - lo) // step), hi + 1, step)]
+
+
 def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Figure:
     """Scale per step (log2 axis) for one or more :class:`~course_lib.scaling.ScaleTrace`, skipped steps
     marked with crosses."""
@@ -80,12 +96,16 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
         ax.step(steps, trace.scales, where="post", zorder=1 if i == 0 else 2 + i, **line)
         skipped = np.flatnonzero(trace.skipped)
         # skipped steps' markers on top of every line: drawn after all of them (zorder), opaque
-        marker: dict[str, Any] = dict(marker=markers[i % len(markers)], ms=11 if i == 0 else 7,
-                                      mfc="none" if i == 0 else colour, mec=colour, mew=1.8)
+        # smaller marks where skips crowd (a long run's collapse), so that single ones stay apart
+        crowded = len(skipped) > 40
+        marker: dict[str, Any] = dict(marker=markers[i % len(markers)], ms=(11 if i == 0 else 7) * (0.5 if crowded else 1),
+                                      mfc="none" if i == 0 else colour, mec=colour, mew=1.2 if crowded else 1.8)
         ax.plot(skipped, np.array(trace.scales)[skipped], ls="none", zorder=10 + i, **marker)
         # the legend shows each trace's line with its skip marker, so a marker can be told by its legend entry
         handles.append(Line2D([], [], label=f"{label} ({trace.n_skipped} skipped)", **line, **marker))
     ax.set_yscale("log", base=2)
+    ax.set_yticks([2.0**e for e in scale_tick_exponents(traces)])
+    ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("training step")
     ax.set_ylabel("loss scale (log2 axis)")
     ax.set_title(title + " (markers: skipped steps)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import offset_copy
 
@@ -82,7 +83,7 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     for i, (label, (peak, bw)) in enumerate(ceilings.items()):
         colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
         ax.plot(ai, [attainable_tflops(a, peak, bw) for a in ai], color=colour, lw=2,
-                label=f"{label}: ridge at {peak * 1e3 / bw:.0f} FLOP/B")
+                label=f"{label}: ridge {peak * 1e3 / bw:.0f} FLOP/B")
     first_peak, first_bw = next(iter(ceilings.values()))
     ridge = first_peak * 1e3 / first_bw
     # operations within 25% of each other's intensity share one label: closer, two labels overprint on the
@@ -103,21 +104,25 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
         y = attainable_tflops(x, first_peak, first_bw)
         ax.annotate(str(i + 1), (x, y), textcoords="offset points", xytext=(-4, 7), ha="right", fontsize=9,
                     fontweight="bold")
-    key = "\n".join(f"{i + 1}: " + " / ".join(o.name for o in g)
-                    + (" (compute-bound)" if g[0].intensity >= ridge else " (memory-bound)")
-                    for i, g in enumerate(groups))
-    ax.text(0.98, 0.03, key, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
-            bbox={"facecolor": "white", "edgecolor": "#999999", "alpha": 0.9})
-    ax.plot([], [], "o", color="#000000", label="op below the ridge: memory-bound")
-    ax.plot([], [], "s", color="#000000", label="op above the ridge: compute-bound")
+    keys = [f"{i + 1}: " + " / ".join(o.name for o in g) + (" (compute)" if g[0].intensity >= ridge else " (memory)")
+            for i, g in enumerate(groups)]
+    ax.plot([], [], "o", color="#000000", label="below the ridge: memory-bound")
+    ax.plot([], [], "s", color="#000000", label="above the ridge: compute-bound")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved, log scale)")
     ax.set_ylabel("attainable TFLOP/s (log scale)")
     ax.set_title("Roofline: the course model's operations (points on the first ceiling)", fontsize=10)
-    # under the axes: in the upper left it covered an operation's mark and the roofs
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     ax.grid(alpha=0.3, which="both")
+    # under the axes, ceilings and marks in the left column and the numbered operations in the right: inside
+    # the axes the key covered a slow device's roof, and in the upper left an operation's mark
+    handles, labels = ax.get_legend_handles_labels()
+    blank = Line2D([], [], ls="none")
+    rows = max(len(handles), len(keys))
+    handles += [blank] * (rows - len(handles)) + [Line2D([], [], ls="none")] * len(keys)
+    labels += [""] * (rows - len(labels)) + keys
+    fig.set_figheight(5 + 0.2 * rows)
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=2, frameon=False, handlelength=1.5)
     return finish_figure(fig)
 
 
