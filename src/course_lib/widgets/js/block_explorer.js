@@ -137,7 +137,7 @@ const COLOURS = { positive: "#6baed6", negative: "#fd8d3c", outlier: "#3182bd", 
 
 /** Text for a magnitude's binade: 2^k. */
 function powerLabel(k) {
-  return svg("text", {}, "2", svg("tspan", { dy: -5, "font-size": 8, text: String(k) }));
+  return svg("text", {}, "2", svg("tspan", { dy: -5, "font-size": 10, text: String(k) }));
 }
 
 // The slider's and the drag's top, log2 of the outlier: 2**127.75 (about 2.86e38) keeps every stored value
