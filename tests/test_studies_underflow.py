@@ -261,9 +261,9 @@ def test_softmax_matmul_and_activation_facts():
     assert S.matmul_table(mm) == "| computed in | result |\n|---|---|\n| FP32 | 16 |\n| FP16 | inf |\n"
     assert S.matmul_facts(mm) == {"mm_n": 4, "mm_value": 2.0, "mm_exact": 16.0, "mm_divisor": 2.0,
                                   "mm_scaled_output": 4.0, "mm_scale_back": 4.0}
-    act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0)
+    act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0, 4096)
     assert S.activation_overflow_facts(act) == {"act_bf16_max": 200704.0, "act_loss_bf16": 5.59375,
-                                                "act_nonfinite": 12}
+                                                "act_nonfinite": "12 of 4,096"}
 
 
 def test_softmax_and_activation_tables_show_each_form_in_columns():
@@ -276,11 +276,11 @@ def test_softmax_and_activation_tables_show_each_form_in_columns():
         "| reference, FP64 | 1.67e-05 | 1 |",
         "| cross-entropy, naive | nan |  |", "| cross-entropy, F.cross_entropy, FP16 result | 1.67e-05 |  |",
         "| cross-entropy, reference: -ln p from FP64 | 1.6e-05 |  |"]
-    act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0)
+    act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0, 4096)
     assert S.activation_overflow_table(act).splitlines()[2:] == [
         "| largest activation | 200,704 | inf (max 65504) |", "| loss | 5.594 | nan |",
         "| non-finite output logits | (not counted) | 12 |"]
-    small = S.ActivationOverflow(1000.0, 5.5, 5.5, 0, 65504.0)
+    small = S.ActivationOverflow(1000.0, 5.5, 5.5, 0, 65504.0, 4096)
     assert "| largest activation | 1,000 | (not measured) (max 65504) |" in S.activation_overflow_table(small)
     with pytest.raises(TypeError, match="SoftmaxOverflow"):
         S.softmax_table(act)
