@@ -646,8 +646,8 @@ def test_scale_traces_mark_skipped_steps_above_every_line_and_in_the_legend():
     assert [round(math.log2(v)) for v in ax.get_yticks() if v > 0] == [15, 16]
     long = {"recorded": ScaleTrace((2.0**16,) * 3 + tuple(2.0 ** (15 - i) for i in range(172)), (0, 0, 0) + (1,) * 172,
                                    (0,) * 175, 2.0**16, 2.0, 0.5, 2000)}
-    assert plots.loss_scaling.scale_tick_exponents(long) == [-144, -112, -80, -48, -16, 16]
+    assert plots.loss_scaling.scale_tick_exponents([t.scales for t in long.values()]) == [-144, -112, -80, -48, -16, 16]
     crowded = [ln for ln in plots.plot_scale_traces(long).axes[0].get_lines() if ln.get_linestyle() == "None"]
     assert crowded[0].get_markersize() < 11     # 172 skips: smaller marks, so that they do not merge into a band
     with pytest.raises(ValueError, match="no positive finite scale"):
-        plots.loss_scaling.scale_tick_exponents({"x": ScaleTrace((0.0,), (1,), (0,), 1.0, 2.0, 0.5, 1)})
+        plots.loss_scaling.scale_tick_exponents([(0.0, math.inf)])

@@ -65,15 +65,16 @@ def plot_scale_fidelity(result) -> Figure:
     return finish_figure(fig)
 
 
-def scale_tick_exponents(traces: dict, *, most: int = 8) -> list[int]:
-    """Powers of two for a scale axis: every ``step``-th exponent counted from the first trace's starting scale
-    (so that the scale a run starts at is labelled), the smallest step of 1, 2, 4, ... that keeps at most
-    ``most`` ticks over the traces' range."""
-    values = [v for t in traces.values() for v in t.scales if v > 0 and math.isfinite(v)]
+def scale_tick_exponents(runs, *, most: int = 8) -> list[int]:
+    """Powers of two for a scale axis over ``runs`` (sequences of loss scales): every ``step``-th exponent
+    counted from the first run's starting scale (so that the scale a run starts at is labelled), the smallest
+    step of 1, 2, 4, ... that keeps at most ``most`` ticks over the runs' range."""
+    runs = [list(r) for r in runs]
+    values = [v for r in runs for v in r if v > 0 and math.isfinite(v)]
     if not values:
-        raise ValueError("the traces hold no positive finite scale")
+        raise ValueError("the runs hold no positive finite scale")
     lo, hi = math.floor(math.log2(min(values))), math.ceil(math.log2(max(values)))
-    first = next(iter(traces.values())).scales
+    first = runs[0]
     anchor = round(math.log2(first[0])) if first and first[0] > 0 and math.isfinite(first[0]) else hi
     step = 1
     while (hi - lo) // step + 1 > most:
@@ -104,7 +105,7 @@ def plot_scale_traces(traces: dict, *, title: str = "Loss scale per step") -> Fi
         # the legend shows each trace's line with its skip marker, so a marker can be told by its legend entry
         handles.append(Line2D([], [], label=f"{label} ({trace.n_skipped} skipped)", **line, **marker))
     ax.set_yscale("log", base=2)
-    ax.set_yticks([2.0**e for e in scale_tick_exponents(traces)])
+    ax.set_yticks([2.0**e for e in scale_tick_exponents([t.scales for t in traces.values()])])
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("training step")
     ax.set_ylabel("loss scale (log2 axis)")

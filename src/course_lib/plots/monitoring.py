@@ -6,7 +6,9 @@ import matplotlib.pyplot as plt
 import matplotlib.transforms as mtransforms
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
+from .loss_scaling import scale_tick_exponents
 from .style import LIMIT_COLOUR, finish_figure, recipe_colour
 
 
@@ -33,7 +35,8 @@ def plot_recovery(demo) -> Figure:
             resumed_at = steps[b] if b < len(steps) else np.inf
             kept[a:b] = steps[a:b] < resumed_at
         solid = dict(color=colour, lw=2.6 if j == 0 else 1.6, ms=3, zorder=2 + j)
-        faded = dict(color=colour, lw=1.6, ms=5, mfc="none", ls=":", alpha=0.55, zorder=5)
+        # hollow diamonds, larger than the runs' dots: the abandoned steps can lie exactly on the grey run
+        faded = dict(color=colour, lw=1.6, ms=8, mfc="none", mew=1.6, ls=":", alpha=0.8, zorder=5)
         order = np.flatnonzero(kept)
         top.plot(steps[order], shown[order], "o-", label=label, **solid)
         mid.plot(steps[order], scales[order], "o-", **solid)
@@ -43,9 +46,9 @@ def plot_recovery(demo) -> Figure:
                 continue
             path = ([gone[0] - 1] if gone[0] > a else []) + gone   # from the last kept step on
             first = not any(not kept[i] for i in range(cuts[0], a))
-            top.plot(steps[path], shown[path], "o", label="abandoned attempt, rolled back" if first else None,
+            top.plot(steps[path], shown[path], "D", label="abandoned attempt, rolled back" if first else None,
                      **faded)
-            mid.plot(steps[path], scales[path], "o", **faded)
+            mid.plot(steps[path], scales[path], "D", **faded)
             abandoned_skips = [i for i in gone if skipped_mask[i]]
             bottom.plot(steps[abandoned_skips], np.full(len(abandoned_skips), j), "|", color=colour, ms=14,
                         mew=2.4, alpha=0.35, zorder=3)
@@ -70,6 +73,10 @@ def plot_recovery(demo) -> Figure:
     handles, labels = top.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False)   # under the panels: covers no data
     mid.set_yscale("log", base=2)
+    # labelled from the runs' starting scale (GradScaler's default), not from wherever the log locator lands
+    mid.set_yticks([2.0**e for e in scale_tick_exponents([demo.without.scales, demo.with_recovery.scales],
+                                                          most=5)])
+    mid.yaxis.set_minor_locator(NullLocator())
     mid.set_ylabel("loss scale (log2)")
     bottom.set_yticks([0, 1], ["no recovery", "recovery"])
     bottom.set_ylim(-0.6, 1.6)

@@ -335,7 +335,8 @@ def plot_scale_ladder(ladder, *, devices=None) -> Figure:
         bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         handles, labels = top.get_legend_handles_labels()
         # one entry per row: two columns of long entries ran into the other column's legend
+        # long line samples (handlelength), so that the recipes' dash patterns can be told apart in the legend
         bottom.legend(handles, labels, fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=1,
-                      frameon=False, title=f"{device}:", title_fontsize=9)
+                      frameon=False, title=f"{device}:", title_fontsize=9, handlelength=4)
     fig.align_ylabels(axes[:, 0])
     return finish_figure(fig)
