@@ -92,7 +92,10 @@ def plot_delayed_spike(run) -> Figure:
     top.set_ylabel("amax (log)")
     styles = ["-", "--", ":"]
     for j, recipe in enumerate(run.saturated):
-        style = dict(ls=styles[j % 3], marker="o", ms=3, color=fp8_colour(recipe, j), lw=1.8, label=recipe)
+        # the first recipe wide and pale underneath, so that where the others lie on it (0% saturated on
+        # every quiet step) it still shows around them
+        style = dict(ls=styles[j % 3], marker="o", ms=3, color=fp8_colour(recipe, j), label=recipe,
+                     **(dict(lw=5, alpha=0.45, zorder=1) if j == 0 else dict(lw=1.8, zorder=2 + j)))
         middle.plot(steps, np.asarray(run.saturated[recipe]) * 100, **style)
         bottom.plot(steps, run.relative_error[recipe], **style)
     middle.set_ylabel("values saturated (%)")
