@@ -651,3 +651,5 @@ def test_scale_traces_mark_skipped_steps_above_every_line_and_in_the_legend():
     assert crowded[0].get_markersize() < 11     # 172 skips: smaller marks, so that they do not merge into a band
     with pytest.raises(ValueError, match="no positive finite scale"):
         plots.loss_scaling.scale_tick_exponents([(0.0, math.inf)])
+    with pytest.raises(ValueError, match="most must be an int of at least 2"):
+        plots.loss_scaling.scale_tick_exponents([(1.0, 2.0)], most=0)   # would never stop doubling its step

@@ -2,6 +2,7 @@
 studies.performance, each computed from measurements and results built by hand with known numbers."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -181,6 +182,9 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
     assert P.misaligned_16bit_phrase({"bf16": 1.31, "fp16": 1.5}).endswith(
         "1.31 and 1.50 times their own throughput at the aligned size: misalignment did not slow them here")
     assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 1.5}).endswith("misalignment slowed BF16 only")
+    for bad in ({}, {"bf16": math.nan}, {"bf16": 0.0}):
+        with pytest.raises(ValueError, match="positive finite throughput ratios"):
+            P.misaligned_16bit_phrase(bad)
     above = P.cpu_estimate_sentence(CPUPeakEstimate(cores=1, clock_ghz=0.001, vector_lanes=4, fma_units=1), best)
     assert "More than 100% means the estimate is too low" in above
     assert "too low" not in facts["cpu_estimate"]
@@ -643,6 +647,10 @@ def test_exercise_facts():
         "ex_mlp_l4": "memory-bound, 26% below the ridge"})   # 300 against the L4's 403 FLOPs per byte
     assert P.ridge_phrase(399.6, 121e3 / 300).startswith("memory-bound, but only 0.9% from the ridge")
     assert P.ridge_phrase(600.0, 300.0) == "compute-bound, 100% above the ridge"
+    for kwargs in ({"intensity": 1.0, "ridge": 0.0}, {"intensity": math.inf, "ridge": 1.0},
+                   {"intensity": 1.0, "ridge": 1.0, "near": -0.1}):
+        with pytest.raises(ValueError, match="must be a positive finite number"):
+            P.ridge_phrase(**kwargs)
     # the shape comes from the model the ops were built for: the library's own ops agree
     real = transformer_op_costs(config.d_model, config.n_heads, config.context, 2, bytes_per_element=2)
     assert P.exercise_facts(real, config, batch=2)["ex_mlp_m"] == m

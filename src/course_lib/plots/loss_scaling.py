@@ -69,6 +69,8 @@ def scale_tick_exponents(runs, *, most: int = 8) -> list[int]:
     """Powers of two for a scale axis over ``runs`` (sequences of loss scales): every ``step``-th exponent
     counted from the first run's starting scale (so that the scale a run starts at is labelled), the smallest
     step of 1, 2, 4, ... that keeps at most ``most`` ticks over the runs' range."""
+    if isinstance(most, bool) or not isinstance(most, int) or most < 2:
+        raise ValueError(f"most must be an int of at least 2 ticks, got {most!r}")
     runs = [list(r) for r in runs]
     values = [v for r in runs for v in r if v > 0 and math.isfinite(v)]
     if not values:

@@ -117,9 +117,9 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     # under the axes, ceilings and marks in the left column and the numbered operations in the right: inside
     # the axes the key covered a slow device's roof, and in the upper left an operation's mark
     handles, labels = ax.get_legend_handles_labels()
-    blank = Line2D([], [], ls="none")
+    blank = Line2D([], [], ls="none")   # no line sample: a padding row, or a key entry (its number says it all)
     rows = max(len(handles), len(keys))
-    handles += [blank] * (rows - len(handles)) + [Line2D([], [], ls="none")] * len(keys)
+    handles += [blank] * (rows - len(handles) + len(keys))
     labels += [""] * (rows - len(labels)) + keys
     fig.set_figheight(5 + 0.2 * rows)
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=2, frameon=False, handlelength=1.5)

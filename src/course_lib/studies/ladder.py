@@ -103,8 +103,7 @@ def recipe_unsupported_reason(recipe: str, device: torch.device | str) -> str | 
     # not enough (a CPU whose BF16 product is itself emulated runs FP8 through FP32 faster than BF16).
     probe = capability_probe(device)
     fp8 = probe.tflops.get("fp8")
-    wider = [d for d in ("bf16", "fp32") if fp8 is not None and probe.tflops.get(d) is not None
-             and fp8 < probe.tflops[d]]
+    wider = [] if fp8 is None else [d for d in ("bf16", "fp32") if (t := probe.tflops.get(d)) is not None and fp8 < t]
     if fp8 is not None and wider:
         d = max(wider, key=probe.tflops.__getitem__)
         return (f"FP8 products measured {ratio_text(fp8 / probe.tflops[d])} times {d.upper()}'s throughput here "

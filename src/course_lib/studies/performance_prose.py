@@ -189,6 +189,8 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
 def misaligned_16bit_phrase(ratios: dict[str, float]) -> Prose:
     """BF16's and FP16's throughput at the misaligned size over their own at the aligned one (``ratios`` by
     dtype), and whether misalignment slowed them, said of this device."""
+    if not ratios or any(not (isinstance(r, float | int) and math.isfinite(r) and r > 0) for r in ratios.values()):
+        raise ValueError(f"ratios must map dtypes to positive finite throughput ratios, got {ratios!r}")
     said = " and ".join(DTYPE_LABELS[d] for d in ratios)
     values = " and ".join(ratio_text(r) for r in ratios.values())
     slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if r < 1]
@@ -635,6 +637,9 @@ def ridge_phrase(intensity: float, ridge: float, *, near: float = 0.05) -> Prose
     """Which ceiling limits an operation of ``intensity`` FLOPs per byte on a roofline whose ridge is at
     ``ridge``, saying so when the two lie within ``near`` (a share) of each other, where the model cannot
     tell which limits it."""
+    for name, v in (("intensity", intensity), ("ridge", ridge), ("near", near)):
+        if isinstance(v, bool) or not isinstance(v, float | int) or not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a positive finite number, got {v!r}")
     bound = "memory-bound" if intensity < ridge else "compute-bound"
     gap = abs(intensity / ridge - 1)
     if gap <= near:
