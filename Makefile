@@ -50,10 +50,12 @@ lab: $(LABSTAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 # Sphinx rebuilds only pages whose source changed, so a change in course_lib would leave old outputs:
-# every build starts from a clean _build and executes every page.
+# every build starts from a clean _build and executes every page. The site's figures are then stored as
+# palette PNGs where no pixel changes visibly (tools/compact_images.py): about a third of the bytes.
 book: $(STAMP)
 	rm -rf _build
 	$(VENV)/bin/jupyter-book build . --keep-going
+	$(PY) tools/compact_images.py _build/html/_images
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
 test: lint unit selfcheck lessons strict-book browser
@@ -77,7 +79,7 @@ lessons: $(STAMP)
 	for f in $(LESSONS); do \
 	  $(VENV)/bin/jupytext --quiet --to ipynb "$$f" -o "$(NBBUILD)/lessons/$$(basename "$${f%.md}").ipynb"; \
 	done
-	$(PY) -m pytest --nbmake --nbmake-timeout=400 --overwrite -p no:cacheprovider $(NBBUILD)/lessons
+	$(PY) -m pytest --nbmake --nbmake-timeout=1200 --overwrite -p no:cacheprovider $(NBBUILD)/lessons
 
 # The book with warnings as errors, built from the lessons nbmake just executed (each lesson runs once in
 # `make test`): a copy of the book's sources in .nbbuild/book with the executed notebooks in place of the
@@ -92,6 +94,7 @@ strict-book: lessons
 	c['execute']['exclude_patterns'] = ['lessons/*.ipynb']; \
 	yaml.safe_dump(c, open('$(BOOKSTAGE)/_config.yml', 'w'), sort_keys=False)"
 	$(VENV)/bin/jupyter-book build $(BOOKSTAGE) -W -n --keep-going --path-output .
+	$(PY) tools/compact_images.py _build/html/_images
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
 # The built book in headless Chromium with the network blocked (tools/browser_check.py): every page of the
