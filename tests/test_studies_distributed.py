@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course_lib.device import SizeProfile
-from course_lib.glue import Prose
+from course_lib.glue import Prose, count_word
 from course_lib.models import course_setup
 from course_lib.studies import distributed as D
 from course_lib.tables import MarkdownTable
@@ -97,7 +97,7 @@ def test_scaler_table_reads_each_case():
 def test_scaler_facts():
     facts = D.scaler_facts(_study(), byte0_count=0)
     assert facts == {
-        "plant_step": 4, "ddp_scale_after": 4.0, "wrong_scale0": 8.0, "wrong_scale1": 4.0, "wrong_bad_weights": 3,
+        "plant_step": 4, "scaler_setups": count_word(len(CASES)), "ddp_scale_after": 4.0, "wrong_scale0": 8.0, "wrong_scale1": 4.0, "wrong_bad_weights": 3,
         "wrong_loss0": 3.25, "byte0_sentence": D.byte0_sentence(0),
         "fsdp_first_skip": "**0**", "torch_version": f"torch {torch.__version__}",
         "initial_scale_log2": "**2\u00b9\u2076 = 65536**", "fp16_max": 65504.0,

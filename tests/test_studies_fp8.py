@@ -111,7 +111,8 @@ def sweep() -> OutlierSweep:
 
 
 def test_outlier_facts():
-    assert fp8_prose.outlier_facts(sweep(), 32) == {"out_tensor_1e3": 12.5, "out_tensor_1e5": 50.0,
+    assert fp8_prose.outlier_facts(sweep(), 32) == {"out_factor_1e3": 1e3, "out_factor_1e5": 1e5,
+                                                    "out_tensor_1e3": 12.5, "out_tensor_1e5": 50.0,
                                                     "out_row_1e5": 25.0, "out_tile_1e5": 6.25, "out_col_1e5": 0.0}
     short = OutlierSweep(0, (1.0, 1e3), {}, {})
     with pytest.raises(ValueError, match="no factor 100000"):

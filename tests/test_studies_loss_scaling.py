@@ -8,7 +8,8 @@ import pytest
 from course_lib.glue import Prose
 from course_lib.gradients import ScaleSweep
 from course_lib.results import Provenance, Record, RecordedResult
-from course_lib.scaling import PITFALLS, Finding, PitfallDemo, ScalerDefaults, replay_scale_schedule
+from course_lib.scaling import (AUTOCAST_PITFALLS_DTYPE, DEMO_ACCUMULATION, NO_SCALER_PITFALLS, PITFALLS, Finding,
+                                PitfallDemo, ScalerDefaults, replay_scale_schedule, run_pitfall_demo)
 from course_lib.studies import loss_scaling_prose as P
 from course_lib.studies.loss_scaling import FlightRecording, ScaleFidelity, ScalingRun, adam_update_change
 from course_lib.tables import MarkdownTable
@@ -443,3 +444,13 @@ def test_adam_update_change_is_epsilons_share_only():
             adam_update_change(bad)
     with pytest.raises(ValueError, match="size"):
         adam_update_change(2.0, size=1)
+
+
+def test_pitfall_setting_facts_name_the_loop_the_demos_run():
+    assert P.pitfall_setting_facts() == {"pit_micro": "two", "pit_width": 8, "pit_capability": "7.5",
+                                         "pit_no_scaler": "two"}
+    # a step per micro-batch takes DEMO_ACCUMULATION times the correct loop's optimizer steps
+    every_micro, correct = run_pitfall_demo("update_every_microbatch"), run_pitfall_demo(None)
+    assert every_micro.optimizer_steps == DEMO_ACCUMULATION * correct.optimizer_steps
+    # the rows without a scaler are the ones that say so, and both are autocast rows
+    assert all(n in PITFALLS and n in AUTOCAST_PITFALLS_DTYPE for n in NO_SCALER_PITFALLS)

@@ -19,7 +19,7 @@ from course_lib.studies import training_prose
 from course_lib.studies import microscaling as ms
 from course_lib.studies import microscaling_layers as L
 from course_lib.studies import microscaling_pieces as P
-from course_lib.studies.fp8 import Fp8Training
+from course_lib.studies.fp8 import Fp8Training, LinearTensors
 from course_lib.studies.microscaling import BlockSizeStudy, GradientFidelity, ModeComparison
 
 CHOICES = list(ms.nvfp4_scale_choices())   # MXFP4 32, E8M0 16, E4M3 no tensor scale, NVFP4, ideal
@@ -532,8 +532,9 @@ def test_errata_stochastic_row_follows_the_measured_sign():
 
 def test_exercise_facts():
     assert ms.exercise_facts() == {
-        "ex_rceil_scale": 0.5, "ex_rceil_values": "1, -3, 0, 1.5", "ex_floor_scale": 0.5,
-        "ex_floor_values": "1, -3, 0, 1.5", "ex_bits_mxfp8": 8.25, "ex_bits_nvfp4_16x16": 4 + 8 / 256,
+        "ex_rceil_scale": 0.5, "ex_rceil_over": "1.8, -5.2, 0.2, 3.4", "ex_rceil_elements": "2, -6, 0, 3",
+        "ex_rceil_values": "1, -3, 0, 1.5", "ex_floor_scale": 0.5, "ex_floor_over": "1.8, -5.2, 0.2, 3.4",
+        "ex_floor_elements": "2, -6, 0, 3", "ex_floor_values": "1, -3, 0, 1.5", "ex_bits_mxfp8": 8.25, "ex_bits_nvfp4_16x16": 4 + 8 / 256,
         "ex_saving": 16 / 4.5, "ex_bf16_gb": 14.0,
         "ex_nvfp4_gb": 3.9375}
 
@@ -737,3 +738,21 @@ def test_share_against_nvidia_compares_with_their_16_percent(share, phrase):
 def test_share_against_nvidia_refuses_what_is_not_a_percentage(bad):
     with pytest.raises(ValueError):
         L.share_against_nvidia(bad)
+
+
+def test_the_lesson_tensors_carry_an_outlier_channel_of_the_stated_factor(monkeypatch):
+    activation = torch.tensor([[1.0, -2.0, 0.5], [0.25, 3.0, -1.0]])
+    weight, grad = torch.ones(4, 3), torch.full((2, 4), 0.5)
+    seen = {}
+
+    def capture(profile, device, layer):   # the FP32 training run is not the question here
+        seen["layer"] = layer
+        return LinearTensors(layer, 0, activation, weight, grad, ())
+
+    monkeypatch.setattr(ms, "capture_linear_tensors", capture)
+    tensors = ms.mx_lesson_tensors(size_profile("cpu"), "cpu")
+    assert seen["layer"] == "blocks.0.out" and set(tensors) == {"activation", "weight", "gradient",
+                                                                "activation + outlier"}
+    outlier = tensors["activation + outlier"]
+    assert torch.equal(outlier[:, 0], ms.OUTLIER_FACTOR * activation[:, 0])
+    assert torch.equal(outlier[:, 1:], activation[:, 1:]) and ms.OUTLIER_SKIP["activation + outlier"] == (0,)

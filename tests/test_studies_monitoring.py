@@ -95,12 +95,12 @@ def test_other_alerts_sentence(alerts, sentence):
 
 
 def test_dead_layer_facts_take_the_first_zero_gradient_alert_and_the_losses_around_the_death():
-    log = MonitorLog(steps=[0, 1, 2, 3, 4], losses=[5.0, 4.5, 4.0, 3.5, 3.0])
+    log = MonitorLog(steps=[0, 1, 2, 3, 4], losses=[5.0, 4.5, 4.0, 3.5, 3.0], sampled_steps=[0, 3])
     alerts = (_alert(4, "zero_gradients", "blocks.1.ln2.weight"), _alert(3, "zero_gradients", "blocks.1.fc.bias"),
               _alert(0, "underflow", "blocks.0.attn.qkv.bias"))
     facts = M.dead_layer_facts(M.DeadLayerRun("blocks.1.fc", 2, log, alerts))
     assert facts == {
-        "dead_layer": "`blocks.1.fc`", "dead_at": 2, "dead_alert_step": 3,
+        "dead_every": 3, "dead_layer": "`blocks.1.fc`", "dead_at": 2, "dead_alert_step": 3,
         "dead_alert_layers": "`blocks.1.fc.bias`, `blocks.1.ln2.weight`", "dead_loss_at": 4.5, "dead_loss_end": 3.0,
         "dead_other_alerts": "Its other alert was an underflow alert on `blocks.0.attn.qkv.bias` at step 0, the key "
                              "bias of the first section again.",
@@ -113,6 +113,10 @@ def test_dead_layer_facts_refuse_a_run_whose_death_was_not_seen():
         M.dead_layer_facts(M.DeadLayerRun("fc", 1, log, (_alert(0, "underflow", "x"),)))
     with pytest.raises(ValueError, match="before and from step 0"):
         M.dead_layer_facts(M.DeadLayerRun("fc", 0, log, (_alert(1, "zero_gradients", "fc.weight"),)))
+    for sampled in ([], [0], [0, 1, 3]):    # no interval to name
+        uneven = MonitorLog(steps=[0, 1, 2], losses=[3.0, 2.0, 1.0], sampled_steps=sampled)
+        with pytest.raises(ValueError, match="no single interval"):
+            M.dead_layer_facts(M.DeadLayerRun("fc", 1, uneven, (_alert(1, "zero_gradients", "fc.weight"),)))
 
 
 def _report(module, phase):

@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from .pitfalls import (
     AUTOCAST_PITFALLS_DTYPE,
+    DEMO_ACCUMULATION,
+    DEMO_WIDTH,
     LOW_PRECISION_DTYPES,
+    NO_SCALER_PITFALLS,
+    OLD_GPU_CAPABILITY,
     PITFALLS,
     Finding,
     PitfallDemo,
@@ -66,4 +70,8 @@ __all__ = [
     "PitfallDemo",
     "run_pitfall_demo",
     "AUTOCAST_PITFALLS_DTYPE",
+    "DEMO_ACCUMULATION",
+    "DEMO_WIDTH",
+    "NO_SCALER_PITFALLS",
+    "OLD_GPU_CAPABILITY",
 ]

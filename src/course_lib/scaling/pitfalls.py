@@ -297,6 +297,15 @@ class PitfallDemo:
     step_moved: tuple[float, ...] = ()
 
 
+# the demo loop's settings (lesson 3 names them): micro-batches per optimizer step, the autocast loops' layer
+# width (a multiple of 8, which tensor cores like), the compute capability the BF16-on-an-old-GPU row fakes
+# (a T4's), and the rows that run without a scaler
+DEMO_ACCUMULATION = 2
+DEMO_WIDTH = 8
+OLD_GPU_CAPABILITY = (7, 5)
+NO_SCALER_PITFALLS = ("fp16_autocast_without_scaler", "bf16_without_native_support")
+
+
 def run_pitfall_demo(name: str | None, *, iterations: int = 4,
                      device: str | torch.device = "cpu") -> PitfallDemo:
     """Run a small regression loop under :class:`ScalerAudit`, with the mistake ``name`` planted (one of
@@ -326,11 +335,12 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
     with torch.random.fork_rng(devices=[]):  # the same initial weights in every demo, global RNG untouched
         torch.manual_seed(0)
         if name == "mixed_autocast_dtypes":
-            model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+            model: torch.nn.Module = torch.nn.Sequential(torch.nn.Linear(DEMO_WIDTH, DEMO_WIDTH),
+                                                         torch.nn.Linear(DEMO_WIDTH, DEMO_WIDTH))
         elif autocast_demo and name != "unaligned_matmul":
-            model = torch.nn.Linear(8, 8)
+            model = torch.nn.Linear(DEMO_WIDTH, DEMO_WIDTH)
         else:
-            model = torch.nn.Linear(8, 1)
+            model = torch.nn.Linear(DEMO_WIDTH, 1)
     if name == "fp16_params":
         model = model.half()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -375,16 +385,16 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
             # the scale backs off to 2**20, where every later step is finite
             scaler = torch.amp.GradScaler(scaler_device, init_scale=2.0**120, backoff_factor=2.0**-100,
                                           growth_interval=1000)
-    accumulation = 2
+    accumulation = DEMO_ACCUMULATION
     sched_steps, error = [0], None
-    no_scaler = name in ("fp16_autocast_without_scaler", "bf16_without_native_support")
+    no_scaler = name in NO_SCALER_PITFALLS
     patches = []
     if name == "bf16_without_native_support":
         # what a GPU of compute capability 7.5 (a T4) reports, on any machine; only the autocast entry sees it
         # (torch.cuda.is_bf16_supported() says True there: BF16 runs, emulated)
         patches = [mock.patch.object(torch.cuda, "is_available", return_value=True),
                    mock.patch.object(torch.cuda, "is_bf16_supported", return_value=True),
-                   mock.patch.object(torch.cuda, "get_device_capability", return_value=(7, 5))]
+                   mock.patch.object(torch.cuda, "get_device_capability", return_value=OLD_GPU_CAPABILITY)]
     for patch in patches:
         patch.start()
     audit = ScalerAudit(None if no_scaler else scaler, opt, scheduler=sched, accumulation_steps=accumulation,
@@ -396,7 +406,7 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
                 opt.zero_grad(set_to_none=True)
                 steps_before = len(opt_steps)
                 for micro in range(accumulation):
-                    x = torch.randn(16, 8, generator=gen).to(next(model.parameters()).dtype)
+                    x = torch.randn(16, DEMO_WIDTH, generator=gen).to(next(model.parameters()).dtype)
                     # large enough to overflow at 2**120, small enough that the unscaled gradient norm
                     # stays finite in float32 (at 1e20 its square would overflow and clipping zero it)
                     loss = ((_demo_forward(name, model, x).float() - 1.0) ** 2).mean() * (1.0 if autocast_demo

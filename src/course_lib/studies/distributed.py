@@ -14,16 +14,10 @@ from ..data import BatchSampler
 from ..device import SizeProfile
 from ..distributed.launch import launch_local
 from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean, ring_chunks
-from ..distributed.worker import (
-    DEFAULT_TIMEOUT_S,
-    DistRun,
-    choose_backend,
-    flatten_params,
-    rank_threads,
-    single_process_run,
-)
+from ..distributed.worker import (DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, rank_threads,
+                                  single_process_run)
 from ..formats import get_format
-from ..glue import Prose, bold, power_of_two_text
+from ..glue import Prose, bold, count_word, power_of_two_text
 from ..memory import bytes_per_parameter
 from ..models import course_setup, gpt_config_for
 from ..tables import MarkdownTable, markdown_table
@@ -458,6 +452,7 @@ def scaler_facts(study: DataParallelStudy, *, byte0_count: int) -> dict[str, obj
     initial = fsdp.scales[0][0]
     return {
         "plant_step": study.plant_step,
+        "scaler_setups": count_word(len(study.scaler_cases)),
         "ddp_scale_after": ddp.scales[0][study.plant_step + 1],
         "wrong_scale0": wrong.scales[0][-1],
         "wrong_scale1": wrong.scales[1][-1],

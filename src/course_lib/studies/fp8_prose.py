@@ -91,7 +91,8 @@ def outlier_facts(sweep: OutlierSweep, block: int) -> dict[str, object]:
     (per tensor, per row, per column, 1 x ``block`` tiles) larger than the rest."""
     i3, i5 = _factor_index(sweep, 1e3), _factor_index(sweep, 1e5)
     flushed = sweep.flushed
-    return {"out_tensor_1e3": 100 * flushed["per tensor, E4M3"][i3],
+    return {"out_factor_1e3": sweep.factors[i3], "out_factor_1e5": sweep.factors[i5],
+            "out_tensor_1e3": 100 * flushed["per tensor, E4M3"][i3],
             "out_tensor_1e5": 100 * flushed["per tensor, E4M3"][i5],
             "out_row_1e5": 100 * flushed["per row (token), E4M3"][i5],
             "out_tile_1e5": 100 * flushed[f"1 x {block} tiles, E4M3"][i5],

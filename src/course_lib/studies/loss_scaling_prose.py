@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose, and_list, plural, power_of_two_text
+from ..glue import Prose, and_list, count_word, plural, power_of_two_text
 from ..gradients import ScaleSweep
 from ..results import RecordedResult, describe_records
 from ..scaling import (
     AUTOCAST_PITFALLS_DTYPE,
     DEFAULT_GROWTH_INTERVAL,
+    DEMO_ACCUMULATION,
+    DEMO_WIDTH,
+    NO_SCALER_PITFALLS,
+    OLD_GPU_CAPABILITY,
     PITFALLS,
     PitfallDemo,
     ScalerDefaults,
@@ -444,6 +448,15 @@ def _kept_pct(demo: PitfallDemo) -> float:
     if not asked > 0 or len(demo.step_moved) != len(demo.step_requested):
         raise ValueError(f"{demo.name!r} has no optimizer step that asked the weights to move")
     return 100.0 * sum(demo.step_moved) / asked
+
+
+def pitfall_setting_facts() -> dict[str, object]:
+    """The pitfall demo loop's settings as the page names them: micro-batches per step (``pit_micro``, a
+    word), the autocast loops' width (``pit_width``), the compute capability the old-GPU row fakes
+    (``pit_capability``, ``"7.5"``) and how many rows run without a scaler (``pit_no_scaler``, a word)."""
+    major, minor = OLD_GPU_CAPABILITY
+    return {"pit_micro": count_word(DEMO_ACCUMULATION), "pit_width": DEMO_WIDTH,
+            "pit_capability": f"{major}.{minor}", "pit_no_scaler": count_word(len(NO_SCALER_PITFALLS))}
 
 
 def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:

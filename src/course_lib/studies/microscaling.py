@@ -218,17 +218,19 @@ def emulation_step_ratio(profile, device: torch.device | str = "cpu", *, recipe:
     return EmulationCost(recipe, baseline, {k: tuple(v) for k, v in seconds.items()},
                          {k: tuple(v) for k, v in quartiles.items()})
 
+# how much larger lesson 8's outlier channel is than the activation's own (mx_lesson_tensors)
+OUTLIER_FACTOR = 100.0
 # the outlier channel of "activation + outlier" is left out of its measures: the other channels are the question
 OUTLIER_SKIP: dict[str, tuple[int, ...]] = {"activation + outlier": (0,)}
 
 
 def mx_lesson_tensors(profile, device: torch.device | str) -> dict[str, torch.Tensor]:
     """The tensors lesson 8 quantises: the course model's ``blocks.0.out`` input activation, weight and
-    output gradient after FP32 training, and the activation with its channel 0 made 100x larger (an outlier
-    channel; :data:`OUTLIER_SKIP` measures the other channels)."""
+    output gradient after FP32 training, and the activation with its channel 0 made :data:`OUTLIER_FACTOR`
+    times larger (an outlier channel; :data:`OUTLIER_SKIP` measures the other channels)."""
     t = capture_linear_tensors(profile, device, layer="blocks.0.out")
     return {"activation": t.activation, "weight": t.weight, "gradient": t.grad_output,
-            "activation + outlier": with_outlier_channel(t.activation)}
+            "activation + outlier": with_outlier_channel(t.activation, factor=OUTLIER_FACTOR)}
 
 
 def scale_choice_errors(tensors: Mapping[str, torch.Tensor], skip_columns: Mapping[str, tuple[int, ...]] = OUTLIER_SKIP
@@ -605,8 +607,8 @@ def outlier_ratio(tensors: Mapping[str, torch.Tensor]) -> float:
 
 
 def exercise_facts() -> dict[str, object]:
-    """The exercises' answers: the E8M0 scale and the values an MXFP4 block of 0.9, -2.6, 0.1, 1.7 (and 28
-    zeros) stores with RCEIL and with FLOOR; MXFP8's bits per element, and NVFP4's with the training recipe's
+    """The exercises' answers: the E8M0 scale, the values over the scale, the E2M1 elements stored and the
+    values represented, of an MXFP4 block of 0.9, -2.6, 0.1, 1.7 (and 28 zeros) with RCEIL and with FLOOR; MXFP8's bits per element, and NVFP4's with the training recipe's
     16 x 16 weight blocks (one scale per 256 weights); NVFP4's (1 x 16 blocks) saving over BF16 and the
     gigabytes of a 7-billion-parameter model's weights in BF16 and in NVFP4."""
     block = torch.tensor([[0.9, -2.6, 0.1, 1.7] + [0.0] * 28])
@@ -614,6 +616,8 @@ def exercise_facts() -> dict[str, object]:
     for mode in ("rceil", "floor"):
         q = BlockScaling("e2m1", 32, mode=mode).quantize(block)
         facts[f"ex_{mode}_scale"] = float(q.block_scales[0, 0])
+        facts[f"ex_{mode}_over"] = ", ".join(f"{v:.3g}" for v in (block[0, :4] / q.block_scales[0, 0]).tolist())
+        facts[f"ex_{mode}_elements"] = ", ".join(f"{v:g}" for v in q.elements[0, :4].tolist())
         facts[f"ex_{mode}_values"] = ", ".join(f"{v:g}" for v in q.dequantize()[0, :4].tolist())
     nvfp4_bits = nvfp4_bits_per_element()
     square = BlockScaling("e2m1", 16, block_rows=16, scale_format="e4m3").quantize(torch.ones(16, 16))

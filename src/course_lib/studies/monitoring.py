@@ -434,7 +434,8 @@ def other_alerts_sentence(alerts: Sequence[Alert]) -> Prose:
 
 
 def dead_layer_facts(dead: DeadLayerRun) -> dict[str, object]:
-    """Lesson 9's facts of a :class:`DeadLayerRun`: the layer, the step it died and the step of the first
+    """Lesson 9's facts of a :class:`DeadLayerRun`: how often the monitor sampled (``dead_every``, steps), the
+    layer, the step it died and the step of the first
     zero-gradient alert, the parameters so alerted, the loss at the last step before the death and at the
     end, and a sentence on the other alerts."""
     zero = [a for a in dead.alerts if a.kind == "zero_gradients"]
@@ -444,7 +445,11 @@ def dead_layer_facts(dead: DeadLayerRun) -> dict[str, object]:
     after = [loss for st, loss in zip(dead.log.steps, dead.log.losses) if st >= dead.dies_at]
     if not before or not after:
         raise ValueError(f"the log needs losses before and from step {dead.dies_at}")
+    gaps = {b - a for a, b in zip(dead.log.sampled_steps, dead.log.sampled_steps[1:])}
+    if len(gaps) != 1:
+        raise ValueError(f"the log's sampled steps {dead.log.sampled_steps} have no single interval")
     return {
+        "dead_every": gaps.pop(),
         "dead_layer": Prose(_code(dead.layer)),
         "dead_at": dead.dies_at,
         "dead_alert_step": min(zero, key=lambda a: a.step).step,
