@@ -1,6 +1,5 @@
 """tools/compact_images.py: the built book's figures become palette PNGs only where no pixel changes visibly."""
 
-import importlib.util
 import io
 import math
 import sys
@@ -14,18 +13,8 @@ from PIL import Image
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("compact_images", ROOT / "tools" / "compact_images.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module    # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ci = _tool()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import compact_images as ci  # noqa: E402
 
 
 def _line_chart(path: Path) -> Path:
