@@ -351,10 +351,16 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
             "the smallest autocast rise, with no autocast rounding at all. Around this step one batch's loss is "
             "sensitive to small differences in the weights, and rounding is one source of such differences; with "
             "one run per recipe, a recipe's own effect there cannot be told from that sensitivity.") in note
-    # the skipped run's first loss after the skip (step 2), against the yardstick's widest draw there (0.02)
+    # the skipped run's first loss after the skip (step 2), against the yardstick's widest draw there (0.02):
+    # beyond it, but the run was already beyond the draws (0.08) at the skipped step, before the skip could act
     assert ("At step 2, the first loss after the skip, the yardstick's draws were within 0.020 of `fp32` and "
-            "`fp16_autocast_scaler` was +0.200: beyond the yardstick, so the skip's cost shows through the run's "
-            "sensitivity.") in note
+            "`fp16_autocast_scaler` was +0.200: beyond the yardstick, but at step 1, before the skip could act, it "
+            "was already +0.300 against the draws' 0.080: the run was apart before it skipped, and this page cannot "
+            "tell the skip's share of the gap.") in note
+    # draws as far apart as the run at the skipped step, near fp32 after it: the skip's cost shows through
+    note = note_with([3.0, 2.35, 2.5, 2.4], [3.0, 2.0, 2.52, 2.4])
+    assert ("the yardstick's draws were within 0.020 of `fp32` and `fp16_autocast_scaler` was +0.200: beyond the "
+            "yardstick, so the skip's cost shows through the run's sensitivity.") in note
     note = note_with([3.0, 2.2, 2.5, 2.4], [3.0, 2.08, 2.9, 2.4])
     assert ("one of the two draws rose at step 1 as far as the smallest autocast rise or further, and one more at "
             "least half as far") in note

@@ -53,7 +53,7 @@ def test_parity_table_shows_mean_spread_and_every_seed():
 def test_parity_facts_compare_means_spreads_and_seeds():
     facts = P.parity_facts(_parity())
     assert set(facts) == {"parity_fp32", "parity_bf16_autocast", "parity_seeds", "parity_max_gap",
-                          "parity_max_spread", "parity_max_paired", "parity_steps", "parity_tail"}
+                          "parity_max_spread", "parity_max_paired", "parity_steps", "parity_tail", "parity_verdict"}
     assert (facts["parity_steps"], facts["parity_tail"]) == (0, 5)     # no curves kept: the tail it was given
     three = dataclasses.replace(_parity(), curves={"fp32": (3.0, 2.0, 1.0)}, tail=4)
     assert (P.parity_facts(three)["parity_steps"], P.parity_facts(three)["parity_tail"]) == (3, 3)   # every step
@@ -64,6 +64,26 @@ def test_parity_facts_compare_means_spreads_and_seeds():
     assert facts["parity_max_paired"] == pytest.approx(0.5)       # seed 0: 1.5 against 1.0
     with pytest.raises(ValueError, match="'fp32' recipe"):
         P.parity_facts(Parity(("bf16_autocast",), (0,), {"bf16_autocast": (1.0,)}, {}))
+
+
+def test_paired_verdict_reads_the_signs_seed_by_seed_not_the_spread():
+    def parity(**finals):
+        return Parity(tuple(finals), (0, 1, 2), finals, {})
+    mixed = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.1, 2.9, 4.0))
+    assert P.paired_verdict(mixed) == ("and no recipe kept one side of FP32 over the three seeds: at this length the "
+                                       "recipes have not come apart. On a run this short even FP16 without a "
+                                       "scaler can keep up")
+    # above FP32 in every seed by far less than the spread over seeds: still a sign, and said as a hint
+    sided = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.001, 3.002, 4.003), fp16_autocast_scaler=(1.9, 2.9, 3.95))
+    assert P.paired_verdict(sided) == (
+        "and `bf16_autocast` above it in every seed (+0.0010 to +0.0030) and `fp16_autocast_scaler` below it in "
+        "every seed (-0.1000 to -0.0500): a sign that three seeds give by chance alone one time in 4, so it is a "
+        "hint to test with more seeds, not yet a difference")
+    # a NaN seed or a single seed says nothing about a sign
+    assert "no recipe kept" in P.paired_verdict(parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.1, NAN, 4.1)))
+    assert "no recipe kept" in P.paired_verdict(Parity(("fp32", "x"), (0,), {"fp32": (1.0,), "x": (2.0,)}, {}))
+    with pytest.raises(ValueError, match="'fp32' recipe"):
+        P.paired_verdict(parity(bf16_autocast=(1.0, 2.0, 3.0)))
 
 
 def _recorded_parity(no_scaler=(3.1, 3.2, 3.3), scaler=(NAN, 2.9, NAN)):
@@ -151,7 +171,10 @@ def test_update_facts_from_a_hand_built_comparison():
         "upd_separates": "every seed of it lies above every seed of every other rule",
         "upd_others_note": "FP32 master weights within 0.0010; stochastic rounding within 0.0020; "
                            "Kahan-compensated within 0.0010 in every seed: small against round-to-nearest's "
-                           "gap of at least 0.050, and their ranges over seeds overlap"}
+                           "gap of at least 0.0500, and their ranges over seeds overlap",
+        "upd_kahan_master": P.kahan_master_note({MASTER: [0.001, -0.001], KAHAN: [-0.001, 0.001]})}
+    assert facts["upd_kahan_master"].startswith("Kahan compensation and FP32 master weights ended within 2.0e-03 of "
+                                                "each other in every seed")
     assert all(isinstance(facts[k], Prose) for k in ("train_gap_master", "lost_nearest", "upd_lead", "gap_others"))
     with pytest.raises(ValueError, match="tail must be a positive int"):
         P.update_facts(_updates(), tail=0)
@@ -165,7 +188,10 @@ def test_update_phrases_take_their_other_branches():
     assert P.update_lead(overlapping) == "Round-to-nearest separates from FP32 most clearly."
     disjoint = {NEAREST: [0.05, 0.06], MASTER: [-0.003, -0.002], KAHAN: [0.001, 0.002]}
     assert P.others_note(disjoint) == ("FP32 master weights within 0.0030; Kahan-compensated within 0.0020 in every "
-                                       "seed: small against round-to-nearest's gap of at least 0.050")
+                                       "seed: small against round-to-nearest's gap of at least 0.0500")
+    # the smallest gap is not rounded up past itself: 0.0446 is not "at least 0.045"
+    assert "gap of at least 0.0446," in P.others_note({NEAREST: [0.0446, 0.06], MASTER: [0.001]})
+    assert P.kahan_master_note({NEAREST: [0.05], MASTER: [0.001]}) == ""
 
 
 def test_update_facts_refuse_a_comparison_without_fp32():
@@ -220,8 +246,10 @@ def test_errata_rows_cite_the_datasheet_the_finetuning_and_the_lost_updates():
                           "(untrained, with one residual channel amplified past FP16's range), all 2 of 2 steps were "
                           "skipped above, while BF16 autocast ran every step with a finite loss. A real pretrained "
                           "model need not have such a channel: check its largest activations first (exercise below).")
-    assert rows[2][1] == ("At the stagnation section's learning rate, 0.0003, 40.0-50.0% of the weights did not change at a step (average over "
-                          "the last 2 steps) although their update was not zero; see the stagnation section.")
+    assert rows[2][1] == ("At the stagnation section's learning rate, 0.0003, with BF16 weights updated by round to "
+                          "nearest (the optimizer's moments in FP32: only the weights lack the FP32 copy), 40.0-50.0% "
+                          "of the weights did not change at a step (average over the last 2 steps) although their "
+                          "update was not zero; see the stagnation section.")
     no_bf16 = GPUPeaks("Old", "7.0", {"fp32": 1.0, "tf32": None, "bf16": None, "fp16": 2.0, "fp8": None}, 100.0, "x")
     with pytest.raises(ValueError, match="Old lacks its BF16 or FP16 peak"):
         P.bf16_errata_rows(no_bf16, precision_advice((7, 0)), FT, _updates())

@@ -342,7 +342,11 @@ def test_exercise_facts_shift_the_late_gradients_three_binades():
     assert S.exercise_facts(late, largest_sigmas=4.0) == {
         "ex_flush_now": 25.0, "ex_flush_8x": 75.0, "ex_sigmas": 4.0, "ex_sqrt_k": (65504 / 4.0) ** 2,
         "ex_e5m2_tiny": 2.0**-16, "ex_e5m2_half_tiny": 2.0**-17, "ex_e5m2_stored": 2.0**-16,
-        "ex_e5m2_err": pytest.approx(100 * (2.0**-16 / 1e-5 - 1))}   # 1e-5 lies above half of 2**-16: rounds up
+        "ex_e5m2_err": pytest.approx(100 * (2.0**-16 / 1e-5 - 1)),   # 1e-5 lies above half of 2**-16: rounds up
+        # in FP16 1e-5 is a subnormal too, 168 steps of 2**-24 (what torch's cast gives), 0.14% off
+        "ex_fp16_stored": 168 * 2.0**-24, "ex_fp16_err": pytest.approx(100 * (168 * 2.0**-24 / 1e-5 - 1)),
+        "ex_fp16_min_normal": 2.0**-14}
+    assert float(torch.tensor(1e-5).half()) == 168 * 2.0**-24
     with pytest.raises(ValueError, match="no non-zero gradient"):
         S.exercise_facts(torch.zeros(3), largest_sigmas=4.0)
     with pytest.raises(TypeError, match="floating-point tensor"):

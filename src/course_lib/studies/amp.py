@@ -391,15 +391,27 @@ def _shared_rise(histories: Mapping[str, History], reference: str, controls: Per
 def _skip_against_yardstick(name: str, run: History, reference: str, ref: History, step: int,
                             controls: PerturbedRuns | None) -> str:
     """At ``step`` (the first loss after a skip): the skipping run's gap to ``reference`` against the widest gap
-    of the yardstick's draws there; "" without usable controls."""
+    of the yardstick's draws there, and, where it is beyond, the same at the skipped step itself (``step`` - 1,
+    before the skip could act): a gap already beyond the yardstick there is not the skip's. "" without usable
+    controls."""
     usable = [] if controls is None or controls.recipe != reference else [
         h for h in controls.runs.values() if len(h.losses) > step]
-    if not usable or len(run.losses) <= step or len(ref.losses) <= step:
+    if not usable or len(run.losses) <= step or len(ref.losses) <= step or step < 1:
         return ""
-    yard = max(abs(h.losses[step] - ref.losses[step]) for h in usable)
-    g = run.losses[step] - ref.losses[step]
-    verdict = ("beyond the yardstick, so the skip's cost shows through the run's sensitivity" if abs(g) > yard
-               else "within the yardstick, so this page cannot tell the skip's cost from the run's sensitivity")
+
+    def against(at: int) -> tuple[float, float]:
+        return (max(abs(h.losses[at] - ref.losses[at]) for h in usable), run.losses[at] - ref.losses[at])
+
+    yard, g = against(step)
+    yard_before, g_before = against(step - 1)
+    if abs(g) <= yard:
+        verdict = "within the yardstick, so this page cannot tell the skip's cost from the run's sensitivity"
+    elif abs(g_before) > yard_before:
+        verdict = (f"beyond the yardstick, but at step {step - 1}, before the skip could act, it was already "
+                   f"{g_before:+.3f} against the draws' {yard_before:.3f}: the run was apart before it skipped, and "
+                   "this page cannot tell the skip's share of the gap")
+    else:
+        verdict = "beyond the yardstick, so the skip's cost shows through the run's sensitivity"
     return (f". At step {step}, the first loss after the skip, the yardstick's draws were within {yard:.3f} of "
             f"`{reference}` and `{name}` was {g:+.3f}: {verdict}")
 

@@ -66,8 +66,9 @@ def parity_table(parity: Parity) -> MarkdownTable:
 def parity_facts(parity: Parity) -> dict[str, object]:
     """``parity_<recipe>``: each recipe's mean final loss; the number of seeds, of steps per run and of final
     steps a final loss averages (``parity_tail``); the largest gap between two
-    recipes' means (``parity_max_gap``), the largest standard deviation over seeds (``parity_max_spread``)
-    and the largest difference of any recipe from FP32 with the same seed (``parity_max_paired``)."""
+    recipes' means (``parity_max_gap``), the largest standard deviation over seeds (``parity_max_spread``),
+    the largest difference of any recipe from FP32 with the same seed (``parity_max_paired``) and
+    :func:`paired_verdict` (``parity_verdict``)."""
     if "fp32" not in parity.final_losses:
         raise ValueError("parity_facts compares against FP32: the parity study must include the 'fp32' recipe")
     means = [parity.mean(r) for r in parity.recipes]
@@ -77,7 +78,27 @@ def parity_facts(parity: Parity) -> dict[str, object]:
             "parity_max_gap": max(means) - min(means),
             "parity_max_spread": max(parity.spread(r) for r in parity.recipes),
             "parity_max_paired": max(abs(a - b) for r in parity.recipes
-                                     for a, b in zip(parity.final_losses[r], parity.final_losses["fp32"]))}
+                                     for a, b in zip(parity.final_losses[r], parity.final_losses["fp32"])),
+            "parity_verdict": paired_verdict(parity)}
+
+
+def paired_verdict(parity: Parity) -> Prose:
+    """Whether any recipe's final loss kept one side of FP32's over the seeds (each seed pairs the two on the
+    same weights and batches), and what that says: with no such recipe the recipes have not come apart."""
+    if "fp32" not in parity.final_losses:
+        raise ValueError("paired_verdict compares against FP32: the parity study must include the 'fp32' recipe")
+    n = len(parity.seeds)
+    sided = []
+    for r in parity.recipes:
+        d = [a - b for a, b in zip(parity.final_losses[r], parity.final_losses["fp32"])]
+        if r != "fp32" and len(d) > 1 and all(math.isfinite(x) for x in d) and (min(d) > 0 or max(d) < 0):
+            sided.append(f"`{r}` {'above' if min(d) > 0 else 'below'} it in every seed ({min(d):+.4f} to {max(d):+.4f})")
+    if not sided:
+        return Prose(f"and no recipe kept one side of FP32 over the {count_word(n)} seed{'s' * (n != 1)}: at this "
+                     "length the recipes "
+                     "have not come apart. On a run this short even FP16 without a scaler can keep up")
+    return Prose(f"and {and_list(sided)}: a sign that {count_word(n)} seeds give by chance alone one time in "
+                 f"{2 ** (n - 1)}, so it is a hint to test with more seeds, not yet a difference")
 
 
 def finite_final_losses(parity: Parity) -> dict[str, list[float]]:
@@ -107,7 +128,7 @@ def fp16_behind_note(parity: Parity) -> Prose:
         return Prose("")
     return Prose(f"At full size, FP16 without a scaler ended finite but behind: every seed's final loss "
                  f"({min(f16):.3f} to {max(f16):.3f}) is above every FP32 seed's ({min(f32):.3f} to "
-                 f"{max(f32):.3f}). Unlike the short run above, this gap is larger than either recipe's range over seeds; "
+                 f"{max(f32):.3f}). Unlike the short run above, the two recipes' ranges over seeds do not even overlap; "
                  "{doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a "
                  "scale. Finishing finite is not finishing well.")
 
@@ -213,8 +234,25 @@ def others_note(gaps: dict[str, list[float]]) -> Prose:
     overlap = all(min(gaps[a]) <= max(gaps[b]) for a in others for b in others)
     return Prose("; ".join(f"{k.replace('BF16, ', '').replace('BF16 + ', '')} within {v:.4f}"
                            for k, v in worst.items())
-                 + f" in every seed: small against round-to-nearest's gap of at least {min(gaps[NEAREST]):.3f}"
+                 + f" in every seed: small against round-to-nearest's gap of at least {min(gaps[NEAREST]):.4f}"
                  + (", and their ranges over seeds overlap" if overlap else ""))
+
+
+KAHAN = UPDATE_LABELS["kahan"]
+
+
+def kahan_master_note(gaps: dict[str, list[float]]) -> Prose:
+    """How close Kahan compensation and FP32 master weights ended, seed by seed, and why: both keep the part of
+    each update the BF16 weight could not hold, so the weights the forward pass reads rarely differ. Empty
+    where either is missing."""
+    if KAHAN not in gaps or MASTER not in gaps:
+        return Prose("")
+    apart = max(abs(a - b) for a, b in zip(gaps[KAHAN], gaps[MASTER]))
+    return Prose(f"Kahan compensation and FP32 master weights ended within {apart:.1e} of each other in every seed, "
+                 "closer than either is to FP32: both keep the part of each update the BF16 weight cannot hold "
+                 "(in FP32, or in the BF16 compensation buffer), so the BF16 weights the forward pass reads rarely "
+                 "differ between them. The two runs are separate code (torch's AdamW on an FP32 copy against "
+                 "the course's `BF16AdamW`), not one run listed twice.")
 
 
 def update_facts(updates: UpdateComparison, tail: int = 10) -> dict[str, object]:
@@ -245,6 +283,7 @@ def update_facts(updates: UpdateComparison, tail: int = 10) -> dict[str, object]
         "upd_lead": update_lead(gaps),
         "upd_separates": separation_phrase(gaps),
         "upd_others_note": others_note(gaps),
+        "upd_kahan_master": kahan_master_note(gaps),
     }
 
 
@@ -332,10 +371,10 @@ def bf16_errata_rows(rtx3090: GPUPeaks, advice_3090: Advice, ft: FP16FineTune, u
          f"were skipped above, while BF16 autocast ran every step with a finite loss. A real pretrained model need "
          f"not have such a channel: check its largest activations first (exercise below)."),
         ("Pure BF16 training (no FP32 copy of the weights) loses nothing.",
-         f"At the stagnation section's learning rate, {updates.lr:g}, {100 * min(lost):.1f}-{100 * max(lost):.1f}% "
-         f"of the weights did "
-         f"not change at a step (average over the last {tail} steps) although their update was not zero; see the "
-         f"stagnation section."),
+         f"At the stagnation section's learning rate, {updates.lr:g}, with BF16 weights updated by round to "
+         f"nearest (the optimizer's moments in FP32: only the weights lack the FP32 copy), "
+         f"{100 * min(lost):.1f}-{100 * max(lost):.1f}% of the weights did not change at a step (average over the "
+         f"last {tail} steps) although their update was not zero; see the stagnation section."),
     ]
 
 

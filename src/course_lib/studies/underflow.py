@@ -13,15 +13,8 @@ from ..data import BatchSampler, load_corpus
 from ..device import SizeProfile
 from ..formats import get_format, round_to_format, spacing
 from ..glue import Prose, and_list, bold
-from ..gradients import (
-    UNDERFLOW_FORMATS,
-    GradientCapture,
-    UnderflowSummary,
-    capture_gradients,
-    summarize_underflow,
-    summary_markdown,
-    underflow_table,
-)
+from ..gradients import (UNDERFLOW_FORMATS, GradientCapture, UnderflowSummary, capture_gradients, summarize_underflow,
+                         summary_markdown, underflow_table)
 from ..models import build_gpt, course_setup, gpt_config_for
 from ..overflow import MatmulOverflow, SoftmaxOverflow
 from ..results import RecordedResult, describe_records
@@ -631,7 +624,8 @@ def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, ob
     flushes as they are (``ex_flush_now``) and divided by 8 (``ex_flush_8x``, an 8 times larger batch);
     ``ex_sigmas``: ``largest_sigmas``, the standard deviations the largest of many random dot products
     measured, and ``ex_sqrt_k``, the width at which that many reach FP16's maximum; and FP8 E5M2's smallest
-    subnormal, half of it, what it stores for 1e-5 and its error in percent (``ex_e5m2_*``)."""
+    subnormal, half of it, what it stores for 1e-5 and its error in percent (``ex_e5m2_*``); what FP16 stores
+    for 1e-5, a subnormal there too, its error, and FP16's smallest normal (``ex_fp16_*``)."""
     if not (isinstance(largest_sigmas, (int, float)) and math.isfinite(largest_sigmas) and largest_sigmas > 0):
         raise ValueError(f"largest_sigmas must be a positive number, got {largest_sigmas!r}")
     if not isinstance(late, torch.Tensor) or not late.is_floating_point():
@@ -640,11 +634,12 @@ def exercise_facts(late: torch.Tensor, *, largest_sigmas: float) -> dict[str, ob
     if grads.numel() == 0:
         raise ValueError("late holds no non-zero gradient")
     fp16, e5m2 = get_format("FP16"), get_format("FP8 E5M2")
-    stored = float(round_to_format(1e-5, e5m2))
+    stored, stored16 = (float(round_to_format(1e-5, f)) for f in (e5m2, fp16))
     # what the FP16 codec rounds to zero (ties included), as they are and divided by 8
     flushed = [100 * float((round_to_format(g, fp16) == 0).float().mean()) for g in (grads, grads / 8)]
     return {
         "ex_flush_now": flushed[0], "ex_flush_8x": flushed[1],
         "ex_sigmas": largest_sigmas, "ex_sqrt_k": (fp16.max_finite / largest_sigmas) ** 2,
         "ex_e5m2_tiny": e5m2.min_subnormal, "ex_e5m2_half_tiny": e5m2.min_subnormal / 2,
-        "ex_e5m2_stored": stored, "ex_e5m2_err": 100 * abs(stored / 1e-5 - 1)}
+        "ex_e5m2_stored": stored, "ex_e5m2_err": 100 * abs(stored / 1e-5 - 1),
+        "ex_fp16_stored": stored16, "ex_fp16_err": 100 * abs(stored16 / 1e-5 - 1), "ex_fp16_min_normal": fp16.min_normal}
