@@ -475,7 +475,7 @@ def divergence_verdict(div: Fp16Divergence) -> Prose:
                 which = (f"all {count_word(n)} runs with {kinds} stayed finite, and {count_word(past)} of them went "
                          "past FP16's largest value")
             parts.append(f"The growth itself did no harm to runs that never hold the raw product in FP16: {which}, "
-                         f"up to {_fmt_max(max(peaks))}, {max(peaks) / FP16_MAX:.2g} times it.")
+                         f"up to {_fmt_max(max(peaks))}, {max(peaks) / FP16_MAX:.3g} times it.")
         else:
             parts.append(f"The runs with {kinds} stayed below FP16's largest value (at most {_fmt_max(max(peaks))}),"
                          " so they do not show whether they would survive a larger product.")
