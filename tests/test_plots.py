@@ -653,3 +653,20 @@ def test_scale_traces_mark_skipped_steps_above_every_line_and_in_the_legend():
         plots.loss_scaling.scale_tick_exponents([(0.0, math.inf)])
     with pytest.raises(ValueError, match="most must be an int of at least 2"):
         plots.loss_scaling.scale_tick_exponents([(1.0, 2.0)], most=0)   # would never stop doubling its step
+
+
+def test_rounding_error_figure_stops_fp16_below_its_overflow_and_marks_its_largest_value():
+    import numpy as np
+
+    fig = plots.plot_rounding_error_vs_magnitude(("BF16", "FP16"), n=20_000)
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    x, fp16 = (np.asarray(v, dtype=float) for v in lines["FP16 median"].get_data())
+    half_bin = 10 ** (15 / 60 / 2)     # the bins are a quarter of a decade wide on 1e-9..1e6
+    drawn = x[np.isfinite(fp16)]
+    # every FP16 bin drawn lies wholly below the overflow point (65520), the partial bin is left out
+    assert drawn.max() * half_bin <= 65520 and drawn.max() * half_bin * 10 ** 0.25 > 65520
+    assert np.isfinite(np.asarray(lines["BF16 median"].get_data()[1], dtype=float)).all()
+    verticals = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert verticals == [65504.0]      # FP16's largest finite value; BF16's lies off the axis
+    plt.close(fig)

@@ -186,7 +186,8 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
                                      n: int = 200_000, seed: int = 0) -> Figure:
     """The same log-uniform random values rounded to each format: relative rounding error against
     magnitude (binned median and maximum). Flat at about epsilon/4 (median) in the normal range; 100%
-    where values flush to zero; undefined (not drawn) where they overflow."""
+    where values flush to zero; not drawn in a bin where any value overflows, with a dotted line at the
+    format's largest finite value."""
     rng = np.random.default_rng(seed)
     x = np.exp(rng.uniform(math.log(lo), math.log(hi), n))
     edges = np.logspace(math.log10(lo), math.log10(hi), 61)
@@ -200,12 +201,16 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
         med = np.full(len(centres), np.nan)
         top = np.full(len(centres), np.nan)
         for b in range(len(centres)):
-            vals = rel[(idx == b) & np.isfinite(rel)]
-            if vals.size:
-                med[b], top[b] = np.median(vals), vals.max()
+            in_bin = rel[idx == b]
+            # a bin that overflows in part is left out whole: its finite part is a narrow slice below the
+            # format's largest value, drawn at a centre past it
+            if in_bin.size and np.isfinite(in_bin).all():
+                med[b], top[b] = np.median(in_bin), in_bin.max()
         colour = format_colour(f)
         ax.plot(centres, med, color=colour, lw=2, label=f"{f.name} median")
         ax.plot(centres, top, color=colour, lw=1, ls="--", label=f"{f.name} max")
+        if f.max_finite < hi:
+            ax.axvline(f.max_finite, color=colour, lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("magnitude of the value (log scale)")
