@@ -177,6 +177,12 @@ def measure_copy_bandwidth(device: torch.device | str, n_bytes: int, *, budget_s
     return 2 * (n_bytes // 4) * 4 / timing.median / 1e9
 
 
+# what a CPU's FP8 "speed" is: torch casts FP8 operands to a wider type and multiplies there, so the ratio
+# follows that type's speed, which can beat a 16-bit type the CPU emulates
+CPU_FP8_NOTE = ("a CPU has no FP8 matrix unit: torch computes the product in wider types, so its speed is "
+                "theirs, not FP8's")
+
+
 @dataclass(frozen=True)
 class CapabilityProbe:
     """This device's matmul throughput per dtype at one size (TFLOP/s), measured, and why a dtype is
@@ -198,6 +204,7 @@ class CapabilityProbe:
         return None if r is None else r >= margin
 
     def summary(self) -> str:
+        """One line, each low-precision dtype's matmul speed as a multiple of FP32's (x0.5: half as fast)."""
         parts = []
         for d in ("tf32", "bf16", "fp16", "fp8"):
             r = self.relative(d)
@@ -206,7 +213,7 @@ class CapabilityProbe:
                 # significant digits below, so an emulated dtype's thousandth is not "x0.00"
                 part = f"{DTYPE_LABELS[d].split(' ')[0]} x{ratio_text(r)}"
                 if d == "fp8" and torch.device(self.device).type == "cpu":
-                    part += " (a CPU has no FP8 matrix unit: torch computes the product in wider types)"
+                    part += f" ({CPU_FP8_NOTE})"
                 parts.append(part)
         return (f"matmul speed against FP32 at n={self.n}: " + ", ".join(parts)) if parts \
             else "no low-precision matmul measured"
@@ -218,8 +225,7 @@ class CapabilityProbe:
         for d, label in DTYPE_LABELS.items():
             if d in self.tflops:
                 r = self.relative(d)
-                note = ("a CPU has no FP8 matrix unit: torch computes the product in wider types"
-                        if d == "fp8" and torch.device(self.device).type == "cpu" else "")
+                note = CPU_FP8_NOTE if d == "fp8" and torch.device(self.device).type == "cpu" else ""
                 rows.append((label, f"{self.tflops[d]:.3g}", "" if r is None else f"x{ratio_text(r)}", note))
             elif d in self.unsupported:
                 rows.append((label, "not measured", "", self.unsupported[d]))

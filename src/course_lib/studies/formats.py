@@ -264,15 +264,17 @@ def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, Train
     f = magnitude_facts(rec)
     here, there = live.batch_size * live.config.context, rec.batch_size * rec.config.context
     token_ratio = there / here
-    median_ratio = live.histograms["activation gradients"].quantile(0.5) / rec.histograms["activation gradients"].quantile(0.5)
+    here_median = live.histograms["activation gradients"].quantile(0.5)
+    median_ratio = here_median / rec.histograms["activation gradients"].quantile(0.5)
     text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps at full size) sit further down: "
-            f"the median activation gradient is {f['agrad_median']:.2e}; {f['agrad_below_fp16']:.1f}% of the "
+            f"the median of the non-zero activation gradients is {f['agrad_median']:.3g}; "
+            f"{f['agrad_below_fp16']:.1f}% of the "
             f"activation gradients are non-zero values below FP16's smallest subnormal "
             f"({f['agrad_flushed_fp16']:.1f}% below half of it, so that they round to zero in FP16), and another "
             f"{f['agrad_zero']:.1f}% are exactly zero already. The loss is a mean over a batch's tokens, so "
             f"every activation gradient carries a factor of one over their number: {there:,} tokens per batch "
-            f"there against {here:,} here, a factor of {token_ratio:.3g}, while the medians differ by a factor "
-            f"of {median_ratio:.3g}")
+            f"there against {here:,} here, a factor of {token_ratio:.3g}, while the medians ({here_median:.3g} "
+            f"here) differ by a factor of {median_ratio:.3g}")
     if median_ratio > 1.5 * token_ratio:
         text += ("; the other differences between the runs (the model's size, the steps trained) presumably "
                  "account for the rest, which this page does not measure.")
