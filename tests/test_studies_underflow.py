@@ -86,10 +86,10 @@ def test_exact_zero_text_places_the_last_steps_zeros_by_kind_of_layer():
         "At step 2999 of the recorded run, 25.1% of the activation gradients are exactly zero already in FP32, "
         "before any cast: they are in the `attn.qkv` layers (85-89% of each such layer's activation gradients) "
         "and the `fc` layers (4-44% of each such layer's activation gradients), and `attn.proj`, `out` and `head` hold none. No cast made them: the operation after the "
-        "layer passed back zeros. After `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 "
-        "passes back an exact zero (its Jacobian vanishes); after `fc`, GELU's derivative is exactly zero in "
-        "FP32 far below zero. The record keeps no attention weights or activations, so it cannot say which "
-        "inputs did it. BF16's 0.54% flushed are in the same kinds of layer (`fc`): values too small for "
+        "layer passed back zeros. After `qkv`, the likely source is an attention softmax whose weights are "
+        "exactly 0 or 1 in FP32: it passes back an exact zero (its Jacobian vanishes); after `fc`, likely GELU, "
+        "whose derivative is exactly zero in FP32 far below zero. The record keeps no attention weights or "
+        "activations, so it cannot confirm these causes. BF16's 0.54% flushed are in the same kinds of layer (`fc`): values too small for "
         "BF16's smallest subnormal, 9.2e-41, that FP32 holds only as subnormals.")
     # equal shares print once; nothing flushed in BF16, nothing said of it
     text = S.exact_zero_text(_zero_stats(qkv_zeros=(0.5, 0.5), fc_zeros=(0.0, 0.0), bf16_fc=0.0))

@@ -288,9 +288,9 @@ def exact_zero_text(stats: UnderflowStatistics, *, at_least: float = 0.01) -> st
     without = [f"`{k}`" for k in zeros if max(zeros[k]) == 0]
     where = and_list([f"the `{k}` layers ({value_span(v, '.0f')} of each such layer's activation gradients)"
                       for k, v in holding])
-    causes = {"attn.qkv": "after `qkv`, an attention softmax whose weights are exactly 0 or 1 in FP32 passes "
-                          "back an exact zero (its Jacobian vanishes)",
-              "fc": "after `fc`, GELU's derivative is exactly zero in FP32 far below zero"}
+    causes = {"attn.qkv": "after `qkv`, the likely source is an attention softmax whose weights are exactly 0 or 1 "
+                          "in FP32: it passes back an exact zero (its Jacobian vanishes)",
+              "fc": "after `fc`, likely GELU, whose derivative is exactly zero in FP32 far below zero"}
     named = "; ".join(causes[k] for k, _ in holding if k in causes)
     text = (f"At step {step} of the recorded run, {zero * 100:.1f}% of the activation gradients are exactly zero "
             f"already in FP32, before any cast: they are in {where}")
@@ -298,7 +298,7 @@ def exact_zero_text(stats: UnderflowStatistics, *, at_least: float = 0.01) -> st
     text += "No cast made them: the operation after the layer passed back zeros. "
     if named:
         text += named[0].upper() + named[1:] + ". "
-    text += "The record keeps no attention weights or activations, so it cannot say which inputs did it."
+    text += "The record keeps no attention weights or activations, so it cannot confirm these causes."
     bf16 = data.overall["activation"]["BF16"].flushed
     if bf16 > 0 and bf16_flushed:
         text += (f" BF16's {bf16 * 100:.2f}% flushed are in the same kinds of layer "
