@@ -192,6 +192,11 @@ def test_update_phrases_take_their_other_branches():
     # the smallest gap is not rounded up past itself: 0.0446 is not "at least 0.045"
     assert "gap of at least 0.0446," in P.others_note({NEAREST: [0.0446, 0.06], MASTER: [0.001]})
     assert P.kahan_master_note({NEAREST: [0.05], MASTER: [0.001]}) == ""
+    near = P.kahan_master_note({MASTER: [-0.0006, -0.0002], KAHAN: [-0.00061, -0.00021]})
+    assert near.startswith("Kahan compensation and FP32 master weights ended within 1.0e-05 of each other in every "
+                           "seed, closer than either is to FP32: both keep")
+    # the hand-built comparison's gap (0.002) is not smaller than their distance from FP32 (0.001): not said
+    assert "closer than" not in P.kahan_master_note({MASTER: [0.001, -0.001], KAHAN: [-0.001, 0.001]})
 
 
 def test_update_facts_refuse_a_comparison_without_fp32():

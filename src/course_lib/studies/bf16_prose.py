@@ -248,8 +248,9 @@ def kahan_master_note(gaps: dict[str, list[float]]) -> Prose:
     if KAHAN not in gaps or MASTER not in gaps:
         return Prose("")
     apart = max(abs(a - b) for a, b in zip(gaps[KAHAN], gaps[MASTER]))
-    return Prose(f"Kahan compensation and FP32 master weights ended within {apart:.1e} of each other in every seed, "
-                 "closer than either is to FP32: both keep the part of each update the BF16 weight cannot hold "
+    closer = ", closer than either is to FP32" if apart < min(abs(d) for d in (*gaps[KAHAN], *gaps[MASTER])) else ""
+    return Prose(f"Kahan compensation and FP32 master weights ended within {apart:.1e} of each other in every seed"
+                 f"{closer}: both keep the part of each update the BF16 weight cannot hold "
                  "(in FP32, or in the BF16 compensation buffer), so the BF16 weights the forward pass reads rarely "
                  "differ between them. The two runs are separate code (torch's AdamW on an FP32 copy against "
                  "the course's `BF16AdamW`), not one run listed twice.")
