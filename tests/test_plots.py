@@ -2,6 +2,7 @@ import dataclasses
 import math
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 from course_lib import plots
@@ -656,8 +657,6 @@ def test_scale_traces_mark_skipped_steps_above_every_line_and_in_the_legend():
 
 
 def test_rounding_error_figure_stops_fp16_below_its_overflow_and_marks_its_largest_value():
-    import numpy as np
-
     fig = plots.plot_rounding_error_vs_magnitude(("BF16", "FP16"), n=20_000)
     ax = fig.axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()}

@@ -71,8 +71,11 @@ def test_paired_verdict_reads_the_signs_seed_by_seed_not_the_spread():
         return Parity(tuple(finals), (0, 1, 2), finals, {})
     mixed = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.1, 2.9, 4.0))
     assert P.paired_verdict(mixed) == ("and no recipe kept one side of FP32 over the three seeds: at this length the "
-                                       "recipes have not come apart. On a run this short even FP16 without a "
-                                       "scaler can keep up")
+                                       "recipes have not come apart")
+    # FP16 without a scaler is said to keep up only where it ran
+    with_fp16 = parity(fp32=(2.0, 3.0, 4.0), fp16_autocast_no_scaler=(2.1, 2.9, 4.0))
+    assert P.paired_verdict(with_fp16).endswith("have not come apart. On a run this short even FP16 without a "
+                                                "scaler can keep up")
     # above FP32 in every seed by far less than the spread over seeds: still a sign, and said as a hint
     sided = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.001, 3.002, 4.003), fp16_autocast_scaler=(1.9, 2.9, 3.95))
     assert P.paired_verdict(sided) == (

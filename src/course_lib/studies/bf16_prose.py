@@ -21,6 +21,7 @@ from .loss_scaling_prose import forward_nan_where
 REFERENCE = "FP32"
 MASTER = "BF16 + FP32 master weights"
 NEAREST = UPDATE_LABELS["nearest"]
+KAHAN = UPDATE_LABELS["kahan"]
 
 
 # ---- precision against range -------------------------------------------------------------------------
@@ -94,9 +95,10 @@ def paired_verdict(parity: Parity) -> Prose:
         if r != "fp32" and len(d) > 1 and all(math.isfinite(x) for x in d) and (min(d) > 0 or max(d) < 0):
             sided.append(f"`{r}` {'above' if min(d) > 0 else 'below'} it in every seed ({min(d):+.4f} to {max(d):+.4f})")
     if not sided:
+        keeps_up = (". On a run this short even FP16 without a scaler can keep up"
+                    if "fp16_autocast_no_scaler" in parity.recipes else "")
         return Prose(f"and no recipe kept one side of FP32 over the {count_word(n)} seed{'s' * (n != 1)}: at this "
-                     "length the recipes "
-                     "have not come apart. On a run this short even FP16 without a scaler can keep up")
+                     f"length the recipes have not come apart{keeps_up}")
     return Prose(f"and {and_list(sided)}: a sign that {count_word(n)} seeds give by chance alone one time in "
                  f"{2 ** (n - 1)}, so it is a hint to test with more seeds, not yet a difference")
 
@@ -238,21 +240,17 @@ def others_note(gaps: dict[str, list[float]]) -> Prose:
                  + (", and their ranges over seeds overlap" if overlap else ""))
 
 
-KAHAN = UPDATE_LABELS["kahan"]
-
-
 def kahan_master_note(gaps: dict[str, list[float]]) -> Prose:
     """How close Kahan compensation and FP32 master weights ended, seed by seed, and why: both keep the part of
-    each update the BF16 weight could not hold, so the weights the forward pass reads rarely differ. Empty
-    where either is missing."""
+    each update the BF16 weight could not hold. Empty where either is missing."""
     if KAHAN not in gaps or MASTER not in gaps:
         return Prose("")
     apart = max(abs(a - b) for a, b in zip(gaps[KAHAN], gaps[MASTER]))
     closer = ", closer than either is to FP32" if apart < min(abs(d) for d in (*gaps[KAHAN], *gaps[MASTER])) else ""
     return Prose(f"Kahan compensation and FP32 master weights ended within {apart:.1e} of each other in every seed"
                  f"{closer}: both keep the part of each update the BF16 weight cannot hold "
-                 "(in FP32, or in the BF16 compensation buffer), so the BF16 weights the forward pass reads rarely "
-                 "differ between them. The two runs are separate code (torch's AdamW on an FP32 copy against "
+                 "(in FP32, or in the BF16 compensation buffer), which is why they can end this close. The two runs "
+                 "are separate code (torch's AdamW on an FP32 copy against "
                  "the course's `BF16AdamW`), not one run listed twice.")
 
 

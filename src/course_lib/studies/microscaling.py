@@ -608,8 +608,8 @@ def outlier_ratio(tensors: Mapping[str, torch.Tensor]) -> float:
 
 def exercise_facts() -> dict[str, object]:
     """The exercises' answers: the E8M0 scale, the values over the scale, the E2M1 elements stored and the
-    values represented, of an MXFP4 block of 0.9, -2.6, 0.1, 1.7 (and 28 zeros) with RCEIL and with FLOOR; MXFP8's bits per element, and NVFP4's with the training recipe's
-    16 x 16 weight blocks (one scale per 256 weights); NVFP4's (1 x 16 blocks) saving over BF16 and the
+    values represented, of an MXFP4 block of 0.9, -2.6, 0.1, 1.7 (and 28 zeros) with RCEIL and with FLOOR;
+    MXFP8's bits per element, and NVFP4's with the training recipe's 16 x 16 weight blocks (one scale per 256 weights); NVFP4's (1 x 16 blocks) saving over BF16 and the
     gigabytes of a 7-billion-parameter model's weights in BF16 and in NVFP4."""
     block = torch.tensor([[0.9, -2.6, 0.1, 1.7] + [0.0] * 28])
     facts: dict[str, object] = {}

@@ -435,9 +435,8 @@ def other_alerts_sentence(alerts: Sequence[Alert]) -> Prose:
 
 def dead_layer_facts(dead: DeadLayerRun) -> dict[str, object]:
     """Lesson 9's facts of a :class:`DeadLayerRun`: how often the monitor sampled (``dead_every``, steps), the
-    layer, the step it died and the step of the first
-    zero-gradient alert, the parameters so alerted, the loss at the last step before the death and at the
-    end, and a sentence on the other alerts."""
+    layer, the step it died and the step of the first zero-gradient alert, the parameters so alerted, the
+    loss at the last step before the death and at the end, and a sentence on the other alerts."""
     zero = [a for a in dead.alerts if a.kind == "zero_gradients"]
     if not zero:
         raise ValueError("the run raised no zero_gradients alert: the monitor did not see the layer die")
