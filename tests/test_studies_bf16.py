@@ -25,7 +25,11 @@ def test_format_facts_read_the_format_tables():
     # BF16 keeps 7 mantissa bits, FP16 10: epsilons 2^-7 and 2^-10
     # FP16's largest finite value: (2 - 2^-10) * 2^15
     assert facts == {"eps_ratio": 8.0, "extra_bits": 3, "half_ulp_lo": 512, "half_ulp_hi": 256, "bf16_mantissa": 7,
-                     "fmt_fp16_max": 65504.0}
+                     "fmt_fp16_max": 65504.0, "fmt_fp16_inf": 65520.0}
+    # torch's own cast: just below the boundary rounds down to max, the boundary itself goes to inf
+    below = torch.nextafter(torch.tensor(65520.0), torch.tensor(0.0))
+    assert below.to(torch.float16).item() == 65504.0
+    assert torch.tensor(65520.0).to(torch.float16).isinf().item()
     assert isinstance(facts["eps_ratio"], float) and all(
         isinstance(facts[k], int) for k in ("extra_bits", "half_ulp_lo", "half_ulp_hi", "bf16_mantissa"))
 
@@ -129,6 +133,28 @@ def test_survivors_behind_note_only_where_every_finite_seed_is_above_fp32():
     assert P.survivors_behind_note(_recorded_parity(scaler=(2.8, 2.9, 3.0))) == ""       # no seed failed
     assert P.survivors_behind_note(_recorded_parity(scaler=(NAN, NAN, NAN))) == ""       # no survivor
     assert P.survivors_behind_note(_parity()) == ""                                      # no such recipe
+
+
+def _with_bf16(bf16):
+    p = _recorded_parity()
+    return Parity(p.recipes + ("bf16_autocast",), p.seeds, {**p.final_losses, "bf16_autocast": bf16}, {})
+
+
+def test_bf16_paired_note_reads_the_mean_gap_seed_by_seed():
+    # FP32 2.5, 2.6, 2.7: differences +0.2, -0.1, +0.05, a mean 0.05 above FP32 from seeds that disagree
+    mixed = _with_bf16((2.7, 2.5, 2.75))
+    assert P.bf16_paired_note(mixed) == (
+        "`bf16_autocast`'s mean final loss is 0.050 above FP32's. Seed by seed (the same weights and batches for "
+        "both recipes) the differences are +0.200, -0.100 and +0.050: the mean's gap comes from seeds that "
+        "disagree in sign, so `bf16_autocast` is not consistently behind FP32.")
+    assert P.bf16_paired_note(mixed) in P.recorded_parity_note(mixed, "X")
+    below = P.bf16_paired_note(_with_bf16((2.4, 2.7, 2.6)))
+    assert "0.000 below" not in below and "ahead of FP32" in below
+    one_side = P.bf16_paired_note(_with_bf16((2.6, 2.7, 2.8)))
+    assert one_side.endswith("every seed on the same side, a sign that three seeds give by chance alone one time "
+                             "in 4: a hint to test with more seeds, not yet a difference.")
+    assert P.bf16_paired_note(_with_bf16((NAN, 2.7, 2.8))) == ""       # the NaN notes speak to that
+    assert P.bf16_paired_note(_recorded_parity()) == ""                 # no BF16 run recorded
 
 
 def test_recorded_parity_notes_are_left_out_when_they_do_not_apply():

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from ..bf16 import Advice
-from ..formats import get_format, spacing
+from ..formats import get_format, overflow_boundary, spacing
 from ..glue import Prose, and_list, count_word, plural
 from ..hardware import GPUPeaks
 from ..memory import bytes_per_parameter
@@ -30,11 +30,13 @@ def format_facts() -> dict[str, object]:
     """BF16 against FP16 from the format tables: how much coarser BF16's epsilon is (``eps_ratio``), how
     many more mantissa bits FP16 keeps, BF16's mantissa bits, and the range 1/2^(m+2) to 1/2^(m+1) (as the
     denominators ``half_ulp_lo``, ``half_ulp_hi``) of an update, relative to the weight, that rounds away,
-    and FP16's largest finite value (``fmt_fp16_max``), above which a value overflows to inf."""
+    FP16's largest finite value (``fmt_fp16_max``) and where a value overflows to inf (``fmt_fp16_inf``: from
+    there up, :func:`course_lib.formats.overflow_boundary`; between the two, values round down to max)."""
     bf16, fp16 = get_format("BF16"), get_format("FP16")
     return {"eps_ratio": bf16.epsilon / fp16.epsilon,
             "extra_bits": fp16.mantissa_bits - bf16.mantissa_bits,
             "fmt_fp16_max": fp16.max_finite,
+            "fmt_fp16_inf": overflow_boundary(fp16)[0],
             "half_ulp_lo": 2 ** (bf16.mantissa_bits + 2),
             "half_ulp_hi": 2 ** (bf16.mantissa_bits + 1),
             "bf16_mantissa": bf16.mantissa_bits}
@@ -121,6 +123,29 @@ def recorded_parity_table(parity: Parity) -> MarkdownTable:
                            "range over those seeds (max - min)"), rows)
 
 
+def bf16_paired_note(parity: Parity, recipe: str = "bf16_autocast") -> Prose:
+    """``recipe``'s mean final loss against FP32's, read seed by seed: its difference from FP32 on each seed
+    (the same weights and batches), and whether those differences keep one sign. Empty when either recipe
+    has a non-finite seed (the NaN notes speak to those) or only one seed."""
+    if recipe not in parity.final_losses or "fp32" not in parity.final_losses:
+        return Prose("")
+    d = [a - b for a, b in zip(parity.final_losses[recipe], parity.final_losses["fp32"])]
+    if len(d) < 2 or not all(math.isfinite(x) for x in d):
+        return Prose("")
+    n = len(d)
+    gap = parity.mean(recipe) - parity.mean("fp32")
+    diffs = and_list([f"{x:+.3f}" for x in d])
+    if min(d) > 0 or max(d) < 0:
+        verdict = (f"every seed on the same side, a sign that {count_word(n)} seeds give by chance alone one "
+                   f"time in {2 ** (n - 1)}: a hint to test with more seeds, not yet a difference")
+    else:
+        verdict = (f"the mean's gap comes from seeds that disagree in sign, so `{recipe}` is not consistently "
+                   f"{'behind' if gap > 0 else 'ahead of'} FP32")
+    side = "above" if gap > 0 else "below"
+    return Prose(f"`{recipe}`'s mean final loss is {abs(gap):.3f} {side} FP32's. Seed by seed (the same weights and "
+                 f"batches for both recipes) the differences are {diffs}: {verdict}.")
+
+
 def fp16_behind_note(parity: Parity) -> Prose:
     """The paragraph saying that FP16 without a scaler ended finite but behind FP32, when every finite seed
     of it ended above every finite FP32 seed; empty otherwise (or when either has no finite seed)."""
@@ -181,7 +206,7 @@ def nan_seeds_note(parity: Parity) -> Prose:
 def recorded_parity_note(parity: Parity, label: str) -> Prose:
     """A recorded parity run on ``label`` (the hardware): its table, then the notes that apply to it."""
     parts = [f"On **{label}**:\n\n" + recorded_parity_table(parity).rstrip("\n"),
-             fp16_behind_note(parity), nan_seeds_note(parity), survivors_behind_note(parity)]
+             bf16_paired_note(parity), fp16_behind_note(parity), nan_seeds_note(parity), survivors_behind_note(parity)]
     return Prose("\n\n".join(p for p in parts if p))
 
 
