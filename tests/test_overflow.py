@@ -17,6 +17,7 @@ def test_softmax_naive_overflows_and_safe_forms_match_reference():
     assert math.isclose(r.reference_cross_entropy_fp64, math.log(1 + math.exp(-4) + math.exp(-10)), rel_tol=1e-12)
     assert r.torch_cross_entropy_fp16 != r.reference_cross_entropy_fp64
     assert 11 < r.largest_safe_exp_input < 11.1
+    assert r.target == 2 and softmax_overflow((2.0, 8.0, 12.0), target=0).target == 0
 
 
 def test_matmul_overflows_only_in_fp16():

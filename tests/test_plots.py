@@ -13,7 +13,11 @@ from course_lib.studies.formats import measure_training_magnitudes
 def test_bit_layout_draws_one_cell_per_bit():
     fig = plots.plot_bit_layouts(["FP16", "FP8 E4M3"])
     ax = fig.axes[0]
-    assert len(ax.patches) == 16 + 8
+    cells = [p for p in ax.patches if p.get_gid() != "field-label"]
+    assert len(cells) == 16 + 8
+    # a patch as tall as a cell behind each multi-bit field's label (E5, M10, E4, M3), none behind "S"
+    behind = [p for p in ax.patches if p.get_gid() == "field-label"]
+    assert len(behind) == 4 and all(p.get_height() == cells[0].get_height() for p in behind)
     labels = {t.get_text() for t in ax.texts}
     assert {"FP16", "FP8 E4M3", "E5", "M10", "16 bits"} <= labels
 
@@ -77,6 +81,7 @@ def test_layer_figure_shades_where_fp16_flushes_to_zero():
     fig = plots.plot_layer_gradients(GradientCapture(layers, 1.0), "FP16")
     assert "flushed to 0 in FP16 (at or below 2.98e-08)" in [t.get_text() for t in fig.legends[0].get_texts()]
     assert fig.axes[0].get_xlim()[0] < 1e-9 / 2
+    assert fig.axes[0].get_xlim()[1] > 1e-3 * 2                # room past the widest bar: none cut at the frame
 
 
 def test_spacing_figure_draws_a_shared_smallest_normal_once_in_the_first_formats_colour():
@@ -135,6 +140,22 @@ def test_run_differences():
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()].count("nudged") == 1
     with pytest.raises(ValueError, match="controls must be None or a non-empty dict"):
         plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", controls={})
+
+
+def test_run_differences_on_a_symlog_axis_keep_small_differences_readable():
+    fig = plots.plot_runs({"ref": [1.0] * 4, "a": [1.01, 0.98, 1.0, 1.4]}, ylabel="y", title="t", minus="ref",
+                          symlog=0.05)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "symlog"
+    ticks = list(ax.get_yticks())
+    # halves of the threshold inside the linear band, then the threshold's 1, 2, 5 multiples to the data's top
+    assert {0.0, 0.025, -0.025, 0.05, 0.1, 0.25} <= {round(t, 6) for t in ticks} and max(ticks) <= ax.get_ylim()[1]
+    assert "+0.025" in [t.get_text() for t in ax.get_yticklabels()]
+    for bad in (0, -1.0, math.inf, True, "0.1"):
+        with pytest.raises(ValueError, match="symlog must be None or a positive finite threshold"):
+            plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", symlog=bad)
+    with pytest.raises(ValueError, match="two y scales"):
+        plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", logy=True, symlog=0.1)
 
 
 def test_throughput_plot_takes_single_seed_rows_and_old_records():

@@ -285,6 +285,18 @@ def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
         A.sdpa_backend_facts({"runs": {"MATH": False}, "chosen": None})
 
 
+def test_sdpa_backend_table_marks_what_ran_and_the_pick():
+    table = A.sdpa_backend_table({"runs": {"FLASH_ATTENTION": True, "EFFICIENT_ATTENTION": False, "MATH": True},
+                                  "chosen": "FLASH_ATTENTION"})
+    assert table.splitlines() == ["| kernel | runs these inputs | picked when left to choose |", "|---|---|---|",
+                                  "| `FLASH_ATTENTION` | yes | yes |", "| `EFFICIENT_ATTENTION` | no |  |",
+                                  "| `MATH` | yes |  |"]
+    # a torch that does not name its pick: no row is marked picked
+    assert A.sdpa_backend_table({"runs": {"MATH": True}, "chosen": None}).splitlines()[2:] == ["| `MATH` | yes |  |"]
+    with pytest.raises(ValueError, match="non-empty 'runs' mapping"):
+        A.sdpa_backend_table({"runs": {}})
+
+
 def test_skip_note_names_the_skipped_steps_and_their_scales():
     ran = types.SimpleNamespace(skipped=[False, False, True, False], scales=[65536.0, 65536.0, 65536.0, 32768.0])
     clean = types.SimpleNamespace(skipped=[False] * 4, scales=[1.0] * 4)

@@ -25,6 +25,7 @@ class SoftmaxOverflow:
     torch_cross_entropy_fp16: float      # F.cross_entropy on FP16 logits: its FP16 result is rounded
     largest_safe_exp_input: float        # log(FP16 max): exp overflows above it
     reference_cross_entropy_fp64: float  # -ln p[target] of the FP64 softmax: the exact cross-entropy
+    target: int | None = None            # the index of the target logit (None: not recorded)
 
 
 def softmax_overflow(logits=(2.0, 8.0, 12.0), target: int = 2, device: torch.device | str = "cpu") -> SoftmaxOverflow:
@@ -42,7 +43,8 @@ def softmax_overflow(logits=(2.0, 8.0, 12.0), target: int = 2, device: torch.dev
     as_tuple = lambda t: tuple(float(v) for v in t.float().cpu())  # noqa: E731
     return SoftmaxOverflow(tuple(float(v) for v in logits), as_tuple(e), as_tuple(naive), as_tuple(safe),
                            as_tuple(F.softmax(x, dim=0)), as_tuple(ref), float(naive_ce),
-                           float(torch_ce), math.log(get_format("FP16").max_finite), float(-torch.log(ref[target])))
+                           float(torch_ce), math.log(get_format("FP16").max_finite), float(-torch.log(ref[target])),
+                           target)
 
 
 @dataclass(frozen=True)

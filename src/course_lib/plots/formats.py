@@ -38,11 +38,16 @@ def plot_bit_layouts(formats=None) -> Figure:
             for i in range(n):
                 ax.add_patch(Rectangle((x + i, y + 0.1), 0.92, 0.8, facecolor=colour, edgecolor="white"))
             if n:
-                # centred on the field's cells, on a patch of its colour: a label over the white gap between
-                # two cells lost the strokes that fell in it
-                ax.text(x + (n - 0.08) / 2, y + 0.5, f"{letter}{n}" if n > 1 else letter, ha="center",
-                        va="center", color="white", fontsize=8, fontweight="bold",
-                        bbox=dict(boxstyle="square,pad=0.15", facecolor=colour, edgecolor="none"))
+                # centred on the field's cells, on a patch of its colour as tall as a cell: a label over the
+                # white gap between two cells lost the strokes that fell in it, and a patch only as tall as
+                # the text left the gap showing above and below it
+                label = f"{letter}{n}" if n > 1 else letter
+                centre, half = x + (n - 0.08) / 2, min(0.3 * len(label) + 0.1, (n - 0.08) / 2)
+                if n > 1:
+                    ax.add_patch(Rectangle((centre - half, y + 0.1), 2 * half, 0.8, facecolor=colour,
+                                           edgecolor="none", gid="field-label"))
+                ax.text(centre, y + 0.5, label, ha="center", va="center", color="white", fontsize=8,
+                        fontweight="bold")
             x += n
         ax.text(-0.6, y + 0.5, f.name, ha="right", va="center", fontsize=10)
         ax.text(width + 0.6, y + 0.5, f"{f.bits} bits", ha="left", va="center", fontsize=9)

@@ -116,13 +116,21 @@ def quantiles(values, qs) -> list[float]:
 
 
 def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minus: str | None = None,
-              smooth: int = 1, controls: dict | None = None, controls_label: str = "controls") -> Figure:
+              smooth: int = 1, controls: dict | None = None, controls_label: str = "controls",
+              symlog: float | None = None) -> Figure:
     """Lines of per-step values, one per named run (loss curves, zero fractions, ...).
 
     ``minus``: the name of a run to subtract from every other (drawn as the zero line), to show
     differences too small to see on the raw curves; ``smooth``: moving-average window in steps;
     ``controls``: more runs, drawn thin and grey over the others (so that where they coincide the grey
-    still shows) under one legend entry, ``controls_label``."""
+    still shows) under one legend entry, ``controls_label``; ``symlog``: a y axis linear within
+    ``±symlog`` and logarithmic beyond, so that a few late spikes do not flatten the small differences
+    before them."""
+    if symlog is not None and (isinstance(symlog, bool) or not isinstance(symlog, (int, float))
+                               or not 0 < symlog < math.inf):
+        raise ValueError(f"symlog must be None or a positive finite threshold, got {symlog!r}")
+    if logy and symlog is not None:
+        raise ValueError("logy and symlog are two y scales: give one")
     if minus is not None and minus not in series:
         raise ValueError(f"no run named {minus!r} to subtract; runs: {', '.join(series)}")
     if controls is not None and (not isinstance(controls, dict) or not controls):
@@ -159,6 +167,15 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
                 lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
     if logy:
         ax.set_yscale("log")
+    if symlog is not None:
+        ax.set_yscale("symlog", linthresh=symlog, linscale=1.0)
+        ax.axhspan(-symlog, symlog, color="#000000", alpha=0.04, lw=0, zorder=0)   # where the axis is linear
+        # plain decimal ticks (a symlog axis labels powers of ten, which read badly beside its linear part):
+        # halves of the threshold inside it, then 2x, 5x, 10x ... the threshold out to the data
+        lo, hi = ax.get_ylim()
+        outer = [symlog * k * 10 ** d for d in range(6) for k in (1, 2, 5)]
+        ticks = sorted({0.0, symlog / 2, -symlog / 2, *(t for t in outer if t <= hi), *(-t for t in outer if -t >= lo)})
+        ax.set_yticks(ticks, [f"{t:+.3g}" if t else "0" for t in ticks])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))   # whole steps, round ticks
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)

@@ -105,7 +105,10 @@ def plot_layer_gradients(capture, fmt="FP16", *, kind: str = "activation", title
     left = min(float(np.nanmin(p1)) if names else flush_edge, flush_edge) / 4
     ax.axvspan(left, flush_edge, color="#D55E00", alpha=0.15, lw=0,
                label=f"flushed to 0 in {f.name} (at or below {flush_edge:.3g})")
-    ax.set_xlim(left=left)
+    # the right edge set too, with room past the widest bar: set_xlim(left=...) alone froze the right edge
+    # where the autoscale stood, which cut the top percentile's bar at the frame
+    right = max(float(np.nanmax(p99)) if names else f.min_normal, f.min_normal) * 3
+    ax.set_xlim(left, right)
     ax.set_yticks(y, names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")

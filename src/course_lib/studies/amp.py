@@ -248,6 +248,17 @@ def sdpa_backend_facts(backends: Mapping[str, object]) -> dict[str, object]:
             "attn_backend_inputs": _backend_inputs(backends)}
 
 
+def sdpa_backend_table(backends: Mapping[str, object]) -> MarkdownTable:
+    """:func:`sdpa_backends`' result as a table: one row per kernel, whether it ran the inputs, and which one
+    ``scaled_dot_product_attention`` picks when left to choose."""
+    runs = backends.get("runs")
+    if not isinstance(runs, Mapping) or not runs:
+        raise ValueError(f"backends must be sdpa_backends' result, with a non-empty 'runs' mapping; got {backends!r}")
+    chosen = backends.get("chosen")
+    return markdown_table(("kernel", "runs these inputs", "picked when left to choose"),
+                          [(f"`{n}`", "yes" if ok else "no", "yes" if n == chosen else "") for n, ok in runs.items()])
+
+
 def _backend_inputs(backends: Mapping[str, object]) -> Prose:
     shape, dtype = backends.get("shape"), backends.get("dtype")
     if not isinstance(shape, tuple) or len(shape) != 4 or dtype is None:

@@ -400,7 +400,7 @@ def naive_table(naive: NaiveFP16Comparison, *, tail: int, early: int) -> Markdow
     step32, step16 = (naive.mean_over_steps("update_size", k, first=early) for k in (fp32, fp16))
     return markdown_table(
         ["seed", "final loss, FP16 minus FP32", "zero gradients (FP32 / FP16)", "updates rounded away (FP32 / FP16)",
-         "Adam's second moment underflowed (FP16)", f"mean step / lr, first {early} steps (FP32 / FP16)"],
+         "Adam's second moment underflowed (FP16)", f"mean weight change / lr, first {early} steps (FP32 / FP16)"],
         [(s, f"{d:+.3f}", f"{100 * z32:.1f}% / {100 * z16:.1f}%", f"{100 * u32:.3f}% / {100 * u16:.2f}%",
           f"{100 * v:.0f}%", f"{a:.2f} / {b:.2f}")
          for s, d, z32, z16, u32, u16, v, a, b in zip(naive.seeds, diffs, zero32, zero16, lost32, lost16, v16,
@@ -417,17 +417,21 @@ def naive_facts(naive: NaiveFP16Comparison, *, tail: int, early: int) -> dict[st
     """What the naive FP16 comparison measured, under the names the prose glues: the steps, ``tail`` and
     ``early`` windows and seeds; in how many seeds FP16 ended higher (``naive_worse``), how likely so even a
     split is by chance (``naive_sign_chance``, a two-sided sign test) and by how much (``naive_diff_range``); the spans over seeds of the zero gradients, updates rounded away, underflowed
-    second moments and early step sizes (``*_range``); the steps of the first ``early`` at which FP16's loss
-    was below FP32's (``naive_lead``), the largest first-step gap (``naive_start_gap``) and the steps of
-    the whole run at which FP16 was below (``naive_below``); and the Adam ``eps`` both ran with."""
+    second moments and early step sizes (``*_range``); how many of the ``early`` steps after the first
+    update had FP16's loss below FP32's (``naive_lead``; step 0 is left out, the same weights in both runs),
+    the largest first-step gap (``naive_start_gap``) and how many steps of the whole run after the first
+    update had FP16 below (``naive_below``); and the Adam ``eps`` both ran with."""
     _check_window(naive, tail, early)
     fp32, fp16 = naive.recipes
     seeds = range(len(naive.seeds))
     diffs = [b - a for a, b in zip(naive.final(fp32, tail), naive.final(fp16, tail))]
     worse = sum(d > 0 for d in diffs)
     lost32 = naive.mean_over_steps("unchanged_fraction", fp32)
-    lead = [sum(b < a for a, b in zip(naive.curves[fp32][i][:early], naive.curves[fp16][i][:early])) for i in seeds]
-    below = [sum(b < a for a, b in zip(naive.curves[fp32][i], naive.curves[fp16][i])) for i in seeds]
+    # from step 1: step 0's loss is the same weights in both runs, apart only by FP16's arithmetic
+    lead_steps = naive.curves[fp32][0][1:early + 1]
+    lead = [sum(b < a for a, b in zip(naive.curves[fp32][i][1:early + 1], naive.curves[fp16][i][1:early + 1]))
+            for i in seeds]
+    below = [sum(b < a for a, b in zip(naive.curves[fp32][i][1:], naive.curves[fp16][i][1:])) for i in seeds]
     start_gap = max(abs(naive.curves[fp16][i][0] - naive.curves[fp32][i][0]) for i in seeds)
     return {
         "naive_steps": naive.steps,
@@ -447,12 +451,12 @@ def naive_facts(naive: NaiveFP16Comparison, *, tail: int, early: int) -> dict[st
         "v16_range": value_span(naive.mean_over_steps("moment_underflow", fp16), ".0f"),
         "step32_range": value_span(naive.mean_over_steps("update_size", fp32, first=early), ".2f", "", 1),
         "step16_range": value_span(naive.mean_over_steps("update_size", fp16, first=early), ".2f", "", 1),
-        "naive_lead": Prose(f"FP16's loss was below FP32's at {min(lead)} to {max(lead)} of the first {early} "
-                            "steps of each seed"),
+        "naive_lead": Prose(f"FP16's loss was below FP32's at {value_span(lead, 'd', '', 1)} of the {len(lead_steps)} "
+                            f"steps after the first update (steps 1 to {len(lead_steps)}) of each seed"),
         "naive_start_gap": Prose(f"{start_gap:.3f}"),
-        "naive_below": Prose(f"and FP16's loss was below FP32's at {min(below)} to {max(below)} of the "
-                             f"{naive.steps} steps of a seed" if max(below) else
-                             "and FP16's loss was never below FP32's"),
+        "naive_below": Prose(f"and after the first update FP16's loss was below FP32's at {value_span(below, 'd', '', 1)} of "
+                             f"the {naive.steps - 1} steps of a seed" if max(below) else
+                             "and after the first update FP16's loss was never below FP32's"),
     }
 
 
@@ -484,14 +488,15 @@ def adam_underflow_facts(default_eps: float, beta2: float) -> dict[str, object]:
 def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
     """FP16's largest value, the largest input whose ``exp`` FP16 holds, the logits (Markdown), the
     cross-entropy from ``F.cross_entropy`` on the FP16 logits (``ce_fp16``), exactly from the FP64 softmax
-    (``ce_fp64``) and that rounded to FP16 (``ce_exact_fp16``), and whether the kernel rounded inside."""
+    (``ce_fp64``) and that rounded to FP16 (``ce_exact_fp16``), whether the kernel rounded inside, and the
+    target's logit (``sm_target``)."""
     exact_fp16 = float(torch.tensor(sm.reference_cross_entropy_fp64, dtype=torch.float16))
     off = abs(sm.torch_cross_entropy_fp16 / sm.reference_cross_entropy_fp64 - 1)
     rounding = ("the exact value rounded to FP16: only the result was rounded" if sm.torch_cross_entropy_fp16
                 == exact_fp16 else f"{bold(f'{100 * off:.2g}%')} off, where rounding only the result to FP16 "
                 f"would give {bold(f'{exact_fp16:.4g}')}: the kernel rounds intermediate values to FP16 too")
     return {"fp16_max": get_format("FP16").max_finite, "exp_limit": sm.largest_safe_exp_input,
-            "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits)),
+            "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits)), "sm_target": f"{sm.logits[sm.target or 0]:g}",
             "ce_fp16": sm.torch_cross_entropy_fp16, "ce_fp64": sm.reference_cross_entropy_fp64,
             "ce_exact_fp16": exact_fp16, "ce_rounding": Prose(rounding)}
 
@@ -534,11 +539,11 @@ def softmax_table(sm: SoftmaxOverflow) -> MarkdownTable:
              ("exp(x - max) / sum, FP16", sm.max_subtracted_fp16), ("F.softmax, FP16", sm.torch_softmax_fp16),
              ("reference, FP64", sm.reference_fp64))
     rows = [(name, *(f"{v:.4g}" for v in values)) for name, values in forms]
-    rows += [("cross-entropy, naive", f"{sm.naive_cross_entropy_fp16:.4g}", *[""] * (len(sm.logits) - 1)),
-             ("cross-entropy, F.cross_entropy, FP16 result", f"{sm.torch_cross_entropy_fp16:.4g}",
-         *[""] * (len(sm.logits) - 1)),
-        ("cross-entropy, reference: -ln p from FP64", f"{sm.reference_cross_entropy_fp64:.4g}",
-         *[""] * (len(sm.logits) - 1))]
+    at = sm.target or 0    # one cross-entropy per target, in its logit's column (the first if unrecorded)
+    rows += [(f"cross-entropy, {name}", *("" if i != at else f"{v:.4g}" for i in range(len(sm.logits))))
+             for name, v in (("naive", sm.naive_cross_entropy_fp16),
+                             ("F.cross_entropy, FP16 result", sm.torch_cross_entropy_fp16),
+                             ("reference: -ln p from FP64", sm.reference_cross_entropy_fp64))]
     return markdown_table(("computed as", *(f"x = {v:g}" for v in sm.logits)), rows)
 
 
