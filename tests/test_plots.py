@@ -246,7 +246,9 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     lo, hi = fig.axes[1].get_xlim()
     assert lo < -1.0 - 0.1 * 1.5 and hi > 0.5 + 0.1 * 1.5
     assert fig.axes[1].get_xlabel().startswith("eval minus FP32's")
-    assert [t.get_text() for t in fig.axes[1].get_yticklabels()] == ["BF16 one", "BF16 two"]
+    # each row named on one line inside the panel, above its dots (ticks carry no text)
+    assert [t.get_text() for t in fig.axes[1].texts if t.get_gid() == "row-label"] == ["BF16 one", "BF16 two"]
+    assert all(not t.get_text() for t in fig.axes[1].get_yticklabels())
     colours = {ln.get_label(): ln.get_color() for ln in fig.axes[0].get_lines()}
     assert len(set(colours.values())) == 3        # "bf16" in both names must not paint them alike
     # the reference is drawn wide and underneath, so a recipe that runs on it leaves it visible at its edges

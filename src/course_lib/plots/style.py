@@ -242,7 +242,7 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
         raise ValueError(f"finals has no values for {', '.join(sorted(set(result.recipes) - set(finals)))}")
     others = [r for r in result.recipes if r != reference]
     fig, (left, right) = plt.subplots(1, 2, figsize=(COLUMN_INCHES, 4.2 + 0.25 * len(result.recipes)),
-                                      gridspec_kw={"width_ratios": [1.35, 1]})
+                                      gridspec_kw={"width_ratios": [1.1, 1]})
     colours = {reference: "#777777", **{r: fp8_colour(r, j) for j, r in enumerate(others)}}
     if len({colours[r] for r in others} | {colours[reference]}) < len(others) + 1:   # names the map cannot tell apart
         colours = {reference: "#777777", **{r: recipe_colour(j) for j, r in enumerate(others)}}
@@ -274,8 +274,16 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
         right.plot(diffs, [i] * len(diffs), "o", color=colours[recipe], ms=7, alpha=0.85)
     right.axvline(0.0, color="#000000", lw=1)
     right.margins(x=0.12)   # the outermost dots whole, not cut by the panel's edge
-    right.set_yticks(range(len(others)), [textwrap.fill(r, 18, break_on_hyphens=False) for r in others])
-    right.set_ylim(len(others) - 0.5, -0.5)   # the first recipe on top, as in the legend
-    right.set_xlabel(f"{final_label or 'final loss'} minus {reference}'s\n(same seed; one dot per seed)")
+    # each row's name on one line inside the panel, above its dots: as tick labels beside the panel, long
+    # names wrapped onto three lines and took the room the panel needed
+    right.set_yticks(range(len(others)), [""] * len(others))
+    right.tick_params(axis="y", length=0)
+    for i, recipe in enumerate(others):
+        right.text(0.03, i - 0.22, recipe, transform=right.get_yaxis_transform(), ha="left", va="bottom",
+                   fontsize=8.5, color="#222222", gid="row-label", zorder=4,
+                   bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
+    right.set_ylim(len(others) - 0.5, -0.75)   # the first recipe on top, as in the legend; room for its name
+    right.set_xlabel(textwrap.fill(f"{final_label or 'final loss'} minus {reference}'s (same seed; one dot per "
+                                   "seed)", 32, break_on_hyphens=False))
     right.grid(alpha=0.3, axis="x")
     return finish_figure(fig)
