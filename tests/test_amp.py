@@ -128,3 +128,26 @@ def test_amp_tables_have_one_row_per_op():
     rows = table.splitlines()
     assert rows[0].endswith("recorded on GPU X |") and rows[2].endswith("| - |") and "torch.float32" in rows[3]
     assert "recorded on" not in sensitive_ops_markdown(live, "cpu", lists).splitlines()[0]
+
+
+def test_fp32_accumulator_keeps_its_dtype_but_not_more_than_its_increments_precision():
+    from course_lib.amp import fp32_accumulator_demo
+
+    demo = fp32_accumulator_demo("cpu", torch.bfloat16, steps=16, size=8, seed=3)
+    assert (demo.dtype, demo.acc_dtype, demo.steps) == ("bfloat16", "float32", 16)
+    # FP32 throughout is exact to FP32's rounding; the FP32 buffer holds BF16-rounded products (about 2**-9
+    # relative each); a BF16 buffer also rounds the running sum
+    assert demo.error_fp32 < 1e-6 < 1e-4 < demo.error_fp32_buffer < demo.error_low_buffer
+    # the FP32 buffer's sum is, bit for bit, the FP32 sum of the products autocast rounded to BF16
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(16, 8, 8, generator=g) for _ in range(2))
+    exact = (a.double() @ b.double()).sum(0)
+    acc = torch.zeros(8, 8)
+    for i in range(16):
+        acc += (a[i].bfloat16() @ b[i].bfloat16()).float()
+    rms = lambda t: float(t.pow(2).mean().sqrt())  # noqa: E731
+    assert rms(acc.double() - exact) / rms(exact) == demo.error_fp32_buffer
+    with pytest.raises(ValueError, match="dtype must be torch.float16 or torch.bfloat16"):
+        fp32_accumulator_demo("cpu", torch.float32)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        fp32_accumulator_demo("cpu", torch.bfloat16, steps=0)

@@ -449,3 +449,26 @@ def test_pure_master_sentence_says_how_far_apart_the_two_ended():
                     "master weights needs small updates late in training, which a run this short does not reach.")
     assert A.pure_master_sentence({"bf16_pure": run(3.0)}) == ""                # bf16_master did not run
     assert A.pure_master_sentence({"bf16_pure": run(), "bf16_master": run(1.0)}) == ""
+
+
+def test_accumulator_facts_read_both_runs():
+    from course_lib.amp import AccumulatorDemo
+
+    short = AccumulatorDemo("bfloat16", "float32", 64, 0.003, 0.0102, 1.8e-7)
+    long = AccumulatorDemo("bfloat16", "float32", 256, 0.0027, 0.0189, 3e-7)
+    facts = A.accumulator_facts(short, long)
+    assert facts == {"ex_buf_dtype": "`float32`", "ex_buf_low": "`bfloat16`", "ex_buf_steps": 64,
+                     "ex_buf_steps_long": 256, "ex_buf_fp32_buffer": pytest.approx(0.3),
+                     "ex_buf_low_buffer": pytest.approx(1.02), "ex_buf_fp32": pytest.approx(1.8e-5),
+                     "ex_buf_ratio": pytest.approx(3.4),
+                     "ex_buf_growth": "The gap widens with the run's length: over 256 products the bfloat16 buffer "
+                                      "is 1.89% off and the FP32 buffer 0.27%. A low-precision running sum loses "
+                                      "more the longer it runs, since each add rounds a larger sum."}
+    flat = AccumulatorDemo("bfloat16", "float32", 256, 0.0027, 0.011, 3e-7)
+    assert A.accumulator_facts(short, flat)["ex_buf_growth"] == (
+        "Here the run's length changed little: over 256 products the bfloat16 buffer is 1.10% off and the FP32 "
+        "buffer 0.27%.")
+    with pytest.raises(ValueError, match="must add more products"):
+        A.accumulator_facts(long, short)
+    with pytest.raises(TypeError, match="two AccumulatorDemo"):
+        A.accumulator_facts(short, {"steps": 256})

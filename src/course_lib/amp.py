@@ -195,6 +195,48 @@ def autocast_exceptions(device_type: str = "cpu", dtype: torch.dtype = torch.bfl
     return result
 
 
+@dataclass(frozen=True)
+class AccumulatorDemo:
+    """A running sum of ``steps`` matrix products ``a[i] @ b[i]`` (:func:`fp32_accumulator_demo`): each
+    ``error_*`` is the sum's RMS error against the exact (FP64) sum, relative to the exact sum's RMS.
+    ``acc_dtype``: the FP32 buffer's dtype after the in-place adds under autocast."""
+
+    dtype: str
+    acc_dtype: str
+    steps: int
+    error_fp32_buffer: float     # FP32 buffer, products under autocast (each rounded to ``dtype``)
+    error_low_buffer: float      # a buffer in ``dtype`` itself, the same products
+    error_fp32: float            # FP32 buffer and FP32 products (autocast off)
+
+
+def fp32_accumulator_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16, *, steps: int = 64,
+                          size: int = 32, seed: int = 0) -> AccumulatorDemo:
+    """Sum ``steps`` products of random ``size x size`` matrices into a buffer with ``acc.add_(a @ b)``: an
+    FP32 buffer under autocast (it stays FP32, but each product arrives rounded to ``dtype``), a buffer in
+    ``dtype`` (each add rounds the running sum too), and FP32 throughout, each against the exact sum."""
+    if dtype not in LOW_PRECISION:
+        raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype!r}")
+    for name, value in (("steps", steps), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    device = torch.device(device_type)
+    g = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(steps, size, size, generator=g).to(device) for _ in range(2))
+    exact = (a.double() @ b.double()).sum(0)
+
+    def error(acc: torch.Tensor) -> float:
+        return float((acc.double() - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt())
+
+    acc, low, ref = (torch.zeros(size, size, device=device, dtype=d) for d in (torch.float32, dtype, torch.float32))
+    with torch.autocast(device_type, dtype=dtype):
+        for i in range(steps):
+            acc.add_(a[i] @ b[i])
+            low.add_(a[i] @ b[i])
+    for i in range(steps):
+        ref.add_(a[i] @ b[i])
+    return AccumulatorDemo(_name(torch.ones(1, dtype=dtype)), _name(acc), steps, error(acc), error(low), error(ref))
+
+
 def make_fp32_function(device_type: str):
     """A custom autograd function ``y = x ** 2`` (computed in FP32 under autocast) for ``device_type``."""
     seen: dict[str, str] = {}

@@ -14,7 +14,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..amp import AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
+from ..amp import AccumulatorDemo, AutocastTrace, cuda_policy, sensitive_ops_markdown, sensitive_ops_trace, trace_autocast
 from ..device import SizeProfile
 from ..glue import Prose, and_list, count_word, power_of_two_text
 from ..memory import bytes_per_parameter
@@ -246,6 +246,32 @@ def sdpa_backend_facts(backends: Mapping[str, object]) -> dict[str, object]:
     return {"attn_backends_run": Prose(", ".join(ran[:-1]) + (" and " if len(ran) > 1 else "") + ran[-1]),
             "attn_backend_chosen": Prose(f"`{chosen}`" if chosen else "a kernel this torch does not name"),
             "attn_backend_inputs": _backend_inputs(backends)}
+
+
+def accumulator_facts(short: AccumulatorDemo, long: AccumulatorDemo) -> dict[str, object]:
+    """The FP32-buffer exercise's numbers, from two :func:`course_lib.amp.fp32_accumulator_demo` runs of
+    ``short.steps`` and ``long.steps`` adds: the buffer's dtype after them, each buffer's RMS error in
+    percent (``ex_buf_*``), the low-precision buffer's error over the FP32 buffer's (``ex_buf_ratio``), and
+    what the longer run changed (``ex_buf_growth``, "widens" only where the rise shows)."""
+    if not isinstance(short, AccumulatorDemo) or not isinstance(long, AccumulatorDemo):
+        raise TypeError("accumulator_facts takes two AccumulatorDemo results")
+    if not long.steps > short.steps or long.dtype != short.dtype:
+        raise ValueError("the second run must add more products than the first, in the same dtype")
+    return {"ex_buf_dtype": Prose(f"`{short.acc_dtype}`"), "ex_buf_low": Prose(f"`{short.dtype}`"),
+            "ex_buf_steps": short.steps, "ex_buf_steps_long": long.steps,
+            "ex_buf_fp32_buffer": 100 * short.error_fp32_buffer, "ex_buf_low_buffer": 100 * short.error_low_buffer,
+            "ex_buf_fp32": 100 * short.error_fp32, "ex_buf_ratio": short.error_low_buffer / short.error_fp32_buffer,
+            "ex_buf_growth": _buffer_growth(short, long)}
+
+
+def _buffer_growth(short: AccumulatorDemo, long: AccumulatorDemo) -> Prose:
+    # "grows" only where the low-precision buffer's error rose by a fifth or more and the FP32 buffer's did not
+    lo = (f"over {long.steps} products the {short.dtype} buffer is {100 * long.error_low_buffer:.2f}% off and the "
+          f"FP32 buffer {100 * long.error_fp32_buffer:.2f}%")
+    if long.error_low_buffer > 1.2 * short.error_low_buffer and long.error_fp32_buffer < 1.2 * short.error_fp32_buffer:
+        return Prose(f"The gap widens with the run's length: {lo}. A low-precision running sum loses more the "
+                     "longer it runs, since each add rounds a larger sum.")
+    return Prose(f"Here the run's length changed little: {lo}.")
 
 
 def sdpa_backend_table(backends: Mapping[str, object]) -> MarkdownTable:
