@@ -150,7 +150,8 @@ def test_run_differences_on_a_symlog_axis_keep_small_differences_readable():
     ticks = list(ax.get_yticks())
     # halves of the threshold inside the linear band, then the threshold's 1, 2, 5 multiples to the data's top
     assert {0.0, 0.025, -0.025, 0.05, 0.1, 0.25} <= {round(t, 6) for t in ticks} and max(ticks) <= ax.get_ylim()[1]
-    assert "+0.025" in [t.get_text() for t in ax.get_yticklabels()]
+    assert {"+0.025", "\u22120.025"} <= {t.get_text() for t in ax.get_yticklabels()}   # a true minus sign
+    assert fig.legends and ax.get_legend() is None           # the legend under the axes, covering no line
     for bad in (0, -1.0, math.inf, True, "0.1"):
         with pytest.raises(ValueError, match="symlog must be None or a positive finite threshold"):
             plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", symlog=bad)

@@ -288,11 +288,11 @@ def test_sdpa_backends_on_the_cpu_include_math_and_name_the_pick():
 def test_sdpa_backend_table_marks_what_ran_and_the_pick():
     table = A.sdpa_backend_table({"runs": {"FLASH_ATTENTION": True, "EFFICIENT_ATTENTION": False, "MATH": True},
                                   "chosen": "FLASH_ATTENTION"})
-    assert table.splitlines() == ["| kernel | runs these inputs | picked when left to choose |", "|---|---|---|",
-                                  "| `FLASH_ATTENTION` | yes | yes |", "| `EFFICIENT_ATTENTION` | no |  |",
-                                  "| `MATH` | yes |  |"]
-    # a torch that does not name its pick: no row is marked picked
-    assert A.sdpa_backend_table({"runs": {"MATH": True}, "chosen": None}).splitlines()[2:] == ["| `MATH` | yes |  |"]
+    assert table.splitlines() == ["| kernel | ran on these inputs | torch's pick when left to choose |",
+                                  "|---|---|---|", "| `FLASH_ATTENTION` | yes | yes |",
+                                  "| `EFFICIENT_ATTENTION` | no | no |", "| `MATH` | yes | no |"]
+    # a torch that does not name its pick: "-", not "no"
+    assert A.sdpa_backend_table({"runs": {"MATH": True}, "chosen": None}).splitlines()[2:] == ["| `MATH` | yes | - |"]
     with pytest.raises(ValueError, match="non-empty 'runs' mapping"):
         A.sdpa_backend_table({"runs": {}})
 
@@ -412,8 +412,8 @@ def test_math_backend_fp16_facts_say_what_the_flag_changes():
     assert A.math_backend_fp16_facts(False, [True, False]) == {"attn_math_fp16": (
         "`fp16_bf16_reduction_math_sdp_allowed()` returned `False`, so by default the math backend computes FP16 "
         "inputs in FP32; with the flag off it stayed finite although the scaled product is twice FP16's largest "
-        "value, and with it on it overflowed: with the flag off, the math backend's FP16 headroom is FP32's range, "
-        "and its order of the scale matters in FP32, or in FP16 with the flag on")}
+        "value, and with it on it overflowed. With the flag off, FP16 inputs get FP32's range; the order of the "
+        "scale matters for FP32 inputs, and for FP16 ones only with the flag on")}
     assert "does not show what the flag changes" in A.math_backend_fp16_facts(False, [True, True])["attn_math_fp16"]
     with pytest.raises(TypeError, match="two bools"):
         A.math_backend_fp16_facts(False, [True])

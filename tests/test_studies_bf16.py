@@ -109,7 +109,7 @@ def test_recorded_parity_note_has_table_and_both_notes():
         "| `fp16_autocast_no_scaler` | 3 of 3 | 3.2000 | 0.2000 |\n\n"
         "At full size, FP16 without a scaler ended finite but behind: every seed's final loss (3.100 to 3.300) is "
         "above every FP32 seed's (2.500 to 2.700). Unlike the short run above, the two recipes' ranges over "
-        "seeds do not even overlap; {doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a scale. "
+        "seeds do not even overlap; lesson 2 ({doc}`02_underflow_overflow`) measured the gradients that FP16 flushes to zero without a scale. "
         "Finishing finite is not finishing well.\n\n"
         "At full size, `fp16_autocast_scaler` ended with a NaN loss in 2 of 3 seeds. The loss itself became NaN, "
         "so the forward pass produced non-finite values in FP16; a loss scale acts on the backward pass only and "

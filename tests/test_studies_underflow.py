@@ -279,12 +279,14 @@ def test_softmax_and_activation_tables_show_each_form_in_columns():
         "| exp(x), FP16 | 2.718 | inf |", "| naive exp(x) / sum, FP16 | 0 | nan |",
         "| exp(x - max) / sum, FP16 | 1.7e-05 | 1 |", "| F.softmax, FP16 | 1.7e-05 | 1 |",
         "| reference, FP64 | 1.67e-05 | 1 |",
-        "| cross-entropy, naive | nan |  |", "| cross-entropy, F.cross_entropy, FP16 result | 1.67e-05 |  |",
-        "| cross-entropy, reference: -ln p from FP64 | 1.6e-05 |  |"]
+        "| cross-entropy, target x = 1: naive | nan |  |",
+        "| cross-entropy, target x = 1: F.cross_entropy, FP16 result | 1.67e-05 |  |",
+        "| cross-entropy, target x = 1: reference: -ln p from FP64 | 1.6e-05 |  |"]
     # with its target recorded, each cross-entropy sits in the target logit's column
     assert S.softmax_table(dataclasses.replace(sm, target=1)).splitlines()[-3:] == [
-        "| cross-entropy, naive |  | nan |", "| cross-entropy, F.cross_entropy, FP16 result |  | 1.67e-05 |",
-        "| cross-entropy, reference: -ln p from FP64 |  | 1.6e-05 |"]
+        "| cross-entropy, target x = 12: naive |  | nan |",
+        "| cross-entropy, target x = 12: F.cross_entropy, FP16 result |  | 1.67e-05 |",
+        "| cross-entropy, target x = 12: reference: -ln p from FP64 |  | 1.6e-05 |"]
     act = S.ActivationOverflow(200704.0, 5.59375, math.nan, 12, 65504.0, 4096)
     assert S.activation_overflow_table(act).splitlines()[2:] == [
         "| largest activation | 200,704 | inf (max 65504) |", "| loss | 5.594 | nan |",

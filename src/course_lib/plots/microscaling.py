@@ -135,6 +135,7 @@ def _draw_gradient_fidelity(fig, left, middle, right, result, reference: str) ->
         markers(middle, i, per_model, colours[without], across=True)
     middle.axvline(0, color="#555555", lw=1)
     middle.set_yticks(range(len(pieces)), [label.replace(": ", ":\n") for _, _, label in pieces])
+    middle.tick_params(axis="y", length=0)   # a tick beside a two-line name read as an underscore after its first
     middle.set_ylim(len(pieces) - 0.5, -0.5)
     middle.set_xlabel("error without the piece minus with it (points; right of 0: the piece helped)")
     middle.grid(alpha=0.3, axis="x")

@@ -146,7 +146,7 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
             v = np.convolve(v, np.ones(smooth) / smooth, mode="valid")
         return v
 
-    fig, ax = plt.subplots(figsize=(8.5, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4 if symlog is None else 5.4))   # room for the legend under it
     if minus is not None:
         ax.axhline(0.0, color="#000000", lw=1, label=minus)
     # runs that agree for a while lie on top of each other: each has its own dash as well as its own colour,
@@ -175,12 +175,16 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
         lo, hi = ax.get_ylim()
         outer = [symlog * k * 10 ** d for d in range(6) for k in (1, 2, 5)]
         ticks = sorted({0.0, symlog / 2, -symlog / 2, *(t for t in outer if t <= hi), *(-t for t in outer if -t >= lo)})
-        ax.set_yticks(ticks, [f"{t:+.3g}" if t else "0" for t in ticks])
+        ax.set_yticks(ticks, [f"{t:+.3g}".replace("-", "\u2212") if t else "0" for t in ticks])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))   # whole steps, round ticks
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8, handlelength=4)   # long enough samples to show each dash pattern
+    if symlog is None:
+        ax.legend(fontsize=8, handlelength=4)   # long enough samples to show each dash pattern
+    else:   # a symlog axis has no empty corner: the legend goes under the axes, where it covers no line
+        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, handlelength=4,
+                   frameon=False)
     ax.grid(alpha=0.3)
     return finish_figure(fig)
 
@@ -278,10 +282,15 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
     # names wrapped onto three lines and took the room the panel needed
     right.set_yticks(range(len(others)), [""] * len(others))
     right.tick_params(axis="y", length=0)
+    # the names start just right of the zero line where it lies in the panel's left part, so that it crosses
+    # none of them; elsewhere at the left edge, on an opaque patch
+    lo, hi = right.get_xlim()
+    zero = (0.0 - lo) / (hi - lo)
+    start = zero + 0.02 if 0.0 <= zero < 0.45 else 0.02
     for i, recipe in enumerate(others):
-        right.text(0.03, i - 0.22, recipe, transform=right.get_yaxis_transform(), ha="left", va="bottom",
-                   fontsize=8.5, color="#222222", gid="row-label", zorder=4,
-                   bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.85))
+        right.text(start, i - 0.22, recipe, transform=right.get_yaxis_transform(), ha="left", va="bottom",
+                   fontsize=9.5, color="#222222", gid="row-label", zorder=4,
+                   bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none"))
     right.set_ylim(len(others) - 0.5, -0.75)   # the first recipe on top, as in the legend; room for its name
     right.set_xlabel(textwrap.fill(f"{final_label or 'final loss'} minus {reference}'s (same seed; one dot per "
                                    "seed)", 32, break_on_hyphens=False))

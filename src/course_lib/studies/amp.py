@@ -183,8 +183,8 @@ def math_backend_fp16_facts(flag_default: bool, finite: Sequence[bool]) -> dict[
                 "so here the math backend is allowed to compute FP16 inputs in FP16"))
     if upcast and not reduced:
         outcome = ("with the flag off it stayed finite although the scaled product is twice FP16's largest "
-                   "value, and with it on it overflowed: with the flag off, the math backend's FP16 headroom "
-                   "is FP32's range, and its order of the scale matters in FP32, or in FP16 with the flag on")
+                   "value, and with it on it overflowed. With the flag off, FP16 inputs get FP32's range; "
+                   "the order of the scale matters for FP32 inputs, and for FP16 ones only with the flag on")
     elif upcast and reduced:
         outcome = "it stayed finite with the flag off and on, so this input does not show what the flag changes"
     elif reduced:
@@ -275,14 +275,14 @@ def _buffer_growth(short: AccumulatorDemo, long: AccumulatorDemo) -> Prose:
 
 
 def sdpa_backend_table(backends: Mapping[str, object]) -> MarkdownTable:
-    """:func:`sdpa_backends`' result as a table: one row per kernel, whether it ran the inputs, and which one
-    ``scaled_dot_product_attention`` picks when left to choose."""
+    """:func:`sdpa_backends`' result: per kernel, whether it ran the inputs and whether torch picks it."""
     runs = backends.get("runs")
     if not isinstance(runs, Mapping) or not runs:
         raise ValueError(f"backends must be sdpa_backends' result, with a non-empty 'runs' mapping; got {backends!r}")
     chosen = backends.get("chosen")
-    return markdown_table(("kernel", "runs these inputs", "picked when left to choose"),
-                          [(f"`{n}`", "yes" if ok else "no", "yes" if n == chosen else "") for n, ok in runs.items()])
+    return markdown_table(("kernel", "ran on these inputs", "torch's pick when left to choose"),
+                          [(f"`{n}`", "yes" if ok else "no", "-" if chosen is None else "yes" if n == chosen else "no")
+                           for n, ok in runs.items()])
 
 
 def _backend_inputs(backends: Mapping[str, object]) -> Prose:

@@ -156,7 +156,7 @@ def fp16_behind_note(parity: Parity) -> Prose:
     return Prose(f"At full size, FP16 without a scaler ended finite but behind: every seed's final loss "
                  f"({min(f16):.3f} to {max(f16):.3f}) is above every FP32 seed's ({min(f32):.3f} to "
                  f"{max(f32):.3f}). Unlike the short run above, the two recipes' ranges over seeds do not even overlap; "
-                 "{doc}`02_underflow_overflow` measured the gradients that FP16 flushes to zero without a "
+                 "lesson 2 ({doc}`02_underflow_overflow`) measured the gradients that FP16 flushes to zero without a "
                  "scale. Finishing finite is not finishing well.")
 
 

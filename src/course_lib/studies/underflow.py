@@ -540,10 +540,10 @@ def softmax_table(sm: SoftmaxOverflow) -> MarkdownTable:
              ("reference, FP64", sm.reference_fp64))
     rows = [(name, *(f"{v:.4g}" for v in values)) for name, values in forms]
     at = sm.target or 0    # one cross-entropy per target, in its logit's column (the first if unrecorded)
-    rows += [(f"cross-entropy, {name}", *("" if i != at else f"{v:.4g}" for i in range(len(sm.logits))))
-             for name, v in (("naive", sm.naive_cross_entropy_fp16),
-                             ("F.cross_entropy, FP16 result", sm.torch_cross_entropy_fp16),
-                             ("reference: -ln p from FP64", sm.reference_cross_entropy_fp64))]
+    rows += [(f"cross-entropy, target x = {sm.logits[at]:g}: {name}",
+              *("" if i != at else f"{v:.4g}" for i in range(len(sm.logits))))
+             for name, v in (("naive", sm.naive_cross_entropy_fp16), ("F.cross_entropy, FP16 result",
+                             sm.torch_cross_entropy_fp16), ("reference: -ln p from FP64", sm.reference_cross_entropy_fp64))]
     return markdown_table(("computed as", *(f"x = {v:g}" for v in sm.logits)), rows)
 
 
