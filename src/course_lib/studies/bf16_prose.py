@@ -101,8 +101,13 @@ def paired_verdict(parity: Parity) -> Prose:
                     if "fp16_autocast_no_scaler" in parity.recipes else "")
         return Prose(f"and no recipe kept one side of FP32 over the {count_word(n)} seed{'s' * (n != 1)}: at this "
                      f"length the recipes have not come apart{keeps_up}")
-    return Prose(f"and {and_list(sided)}: a sign that {count_word(n)} seeds give by chance alone one time in "
-                 f"{2 ** (n - 1)}, so it is a hint to test with more seeds, not yet a difference")
+    return Prose(f"and {and_list(sided)}: {_one_sign_by_chance(n)}, so it is a hint to test with more seeds, not "
+                 "yet a difference")
+
+
+def _one_sign_by_chance(n: int) -> str:
+    """How often ``n`` paired seeds all land on one side of FP32 by chance alone (either side: 2 / 2**n)."""
+    return f"a sign that {count_word(n)} seeds give by chance alone one time in {2 ** (n - 1)}"
 
 
 def finite_final_losses(parity: Parity) -> dict[str, list[float]]:
@@ -136,8 +141,7 @@ def bf16_paired_note(parity: Parity, recipe: str = "bf16_autocast") -> Prose:
     gap = parity.mean(recipe) - parity.mean("fp32")
     diffs = and_list([f"{x:+.3f}" for x in d])
     if min(d) > 0 or max(d) < 0:
-        verdict = (f"every seed on the same side, a sign that {count_word(n)} seeds give by chance alone one "
-                   f"time in {2 ** (n - 1)}: a hint to test with more seeds, not yet a difference")
+        verdict = f"every seed on the same side, {_one_sign_by_chance(n)}: a hint to test with more seeds, not yet a difference"
     else:
         verdict = (f"the mean's gap comes from seeds that disagree in sign, so `{recipe}` is not consistently "
                    f"{'behind' if gap > 0 else 'ahead of'} FP32")
