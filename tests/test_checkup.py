@@ -40,10 +40,23 @@ def test_checkup_on_a_cnn():
     # the rule, from the measured losses: BF16 autocast ends within 2% of FP32's last loss, so it is chosen
     fp32_last, bf16_last = result.recipes["fp32"].losses[-1], result.recipes["bf16_autocast"].losses[-1]
     assert abs(bf16_last - fp32_last) <= 0.02 * abs(fp32_last)
-    assert result.recommendation == "bf16_autocast"
+    # ... unless this CPU computes BF16 more slowly than FP32 at every step (no BF16 instructions)
+    want = _accurate_choice(result)
+    assert result.recommendation == want
     assert result.reasons[0].startswith(f"BF16 autocast's last loss was {100 * (bf16_last - fp32_last) / fp32_last:+.3g}%")
-    assert "**Recommendation: bf16_autocast** (on cpu)" in result.markdown()
+    assert f"**Recommendation: {want}** (on cpu)" in result.markdown()
     assert result.max_fp16_scale == 2.0 ** math.floor(math.log2(65504 / result.grad_amax))
+
+
+def _accurate_choice(result):
+    """BF16 autocast where it runs as fast as FP32 here; FP32 where it is slower at every step (and FP16 too)."""
+    from course_lib.checkup import slower_every_step
+
+    ref = result.recipes["fp32"]
+    if not slower_every_step(result.recipes["bf16_autocast"], ref):
+        return "bf16_autocast"
+    assert any(r.startswith("BF16 autocast matched FP32, but every step") for r in result.reasons)
+    return "fp32" if slower_every_step(result.recipes["fp16_autocast_scaler"], ref) else "fp16_autocast_scaler"
 
 
 def test_checkup_on_a_small_transformer():
@@ -57,7 +70,7 @@ def test_checkup_on_a_small_transformer():
                      device="cpu", steps=3)
     assert result.recipes["fp32"].finite
     assert any("linear" in x.layer for x in result.layers)
-    assert result.recommendation == "bf16_autocast"    # BF16 runs on this CPU and tracks FP32 within 2%
+    assert result.recommendation == _accurate_choice(result)    # BF16 tracks FP32 within 2% on this CPU
 
 
 def test_a_model_that_overflows_fp16_is_not_sent_to_fp16():
@@ -169,11 +182,35 @@ def test_the_readers_own_loop_is_audited():
         checkup(_cnn, _classification, _images(), train_step="loop")
 
 
-def _check(recipe, last, *, unsupported=None):
+def _check(recipe, last, *, unsupported=None, seconds=(0.05, 0.01, 0.01, 0.01)):
     from course_lib.checkup import RecipeCheck
 
     losses = () if unsupported else (3.0, last)
-    return RecipeCheck(recipe, unsupported, losses, 0, 1024.0 if "fp16" in recipe else None, 0.01, ())
+    return RecipeCheck(recipe, unsupported, losses, 0, 1024.0 if "fp16" in recipe else None, seconds[len(seconds) // 2],
+                       (), () if unsupported else seconds)
+
+
+@pytest.mark.parametrize("bf16_seconds, fp16_seconds, want", [
+    ((0.05, 0.04, 0.04, 0.04), (0.05, 0.01, 0.01, 0.01), "fp16_autocast_scaler"),   # BF16 slower at every step
+    ((0.05, 0.04, 0.04, 0.04), (0.05, 0.03, 0.02, 0.03), "fp32"),                   # both slower
+    ((0.05, 0.04, 0.009, 0.04), (0.05, 0.03, 0.02, 0.03), "bf16_autocast"),         # one BF16 step as fast: noise
+    ((0.05, 0.04), (0.05, 0.03), "bf16_autocast"),                                 # one step after warm-up: no verdict
+])
+def test_an_accurate_recipe_slower_at_every_step_is_not_recommended(bf16_seconds, fp16_seconds, want):
+    """FP32's steps take 0.01 s after a 0.05 s first step; the first step (warm-up) is left out."""
+    from course_lib.checkup import LayerRisk, _recommend
+
+    checks = {"fp32": _check("fp32", 2.0), "bf16_autocast": _check("bf16_autocast", 2.01, seconds=bf16_seconds),
+              "fp16_autocast_scaler": _check("fp16_autocast_scaler", 2.0, seconds=fp16_seconds)}
+    if len(bf16_seconds) == 2:
+        checks["fp32"] = _check("fp32", 2.0, seconds=(0.05, 0.01))
+    recommendation, reasons = _recommend(checks, [LayerRisk("head", 0.0, 0.0, 0.0)], 2.0**10, 0.02)
+    assert recommendation == want
+    slow = [r for r in reasons if "every step after the first took longer" in r]
+    assert len(slow) == {"fp16_autocast_scaler": 1, "fp32": 2, "bf16_autocast": 0}[want]
+    if slow:
+        assert slow[0].startswith("BF16 autocast matched FP32") and "(median 0.04 s against 0.01 s, 4 times" in slow[0]
+    assert not any(r.startswith("No low-precision recipe matched") for r in reasons)
 
 
 @pytest.mark.parametrize("bf16, fp16, overflow, want", [

@@ -251,12 +251,12 @@ def test_speed_classes_call_a_ratio_within_one_percent_of_1_break_even():
 
 def test_compiled_speed_table_and_facts():
     table = fp8_prose.compiled_speed_table(speed())
-    assert table.splitlines()[0] == ("| shape | BF16 eager (ms) | torchao tensorwise: x BF16 eager | course FP8 layer, "
-                                     "tensorwise (eager): x BF16 eager | predicted tensorwise on H100 SXM5: x BF16 "
+    assert table.splitlines()[0] == ("| shape | BF16 eager (ms) | torchao tensorwise: BF16 eager time / its time | course FP8 layer, "
+                                     "tensorwise (eager): BF16 eager time / its time | predicted tensorwise on H100 SXM5: BF16 time / FP8 time "
                                      "(block: its seven linear products only) |")
     assert "| 64 tokens, 64→64 features | 1000.000 | 0.50 | 0.25 | 0.30 |" in table
     assert "| Llama block, width 64, 32 tokens | 3000.000 | 0.50 | - | 0.40 |" in table
-    assert "x BF16 (block: its seven linear products only) |" in table.splitlines()[0]
+    assert "BF16 time / FP8 time (block: its seven linear products only) |" in table.splitlines()[0]
     tiny = fp8_prose.compiled_speed_table(speed(linear={BF16: {64: 1.0}, TW: {64: 400.0}}))
     assert "| 64 tokens, 64→64 features | 1000.000 | 0.0025 |" in tiny      # two significant figures, not 0.00
     facts = fp8_prose.compiled_speed_facts(speed())
@@ -291,8 +291,8 @@ def test_compiled_prediction_note_says_when_predictions_only_count_kernels():
 def test_compiled_table_shows_eager_bf16_where_the_course_layer_is_compared_with_it():
     s = speed(compiled=True, linear={BF16: {64: 1.0}, BF16_EAGER: {64: 2.0}, TW: {64: 0.5}, COURSE_EAGER: {64: 4.0}})
     header, _, row, *_ = fp8_prose.compiled_speed_table(s).splitlines()
-    assert header.startswith("| shape | BF16 compiled (ms) | BF16 eager (ms) | torchao tensorwise: x BF16 compiled "
-                             "| course FP8 layer, tensorwise (eager): x BF16 eager |")
+    assert header.startswith("| shape | BF16 compiled (ms) | BF16 eager (ms) | torchao tensorwise: BF16 compiled time / its time "
+                             "| course FP8 layer, tensorwise (eager): BF16 eager time / its time |")
     assert row.startswith("| 64 tokens, 64→64 features | 1000.000 | 2000.000 | 2.00 | 0.50 |")
 
 

@@ -386,6 +386,12 @@ def test_monitoring_figures_draw_their_data():
     assert [list(ln.get_xdata()) for ln in solid] == [[0, 1, 2]]
     assert "abandoned attempt, rolled back" in [t.get_text() for t in fig.legends[0].get_texts()]
     assert_legends_clear_of_panels(fig)   # the legend under the panels covers no step of either run
+    assert not fig.axes[1].texts          # the last scale (1) has its tick
+    # a last scale below the lowest tick is named where the line ends
+    low = mon.MonitorLog(steps=[0, 1, 2], losses=[3.0, float("nan"), float("nan")], scales=[4.0, 2.0, 0.125],
+                         skipped=[False, True, True])
+    fig = plots.plot_recovery(monitoring_studies.RecoveryDemo(1, 3, low, (alert,), log_b, demo.events))
+    assert min(fig.axes[1].get_yticks()) > 0.125 and [t.get_text() for t in fig.axes[1].texts] == ["0.125"]
     trend = monitoring_studies.UnderflowTrend("FP16", (0, 5), {"a": (0.1, 0.2), "b": (0.0, 0.0), "c": (0.3, 0.3)}, (3.0, 2.0), ())
     fig = plots.plot_underflow_trend(trend, top_n=2)
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["c", "a"]

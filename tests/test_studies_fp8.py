@@ -203,17 +203,22 @@ def test_cast_cost_table_and_facts():
     facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02}, device="cpu")
     phrase, where, note = facts.pop("cost_phrase"), facts.pop("cost_where"), facts.pop("cost_device_note")
     assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 10.0})
-    assert phrase.startswith("takes 1.50 times as long as the cast with a known scale, more than the 10% by which "
-                             "two timings of the same cast differed: that is the price of the extra pass")
+    assert phrase.startswith("takes 1.50 and 1.62 times as long as the cast with a known scale in the two timings "
+                             "(the table shows the first), each more than the 10% by which two timings of the same "
+                             "cast differed: that is the price of the extra pass")
     # a CPU timing says so where it is quoted, and that a GPU's cast costs differently
     assert where == "Here (on this CPU)" and isinstance(where, Prose)
     assert note.startswith("A GPU's cast is bound by memory bandwidth") and "this CPU timing" in note
     gpu_run = fp8_prose.cast_cost_facts(times, times, device=torch.device("cuda", 0))
     assert (gpu_run["cost_where"], gpu_run["cost_device_note"]) == ("Here (on this GPU)", "")
     assert fp8_prose.cast_cost_facts(times, times, device="mps")["cost_where"] == "Here (on this mps device)"
-    within = fp8_prose.cast_cost_facts({**times, current: 0.00305}, {**times, known: 0.0031},
+    within = fp8_prose.cast_cost_facts({**times, current: 0.00305}, {**times, known: 0.0031, current: 0.00305},
                                        device="cpu")["cost_phrase"]
     assert "does not show" in within and "price" not in within
+    # beyond the noise in one timing only (1.20 against 1.05, noise 10%): no verdict
+    mixed = fp8_prose.cast_cost_facts({**times, current: 0.0036}, {**times, known: 0.0033, current: 0.003465},
+                                      device="cpu")["cost_phrase"]
+    assert mixed.startswith("takes 1.20 and 1.05 times") and "do not settle" in mixed and "price" not in mixed
     # faster with the extra pass, beyond the 3% noise: not the pass
     faster = fp8_prose.cast_cost_facts({**times, current: 0.0027}, {**times, known: 0.0031, current: 0.0027},
                                        device="cpu")
@@ -565,9 +570,9 @@ def test_fp8_errata_rows():
         f"Ada GPUs (compute capability 8.9) have FP8 tensor cores: the L4's datasheet lists {l4:g} dense FP8 "
         f"TFLOP/s and the RTX 4090's {rtx:g} (with FP32 accumulation); Transformer Engine supports FP8 on 8.9 "
         "{cite:p}`nvidia_te`. (Blockwise scaling in software, DeepSeek-V3's tiles and blocks, was built for 9.0 "
-        "(Hopper) kernels {cite:p}`deepseek2024v3`; hardware block-scaled (MX) products need Blackwell: "
-        "compute capability 10.x (B200, B300) or 12.0 and 12.1 (sm_120, sm_121: GeForce and DGX Spark), "
-        "{doc}`08_microscaling`.)")
+        "(Hopper) kernels {cite:p}`deepseek2024v3`; among NVIDIA GPUs, hardware block-scaled (MX) products need "
+        "Blackwell: compute capability 10.x (B200, B300) or 12.0 and 12.1 (sm_120, sm_121: GeForce and DGX "
+        "Spark); AMD's CDNA4 has them too, {doc}`08_microscaling`.)")
     assert rows[1][1].startswith(
         "The dense FP8 peak is 2.0x BF16's (1979 against 989.5 TFLOP/s on an H100); one recorded H100 product "
         "reached 1.82x; the roofline above predicts 2.00x for a 16384-wide layer with its casts. End to end, ")

@@ -314,8 +314,8 @@ def test_compiled_speed_table_splits_into_measured_and_predicted_columns():
     predicted = fp8_prose.compiled_speed_table(speed, columns="predicted")
     assert "predicted" not in measured and "(ms)" in measured.splitlines()[0]
     assert predicted == (
-        "| shape | predicted tensorwise on H100 SXM5: x BF16 (block: its seven linear products only) | predicted "
-        "rowwise on H100 SXM5: x BF16 (block: its seven linear products only) |\n"
+        "| shape | predicted tensorwise on H100 SXM5: BF16 time / FP8 time (block: its seven linear products only) | predicted "
+        "rowwise on H100 SXM5: BF16 time / FP8 time (block: its seven linear products only) |\n"
         "|---|---|---|\n| 64 tokens, 64→64 features | 0.30 | 0.40 |\n| Llama block, width 64, 32 tokens | 0.50 | 0.60 |\n")
     # together, the two halves hold the whole table's columns, shape once
     whole = [line.split(" | ") for line in fp8_prose.compiled_speed_table(speed).splitlines() if "---" not in line]

@@ -536,7 +536,7 @@ def test_exercise_facts():
         "ex_rceil_values": "1, -3, 0, 1.5", "ex_floor_scale": 0.5, "ex_floor_over": "1.8, -5.2, 0.2, 3.4",
         "ex_floor_elements": "2, -6, 0, 3", "ex_floor_values": "1, -3, 0, 1.5", "ex_bits_mxfp8": 8.25, "ex_bits_nvfp4_16x16": 4 + 8 / 256,
         "ex_saving": 16 / 4.5, "ex_bf16_gb": 14.0,
-        "ex_nvfp4_gb": 3.9375}
+        "ex_nvfp4_gb": 3.9375, "ex_nvfp4_16x16_gb": 7 * (4 + 8 / 256) / 8}
 
 
 def test_emulation_cost_ratio_is_the_median_round_and_its_range():

@@ -32,6 +32,8 @@ def test_hadamard_effect_matches_the_recipe_and_keeps_the_product():
     assert e.rht_product == pytest.approx(float((rht - exact).norm() / exact.norm()), rel=1e-9)
     assert e.rht_product != e.plain_product
     better = mm.HadamardEffect(16, 0.1, 0.1, 0.06, 0.12, 0.09, 0.03, 1e-8)
+    assert "quantised in blocks along the tokens as the weight-gradient product reads them" in \
+        mm.hadamard_sentence(better)
     assert "changes each operand's own error by at most 2.0 points (gradient 10.0% without, 12.0% with" in \
         mm.hadamard_sentence(better)
     assert "lowered the error of their product, the weight gradient, from 6.0% to 3.0% (2.0 times lower)" in \

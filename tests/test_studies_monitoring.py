@@ -266,7 +266,8 @@ def test_overhead_table_and_facts():
         "The unmonitored loop, timed once a round, moved by a median 10.0% from one round to the next on its own "
         "(at most 10.0%): that is this run's noise, and an overhead counts as a cost only where it exceeded that "
         "median in every round. Single rounds' overheads ranged from +25.0% to +30.0% (every step) and from -5.0% to "
-        "+5.0% (every 10 steps). So watching every step made the mean step 25.0% longer, a cost by that rule; "
+        "+5.0% (every 10 steps); the table compares the medians over rounds, with and without the monitor, so its "
+        "overhead need not lie in the middle of that range. So watching every step made the mean step 25.0% longer, a cost by that rule; "
         "watching every 10 "
         "steps changed the mean step time by +5.0%, within that noise: no cost this run can tell from zero.")
     assert all(isinstance(facts[k], Prose) for k in ("cost_sentence", "cost_range1", "cost_range10"))
@@ -276,7 +277,9 @@ def test_overhead_table_and_facts():
 
 def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
     assert P.overhead_sentence(UNRESOLVED).endswith(
-        "from +0.0% to +20.0% (every 10 steps). So watching every step made the mean step 50.0% longer, a cost by "
+        "from +0.0% to +20.0% (every 10 steps); the table compares the medians over rounds, with and without the "
+        "monitor, so its overhead need not lie in the middle of that range. So watching every step made the mean "
+        "step 50.0% longer, a cost by "
         "that rule; "
         "watching every 10 steps changed the mean step time by +20.0%, more than that noise overall, but the step "
         "was longer by more than the noise in only 2 of 3 rounds (a cost must show in every round): not a cost by "

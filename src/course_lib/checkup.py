@@ -41,7 +41,8 @@ _VIEW_OPS = frozenset({"view", "_unsafe_view", "t", "transpose", "permute", "exp
 @dataclass(frozen=True)
 class RecipeCheck:
     """One recipe's few steps: ``unsupported`` (why the device cannot run it, or None), per-step losses,
-    skipped steps, the scaler's final scale (None without one), median seconds per step, and alerts."""
+    skipped steps, the scaler's final scale (None without one), median seconds per step, alerts, and each
+    step's seconds."""
 
     recipe: str
     unsupported: str | None
@@ -50,6 +51,7 @@ class RecipeCheck:
     final_scale: float | None
     seconds_per_step: float
     alerts: tuple[Alert, ...]
+    step_seconds: tuple[float, ...] = ()
 
     @property
     def finite(self) -> bool:
@@ -158,7 +160,7 @@ def _run_recipe(recipe: str, model: nn.Module, loss_fn, batch, device: torch.dev
         watch.after_step(step, loss=losses[-1], scale=scale, skipped=not marker)
     final = scaler.get_scale() if scaler.is_enabled() else None
     return RecipeCheck(recipe, None, tuple(losses), skipped, final, sorted(times)[len(times) // 2],
-                       tuple(watch.alerts))
+                       tuple(watch.alerts), tuple(times))
 
 
 def _to_device(batch, device: torch.device):
@@ -267,6 +269,18 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
         return r.finite and abs(r.losses[-1] - target) <= tolerance * max(abs(target), 1e-12)
 
     reasons = []
+
+    def fast_enough(r: RecipeCheck, name: str) -> bool:
+        # a recipe as accurate as FP32 but slower at every step after the first (the warm-up) is no gain here
+        if not slower_every_step(r, ref):
+            return True
+        reasons.append(f"{name} matched FP32, but every step after the first took longer than every FP32 step "
+                       f"(median {r.seconds_per_step:.3g} s against {ref.seconds_per_step:.3g} s, "
+                       f"{r.seconds_per_step / ref.seconds_per_step:.3g} times as long): this device computes it "
+                       "more slowly than FP32, so here it would save memory, not time. Run the check-up again on "
+                       "the hardware you will train on.")
+        return False
+
     bf16 = checks.get("bf16_autocast")
     fp16 = checks.get("fp16_autocast_scaler")
     if bf16 is not None and bf16.unsupported is None:
@@ -277,7 +291,8 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
             if fp16 is not None and fp16.unsupported is None:
                 reasons.append(f"FP16 with GradScaler skipped {fp16.skipped} of {len(fp16.losses)} steps; BF16 has "
                                "FP32's range and needs no scaler.")
-            return "bf16_autocast", reasons
+            if fast_enough(bf16, "BF16 autocast"):
+                return "bf16_autocast", reasons
     elif bf16 is not None:
         reasons.append(f"BF16 does not run here: {bf16.unsupported}.")
     if fp16 is not None and fp16.unsupported is None:
@@ -286,11 +301,19 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
                        f"{fp16.final_scale:g}; the largest gradient allows a scale of at most {max_scale:g}.")
         if overflow:
             reasons.append(f"In FP16, outputs of {', '.join(overflow[:4])} overflow: keep them in FP32 or use BF16.")
-        if close(fp16) and not overflow:
+        if close(fp16) and not overflow and fast_enough(fp16, "FP16 with GradScaler"):
             return "fp16_autocast_scaler", reasons
-    reasons.append("No low-precision recipe matched FP32 here: train in FP32, or find the layer that fails with "
-                   "course_lib.monitor.")
+    if not any(r.startswith(("BF16 autocast matched", "FP16 with GradScaler matched")) for r in reasons):
+        reasons.append("No low-precision recipe matched FP32 here: train in FP32, or find the layer that fails "
+                       "with course_lib.monitor.")
     return "fp32", reasons
+
+
+def slower_every_step(r: RecipeCheck, ref: RecipeCheck) -> bool:
+    """Whether every step of ``r`` after the first took longer than every step of ``ref`` after the first
+    (False where either has fewer than two such steps: too few to tell a slowdown from noise)."""
+    mine, theirs = r.step_seconds[1:], ref.step_seconds[1:]
+    return len(mine) >= 2 and len(theirs) >= 2 and min(mine) > max(theirs)
 
 
 def _load_factory(spec: str):

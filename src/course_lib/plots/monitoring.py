@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import matplotlib.transforms as mtransforms
 import numpy as np
@@ -27,8 +29,8 @@ def plot_recovery(demo) -> Figure:
         shown = np.where(np.isfinite(losses), losses, np.nan)
         skipped_mask = np.asarray(log.skipped, dtype=bool)
         # a rollback starts a new segment at the step it went back to: the steps of the segment before from
-        # there on were abandoned (drawn faded and dotted, above the grey run they may lie on, in every
-        # panel); the steps kept and the run that continued are solid, joined across the rollback
+        # there on were abandoned (hollow diamonds, above the grey run they may lie on; faint ticks in the
+        # skipped panel); the steps kept and the run that continued are solid, joined across the rollback
         cuts = [0] + [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]] + [len(steps)]
         kept = np.zeros(len(steps), dtype=bool)
         for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
@@ -36,7 +38,7 @@ def plot_recovery(demo) -> Figure:
             kept[a:b] = steps[a:b] < resumed_at
         solid = dict(color=colour, lw=2.6 if j == 0 else 1.6, ms=3, zorder=2 + j)
         # hollow diamonds, larger than the runs' dots: the abandoned steps can lie exactly on the grey run
-        faded = dict(color=colour, lw=1.6, ms=8, mfc="none", mew=1.6, ls=":", alpha=0.8, zorder=5)
+        faded = dict(color=colour, ms=8, mfc="none", mew=1.6, ls="none", alpha=0.8, zorder=5)
         order = np.flatnonzero(kept)
         top.plot(steps[order], shown[order], "o-", label=label, **solid)
         mid.plot(steps[order], scales[order], "o-", **solid)
@@ -44,11 +46,10 @@ def plot_recovery(demo) -> Figure:
             gone = [i for i in range(a, b) if not kept[i]]
             if not gone:
                 continue
-            path = ([gone[0] - 1] if gone[0] > a else []) + gone   # from the last kept step on
             first = not any(not kept[i] for i in range(cuts[0], a))
-            top.plot(steps[path], shown[path], "D", label="abandoned attempt, rolled back" if first else None,
+            top.plot(steps[gone], shown[gone], "D", label="abandoned attempt, rolled back" if first else None,
                      **faded)
-            mid.plot(steps[path], scales[path], "D", **faded)
+            mid.plot(steps[gone], scales[gone], "D", **faded)
             abandoned_skips = [i for i in gone if skipped_mask[i]]
             bottom.plot(steps[abandoned_skips], np.full(len(abandoned_skips), j), "|", color=colour, ms=14,
                         mew=2.4, alpha=0.35, zorder=3)
@@ -77,6 +78,11 @@ def plot_recovery(demo) -> Figure:
     mid.set_yticks([2.0**e for e in scale_tick_exponents([demo.without.scales, demo.with_recovery.scales],
                                                           most=5)])
     mid.yaxis.set_minor_locator(NullLocator())
+    end = float(demo.without.scales[-1]) if len(demo.without.scales) else math.nan
+    if math.isfinite(end) and end > 0 and end < min(mid.get_yticks()):
+        # the no-recovery run's last scale lies below the lowest tick: name it where the line ends
+        mid.annotate(f"{end:g}", xy=(demo.without.steps[-1], end), xytext=(5, 0), textcoords="offset points",
+                     fontsize=8, va="center", color="#555555", annotation_clip=False)
     mid.set_ylabel("loss scale (log2)")
     bottom.set_yticks([0, 1], ["no recovery", "recovery"])
     bottom.set_ylim(-0.6, 1.6)

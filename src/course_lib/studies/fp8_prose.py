@@ -222,21 +222,26 @@ def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float], *, d
         if missing:
             raise ValueError(f"{name} lacks the timing of {missing}")
     ratio = times[CURRENT_SCALING_CAST] / times[KNOWN_SCALE_CAST]
+    ratios = (ratio, again[CURRENT_SCALING_CAST] / again[KNOWN_SCALE_CAST])
     noise = 100 * max(abs(times[k] / again[k] - 1) for k in (KNOWN_SCALE_CAST, CURRENT_SCALING_CAST))
     # two significant digits below 10%, so that a nonzero noise never reads 0%
     noise_text = f"{noise:.2g}" if noise < 10 else f"{noise:.0f}"
-    if 100 * (ratio - 1) > noise:
-        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, more than the {noise_text}% by "
-                  "which two timings of the same cast differed: that is the price of the extra pass (an upper bound on it: "
+    took = (f"takes {ratios[0]:.2f} and {ratios[1]:.2f} times as long as the cast with a known scale in the two "
+            "timings (the table shows the first)")
+    differed = f"the {noise_text}% by which two timings of the same cast differed"
+    # a verdict only where both timings agree on it: each ratio beyond the noise, on the same side
+    if min(ratios) - 1 > noise / 100:
+        phrase = (f"{took}, each more than {differed}: that is the price of the extra pass (an upper bound on it: "
                   "delayed scaling still records each amax, in the same pass on a GPU)")
-    elif 100 * (1 - ratio) > noise:
-        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale: less, which an extra pass "
-                  f"cannot cause, by more than the {noise_text}% by which two timings of the same cast differed. The two "
-                  "medians come from separate timed loops, so the machine's state between them, not the amax "
-                  "pass, decided this difference")
+    elif 1 - max(ratios) > noise / 100:
+        phrase = (f"{took}: less, which an extra pass cannot cause, each by more than {differed}. The medians "
+                  "come from separate timed loops, so the machine's state between them, not the amax pass, decided "
+                  "this difference")
+    elif all(abs(r - 1) <= noise / 100 for r in ratios):
+        phrase = f"{took}, within {differed}: on this device the extra pass does not show"
     else:
-        phrase = (f"takes {ratio:.2f} times as long as the cast with a known scale, within the {noise_text}% by which "
-                  "two timings of the same cast differed: on this device the extra pass does not show")
+        phrase = (f"{took}: beyond {differed} in one timing and not in the other, so these timings do not settle "
+                  "what the extra pass costs on this device")
     kind = str(device).split(":")[0]
     if not kind or kind == "None":
         raise ValueError(f"device must name where the casts were timed, got {device!r}")
@@ -373,9 +378,9 @@ def fp8_errata_rows(overflow: OverflowCasts, sweep: OutlierSweep, *, block: int,
          f"Ada GPUs (compute capability 8.9) have FP8 tensor cores: the L4's datasheet lists {l4.peak('fp8'):g} "
          f"dense FP8 TFLOP/s and the RTX 4090's {rtx.peak('fp8'):g} (with FP32 accumulation); Transformer Engine "
          "supports FP8 on 8.9 {cite:p}`nvidia_te`. (Blockwise scaling in software, DeepSeek-V3's tiles and blocks, "
-         "was built for 9.0 (Hopper) kernels {cite:p}`deepseek2024v3`; hardware block-scaled (MX) products need "
-         "Blackwell: compute capability 10.x (B200, B300) or 12.0 and 12.1 (sm_120, sm_121: GeForce and DGX "
-         "Spark), {doc}`08_microscaling`.)"),
+         "was built for 9.0 (Hopper) kernels {cite:p}`deepseek2024v3`; among NVIDIA GPUs, hardware block-scaled "
+         "(MX) products need Blackwell: compute capability 10.x (B200, B300) or 12.0 and 12.1 (sm_120, sm_121: "
+         "GeForce and DGX Spark); AMD's CDNA4 has them too, {doc}`08_microscaling`.)"),
         ("FP8 training is 4-6x faster than BF16.",
          f"The dense FP8 peak is {h100_fp8 / h100_bf16:.1f}x BF16's ({h100_fp8:g} against {h100_bf16:g} TFLOP/s on "
          f"an H100); one recorded H100 product reached {rec.get(8192, float('nan')):.2f}x; the roofline above "

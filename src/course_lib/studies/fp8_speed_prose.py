@@ -99,7 +99,8 @@ def speed_limits_note(estimates: Mapping[str, Sequence[Fp8LinearEstimate]], gpu:
         one = floor[0]
         kinds = cast_kernel_kinds("tensorwise")
         what_casts = (f"{count_word(kinds['read'])} amax reductions of two kernels each (the second turns partial "
-                      f"amaxes into a scale and moves no bytes in the model) and {count_word(kinds['write'])} casts"
+                      f"amaxes into a scale and moves no bytes in the model) and {count_word(kinds['write'])} casts "
+                      "(kernels that write the products' FP8 operands, some two copies at once)"
                       if kinds["read"] == kinds["no bytes"] and 2 * kinds["read"] + kinds["write"] == one.fp8_kernels - 3
                       else f"{one.fp8_kernels - 3} scale-and-cast kernels")
         counts = (f"A BF16 layer runs {one.bf16_kernels} kernels, its three products; unfused tensorwise FP8 runs "
@@ -385,8 +386,8 @@ def compiled_speed_table(speed: Fp8CompiledSpeed, columns: str = "all") -> Markd
     only = (f" (block: its {count_word(len(block_linear_shapes(speed.block_width, 1)))} linear products only)"
             if speed.block_width and speed.predicted_block else "")
     header = ["shape", *(f"{base_name(b)} (ms)" for b in bases),
-              *(f"{k}: x {base_name(speed.baseline(k))}" for k in fp8s),
-              *(f"predicted {r} on {speed.predicted_for}: x BF16{only}" for r in recipes)]
+              *(f"{k}: {base_name(speed.baseline(k))} time / its time" for k in fp8s),
+              *(f"predicted {r} on {speed.predicted_for}: BF16 time / FP8 time{only}" for r in recipes)]
     return markdown_table(header, rows)
 
 

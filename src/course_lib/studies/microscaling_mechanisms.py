@@ -76,7 +76,8 @@ def hadamard_sentence(effect: HadamardEffect) -> Prose:
     moved_most = 100 * max(abs(effect.rht_gradient - effect.plain_gradient),
                             abs(effect.rht_activation - effect.plain_activation))
     return Prose(
-        f"On this layer's gradient and activation, the transform changes each operand's own error by at most "
+        f"On this layer's gradient and activation, quantised in blocks along the tokens as the weight-gradient "
+        f"product reads them, the transform changes each operand's own error by at most "
         f"{moved_most:.1f} points (gradient {100 * effect.plain_gradient:.1f}% without, {100 * effect.rht_gradient:.1f}% with; "
         f"activation {100 * effect.plain_activation:.1f}% and {100 * effect.rht_activation:.1f}%), and "
         f"{moved} the error of their product, the weight gradient, from {100 * effect.plain_product:.1f}% to "
@@ -153,7 +154,8 @@ def rounding_bias_sentence(bias: RoundingBias) -> Prose:
     bias showed (the mean's error more than 1.5 times what ``1/sqrt(k)`` predicts from one copy)."""
     k, last, first = bias.ks[-1], 100 * bias.stochastic[-1], 100 * bias.stochastic[0]
     nearest = 100 * bias.nearest
-    text = (f"One stochastically rounded copy of the gradient is {first:.1f}% off, "
+    text = (f"One stochastically rounded copy of the gradient (in blocks along its features, as the input-gradient "
+            f"product reads it) is {first:.1f}% off, "
             + ("more than" if first > nearest else "no more than") + f" rounding to nearest's {nearest:.1f}%; "
             f"the mean of {k} copies is {last:.1f}% off, while rounding to nearest stays {nearest:.1f}% off however "
             "many times it is repeated, since every copy is the same. ")

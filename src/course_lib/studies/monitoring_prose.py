@@ -173,7 +173,9 @@ def overhead_sentence(cost: MonitorOverhead) -> Prose:
         f"The unmonitored loop, timed once a round, moved by a median {_unsigned(100 * noise, d)} from one round to "
         f"the next on its own (at most {_unsigned(100 * largest, d)}): that is this run's noise, and an overhead "
         f"counts as a cost only where it exceeded that median in {_rule(len(cost.round_overheads(1)))}. Single "
-        f"rounds' overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps). So {verdict}.")
+        f"rounds' overheads ranged from {ranges[0]} (every step) and from {ranges[1]} (every 10 steps); the table "
+        f"compares the medians over rounds, with and without the monitor, so its overhead need not lie in the middle "
+        f"of that range. So {verdict}.")
 
 
 def overhead_phrase(cost: MonitorOverhead, every: int, *, run: str = "this page's run") -> Prose:
