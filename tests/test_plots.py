@@ -432,6 +432,24 @@ def test_loss_against_time_colours_recipes_by_dtype_and_dashes_each():
     assert gap >= ticks[0].get_markersize() - 1e-9
 
 
+def test_loss_against_time_draws_the_measure_its_ticks_mark():
+    from course_lib.studies.performance import RecipeRun
+
+    # a noisy run: a single step dips below the target long before the mean of five steps does
+    losses = (3.0, 2.9, 2.1, 2.8, 2.7, 2.6, 2.5, 2.3, 2.2, 2.1, 2.0, 2.0)
+    run = RecipeRun("fp32", 0, False, losses, tuple([0.5] * len(losses)), 64, 0)
+    target = 2.3
+    reached = run.seconds_to_loss(target)
+    fig = plots.plot_loss_against_time({"CPU": {"fp32": [(run.step_seconds, run.losses)]}}, target={"CPU": target},
+                                       times={"CPU": {"fp32": [reached]}})
+    curve = next(ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("fp32"))
+    x, y = np.asarray(curve.get_xdata()), np.asarray(curve.get_ydata())
+    assert x[np.flatnonzero(y <= target)[0]] == pytest.approx(reached)   # the tick sits where the curve crosses
+    assert "mean of the last 5 steps" in fig.axes[0].get_ylabel()
+    with pytest.raises(ValueError, match="window"):
+        plots.plot_loss_against_time({"CPU": {}}, window=0)
+
+
 def test_matmul_throughput_keeps_every_hollow_marker_off_the_filled_ones():
     import math
 

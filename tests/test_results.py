@@ -80,7 +80,7 @@ def test_a_record_says_the_size_it_ran_at():
     plain = make_record()
     assert record_size_text(plain) == "" and describe_records([plain]).endswith("`python -m course_lib.record x`")
     old = dataclasses.replace(plain, parameters={"size": "full", "steps": 1000})
-    assert record_size_text(old) == ("the full profile before 2026-11-25, a narrower course model than today's (384 "
+    assert record_size_text(old) == ("an earlier full profile, a narrower course model than today's (384 "
                                      "wide, 6 layers, 6 heads, context 256, batch 64; see {doc}`the setup page </book/setup>`)")
     assert describe_records([old]).endswith("`python -m course_lib.record x`; " + record_size_text(old))
     assert old.course_model == {"d_model": 384, "n_layers": 6, "n_heads": 6, "context": 256, "batch": 64}

@@ -403,9 +403,9 @@ def test_scaling_errata_state_each_measurement():
     assert rows[1][1] == ("There is no cap: with `growth_interval=1`, 20 clean steps take the real GradScaler from "
                           "2\u00b9\u2076 to 2\u00b3\u2076. 2\u00b9\u2076 is only the default initial scale.")
     assert rows[2][1] == ("It clips the still-scaled gradients to `max_norm`, so once unscaled their norm is "
-                          "`max_norm`/*S* instead of min(norm, `max_norm`): " + P.CLIP_BEFORE_UNSCALE_SHRINK +
-                          " The weights moved 8.47e-07 times as far as in the correct loop (pitfalls table above; "
-                          "less than 1/*S*, because float32 weights round away part of so small a step).")
+                          "`max_norm`/*S* instead of min(norm, `max_norm`), a step up to *S* times too small (the "
+                          "pitfalls section gives the factor). The weights moved 8.47e-07 times as far as in the "
+                          "correct loop (pitfalls table above).")
     assert rows[3][1] == ("torch refuses it: \"The growth factor must be > 1.0\". Multiply the loss by a constant and "
                           "divide the gradients by it before the step, or give GradScaler a `growth_interval` longer "
                           "than the run (it still backs off after an overflow).")

@@ -435,8 +435,14 @@ def test_recorded_profile_note_names_cast_shares_and_top_three():
                                                      ProfiledStep("bf16_autocast", "cuda", ops[1:], 1000.0, 253.0))))
     assert P.recorded_profile_note(record) == (
         f"On the recorded **{H100_LABEL}** (CUDA time), casts take fp32 5.2%, bf16_autocast 25.3% of the operator "
-        "time. Top three operators: fp32: `aten::mm`, `aten::copy_`, `aten::bmm`; bf16_autocast: `aten::copy_`, "
+        "time. There, autocast adds 0.20 ms (20.1 points) of casts and copies, the price it pays for converting "
+        "weights and activations on the fly (one profiled step per recipe: a single measurement, with no repeat "
+        "to show its noise). Top three operators: fp32: `aten::mm`, `aten::copy_`, `aten::bmm`; bf16_autocast: `aten::copy_`, "
         "`aten::bmm`, `aten::add`.\n\n" + describe_records([record]))
+    # where the GPU's casts grew in time but not in share, the sentence names that GPU, not this machine
+    grew = _record("profiled_step", ProfiledSteps((ProfiledStep("fp32", "cuda", ops, 1000.0, 100.0),
+                                                   ProfiledStep("bf16_autocast", "cuda", ops, 4000.0, 200.0))))
+    assert "on that GPU the low-precision operators, not the casts, are the cost" in P.recorded_profile_note(grew)
 
 
 # ---- memory ------------------------------------------------------------------------------------------

@@ -156,7 +156,8 @@ class HardwareInfo:
         dtype (``measure``: run the cached capability probe), and, where it applies, the caveat."""
         text = f"**Ran on:** {self.summary}."
         if measure:
-            text += f" Measured here: {capability_probe(self.device_type).summary()}."
+            text += (f" Measured here: {capability_probe(self.device_type).summary()} (a short probe when the page "
+                     "ran: on a shared machine it moves from page to page).")
         return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
 
 

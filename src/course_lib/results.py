@@ -367,7 +367,7 @@ def record_size_text(record: Record) -> str:
         raise RecordError(f"{record.path}: course_model must name d_model, n_layers, n_heads, context and "
                           f"batch, got {model!r}") from None
     if record.earlier_full_model:
-        return (f"the full profile before {EARLIER_FULL_UNTIL}, a narrower course model than today's ({shape}; "
+        return (f"an earlier full profile, a narrower course model than today's ({shape}; "
                 "see {doc}`the setup page </book/setup>`)")
     return f"{size} profile, course model {shape}"
 

@@ -61,7 +61,8 @@ class Recipe:
             return None
         if device.type == "cpu":
             if self.tf32:
-                return "TF32 is a tensor-core format of NVIDIA GPUs; a CPU has no TF32 mode"
+                return ("TF32 is a tensor-core mode of NVIDIA GPUs, which the course times only there (on a CPU, "
+                        "lesson 6's TF32 section measures what torch's switch does)")
             return None
         return f"unsupported device type {device.type!r}"
 

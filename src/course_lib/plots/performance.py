@@ -163,12 +163,16 @@ def plot_throughput(panels: dict) -> Figure:
 TICK_POINTS = 9   # the length of a time-to-target tick, and the step between recipes' ticks (points)
 
 
-def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: dict | None = None) -> Figure:
+def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: dict | None = None,
+                           window: int = 5) -> Figure:
     """Training loss against wall-clock seconds, one line per run, coloured by recipe; one panel per
     device. ``panels``: ``{title: {recipe: [(seconds, losses), ...]}}``; ``target``: ``{title: loss}``
     drawn as a horizontal line; ``times``: ``{title: {recipe: [seconds or None per run]}}``, each run's time to
-    the target as the study measures it (its own averaging window), marked on the target line: the drawn
-    curves are smoothed for display and need not cross the line where the measurement does."""
+    the target, marked on the target line. Each curve is the mean of the last ``window`` steps' losses, the
+    measure :meth:`~course_lib.studies.performance.RecipeRun.seconds_to_loss` uses with the same ``window``
+    (its default), so a run's tick sits where its curve first reaches the line."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}")
     # panels one above the other, each the column's full width: side by side, each legend covered a panel's
     # curves or, below the axes, ran into the other panel's legend
     fig, axes = plt.subplots(len(panels), 1, figsize=(8.5, 4.2 * len(panels)), squeeze=False)
@@ -182,10 +186,10 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: d
         for recipe, runs in by_recipe.items():
             colour, ls = styles[recipe]
             for j, (seconds, losses) in enumerate(runs):
-                # a moving average over about a thirtieth of the run, so seeds stay distinguishable
-                window = max(1, len(losses) // 30)
-                smooth = np.convolve(np.asarray(losses, float), np.ones(window) / window, mode="valid")
-                ax.plot(np.cumsum(seconds)[window - 1:], smooth, color=colour, ls=ls, lw=1.2, alpha=0.85,
+                # the trailing mean the time to the target is measured on, from the first full window
+                w = min(window, len(losses))
+                smooth = np.convolve(np.asarray(losses, float), np.ones(w) / w, mode="valid")
+                ax.plot(np.cumsum(seconds)[w - 1:], smooth, color=colour, ls=ls, lw=1.2, alpha=0.85,
                         label=f"{recipe} ({len(runs)} seeds)" if j == 0 else None)
             reached = [t for t in ((times or {}).get(title, {}).get(recipe) or []) if t is not None]
             if reached and target and title in target:
@@ -200,7 +204,7 @@ def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: d
                 ax.plot([], [], "|", color="#555555", ms=10, mew=2, label="time to target (each run)")
         ax.set_xlabel("wall-clock seconds")
         ax.xaxis.set_major_locator(MaxNLocator(5))   # "0.000 0.025 ..." ran into each other on a fast run
-        ax.set_ylabel("training loss (moving average)")
+        ax.set_ylabel(f"training loss\n(mean of the last {window} steps)")
         ax.set_title(title, fontsize=10)
         # upper right: the curves fall from the upper left, and a full-width panel leaves that corner empty
         ax.legend(fontsize=8, loc="upper right")

@@ -288,9 +288,9 @@ def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
                f"{max(rec)} (the recorded products above)" if rec else "")
     torchao = ("torchao did not import on the recording machine, so this record has no torchao layer."
                if any("torchao" in k for k in speed.skipped) else "")
-    older = (f" The record dates from {date[:10]}, before {ONE_PASS_CASTS_SINCE}: it timed an older, slower version "
-             "of the layer than this page's, from before the layer cast each tensor in one pass without waiting for "
-             "the host to read its finiteness check." if date and date[:10] < ONE_PASS_CASTS_SINCE else "")
+    older = (" The record timed an older, slower version of the layer than this page's, from before the layer "
+             "cast each tensor in one pass without waiting for the host to read its finiteness check."
+             if date and date[:10] < ONE_PASS_CASTS_SINCE else "")
     return Prose(f"On {label} the course's FP8 layer ran at {min(ours):.2f} to {max(ours):.2f} times BF16's speed "
                  f"(below 1: slower), at every size{product}.{flag}{older} This record times the whole layer, forward and "
                  "backward, and does not say where the extra time goes; the layer is written for clarity (each "

@@ -522,9 +522,9 @@ def scaling_errata(defaults: ScalerDefaults, *, default_steps: int, default_scal
          f"{init} to {power_of_two(fast_scale)}. {init} is only the default initial scale."),
         ("Clipping before unscaling does nothing, or produces NaN.",
          f"It clips the still-scaled gradients to `max_norm`, so once unscaled their norm is `max_norm`/*S* "
-         f"instead of min(norm, `max_norm`): {CLIP_BEFORE_UNSCALE_SHRINK} The weights moved "
-         f"{_ratio_text(clip_ratio)} times as far as in the correct loop (pitfalls table above; less than 1/*S*, "
-         f"because float32 weights round away part of so small a step)."),
+         f"instead of min(norm, `max_norm`), a step up to *S* times too small (the pitfalls section gives the "
+         f"factor). The weights moved {_ratio_text(clip_ratio)} times as far as in the correct loop (pitfalls "
+         f"table above)."),
         ("For static loss scaling, use `GradScaler(growth_factor=1.0)`.",
          f"{static}. Multiply the loss by a constant and divide the gradients by it before the step, or give "
          f"GradScaler a `growth_interval` longer than the run (it still backs off after an overflow)."),

@@ -458,10 +458,11 @@ def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:
             "cast_verdict": cast_verdict(fp32, bf16)}
 
 
-def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1) -> Prose:
+def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1,
+                 where: str = "this machine") -> Prose:
     """What the casts of a BF16 autocast step against an FP32 step's show: the price autocast pays where its
     casts take both more time and a larger share (by ``margin``), and otherwise that this step does not show
-    it, with the reason the numbers give."""
+    it, with the reason the numbers give (``where``: the machine the steps ran on, as the sentence names it)."""
     if not margin >= 1:
         raise ValueError(f"margin must be at least 1, got {margin!r}")
     more_time = bf16.cast_us > margin * fp32.cast_us
@@ -473,7 +474,7 @@ def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1)
                      "single measurement, with no repeat to show its noise)")
     if more_time:
         return Prose("autocast's conversions add time, but the step's other operators grew more, so their "
-                     "share did not: on this machine the low-precision operators, not the casts, are the cost")
+                     f"share did not: on {where} the low-precision operators, not the casts, are the cost")
     return Prose(f"on this step autocast's conversions took no more than {100 * (margin - 1):.0f}% longer than "
                  "FP32's own copies, so the price of casting does not show here")
 
@@ -486,8 +487,13 @@ def recorded_profile_note(record: RecordedResult) -> Prose:
     steps = record.result.steps
     parts = [f"{s.recipe} {100 * s.cast_fraction:.1f}%" for s in steps]
     tops = [f"{s.recipe}: " + ", ".join(f"`{op[0]}`" for op in s.top_ops[:3]) for s in steps]
+    by = {s.recipe: s for s in steps}
+    # the same reading as this page's own step, on the GPU's numbers: where the two disagree, the GPU's is the
+    # one that describes training on a GPU
+    verdict = ("" if not {"fp32", "bf16_autocast"} <= set(by) else
+               " There, " + cast_verdict(by["fp32"], by["bf16_autocast"], where="that GPU") + ".")
     return Prose(f"On the recorded **{record.label}** (CUDA time), casts take " + ", ".join(parts)
-                 + " of the operator time. Top three operators: " + "; ".join(tops) + ".\n\n"
+                 + " of the operator time." + verdict + " Top three operators: " + "; ".join(tops) + ".\n\n"
                  + describe_records([record]))
 
 
