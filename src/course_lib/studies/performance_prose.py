@@ -449,9 +449,8 @@ def top_ops_table(steps: Mapping[str, ProfiledStep]) -> MarkdownTable:
 def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:
     """The share (%) and self time (ms) of operator time spent in casts, in FP32 and under BF16 autocast, and
     a phrase that says what the difference shows (:func:`cast_verdict`)."""
-    for recipe in ("fp32", "bf16_autocast"):
-        if recipe not in steps:
-            raise ValueError(f"cast_facts needs a profiled {recipe} step")
+    if missing := [r for r in ("fp32", "bf16_autocast") if r not in steps]:
+        raise ValueError(f"cast_facts needs a profiled {missing[0]} step")
     fp32, bf16 = steps["fp32"], steps["bf16_autocast"]
     return {"cast_fp32": 100 * fp32.cast_fraction, "cast_bf16": 100 * bf16.cast_fraction,
             "cast_fp32_ms": fp32.cast_us / 1e3, "cast_bf16_ms": bf16.cast_us / 1e3,
@@ -460,9 +459,8 @@ def cast_facts(steps: Mapping[str, ProfiledStep]) -> dict[str, object]:
 
 def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1,
                  where: str = "this machine") -> Prose:
-    """What the casts of a BF16 autocast step against an FP32 step's show: the price autocast pays where its
-    casts take both more time and a larger share (by ``margin``), and otherwise that this step does not show
-    it, with the reason the numbers give (``where``: the machine the steps ran on, as the sentence names it)."""
+    """What a BF16 autocast step's casts against an FP32 step's show: autocast's price where they take more time
+    and a larger share (by ``margin``), else why not (``where``: the machine, as the sentence names it)."""
     if not margin >= 1:
         raise ValueError(f"margin must be at least 1, got {margin!r}")
     more_time = bf16.cast_us > margin * fp32.cast_us
@@ -473,25 +471,22 @@ def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1,
                      "it pays for converting weights and activations on the fly (one profiled step per recipe: a "
                      "single measurement, with no repeat to show its noise)")
     if more_time:
-        return Prose("autocast's conversions add time, but the step's other operators grew more, so their "
-                     f"share did not: on {where} the low-precision operators, not the casts, are the cost")
+        return Prose(f"autocast's conversions add time, but the step's other operators grew more, so their share "
+                     f"did not: on {where} the low-precision operators, not the casts, are the cost")
     return Prose(f"on this step autocast's conversions took no more than {100 * (margin - 1):.0f}% longer than "
                  "FP32's own copies, so the price of casting does not show here")
 
 
 def recorded_profile_note(record: RecordedResult) -> Prose:
-    """A recorded ``profiled_step`` run: each recipe's share of operator time in casts, its top three
-    operators, and the record's provenance."""
+    """A recorded ``profiled_step`` run: each recipe's cast share and top three operators, and provenance."""
     if not isinstance(record.result, ProfiledSteps):
         raise TypeError(f"expected recorded ProfiledSteps, got {type(record.result).__name__}")
     steps = record.result.steps
     parts = [f"{s.recipe} {100 * s.cast_fraction:.1f}%" for s in steps]
     tops = [f"{s.recipe}: " + ", ".join(f"`{op[0]}`" for op in s.top_ops[:3]) for s in steps]
-    by = {s.recipe: s for s in steps}
-    # the same reading as this page's own step, on the GPU's numbers: where the two disagree, the GPU's is the
-    # one that describes training on a GPU
-    verdict = ("" if not {"fp32", "bf16_autocast"} <= set(by) else
-               " There, " + cast_verdict(by["fp32"], by["bf16_autocast"], where="that GPU") + ".")
+    by = {s.recipe: s for s in steps}   # read as the page's own step is: on a GPU, the GPU's reading holds
+    verdict = (" There, " + cast_verdict(by["fp32"], by["bf16_autocast"], where="that GPU") + "."
+               if {"fp32", "bf16_autocast"} <= set(by) else "")
     return Prose(f"On the recorded **{record.label}** (CUDA time), casts take " + ", ".join(parts)
                  + " of the operator time." + verdict + " Top three operators: " + "; ".join(tops) + ".\n\n"
                  + describe_records([record]))
