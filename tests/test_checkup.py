@@ -211,6 +211,10 @@ def test_an_accurate_recipe_slower_at_every_step_is_not_recommended(bf16_seconds
     if slow:
         assert slow[0].startswith("BF16 autocast matched FP32") and "(median 0.04 s against 0.01 s, 4 times" in slow[0]
     assert not any(r.startswith("No low-precision recipe matched") for r in reasons)
+    # the advice to run it again on the training hardware comes once, where speed decided against a recipe
+    assert sum(r.startswith("Run the check-up again") for r in reasons) == (want == "fp32")
+    # the FP16 skip count backs a BF16 recommendation only
+    assert any(r.endswith("BF16 has FP32's range and needs no scaler.") for r in reasons) == (want == "bf16_autocast")
 
 
 @pytest.mark.parametrize("bf16, fp16, overflow, want", [

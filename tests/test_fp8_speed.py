@@ -262,7 +262,7 @@ def test_compiled_speed_table_and_facts():
     facts = fp8_prose.compiled_speed_facts(speed())
     assert facts["cs_verdict"].startswith("A CPU has **no FP8 tensor cores**") and facts["cs_faster_count"] == 1
     assert "This ran on a CPU" not in facts["cs_verdict"]
-    assert "faster than BF16 for torchao tensorwise at 128 (2.00x)" in facts["cs_verdict"]
+    assert "faster than BF16 in these runs: torchao tensorwise at 128 (2.00x)" in facts["cs_verdict"]
     assert facts["cs_verdict"].endswith("that is not FP8 arithmetic, which a CPU does not have.")
     slow_bf16 = fp8_prose.compiled_speed_facts(speed(), bf16_relative=0.5)["cs_verdict"]
     assert "BF16 is the slow side: this CPU multiplies BF16 at 0.50 times its FP32 rate" in slow_bf16
@@ -274,15 +274,15 @@ def test_compiled_speed_table_and_facts():
     even = fp8_prose.compiled_speed_facts(speed(device="cuda", linear={BF16: {64: 1.003, 128: 1.0}, TW: {64: 1.0, 128: 2.0}},
                                                 block={}))
     assert even["cs_faster_count"] == 0 and "faster than BF16 nowhere" in even["cs_verdict"]
-    assert "broke even (within 1%) for torchao tensorwise at 64 (1.00x)" in even["cs_verdict"]
-    assert "slower for torchao tensorwise at 128 (0.50x)" in even["cs_verdict"]
+    assert "broke even (within 1%) in these: torchao tensorwise at 64 (1.00x)" in even["cs_verdict"]
+    assert "slower in these: torchao tensorwise at 128 (0.50x)" in even["cs_verdict"]
     with pytest.raises(ValueError, match="no FP8"):
         fp8_prose.compiled_speed_facts(speed(linear={BF16: {64: 1.0}}, block={}))
 
 
 def test_compiled_prediction_note_says_when_predictions_only_count_kernels():
     note = fp8_prose.compiled_prediction_note(speed())   # 64 tokens of 64 and 128 features, on an H100
-    assert "same at every layer size here" in note and "2 µs floor" in note
+    assert "stays the same from one layer size to the next here" in note and "2 µs floor" in note
     assert "(3 for BF16 against 13 for tensorwise)" in note
     assert fp8_prose.compiled_prediction_note(dataclasses.replace(speed(), tokens=8192, sizes=(8192,))) == ""
     assert fp8_prose.compiled_prediction_note(dataclasses.replace(speed(), predicted_for="")) == ""

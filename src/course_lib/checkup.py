@@ -277,8 +277,7 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
         reasons.append(f"{name} matched FP32, but every step after the first took longer than every FP32 step "
                        f"(median {r.seconds_per_step:.3g} s against {ref.seconds_per_step:.3g} s, "
                        f"{r.seconds_per_step / ref.seconds_per_step:.3g} times as long): this device computes it "
-                       "more slowly than FP32, so here it would save memory, not time. Run the check-up again on "
-                       "the hardware you will train on.")
+                       "more slowly than FP32, so here it would save memory, not time.")
         return False
 
     bf16 = checks.get("bf16_autocast")
@@ -287,23 +286,24 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
         gap = bf16.losses[-1] - target if bf16.finite else math.nan
         reasons.append(f"BF16 autocast's last loss was {100 * gap / max(abs(target), 1e-12):+.3g}% from FP32's "
                        f"({target:.4g}; tolerance {100 * tolerance:g}%), with no loss scaler needed.")
-        if close(bf16):
+        if close(bf16) and fast_enough(bf16, "BF16 autocast"):
             if fp16 is not None and fp16.unsupported is None:
                 reasons.append(f"FP16 with GradScaler skipped {fp16.skipped} of {len(fp16.losses)} steps; BF16 has "
                                "FP32's range and needs no scaler.")
-            if fast_enough(bf16, "BF16 autocast"):
-                return "bf16_autocast", reasons
+            return "bf16_autocast", reasons
     elif bf16 is not None:
         reasons.append(f"BF16 does not run here: {bf16.unsupported}.")
     if fp16 is not None and fp16.unsupported is None:
         overflow = [x.layer for x in layers if x.output_overflow > 0]
-        reasons.append(f"FP16 + GradScaler skipped {fp16.skipped} of {len(fp16.losses)} steps, ending at scale "
+        reasons.append(f"FP16 with GradScaler skipped {fp16.skipped} of {len(fp16.losses)} steps, ending at scale "
                        f"{fp16.final_scale:g}; the largest gradient allows a scale of at most {max_scale:g}.")
         if overflow:
             reasons.append(f"In FP16, outputs of {', '.join(overflow[:4])} overflow: keep them in FP32 or use BF16.")
         if close(fp16) and not overflow and fast_enough(fp16, "FP16 with GradScaler"):
             return "fp16_autocast_scaler", reasons
-    if not any(r.startswith(("BF16 autocast matched", "FP16 with GradScaler matched")) for r in reasons):
+    if any(r.startswith(("BF16 autocast matched", "FP16 with GradScaler matched")) for r in reasons):
+        reasons.append("Run the check-up again on the hardware you will train on: there the answer can differ.")
+    else:
         reasons.append("No low-precision recipe matched FP32 here: train in FP32, or find the layer that fails "
                        "with course_lib.monitor.")
     return "fp32", reasons

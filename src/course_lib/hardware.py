@@ -81,7 +81,7 @@ def format_unsupported_reason(fmt: str, device: torch.device | str) -> str | Non
     if device.type == "cpu":
         if fmt == "tf32":
             return ("TF32 is a tensor-core mode of NVIDIA GPUs, which the course times only there (on a CPU, "
-                    "lesson 6's TF32 section measures what torch's switch does)")
+                    "the TF32 section of the performance lesson measures what torch's switch does)")
         if fmt == "fp8":
             return scaled_mm_unsupported_reason("cpu")
         return None

@@ -62,7 +62,7 @@ class Recipe:
         if device.type == "cpu":
             if self.tf32:
                 return ("TF32 is a tensor-core mode of NVIDIA GPUs, which the course times only there (on a CPU, "
-                        "lesson 6's TF32 section measures what torch's switch does)")
+                        "the TF32 section of the performance lesson measures what torch's switch does)")
             return None
         return f"unsupported device type {device.type!r}"
 

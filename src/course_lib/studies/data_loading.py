@@ -85,11 +85,27 @@ def overlap_verdict(overlap: WorkerOverlap, workers: int) -> Prose:
     ranges = (f"{_ms_range(overlap.seconds.step[workers])} ms with them against {_ms_range(overlap.seconds.step[0])} "
               "ms without, over the runs")
     if overlap.beyond_noise(workers):
-        return Prose(f"the workers hid {100 * overlap.hidden_share(workers):.0f}% of the preparation time, and every "
-                     f"run with them was faster than every run without ({ranges})")
+        return Prose(f"the workers {_hid(overlap, workers)}, and every run with them was faster than every run "
+                     f"without ({ranges})")
     if min(overlap.seconds.step[workers]) > max(overlap.seconds.step[0]):
         return Prose(f"slower in every run ({ranges}): here the workers cost more than they saved")
     return Prose(f"no faster beyond the noise, since the runs overlap ({ranges})")
+
+
+def _hid(overlap: WorkerOverlap, workers: int, *, short: bool = False) -> str:
+    """What the workers took off a step, as a verb phrase: a share of the preparation time, or, where they took
+    off more than preparing a batch takes, how much, and where the excess came from."""
+    share = overlap.hidden_share(workers)
+    if share <= 1:
+        return f"hid {100 * share:.0f}% of the preparation time"
+    saved, prepare = overlap.median_step(0) - overlap.median_step(workers), overlap.median_prepare
+    text = f"took {1e3 * saved:.1f} ms off each step, more than preparing a batch alone takes ({1e3 * prepare:.1f} ms)"
+    if short:
+        return text
+    apart = prepare + overlap.median_compute
+    return (f"{text}: without them a step took {1e3 * overlap.median_step(0):.1f} ms, more than preparing and "
+            f"computing timed apart ({1e3 * apart:.1f} ms), an excess the separate timings do not show, and the "
+            "workers removed that too")
 
 
 def no_gain_reason(overlap: WorkerOverlap, workers: int) -> Prose:
@@ -119,8 +135,7 @@ def takeaway(overlap: WorkerOverlap, workers: int) -> Prose:
     workers made every run faster than every run without."""
     claim = "Let `DataLoader` workers prepare the batches while the device computes"
     if overlap.beyond_noise(workers):
-        return Prose(f"{claim} (measured here: {count_word(workers)} workers hid "
-                     f"{100 * overlap.hidden_share(workers):.0f}% of the preparation time)")
+        return Prose(f"{claim} (measured here: {count_word(workers)} workers {_hid(overlap, workers, short=True)})")
     on_gpu = overlap.device.startswith("cuda")
     here = "on this machine's GPU" if on_gpu else "on this CPU"
     slower = min(overlap.seconds.step[workers]) > max(overlap.seconds.step[0])

@@ -240,7 +240,7 @@ def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float], *, d
     elif all(abs(r - 1) <= noise / 100 for r in ratios):
         phrase = f"{took}, within {differed}: on this device the extra pass does not show"
     else:
-        phrase = (f"{took}: beyond {differed} in one timing and not in the other, so these timings do not settle "
+        phrase = (f"{took}: one ratio lies beyond {differed}, the other within it, so these timings do not settle "
                   "what the extra pass costs on this device")
     kind = str(device).split(":")[0]
     if not kind or kind == "None":

@@ -182,7 +182,8 @@ def compiled_prediction_note(speed: Fp8CompiledSpeed) -> Prose:
     one = predict_fp8_linear(speed.tokens, speed.sizes[0], speed.sizes[0], bf16_tflops=bf16, fp8_tflops=fp8,
                              bandwidth_gbs=gpu.bandwidth_gbs)
     launch_us = 1e6 * one.fp8_bound_s["kernel floor"] / one.fp8_kernels
-    return Prose(f"The predictions for {and_list(at_floor)} are the same at every layer size here: at these shapes "
+    return Prose(f"Each prediction for {and_list(at_floor)} stays the same from one layer size to the next here: at "
+                 f"these shapes "
                  f"each FP8 kernel takes the roofline's {launch_us:g} µs floor, so they count kernels "
                  f"({one.bf16_kernels} for BF16 against {and_list(counts)}), not bytes or FLOPs.")
 
@@ -417,9 +418,10 @@ def compiled_speed_facts(speed: Fp8CompiledSpeed, *, bf16_relative: float | None
     if not faster and not even:
         shown = f"FP8 was slower than BF16 everywhere it ran: {and_list(slower)}."
     else:
-        parts = [f"FP8 was faster than BF16 for {and_list(faster)}" if faster else "FP8 was faster than BF16 nowhere",
-                 f"it broke even (within {100 * BREAK_EVEN:.0f}%) for {and_list(even)}" if even else "",
-                 f"it was slower for {and_list(slower)}" if slower else ""]
+        parts = [f"FP8 was faster than BF16 in these runs: {and_list(faster)}" if faster else
+                 "FP8 was faster than BF16 nowhere",
+                 f"it broke even (within {100 * BREAK_EVEN:.0f}%) in these: {and_list(even)}" if even else "",
+                 f"it was slower in these: {and_list(slower)}" if slower else ""]
         shown = "; ".join(p for p in parts if p) + "."
         if on_cpu and faster:
             shown += " " + faster_on_cpu_reason(bf16_relative)

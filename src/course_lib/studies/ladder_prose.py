@@ -205,7 +205,8 @@ def where_it_ran(ladder: ScaleLadder) -> Prose:
         text += (f"The {'rungs' if len(predicted) > 1 else 'rung'} {and_list(predicted)} did not run here: for them every number is a prediction of the FLOP, byte "
                  f"and roofline models" + (f" for the {', '.join(others)} (datasheet peaks)" if others else "") + ". ")
     if ladder.device == "cpu":
-        text += "These are CPU timings, not GPU timings; the table below says why TF32 and FP8 did not run here. "
+        text += ("These are CPU timings, not GPU timings; the notes under the measured table say why TF32 and FP8 "
+                 "did not run here. ")
     if others:
         text += (f"The predictions for the {', '.join(others)} assume fused attention "
                  "(`scaled_dot_product_attention`), as the ladder runs on a GPU, and count FP8's casts to and from "
