@@ -268,12 +268,14 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
     def close(r: RecipeCheck) -> bool:
         return r.finite and abs(r.losses[-1] - target) <= tolerance * max(abs(target), 1e-12)
 
-    reasons = []
+    reasons: list[str] = []
+    too_slow: list[str] = []   # recipes as accurate as FP32 that lost on speed alone
 
     def fast_enough(r: RecipeCheck, name: str) -> bool:
         # a recipe as accurate as FP32 but slower at every step after the first (the warm-up) is no gain here
         if not slower_every_step(r, ref):
             return True
+        too_slow.append(r.recipe)
         reasons.append(f"{name} matched FP32, but every step after the first took longer than every FP32 step "
                        f"(median {r.seconds_per_step:.3g} s against {ref.seconds_per_step:.3g} s, "
                        f"{r.seconds_per_step / ref.seconds_per_step:.3g} times as long): this device computes it "
@@ -301,7 +303,7 @@ def _recommend(checks: dict[str, RecipeCheck], layers, max_scale: float, toleran
             reasons.append(f"In FP16, outputs of {', '.join(overflow[:4])} overflow: keep them in FP32 or use BF16.")
         if close(fp16) and not overflow and fast_enough(fp16, "FP16 with GradScaler"):
             return "fp16_autocast_scaler", reasons
-    if any(r.startswith(("BF16 autocast matched", "FP16 with GradScaler matched")) for r in reasons):
+    if too_slow:
         reasons.append("Run the check-up again on the hardware you will train on: there the answer can differ.")
     else:
         reasons.append("No low-precision recipe matched FP32 here: train in FP32, or find the layer that fails "

@@ -19,7 +19,7 @@ import torch
 
 from .data import BatchSampler
 from .device import peak_allocated_bytes, restore_rng_states, rng_states
-from .hardware import capability_unsupported_reason, gpu_compute_capability, tf32_matmuls
+from .hardware import capability_unsupported_reason, format_unsupported_reason, gpu_compute_capability, tf32_matmuls
 from .models import course_setup
 
 
@@ -61,8 +61,7 @@ class Recipe:
             return None
         if device.type == "cpu":
             if self.tf32:
-                return ("TF32 is a tensor-core mode of NVIDIA GPUs, which the course times only there (on a CPU, "
-                        "the TF32 section of the performance lesson measures what torch's switch does)")
+                return format_unsupported_reason("tf32", device)
             return None
         return f"unsupported device type {device.type!r}"
 

@@ -10,6 +10,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import offset_copy
 
 from ..bench import attainable_tflops
+from ..studies.performance import TARGET_WINDOW
 from .style import FORMAT_COLOURS, finish_figure
 
 _DTYPE_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16": "#0072B2", "fp16": "#D55E00", "fp8": "#CC79A7"}
@@ -164,13 +165,14 @@ TICK_POINTS = 9   # the length of a time-to-target tick, and the step between re
 
 
 def plot_loss_against_time(panels: dict, *, target: dict | None = None, times: dict | None = None,
-                           window: int = 5) -> Figure:
+                           window: int = TARGET_WINDOW) -> Figure:
     """Training loss against wall-clock seconds, one line per run, coloured by recipe; one panel per
     device. ``panels``: ``{title: {recipe: [(seconds, losses), ...]}}``; ``target``: ``{title: loss}``
     drawn as a horizontal line; ``times``: ``{title: {recipe: [seconds or None per run]}}``, each run's time to
     the target, marked on the target line. Each curve is the mean of the last ``window`` steps' losses, the
     measure :meth:`~course_lib.studies.performance.RecipeRun.seconds_to_loss` uses with the same ``window``
-    (its default), so a run's tick sits where its curve first reaches the line."""
+    (both default to :data:`~course_lib.studies.performance.TARGET_WINDOW`), so a run's tick sits where its
+    curve first reaches the line."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be a positive int, got {window!r}")
     # panels one above the other, each the column's full width: side by side, each legend covered a panel's

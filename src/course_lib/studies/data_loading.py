@@ -94,7 +94,8 @@ def overlap_verdict(overlap: WorkerOverlap, workers: int) -> Prose:
 
 def _hid(overlap: WorkerOverlap, workers: int, *, short: bool = False) -> str:
     """What the workers took off a step, as a verb phrase: a share of the preparation time, or, where they took
-    off more than preparing a batch takes, how much, and where the excess came from."""
+    off more than preparing a batch takes, how much, and (unless ``short``) that the step without them cost
+    more than its two parts timed apart."""
     share = overlap.hidden_share(workers)
     if share <= 1:
         return f"hid {100 * share:.0f}% of the preparation time"

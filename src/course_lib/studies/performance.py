@@ -26,6 +26,10 @@ from ..models import GPTConfig, count_parameters, course_setup
 from ..train import History, TrainConfig, TrainState, get_recipe, recipe_autocast, runnable_recipes, train
 
 
+# the steps whose mean loss a run's time to a target is measured on (and the time-to-target figure draws)
+TARGET_WINDOW = 5
+
+
 @dataclass(frozen=True)
 class RecipeRun:
     """One training run: per-step losses and wall seconds (steps after ``warmup_steps`` count for speed)."""
@@ -48,7 +52,7 @@ class RecipeRun:
     def tokens_per_second(self) -> float:
         return self.tokens_per_step / self.median_step_seconds
 
-    def seconds_to_loss(self, target: float, window: int = 5) -> float | None:
+    def seconds_to_loss(self, target: float, window: int = TARGET_WINDOW) -> float | None:
         """Wall seconds until the mean loss of the last ``window`` steps first falls to ``target`` (None:
         never). Warm-up steps (compilation included) count: they are time a user waits."""
         if window < 1:
@@ -105,12 +109,13 @@ class ThroughputStudy:
                              "mfu": statistics.median(mfus) if mfus else None})
         return rows
 
-    def time_to_target(self, target: float, compiled: bool = False, window: int = 5) -> dict[str, list[float | None]]:
+    def time_to_target(self, target: float, compiled: bool = False,
+                       window: int = TARGET_WINDOW) -> dict[str, list[float | None]]:
         """Per recipe, seconds to reach ``target`` for each seed (None where a run never did)."""
         return {recipe: [r.seconds_to_loss(target, window) for r in self.runs_of(recipe, compiled)]
                 for recipe in self.recipes()}
 
-    def target_loss(self, window: int = 5) -> float:
+    def target_loss(self, window: int = TARGET_WINDOW) -> float:
         """The highest final loss of any eager run (the sum of its last ``window`` losses over ``window``),
         so that every eager run reaches it: the target of :meth:`time_to_target`."""
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
