@@ -473,8 +473,8 @@ def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1,
     if more_time:
         return Prose(f"autocast's conversions add time, but the step's other operators grew more, so their share "
                      f"did not: on {where} the low-precision operators, not the casts, are the cost")
-    return Prose(f"on this step autocast's conversions took no more than {100 * (margin - 1):.0f}% longer than "
-                 "FP32's own copies, so the price of casting does not show here")
+    return Prose(f"on {where} autocast's conversions took no more than {100 * (margin - 1):.0f}% longer than "
+                 "FP32's own copies, so the price of casting does not show there")
 
 
 def recorded_profile_note(record: RecordedResult) -> Prose:
