@@ -160,7 +160,9 @@ def test_torch_timer_cross_check_runs():
     assert B.torch_timer_matmul_seconds("fp32", 64, "cpu", min_run_time=0.01) > 0
 
 
-def test_capability_probe_is_measured_and_cached():
+def test_capability_probe_is_measured_and_cached(monkeypatch):
+    from course_lib.bench import matmul as BM
+    monkeypatch.setattr(BM, "cpu_fp8_kernel", lambda: "reference")
     a = B.capability_probe("cpu", n=32)
     b = B.capability_probe("cpu", n=32)
     assert a is b and a.relative("fp32") == 1.0 and "tf32" in a.unsupported
@@ -168,16 +170,20 @@ def test_capability_probe_is_measured_and_cached():
     assert "matmul speed against FP32 at n=32" in a.summary()
     slow = B.CapabilityProbe("cpu", 64, {"fp32": 1.0, "bf16": 2.345, "fp8": 0.0032}, {"tf32": "no TF32"})
     assert slow.summary() == ("matmul speed against FP32 at n=64: BF16 x2.35, FP8 x0.0032 (a CPU has no FP8 "
-                              "matrix unit: torch computes the product in wider types, so its speed is theirs, "
-                              "not FP8's)")
+                              "matrix unit: torch converts the codes to FP32 and multiplies there, so this times "
+                              "that conversion and an FP32 product, not FP8 arithmetic)")
     gpu = B.CapabilityProbe("cuda", 64, {"fp32": 1.0, "fp8": 4.0}, {})
     assert gpu.summary() == "matmul speed against FP32 at n=64: FP8 x4.00"
     # the lesson's table: every dtype tried, measured or why not, in one order
     assert slow.table().splitlines() == [
         "| dtype | TFLOP/s at n=64 | against FP32 | note |", "|---|---|---|---|",
         "| FP32 (TF32 off) | 1 | x1.00 |  |", "| TF32 | not measured |  | no TF32 |", "| BF16 | 2.35 | x2.35 |  |",
-        "| FP8 E4M3 (_scaled_mm) | 0.0032 | x0.0032 | a CPU has no FP8 matrix unit: torch computes the product "
-        "in wider types, so its speed is theirs, not FP8's |"]
+        "| FP8 E4M3 (_scaled_mm) | 0.0032 | x0.0032 | a CPU has no FP8 matrix unit: torch converts the codes "
+        "to FP32 and multiplies there, so this times that conversion and an FP32 product, not FP8 arithmetic |"]
+    # where torch hands the product to oneDNN (measured by hardware.cpu_fp8_kernel), the note says so
+    monkeypatch.setattr(BM, "cpu_fp8_kernel", lambda: "onednn")
+    assert slow.summary().endswith("(a CPU has no FP8 matrix unit: torch hands this product to oneDNN's FP8 kernel "
+                                   "here, so this times that kernel, not FP8 arithmetic)")
     assert gpu.table().splitlines()[-1] == "| FP8 E4M3 (_scaled_mm) | 4 | x4.00 |  |"
     # one rule for a ratio in the banner, the table and the prose (tables.ratio_text, glue's too)
     from course_lib import glue

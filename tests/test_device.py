@@ -42,7 +42,8 @@ def test_cpu_description_says_sizes_are_reduced_and_timings_are_cpu():
     assert "not GPU timings" in hw.caveat and "reduced size" in hw.caveat
     assert hw.summary in hw.banner_markdown(measure=False)
     banner = hw.banner_markdown()
-    assert "Measured here: matmul speed against FP32" in banner and "fast" not in banner
+    assert "Measured here, by a short probe" in banner and "page to page): matmul speed against FP32" in banner
+    assert "fast" not in banner
 
 
 def test_gpu_description_from_compute_capability(monkeypatch):

@@ -111,7 +111,16 @@ def test_profile_uses_the_simulated_backend_where_scaled_mm_does_not_run(monkeyp
 
 
 def test_profile_facts_per_device():
-    cpu = fp8_prose.layer_profile_facts(layer_profile())
+    cpu = fp8_prose.layer_profile_facts(layer_profile(), cpu_kernel="reference")
+    assert "with no FP8 arithmetic, `_scaled_mm` converts the codes back to FP32 and multiplies there." \
+        in cpu["prof_verdict"]
+    onednn = fp8_prose.layer_profile_facts(layer_profile(), cpu_kernel="onednn")["prof_verdict"]
+    assert "torch hands `_scaled_mm`'s products with per-tensor scales and one FP8 format (the forward's) to " \
+        "oneDNN's FP8 kernel" in onednn
+    # by default the kernel is this CPU's, measured
+    from course_lib import hardware
+    assert fp8_prose.layer_profile_facts(layer_profile())["prof_verdict"] == fp8_prose.layer_profile_facts(
+        layer_profile(), cpu_kernel=hardware.cpu_fp8_kernel())["prof_verdict"]
     assert cpu["prof_matmul_pct"] == pytest.approx(60.0) and cpu["prof_rest_pct"] == pytest.approx(40.0)
     assert cpu["prof_vs_bf16"] == pytest.approx(2.0)
     assert "CPU" in cpu["prof_verdict"] and "numerics reference" not in cpu["prof_verdict"]

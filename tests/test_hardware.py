@@ -140,3 +140,43 @@ def test_precision_block_refuses_an_unknown_setting():
     with pytest.raises(TypeError, match="enabled must be a bool"):
         with HW.tf32_matmuls(1):  # type: ignore[arg-type]
             pass
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_the_cpu_fp8_kernel_is_found_by_comparing_with_onednn_switched_off(monkeypatch):
+    if HW.scaled_mm_unsupported_reason("cpu") is not None:
+        pytest.skip("torch._scaled_mm does not run on this CPU")
+    real = torch._scaled_mm
+    found = HW.cpu_fp8_kernel.__wrapped__
+    # what this CPU runs is one of the two, and with oneDNN off it is always torch's reference kernel
+    assert found() in HW.CPU_FP8_KERNELS
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert found() == "reference"
+
+    def onednn_like(a, b, **kw):   # oneDNN sums in its own order: a last-bit difference while it is enabled
+        out = real(a, b, **kw)
+        return torch.nextafter(out, out + 1) if torch.backends.mkldnn.enabled else out
+
+    monkeypatch.setattr(torch, "_scaled_mm", onednn_like)
+    assert found() == "onednn"
+
+    def reference_only(a, b, **kw):   # a CPU where torch keeps its own kernel whatever the flag says
+        with torch.backends.mkldnn.flags(enabled=False):
+            return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", reference_only)
+    assert found() == "reference"
+
+
+def test_the_cpu_fp8_note_names_the_kernel_it_timed():
+    assert "oneDNN's FP8 kernel" in HW.cpu_fp8_note("onednn")
+    assert "converts the codes to FP32" in HW.cpu_fp8_note("reference")
+    for note in map(HW.cpu_fp8_note, HW.CPU_FP8_KERNELS):
+        assert note.startswith("a CPU has no FP8 matrix unit") and note.endswith("not FP8 arithmetic")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        HW.cpu_fp8_note(None)
+
+
+def test_no_cpu_fp8_kernel_where_scaled_mm_does_not_run(monkeypatch):
+    monkeypatch.setattr(HW, "_scaled_mm_runs", lambda device: "no _scaled_mm here")
+    assert HW.cpu_fp8_kernel.__wrapped__() is None

@@ -146,8 +146,8 @@ class HardwareInfo:
         if self.profile.is_small:
             parts.append("Experiments on this page ran at reduced size (the 'small' profile).")
         if self.device_type != "cuda":
-            parts.append("Timings measured here are CPU timings, not GPU timings; speed claims in this "
-                         "course come only from recorded GPU runs. A CPU's BF16 or FP16 instructions speed up a "
+            parts.append("Timings measured here are CPU timings, not GPU timings: what the course says of a GPU's "
+                         "speed comes only from recorded GPU runs. A CPU's BF16 or FP16 instructions speed up a "
                          "product only where torch's kernels use them: the measured speeds say whether they do.")
         return " ".join(parts)
 
@@ -156,8 +156,8 @@ class HardwareInfo:
         dtype (``measure``: run the cached capability probe), and, where it applies, the caveat."""
         text = f"**Ran on:** {self.summary}."
         if measure:
-            text += (f" Measured here: {capability_probe(self.device_type).summary()} (a short probe when the page "
-                     "ran: on a shared machine it moves from page to page).")
+            text += (" Measured here, by a short probe when the page ran (on a shared machine it moves from page "
+                     f"to page): {capability_probe(self.device_type).summary()}.")
         return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
 
 

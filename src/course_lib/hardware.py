@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -120,6 +121,43 @@ def _scaled_mm_rowwise_runs(device_str: str) -> str | None:
         return (f"this torch's _scaled_mm takes per-tensor scales only here ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:120]})")
     return None
+
+
+CPU_FP8_KERNELS = ("reference", "onednn")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_fp8_kernel() -> str | None:
+    """Which kernel runs a per-tensor FP8 ``torch._scaled_mm`` on this CPU, found by running one: "reference"
+    (torch's own: the codes converted to FP32 and multiplied there) where the product equals the one computed
+    with oneDNN switched off, "onednn" where it differs (torch hands such products to oneDNN's FP8 kernel on
+    some x86 CPUs, which sums in its own order), None where ``_scaled_mm`` does not run here."""
+    if _scaled_mm_runs("cpu") is not None:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 512, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(8, 512, generator=gen).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.tensor(0.37), torch.tensor(1.9)   # scales that are not powers of two: the order shows
+
+    def product() -> torch.Tensor:
+        return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+
+    with warnings.catch_warnings():   # torch warns about oneDNN's TF32 flag whenever the flags are set
+        warnings.simplefilter("ignore", UserWarning)
+        with torch.backends.mkldnn.flags(enabled=False):
+            reference = product()
+    return "reference" if torch.equal(product(), reference) else "onednn"
+
+
+def cpu_fp8_note(kernel: str | None) -> str:
+    """What a CPU's FP8 product time measures, for the kernel :func:`cpu_fp8_kernel` found."""
+    if kernel == "onednn":
+        return ("a CPU has no FP8 matrix unit: torch hands this product to oneDNN's FP8 kernel here, so this "
+                "times that kernel, not FP8 arithmetic")
+    if kernel == "reference":
+        return ("a CPU has no FP8 matrix unit: torch converts the codes to FP32 and multiplies there, so this "
+                "times that conversion and an FP32 product, not FP8 arithmetic")
+    raise ValueError(f"kernel must be one of {CPU_FP8_KERNELS}, got {kernel!r}")
 
 
 def scaled_mm_unsupported_reason(device: torch.device | str, *, row_scales: bool = False) -> str | None:

@@ -13,6 +13,8 @@ import torch
 from ..hardware import (
     MATMUL_DTYPES,
     check_matmul_dtype,
+    cpu_fp8_kernel,
+    cpu_fp8_note,
     format_unsupported_reason,
     tf32_matmuls,
 )
@@ -177,10 +179,10 @@ def measure_copy_bandwidth(device: torch.device | str, n_bytes: int, *, budget_s
     return 2 * (n_bytes // 4) * 4 / timing.median / 1e9
 
 
-# what a CPU's FP8 "speed" is: torch casts FP8 operands to a wider type and multiplies there, so the ratio
-# follows that type's speed, which can beat a 16-bit type the CPU emulates
-CPU_FP8_NOTE = ("a CPU has no FP8 matrix unit: torch computes the product in wider types, so its speed is "
-                "theirs, not FP8's")
+def _cpu_fp8_note() -> str:
+    """What a CPU's FP8 "speed" is: torch's reference kernel (FP32 after a conversion) or oneDNN's FP8 kernel,
+    whichever runs here (:func:`~course_lib.hardware.cpu_fp8_kernel`); neither is FP8 arithmetic."""
+    return cpu_fp8_note(cpu_fp8_kernel())
 
 
 @dataclass(frozen=True)
@@ -213,19 +215,19 @@ class CapabilityProbe:
                 # significant digits below, so an emulated dtype's thousandth is not "x0.00"
                 part = f"{DTYPE_LABELS[d].split(' ')[0]} x{ratio_text(r)}"
                 if d == "fp8" and torch.device(self.device).type == "cpu":
-                    part += f" ({CPU_FP8_NOTE})"
+                    part += f" ({_cpu_fp8_note()})"
                 parts.append(part)
         return (f"matmul speed against FP32 at n={self.n}: " + ", ".join(parts)) if parts \
             else "no low-precision matmul measured"
 
     def table(self) -> MarkdownTable:
         """One row per dtype the probe tried, in :data:`DTYPE_LABELS`' order: TFLOP/s and speed against
-        FP32 where measured, else why not (a CPU's FP8 row says its product is computed in wider types)."""
+        FP32 where measured, else why not (a CPU's FP8 row says which kernel it timed)."""
         rows = []
         for d, label in DTYPE_LABELS.items():
             if d in self.tflops:
                 r = self.relative(d)
-                note = CPU_FP8_NOTE if d == "fp8" and torch.device(self.device).type == "cpu" else ""
+                note = _cpu_fp8_note() if d == "fp8" and torch.device(self.device).type == "cpu" else ""
                 rows.append((label, f"{self.tflops[d]:.3g}", "" if r is None else f"x{ratio_text(r)}", note))
             elif d in self.unsupported:
                 rows.append((label, "not measured", "", self.unsupported[d]))

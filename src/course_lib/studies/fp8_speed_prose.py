@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from ..fp8.roofline import Fp8LinearEstimate, cast_kernel_kinds, predict_fp8_linear
 from ..glue import Prose, and_list, count_word, ratio_text
-from ..hardware import DATASHEET_PEAKS, GPUPeaks
+from ..hardware import DATASHEET_PEAKS, GPUPeaks, cpu_fp8_kernel
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import (
     Fp8LinearSpeed,
@@ -207,28 +207,45 @@ def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
                                           for n in speed.sizes])
 
 
-def faster_on_cpu_reason(bf16_relative: float | None) -> str:
+def faster_on_cpu_reason(bf16_relative: float | None, cpu_kernel: str | None = "reference") -> str:
     """Why FP8 can come out faster than BF16 on a CPU, which has no FP8 arithmetic: with ``bf16_relative``
     (this CPU's BF16 matmul throughput over its FP32's, :meth:`course_lib.bench.CapabilityProbe.relative`)
-    below 1, BF16 is the slow side; otherwise only that it is not FP8 arithmetic."""
+    below 1, BF16 is the slow side; otherwise only that it is not FP8 arithmetic. ``cpu_kernel``: which kernel
+    ran the FP8 products (:func:`~course_lib.hardware.cpu_fp8_kernel`)."""
     if bf16_relative is not None and bf16_relative < 1:
+        how = ("FP8 is multiplied in FP32" if cpu_kernel == "reference" else
+               "FP8 partly runs in oneDNN's FP8 kernel")
         return (f"Where FP8 came out faster, BF16 is the slow side: this CPU multiplies BF16 at "
-                f"{ratio_text(bf16_relative)} times its FP32 rate (the banner's probe), and FP8 is multiplied in FP32.")
+                f"{ratio_text(bf16_relative)} times its FP32 rate (the banner's probe), and {how}.")
     return "Where FP8 came out faster, that is not FP8 arithmetic, which a CPU does not have."
 
 
-def linear_speed_facts(speed: Fp8LinearSpeed, *, bf16_relative: float | None = None) -> dict[str, object]:
+def cpu_fp8_products(cpu_kernel: str | None) -> str:
+    """How a CPU multiplied the FP8 layers' codes: torch's reference kernel converts them to FP32; where
+    :func:`~course_lib.hardware.cpu_fp8_kernel` found oneDNN, torch hands it the per-tensor products with both
+    operands in one FP8 format (a forward's) and converts the rest."""
+    if cpu_kernel == "onednn":
+        return ("on this one torch hands `_scaled_mm`'s products with per-tensor scales and one FP8 format (the "
+                "forward's) to oneDNN's FP8 kernel and converts the others' codes to FP32 before multiplying")
+    return "`_scaled_mm` converts the codes back to FP32 and multiplies there"
+
+
+def linear_speed_facts(speed: Fp8LinearSpeed, *, bf16_relative: float | None = None,
+                       cpu_kernel: str | None = None) -> dict[str, object]:
     """The course's FP8 layer's speed as a multiple of BF16's (range over sizes), the device, and what a
-    reader should make of these timings there (``bf16_relative``: see :func:`faster_on_cpu_reason`)."""
+    reader should make of these timings there (``bf16_relative``: see :func:`faster_on_cpu_reason`;
+    ``cpu_kernel``: what runs FP8 products on the CPU that timed them, by default this one's,
+    :func:`~course_lib.hardware.cpu_fp8_kernel`)."""
     ratios = list(speed.speedup(COURSE_LAYER).values())
     if not ratios:
         raise ValueError(f"{COURSE_LAYER!r} has no timing next to {BF16_LAYER!r}")
     device = speed.device.split(":")[0]
+    if device != "cuda" and cpu_kernel is None:
+        cpu_kernel = cpu_fp8_kernel()
     note = ("These are eager layers: each cast is a separate kernel, the overhead the roofline charges."
             if device == "cuda" else
-            "A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 and multiplies there, so "
-            "these timings say nothing about a GPU." + (" " + faster_on_cpu_reason(bf16_relative)
-                                                        if max(ratios) > 1 else ""))
+            f"A CPU has no FP8 arithmetic: {cpu_fp8_products(cpu_kernel)}, so these timings say nothing about a "
+            "GPU." + (" " + faster_on_cpu_reason(bf16_relative, cpu_kernel) if max(ratios) > 1 else ""))
     return {"cpu_fp8_ratio": Prose(f"{ratio_text(min(ratios))} to {ratio_text(max(ratios))}"),
             "speed_device": device.upper(),
             "speed_note": Prose(note)}
@@ -309,17 +326,19 @@ def layer_profile_table(profile: Fp8LayerProfile) -> MarkdownTable:
     return markdown_table(["group", "self time (us)", "share of the FP8 layer"], rows)
 
 
-def layer_profile_facts(profile: Fp8LayerProfile) -> dict[str, object]:
+def layer_profile_facts(profile: Fp8LayerProfile, *, cpu_kernel: str | None = None) -> dict[str, object]:
     """The profile's matrix-product share and what the rest (amax, scale, cast, other) takes, in percent;
-    the FP8 layer's profiled time over BF16's; and what that makes the course layer on this device."""
+    the FP8 layer's profiled time over BF16's; and what that makes the course layer on this device
+    (``cpu_kernel``: as :func:`linear_speed_facts`)."""
     if profile.total_us <= 0 or profile.bf16_us <= 0:
         raise ValueError("the profile recorded no time for one of the layers")
     slower = profile.total_us / profile.bf16_us
     matmul = 100 * profile.share("matmul")
     casting = 100 - matmul
     if not profile.device.startswith("cuda"):
+        how = cpu_fp8_products(cpu_fp8_kernel() if cpu_kernel is None else cpu_kernel)
         verdict = (f"On this CPU the FP8 products themselves take {matmul:.0f}% of the layer's time: with no FP8 "
-                   "arithmetic, `_scaled_mm` converts the codes back to wider floats first. The amax, scale and "
+                   f"arithmetic, {how}. The amax, scale and "
                    f"cast steps this breakdown is about, and the rest, take the other {casting:.0f}%; what they "
                    "cost on a GPU, only a GPU profile can say.")
     elif slower > 1:
@@ -424,7 +443,7 @@ def compiled_speed_facts(speed: Fp8CompiledSpeed, *, bf16_relative: float | None
                  f"it was slower in these: {and_list(slower)}" if slower else ""]
         shown = "; ".join(p for p in parts if p) + "."
         if on_cpu and faster:
-            shown += " " + faster_on_cpu_reason(bf16_relative)
+            shown += " " + faster_on_cpu_reason(bf16_relative, cpu_fp8_kernel())
     skipped = "".join(f" {k} did not run: {why}." for k, why in speed.skipped.items())
     return {"cs_device": device.upper(), "cs_mode": Prose(speed.mode), "cs_tokens": speed.tokens,
             "cs_verdict": Prose(where + shown + skipped), "cs_faster_count": len(faster)}
