@@ -33,7 +33,7 @@ def diverged():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return fp16_divergence(SMALL, "cpu", lr=0.05, steps=200, seeds=(0,), probe_every=10, batch_size=4)
+        return fp16_divergence(SMALL, "cpu", lr=0.1, steps=200, seeds=(0,), probe_every=10, batch_size=4)
     finally:
         torch.set_num_threads(threads)
 
@@ -177,7 +177,19 @@ def test_the_proxy_sentence_says_what_the_location_stands_for():
     assert "awaits a GPU recording of this study (`fp16_divergence`)" in small
     assert "The GPU record below locates the failure in a full-size run" in P.proxy_sentence("small", True)
     assert "awaits" not in P.proxy_sentence("small", True)
-    assert P.proxy_sentence("full", False).startswith("These runs are the full-size study")
+    assert P.proxy_sentence("full", False) == ("The table gives the failing batch's loss from those same weights, "
+                                               "computed each way. These runs are the full-size study, so the "
+                                               "operation named is where a full-size run failed.")
+    assert small.startswith("The table gives the failing batch's loss from those same weights, computed each way.")
+    # no run failed: no table to point at and nothing located, so the proxy stands for nothing
+    unlocated = P.proxy_sentence("small", False, located=False)
+    assert "The table" not in unlocated and "locates" not in unlocated
+    assert "no failure of theirs was located here, so they say nothing about where the full-size record failed" \
+        in unlocated
+    assert P.proxy_sentence("full", True, located=False) == ("These runs are the full-size study; none was located "
+                                                            "here.")
+    with pytest.raises(TypeError, match="located must be a bool"):
+        P.proxy_sentence("small", False, located=None)
     with pytest.raises(ValueError, match="size must be 'small' or 'full'"):
         P.proxy_sentence("medium", False)
     with pytest.raises(TypeError, match="recorded must be a bool"):
@@ -194,6 +206,9 @@ def test_the_verdict_reports_products_against_fp16s_range():
     assert low.startswith("The runs with fused attention (SDPA) stayed below FP16's largest value (at most 2,000)")
     table = P.replay_table(_div())
     assert "| FP16 with attention written out (as trained) | NaN |" in table and "| 3.1000 |" in table
+    # no run failed: one row says so instead of a header over nothing
+    none_failed = dataclasses.replace(_div(), replays={}, located=None, located_step=None, located_seed=None)
+    assert P.replay_table(none_failed).splitlines()[2:] == ["| (no run failed: no step to compute again) | - |"]
 
 
 def test_facts_and_the_recorded_note():

@@ -104,7 +104,7 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
         "same failure over seeds). " + P.forward_nan_where())
     # the caveat points at where the operation is located, and names the suspect without claiming it
     assert P.forward_nan_where().startswith("Lesson 5's {ref}`fp16-divergence` trains the course model with FP16 "
-                                            "and a GradScaler into such a failure (at a higher learning rate")
+                                            "and a GradScaler toward such a failure (at a higher learning rate")
     assert P.forward_nan_where(on_lesson_5=True).startswith("The section below, {ref}`fp16-divergence`, trains")
     assert "{doc}`04_amp`" in P.forward_nan_where() and "no verdict on FP16 autocast" in P.forward_nan_where()
     partly = _recording([3.0, math.inf, 2.0], [4.0, 4.0, 2.0], [False, True, False])

@@ -334,7 +334,7 @@ def _convergence_parity(profile: SizeProfile, device: torch.device, **parameters
           "profile also on smaller batches, since a CPU without FP16 instructions multiplies in FP16 slowly.",
           result_type=Fp16Divergence,
           parameters=lambda profile, device: {"seeds": (0, 1, 2), **profile.pick(
-              small={"lr": 0.05, "steps": 200, "batch_size": 4}, full={"lr": 1e-2, "steps": 250})})
+              small={"lr": 0.1, "steps": 200, "batch_size": 4}, full={"lr": 1e-2, "steps": 250})})
 def _fp16_divergence(profile: SizeProfile, device: torch.device, **parameters: Any) -> Fp16Divergence:
     return fp16_divergence(profile, device, **parameters)
 

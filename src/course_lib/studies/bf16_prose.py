@@ -471,10 +471,11 @@ def _attention_shapes(report) -> str:
 
 def replay_table(div: Fp16Divergence) -> MarkdownTable:
     """The failing batch's loss from the failing weights, per way of computing it (``NaN`` or ``inf`` where
-    it was not finite); an empty table when no run failed."""
+    it was not finite); one row that says so when no run failed."""
+    rows = [(label, f"{loss:.4f}" if math.isfinite(loss) else str(loss).replace("nan", "NaN"))
+            for label, loss in div.replays.items()]
     return markdown_table(("the failing step, computed as", "loss"),
-                          [(label, f"{loss:.4f}" if math.isfinite(loss) else str(loss).replace("nan", "NaN"))
-                           for label, loss in div.replays.items()])
+                          rows or [("(no run failed: no step to compute again)", "-")])
 
 
 def _peak(run: DivergenceRun) -> float:
@@ -538,22 +539,31 @@ def learning_rate_sentence(div: Fp16Divergence, course_lr: float, course_batch: 
                  f"other runs (the parity runs above among them){why}.{batch}")
 
 
-def proxy_sentence(size: str, recorded: bool) -> Prose:
+def proxy_sentence(size: str, recorded: bool, *, located: bool = True) -> Prose:
     """What the located failure stands for. At the ``size`` 'small' the live runs are a proxy (a smaller model,
     a higher learning rate, smaller batches), so what they locate is their own failure, not the full-size
     record's; ``recorded``: whether a GPU record of this study exists (its note then locates a full-size run).
-    At 'full' the live runs are the full-size study itself."""
+    At 'full' the live runs are the full-size study itself. ``located``: whether the runs' failure was located
+    (the table then gives the failing batch's loss computed each way); where not, there is nothing to stand
+    for."""
     if size not in ("small", "full"):
         raise ValueError(f"size must be 'small' or 'full', got {size!r}")
     if not isinstance(recorded, bool):
         raise TypeError(f"recorded must be a bool, got {type(recorded).__name__}")
+    if not isinstance(located, bool):
+        raise TypeError(f"located must be a bool, got {type(located).__name__}")
+    table = "The table gives the failing batch's loss from those same weights, computed each way. "
     if size == "full":
-        return Prose("These runs are the full-size study, so the operation named is where a full-size run "
-                     "failed.")
+        return Prose(table + "These runs are the full-size study, so the operation named is where a full-size run "
+                     "failed." if located else "These runs are the full-size study; none was located here.")
     where = ("The GPU record below locates the failure in a full-size run of this study." if recorded else
              "Which operation failed in the full-size runs recorded above is not shown: that awaits a GPU "
              "recording of this study (`fp16_divergence`).")
-    return Prose("These runs are a small proxy on the CPU (the small course model, with the learning rate "
+    if not located:
+        return Prose("These runs are a small proxy on the CPU (the small course model, with the learning rate and "
+                     "batch said below the figure), and no failure of theirs was located here, so they say nothing "
+                     f"about where the full-size record failed. {where}")
+    return Prose(table + "These runs are a small proxy on the CPU (the small course model, with the learning rate "
                  "and batch said below the figure), so this locates the failure of the proxy, not of the full-size "
                  f"record. {where}")
 

@@ -154,9 +154,9 @@ def forward_nan_where(*, on_lesson_5: bool = False) -> Prose:
     where = ("The section below, {ref}`fp16-divergence`," if on_lesson_5
              else "Lesson 5's {ref}`fp16-divergence`")
     return Prose(
-        where + " trains the course model with FP16 and a GradScaler into such a failure (at a higher learning "
-        "rate, so that it fails within the steps a lesson can afford) and, in a small CPU proxy, names the operation "
-        "that overflowed. The course "
+        where + " trains the course model with FP16 and a GradScaler toward such a failure (at a higher learning "
+        "rate, so that it can fail within the steps a lesson can afford) and, where a run of its small CPU proxy "
+        "fails, names the operation that overflowed. The course "
         "model forms attention's $q k^\\top$ in FP16 before its $1/\\sqrt{d}$ scale, an order that overflows "
         "where PyTorch's fused attention does not ({doc}`04_amp` shows it), so one model written this way going "
         "NaN is no verdict on FP16 autocast for GPTs in general.")
