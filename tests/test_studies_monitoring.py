@@ -507,7 +507,32 @@ def test_matmul_table_and_facts():
 ])
 def test_checkup_facts(findings, phrase):
     report = Checkup("cpu", (), {}, (), 0.1, 2.0**18, "fp32", (), findings, True)
-    assert M.checkup_facts(report) == {"checkup_findings": phrase}
+    assert M.checkup_facts(report) == {"checkup_findings": phrase, "checkup_speed": ""}
+
+
+def test_checkup_speed_says_each_recipes_step_time_and_which_one_speed_turned_down():
+    from course_lib.checkup import RecipeCheck
+
+    def check(name, steps, unsupported=None):
+        median = sorted(steps)[len(steps) // 2] if steps else 0.0
+        return RecipeCheck(name, unsupported, (1.0,) * len(steps), 0, None, median, (), tuple(steps))
+
+    fp32 = check("fp32", (0.5, 0.010, 0.011, 0.010))
+    fast_bf16 = check("bf16_autocast", (0.4, 0.009, 0.010, 0.009))
+    slow_fp16 = check("fp16_autocast_scaler", (0.9, 0.39, 0.40, 0.41))
+
+    def report(*checks):
+        return Checkup("cpu", (), {c.recipe: c for c in checks}, (), 0.1, 2.0**18, "fp32", (), (), False)
+
+    assert M.checkup_speed(report(fp32, fast_bf16, slow_fp16)) == (
+        "Here the median step took `bf16_autocast` 0.91 times and `fp16_autocast_scaler` 37 times FP32's; slower "
+        "than FP32 at every step after the first here: `fp16_autocast_scaler`, which that rule turns down on this "
+        "device whatever its loss.")
+    assert M.checkup_speed(report(fp32, fast_bf16)).endswith(
+        "no recipe was slower than FP32 at every step after the first here, so speed turned none down.")
+    # a recipe that did not run is not timed; nothing ran beside FP32: nothing to say
+    assert M.checkup_speed(report(fp32, check("bf16_autocast", (), unsupported="no BF16 here"))) == ""
+    assert M.checkup_speed(report(fast_bf16)) == ""
 
 
 def test_errata_rows_say_what_was_measured_with_and_without_a_record():

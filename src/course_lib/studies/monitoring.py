@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..bench import time_function
-from ..checkup import Checkup
+from ..checkup import Checkup, slower_every_step
 from ..formats import get_format
 from ..glue import Prose, and_list
 from ..models import course_setup
@@ -591,4 +591,20 @@ def checkup_facts(report: Checkup) -> dict[str, object]:
         first = re.sub(r"\s*\([^)]*\)", "", message.split(":")[0]).rstrip(".")
         return first[0].lower() + first[1:] if first else first
     found = [f"{_code(f.pitfall)} ({gloss(f.message)})" for f in report.findings]
-    return {"checkup_findings": Prose(and_list(found) if found else "nothing")}
+    return {"checkup_findings": Prose(and_list(found) if found else "nothing"), "checkup_speed": checkup_speed(report)}
+
+
+def checkup_speed(report: Checkup) -> Prose:
+    """Each low-precision recipe that ran against FP32's median step time (the check-up's own timings), and
+    which of them was slower at every step after the first (``checkup.slower_every_step``): the rule that
+    can turn a recipe down on this device. Empty where FP32 or every other recipe did not run."""
+    ref = report.recipes.get("fp32")
+    ran = {name: c for name, c in report.recipes.items() if name != "fp32" and c.unsupported is None}
+    if ref is None or not ran or not ref.seconds_per_step > 0:
+        return Prose("")
+    parts = [f"`{name}` {c.seconds_per_step / ref.seconds_per_step:.2g} times" for name, c in ran.items()]
+    slow = [f"`{name}`" for name, c in ran.items() if slower_every_step(c, ref)]
+    verdict = (f"slower than FP32 at every step after the first here: {and_list(slow)}, which that rule turns down on "
+               "this device whatever its loss" if slow else
+               "no recipe was slower than FP32 at every step after the first here, so speed turned none down")
+    return Prose(f"Here the median step took {and_list(parts)} FP32's; {verdict}.")
