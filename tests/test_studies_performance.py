@@ -182,6 +182,16 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
     assert P.misaligned_16bit_phrase({"bf16": 1.31, "fp16": 1.5}).endswith(
         "1.31 and 1.50 times their own throughput at the aligned size: misalignment did not slow them here")
     assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 1.5}).endswith("misalignment slowed BF16 only")
+    # a slowdown inside the noise of a repeated median does not count
+    assert P.misaligned_16bit_phrase({"bf16": 0.49, "fp16": 0.93}, noise_pct=22.2).endswith(
+        "misalignment slowed BF16 only beyond the 22.2% a repeated median of one product moved here (FP16 lost less "
+        "than that)")
+    assert P.misaligned_16bit_phrase({"bf16": 0.95, "fp16": 0.93}, noise_pct=22.2).endswith(
+        "neither slowed beyond the 22.2% a repeated median of one product moved here")
+    assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 0.5}, noise_pct=10.0).endswith(
+        "misalignment slowed BF16 and FP16 beyond the 10.0% a repeated median of one product moved here")
+    with pytest.raises(ValueError, match="noise_pct"):
+        P.misaligned_16bit_phrase({"bf16": 0.5}, noise_pct=-1.0)
     for bad in ({}, {"bf16": math.nan}, {"bf16": 0.0}):
         with pytest.raises(ValueError, match="positive finite throughput ratios"):
             P.misaligned_16bit_phrase(bad)
@@ -292,10 +302,10 @@ def test_throughput_facts_on_a_cpu_and_on_a_gpu():
     assert facts == {"tp_seeds": 1,          # every run is seed 0; the compiled run is not counted
                      "live_bf16_speed": "**2.00**", "live_fp16_speed": "**1.25**", "live_fp32_mfu": "**20.0%**",
                      "mfu_source": "a peak"}
-    assert caveat.startswith("These are this machine's ratios only: a CPU has no tensor cores")
+    assert caveat.startswith("These are this machine's ratios only: they do not transfer to a GPU's tensor cores")
     # three denominators, each named
     assert "uses three measured ones" in caveat and "probe's FP32 product" in caveat
-    assert "probe's fastest dtype" in caveat and "best product of this page's sweep" in caveat
+    assert "probe's fastest dtype" in caveat and "best median of this page's sweep" in caveat
     # a tiny MFU (a loaded CPU) keeps its digits instead of printing 0%
     tiny = P.throughput_facts(_study(peaks={"fp32": 60.0}), on_gpu=False)
     assert tiny["live_fp32_mfu"] == "**0.333%**"
@@ -373,7 +383,15 @@ def test_time_to_target_facts_and_the_recorded_note():
     facts = P.time_to_target_facts(4.2, {"fp32": [1.234, 2.0], "bf16_autocast": [0.5]})
     caveat = facts.pop("ttt_caveat")
     # three significant digits, so short CPU times keep their differences
-    assert facts == {"target": 4.2, "ttt": "fp32 1.23 to 2.00 s, bf16_autocast 0.500 to 0.500 s"}
+    assert facts == {"target": 4.2, "ttt": "fp32 1.23 to 2.00 s, bf16_autocast 0.500 to 0.500 s",
+                     "ttt_order": " `bf16_autocast` reached it before `fp32` in every seed (its slowest run "
+                                  "before the fastest of `fp32`)."}
+    # an order is said only where the ranges do not overlap
+    assert P.time_to_target_order({"fp32": (1.0, 2.0), "bf16_autocast": (1.5, 1.8), "fp16_autocast_scaler": (
+        2.5, 3.0)}) == (" The range of `bf16_autocast` overlaps that of `fp32`, so neither came first in every "
+                        "seed; `fp16_autocast_scaler` reached it after `fp32` in every seed (its fastest run after "
+                        "the slowest of `fp32`).")
+    assert P.time_to_target_order({"fp32": (1.0, 2.0)}) == P.time_to_target_order({"bf16": (1.0, 2.0)}) == ""
     assert P.time_to_target_facts(4.2, {"fp32": [0.1504, 0.1538]})["ttt"] == "fp32 0.150 to 0.154 s"
     assert P.time_to_target_facts(4.2, {"fp32": [123.4]})["ttt"] == "fp32 123 to 123 s"
     assert caveat.startswith(" These are CPU times")
@@ -523,8 +541,8 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
                                     device_label="this CPU", sweeps={"live": {"fp32": {8: 2.0}, "fp16": {8: 1.0}}},
                                     studies={"the recorded GPU": _study()})
     assert cpu[5][1] == ("On the recorded GPU, a whole BF16 autocast training step (eager) ran at 2.00 times FP32's "
-                         "token rate. On this CPU FP16 autocast trains at 1.25 times FP32's speed (a CPU: no tensor "
-                         "cores, so this is not a GPU's figure). In the live sweep on this CPU (its FP8 product, an "
+                         "token rate. On this CPU FP16 autocast trains at 1.25 times FP32's speed (a CPU, so this is "
+                         "not a GPU's figure). In the live sweep on this CPU (its FP8 product, an "
                          "emulation, left out), FP16 ran at 0.50 times the throughput of FP32 (TF32 off) at n = 8: "
                          "fewer bits, slower product.")
 
@@ -610,7 +628,7 @@ def test_lower_precision_erratum_says_when_a_sweep_never_slows():
     text = E.lower_precision_erratum(0.5, "this CPU", {"live": {"fp32": {8: 1.0}, "bf16": {8: 0.5}},
                                                       "recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
     assert text == ("In the recorded X sweep, fewer bits were never slower. On this CPU FP16 autocast trains at 0.50 "
-                    "times FP32's speed (a CPU: no tensor cores, so this is not a GPU's figure). In the live sweep on "
+                    "times FP32's speed (a CPU, so this is not a GPU's figure). In the live sweep on "
                     "this CPU (its FP8 product, an emulation, left out), BF16 ran at 0.50 times the throughput of FP32 "
                     "(TF32 off) at n = 8: fewer bits, slower product.")
     with_tf32 = dataclasses.replace(_study(), runs=_study().runs + (_run("tf32", 0.25),))

@@ -336,8 +336,8 @@ def reference_peak(device: torch.device | str) -> tuple[float, str]:
     probe = capability_probe(device)
     dtype = max((d for d in ("fp32", "bf16", "fp16") if d in probe.tflops), key=lambda d: probe.tflops[d])
     return probe.tflops[dtype], (f"the fastest matmul throughput of the capability probe on this CPU "
-                                 f"({dtype.upper()} at n={probe.n}; a CPU has no datasheet peak, and larger "
-                                 f"products can run faster, which would lower these MFUs)")
+                                 f"({dtype.upper()} at n={probe.n}; a CPU has no datasheet peak, so these MFUs "
+                                 f"are shares of that measured rate, not of a peak)")
 
 
 # ---- the measurement ---------------------------------------------------------------------------------------

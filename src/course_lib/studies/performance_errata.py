@@ -176,6 +176,6 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
             parts.append(f"On {label}, a whole BF16 autocast training step (eager) ran at {ratio:.2f} times "
                          f"{base.upper()}'s token rate.")
     parts.append(f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
-                 + (" (a CPU: no tensor cores, so this is not a GPU's figure)" if "CPU" in device_label else "") + ".")
+                 + (" (a CPU, so this is not a GPU's figure)" if "CPU" in device_label else "") + ".")
     parts += [sweep_part(label, tflops) for label, tflops in sweeps.items() if label == "live"]
     return " ".join(parts)

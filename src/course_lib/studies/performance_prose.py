@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from ..bench import (
     DTYPE_LABELS,
     CPUPeakEstimate,
-    MatmulPoint,
     MatmulSweep,
     OpCost,
     RooflineRow,
@@ -24,109 +23,23 @@ from ..memory import MemoryBreakdown, bytes_per_parameter, estimate_training_mem
 from ..models import GPTConfig
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
+from .timing_prose import (   # noqa: F401 - lesson 6 reads the timing section's facts from here too
+    _recorded_matmul,
+    recorded_cross_check,
+    spread_against_quartiles,
+    timer_comparison,
+    timing_facts,
+)
 from .performance_errata import gpt2_rates_erratum, lower_precision_erratum, normalisation_erratum
 from .performance import (
     bf16_ridge,
     measured_tflops,
     ActivationSweep,
-    MatmulThroughput,
     ProfiledStep,
     ProfiledSteps,
     ThroughputStudy,
     TrainingMemory,
 )
-
-
-# ---- timing a matrix product -------------------------------------------------------------------------
-
-def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[str, object]:
-    """The first of ``points`` (repeated measurements of one product, at least two): its size, median and
-    quartiles (ms), repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in
-    %), and a phrase that says whether that range is wider than the first measurement's quartiles; and the
-    first median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
-    against the spread of the repeated medians (a difference of medians is judged by how far a median moves,
-    not by how far single calls spread)."""
-    if len(points) < 2:
-        raise ValueError("timing_facts needs at least two measured points: their medians' spread is the noise "
-                         "a median's gap is judged by")
-    if not timer_seconds > 0:
-        raise ValueError(f"timer_seconds must be positive, got {timer_seconds!r}")
-    point = points[0]
-    t = point.timing
-    medians = [p.timing.median for p in points]
-    spread = 100 * (max(medians) / min(medians) - 1)
-    return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
-            "t_repeats": t.repeats, "t_tflops": point.tflops,
-            "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
-            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread, len(points)),
-            "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
-
-
-def timer_comparison(diff_pct: float, spread_pct: float, measurements: int) -> Prose:
-    """The harness's median against ``torch.utils.benchmark.Timer``'s, ``diff_pct`` percent apart (positive:
-    the harness reads higher), judged against ``spread_pct``, how far apart the harness's ``measurements``
-    repeated medians of the same product lie (the noise of a median, the right yardstick for a difference of
-    medians). Within that spread the phrase says the two agree; beyond it, every repeated median lies on the
-    same side of Timer's, so the harness reads consistently higher (or lower) by the gap, and a reason is
-    offered only as a possibility and only where its sign fits: per-call synchronisation and rotated buffers
-    can make the harness slower than Timer's blocks of calls on one reused buffer, never faster."""
-    if not (math.isfinite(spread_pct) and spread_pct >= 0):
-        raise ValueError(f"spread_pct must be a finite non-negative percentage, got {spread_pct!r}")
-    if not math.isfinite(diff_pct):
-        raise ValueError(f"diff_pct must be finite, got {diff_pct!r}")
-    if isinstance(measurements, bool) or not isinstance(measurements, int) or measurements < 2:
-        raise ValueError(f"measurements must be an int of at least 2, got {measurements!r}")
-    side = "higher" if diff_pct >= 0 else "lower"
-    timer = "the median of PyTorch's own `torch.utils.benchmark.Timer` on the same shape"
-    noise = (f"the {spread_pct:.1f}% by which its own {measurements} repeated medians of this product spread "
-             "(given below), the noise of a median here")
-    if abs(diff_pct) <= spread_pct:
-        return Prose(f"within {abs(diff_pct):.1f}% of {timer} ({side}), no more than {noise}: the two tools agree "
-                     "within this machine's noise")
-    gap = (f"{abs(diff_pct):.1f}% {side} than {timer}, more than {noise}: every repeated median lies {side} "
-           f"than Timer's, so the harness reads consistently {side} than Timer here, by about "
-           f"{abs(diff_pct):.1f}%")
-    if diff_pct > 0:
-        return Prose(f"{gap}. A possible reason, not measured here: the harness synchronises around every call "
-                     "and rotates over several fresh buffers, while Timer times blocks of calls on one reused "
-                     "buffer that can stay in a warmer cache")
-    return Prose(f"{gap}. The harness's per-call synchronisation and rotated buffers would make it slower than "
-                 "Timer, not faster, so they do not explain this gap; the machine's load may have changed "
-                 "between the two tools' measurements, which only repeating Timer too can tell apart")
-
-
-def spread_against_quartiles(low_median: float, high_median: float, q25: float, q75: float) -> Prose:
-    """Whether repeated measurements' medians (``low_median`` to ``high_median``) spread wider than one
-    measurement's quartiles, ``q25`` to ``q75`` (all in seconds), as the end of a sentence: the widths are
-    compared, and a narrower range that still lies partly outside the quartiles is said to be shifted."""
-    if not (0 < low_median <= high_median and 0 < q25 <= q75):
-        raise ValueError(f"need 0 < low_median <= high_median and 0 < q25 <= q75, got {low_median!r}, "
-                         f"{high_median!r}, {q25!r}, {q75!r}")
-    if high_median - low_median > q75 - q25:
-        return Prose("wider than the quartiles of one measurement: a single measurement's quartiles understate "
-                     "how much a repeat can move")
-    if low_median < q25 or high_median > q75:
-        return Prose("no wider than the quartiles of one measurement, though not inside them: the repeats moved "
-                     "no more than one measurement varies, but the whole measurement can shift")
-    return Prose("inside the quartiles of one measurement: on this run, one measurement's quartiles covered "
-                 "the repeats")
-
-
-def _recorded_matmul(record: RecordedResult) -> MatmulThroughput:
-    if not isinstance(record.result, MatmulThroughput):
-        raise TypeError(f"expected a recorded MatmulThroughput, got {type(record.result).__name__}")
-    return record.result
-
-
-def recorded_cross_check(record: RecordedResult) -> Prose:
-    """A recorded ``matmul_throughput`` run's check of the harness against ``torch.utils.benchmark.Timer``:
-    per dtype, both medians (ms) and how far apart they are."""
-    result = _recorded_matmul(record)
-    table = markdown_table(
-        ("dtype", "harness median (ms)", "torch Timer median (ms)", "harness against Timer"),
-        [(d, f"{1e3 * c.harness_s:.4f}", f"{1e3 * c.torch_timer_s:.4f}",
-          f"{100 * (c.harness_s / c.torch_timer_s - 1):+.1f}%") for d, c in result.cross_check.items()])
-    return Prose(f"Recorded on **{record.label}** at n = {result.cross_check_n}:\n\n" + table)
 
 
 # ---- matrix-multiply throughput per dtype ------------------------------------------------------------
@@ -163,11 +76,12 @@ def cpu_estimate_sentence(estimate: CPUPeakEstimate | None, best_fp32_tflops: fl
                                         "faster than that." if best_fp32_tflops > estimate.tflops else ""))
 
 
-def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEstimate | None) -> dict[str, object]:
+def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEstimate | None, *,
+                 noise_pct: float = 0.0) -> dict[str, object]:
     """The sweep at its largest multiple of 8 (``live_big``) and its largest size that is not one
     (``live_odd``): FP32's TFLOP/s at both, BF16's and FP16's throughput over FP32's at ``live_big`` (as
     :func:`glue.ratio_text` writes a speed ratio, the rule of every ratio on lesson 6's page); the
-    CPU estimate's sentence; the dtypes not run, and why."""
+    CPU estimate's sentence; the dtypes not run, and why. ``noise_pct``: see :func:`misaligned_16bit_phrase`."""
     live = measured_tflops(sweep)
     missing = [d for d in ("fp32", "bf16", "fp16") if d not in live]
     if missing:
@@ -182,20 +96,29 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
             "live_bf16_ratio": Prose(bold(ratio_text(live["bf16"][big] / live["fp32"][big]))),
             "live_fp16_ratio": Prose(bold(ratio_text(live["fp16"][big] / live["fp32"][big]))),
             "cpu_estimate": cpu_estimate_sentence(estimate, sweep.best("fp32")),
-            "live_odd_16bit": misaligned_16bit_phrase({d: live[d][odd] / live[d][big] for d in ("bf16", "fp16")}),
+            "live_odd_16bit": misaligned_16bit_phrase({d: live[d][odd] / live[d][big] for d in ("bf16", "fp16")},
+                                                      noise_pct=noise_pct),
             "skipped": Prose(skipped)}
 
 
-def misaligned_16bit_phrase(ratios: dict[str, float]) -> Prose:
+def misaligned_16bit_phrase(ratios: dict[str, float], *, noise_pct: float = 0.0) -> Prose:
     """BF16's and FP16's throughput at the misaligned size over their own at the aligned one (``ratios`` by
-    dtype), and whether misalignment slowed them, said of this device."""
+    dtype), and whether misalignment slowed them, said of this device: a slowdown counts only beyond
+    ``noise_pct``, how far a repeated median of one product moved here (the timing section's)."""
     if not ratios or any(not (isinstance(r, float | int) and math.isfinite(r) and r > 0) for r in ratios.values()):
         raise ValueError(f"ratios must map dtypes to positive finite throughput ratios, got {ratios!r}")
+    if not (math.isfinite(noise_pct) and noise_pct >= 0):
+        raise ValueError(f"noise_pct must be a finite non-negative percentage, got {noise_pct!r}")
     said = " and ".join(DTYPE_LABELS[d] for d in ratios)
     values = " and ".join(ratio_text(r) for r in ratios.values())
-    slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if r < 1]
-    verdict = ("misalignment did not slow them here" if not slowed else
-               f"misalignment slowed {' and '.join(slowed)}" + ("" if len(slowed) == len(ratios) else " only"))
+    slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if r * (1 + noise_pct / 100) < 1]
+    within = [DTYPE_LABELS[d] for d, r in ratios.items() if r < 1 and DTYPE_LABELS[d] not in slowed]
+    noise = f" the {noise_pct:.1f}% a repeated median of one product moved here"
+    verdict = ("misalignment did not slow them here" if not slowed and not within else
+               f"neither slowed beyond{noise}" if not slowed else
+               f"misalignment slowed {' and '.join(slowed)}" + ("" if len(slowed) == len(ratios) else " only")
+               + (f" beyond{noise}" if noise_pct else "")
+               + (f" ({' and '.join(within)} lost less than that)" if within else ""))
     return Prose(f"{said} ran at {values} times their own throughput at the aligned size: {verdict}")
 
 
@@ -297,15 +220,16 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
         raise ValueError("the study has no peak to measure FP32's MFU against")
     compiled = sorted({r.recipe for r in study.runs if r.compiled})
     if not on_gpu:
-        caveat = ("These are this machine's ratios only: a CPU has no tensor cores, and its ratios do not transfer "
-                  "to a GPU. The live runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
+        caveat = ("These are this machine's ratios only: they do not transfer to a GPU's tensor cores. The live "
+                  "runs skip `torch.compile` to keep the page quick; the recorded GPU runs "
                   "include it. A CPU has no datasheet peak, and this page uses three measured ones, each named "
                   "where it is used: the MFU above divides by the capability probe's FP32 product (the one named "
                   "above, measured once per process and reused); the "
                   "ladder's MFU divides by the probe's fastest dtype, which need not be FP32; and the roofline's "
-                  "ceiling is the best product of this page's sweep, the most this machine reached. A larger "
-                  "product can run faster than the probe's, so an MFU here can overstate the share of the machine "
-                  "a run used.")
+                  "ceiling is the best median of this page's sweep. The probe keeps each dtype's best round and "
+                  "the sweep each size's median, and on a shared machine the two can differ widely (compare the "
+                  "probe's table with the sweep's figure at the probe's size): an MFU here is a share of one "
+                  "measured rate, not of the machine's peak.")
     elif compiled:
         caveat = (f"The live runs compile {and_list([f'`{r}`' for r in compiled])} with `torch.compile` (one "
                   "seed, blue in the figure); `python -m course_lib.gpu_session` records every recipe compiled in the model "
@@ -404,12 +328,31 @@ def time_to_target_facts(target: float, times: Mapping[str, Sequence[float | Non
     off a GPU (``on_gpu`` false), the caveat that these times come from CPU kernels."""
     ranges = _time_ranges(times)
     caveat = "" if on_gpu else (
-        " These are CPU times: the 16-bit recipes run on the CPU's kernels, which emulate or narrowly support "
-        "16-bit arithmetic, not on a GPU's tensor cores, so their times say nothing about a GPU's (the "
-        "matrix-product sweep above measured this CPU's 16-bit products against FP32's).")
+        " These are CPU times: the 16-bit recipes ran on this CPU's kernels, not on a GPU's tensor cores, so "
+        "their times say nothing about a GPU's (the matrix-product sweep above measured this CPU's 16-bit "
+        "products against FP32's).")
     return {"target": target,
             "ttt": Prose(", ".join(f"{name} {sig3(lo)} to {sig3(hi)} s" for name, (lo, hi) in ranges.items())),
-            "ttt_caveat": Prose(caveat)}
+            "ttt_order": time_to_target_order(ranges), "ttt_caveat": Prose(caveat)}
+
+
+def time_to_target_order(ranges: Mapping[str, tuple[float, float]], base: str = "fp32") -> Prose:
+    """Each recipe's range of seconds to the target against ``base``'s: first or later in every seed only
+    where the two ranges do not overlap, else no order (as a sentence; empty without ``base`` or others)."""
+    if base not in ranges or len(ranges) < 2:
+        return Prose("")
+    lo, hi = ranges[base]
+    parts = []
+    for name, (a, b) in ranges.items():
+        if name == base:
+            continue
+        parts.append(f"`{name}` reached it before `{base}` in every seed (its slowest run before the fastest of "
+                     f"`{base}`)" if b < lo else
+                     f"`{name}` reached it after `{base}` in every seed (its fastest run after the slowest of "
+                     f"`{base}`)" if a > hi else
+                     f"the range of `{name}` overlaps that of `{base}`, so neither came first in every seed")
+    text = "; ".join(parts)
+    return Prose(" " + text[0].upper() + text[1:] + ".")
 
 
 def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:

@@ -1,0 +1,105 @@
+"""Lesson 6's first section, timing a matrix product: the harness's repeated medians against one
+measurement's quartiles and against ``torch.utils.benchmark.Timer``, live and recorded."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..bench import MatmulPoint
+from ..glue import Prose
+from ..results import RecordedResult
+from ..tables import markdown_table
+from .performance import MatmulThroughput
+
+
+# ---- timing a matrix product -------------------------------------------------------------------------
+
+def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[str, object]:
+    """The first of ``points`` (repeated measurements of one product, at least two): its size, median and
+    quartiles (ms), repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in
+    %), and a phrase that says whether that range is wider than the first measurement's quartiles; and the
+    first median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
+    against the spread of the repeated medians (a difference of medians is judged by how far a median moves,
+    not by how far single calls spread)."""
+    if len(points) < 2:
+        raise ValueError("timing_facts needs at least two measured points: their medians' spread is the noise "
+                         "a median's gap is judged by")
+    if not timer_seconds > 0:
+        raise ValueError(f"timer_seconds must be positive, got {timer_seconds!r}")
+    point = points[0]
+    t = point.timing
+    medians = [p.timing.median for p in points]
+    spread = 100 * (max(medians) / min(medians) - 1)
+    return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
+            "t_repeats": t.repeats, "t_tflops": point.tflops,
+            "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
+            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread, len(points)),
+            "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
+
+
+def timer_comparison(diff_pct: float, spread_pct: float, measurements: int) -> Prose:
+    """The harness's median against ``torch.utils.benchmark.Timer``'s, ``diff_pct`` percent apart (positive:
+    the harness reads higher), judged against ``spread_pct``, how far apart the harness's ``measurements``
+    repeated medians of the same product lie (the noise of a median, the right yardstick for a difference of
+    medians). Within that spread the phrase says the two agree; beyond it, every repeated median lies on the
+    same side of Timer's, so the harness reads consistently higher (or lower) by the gap, and a reason is
+    offered only as a possibility and only where its sign fits: per-call synchronisation and rotated buffers
+    can make the harness slower than Timer's blocks of calls on one reused buffer, never faster."""
+    if not (math.isfinite(spread_pct) and spread_pct >= 0):
+        raise ValueError(f"spread_pct must be a finite non-negative percentage, got {spread_pct!r}")
+    if not math.isfinite(diff_pct):
+        raise ValueError(f"diff_pct must be finite, got {diff_pct!r}")
+    if isinstance(measurements, bool) or not isinstance(measurements, int) or measurements < 2:
+        raise ValueError(f"measurements must be an int of at least 2, got {measurements!r}")
+    side = "higher" if diff_pct >= 0 else "lower"
+    timer = "the median of PyTorch's own `torch.utils.benchmark.Timer` on the same shape"
+    noise = (f"the {spread_pct:.1f}% by which its own {measurements} repeated medians of this product spread "
+             "(given below), the noise of a median here")
+    if abs(diff_pct) <= spread_pct:
+        return Prose(f"within {abs(diff_pct):.1f}% of {timer} ({side}), no more than {noise}: the two tools agree "
+                     "within this machine's noise")
+    gap = (f"{abs(diff_pct):.1f}% {side} than {timer}, more than {noise}: every repeated median lies {side} "
+           f"than Timer's, so the harness reads consistently {side} than Timer here, by about "
+           f"{abs(diff_pct):.1f}%")
+    if diff_pct > 0:
+        return Prose(f"{gap}. A possible reason, not measured here: the harness synchronises around every call "
+                     "and rotates over several fresh buffers, while Timer times blocks of calls on one reused "
+                     "buffer that can stay in a warmer cache")
+    return Prose(f"{gap}. The harness's per-call synchronisation and rotated buffers would make it slower than "
+                 "Timer, not faster, so they do not explain this gap; the machine's load may have changed "
+                 "between the two tools' measurements, which only repeating Timer too can tell apart")
+
+
+def spread_against_quartiles(low_median: float, high_median: float, q25: float, q75: float) -> Prose:
+    """Whether repeated measurements' medians (``low_median`` to ``high_median``) spread wider than one
+    measurement's quartiles, ``q25`` to ``q75`` (all in seconds), as the end of a sentence: the widths are
+    compared, and a narrower range that still lies partly outside the quartiles is said to be shifted."""
+    if not (0 < low_median <= high_median and 0 < q25 <= q75):
+        raise ValueError(f"need 0 < low_median <= high_median and 0 < q25 <= q75, got {low_median!r}, "
+                         f"{high_median!r}, {q25!r}, {q75!r}")
+    if high_median - low_median > q75 - q25:
+        return Prose("wider than the quartiles of one measurement: a single measurement's quartiles understate "
+                     "how much a repeat can move")
+    if low_median < q25 or high_median > q75:
+        return Prose("no wider than the quartiles of one measurement, though not inside them: the repeats moved "
+                     "no more than one measurement varies, but the whole measurement can shift")
+    return Prose("inside the quartiles of one measurement: on this run, one measurement's quartiles covered "
+                 "the repeats")
+
+
+def _recorded_matmul(record: RecordedResult) -> MatmulThroughput:
+    if not isinstance(record.result, MatmulThroughput):
+        raise TypeError(f"expected a recorded MatmulThroughput, got {type(record.result).__name__}")
+    return record.result
+
+
+def recorded_cross_check(record: RecordedResult) -> Prose:
+    """A recorded ``matmul_throughput`` run's check of the harness against ``torch.utils.benchmark.Timer``:
+    per dtype, both medians (ms) and how far apart they are."""
+    result = _recorded_matmul(record)
+    table = markdown_table(
+        ("dtype", "harness median (ms)", "torch Timer median (ms)", "harness against Timer"),
+        [(d, f"{1e3 * c.harness_s:.4f}", f"{1e3 * c.torch_timer_s:.4f}",
+          f"{100 * (c.harness_s / c.torch_timer_s - 1):+.1f}%") for d, c in result.cross_check.items()])
+    return Prose(f"Recorded on **{record.label}** at n = {result.cross_check_n}:\n\n" + table)
