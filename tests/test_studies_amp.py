@@ -112,9 +112,11 @@ def test_recipe_results_table_labels_cpu_timings():
 
 
 def test_recipe_facts_compare_median_throughputs():
-    assert A.recipe_facts(_histories()) == {"fp32_over_fp16": 2.0}
-    with pytest.raises(ValueError, match="lack fp16_autocast_scaler"):
+    assert A.recipe_facts(_histories()) == {"recipe_speeds": "`fp16_autocast_scaler` 0.50"}
+    with pytest.raises(ValueError, match="need fp32 and another recipe"):
         A.recipe_facts({"fp32": _histories()["fp32"]})
+    with pytest.raises(ValueError, match="need fp32 and another recipe"):
+        A.recipe_facts({"bf16": _histories()["fp32"], "fp16": _histories()["fp32"]})
 
 
 def test_amp_errata_state_the_measured_dtypes_and_the_deprecation():
