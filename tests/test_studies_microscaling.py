@@ -215,8 +215,11 @@ def test_same_side_sentence():
 
 
 @pytest.mark.parametrize("differences, ending", [
-    ([0.042, 0.029, 0.015], ": at this size the recipe did not pay for itself in the loss."),
-    ([-0.01, -0.02], ": better in every seed."),
+    ([0.042, 0.029, 0.015], ": worse in every seed, a sign that 3 seeds give by chance alone one time in 4: at "
+                            "this size, weak evidence that the recipe does not pay for itself in the loss."),
+    ([-0.01, -0.02], ": better in every seed, a sign that 2 seeds give by chance alone one time in 2: at this size, "
+                     "weak evidence that the recipe pays for itself in the loss."),
+    ([0.01], ": worse in every seed: one seed, which cannot say whether the recipe pays for itself."),
     ([0.01, -0.02], ", no consistent difference."),
 ])
 def test_nvfp4_against_mxfp4(differences, ending):

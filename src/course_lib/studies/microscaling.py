@@ -495,8 +495,14 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
     """NVFP4's final loss minus MXFP4's per seed, and whether the full recipe paid for itself."""
     if not differences:
         raise ValueError("nvfp4_against_mxfp4 needs at least one seed")
-    verdict = (": at this size the recipe did not pay for itself in the loss." if min(differences) > 0 else
-               ": better in every seed." if max(differences) < 0 else ", no consistent difference.")
+    n = len(differences)
+
+    def chance(pays: str) -> str:   # one sign over n seeds, by chance alone: 2 / 2**n
+        return (f", a sign that {n} seeds give by chance alone one time in {2 ** (n - 1)}: at this size, weak "
+                f"evidence that the recipe {pays} for itself in the loss." if n > 1 else
+                ": one seed, which cannot say whether the recipe pays for itself.")
+    verdict = (": worse in every seed" + chance("does not pay") if min(differences) > 0 else
+               ": better in every seed" + chance("pays") if max(differences) < 0 else ", no consistent difference.")
     return Prose(f"NVFP4, with every piece of its recipe, ended {', '.join(f'{d:+.3f}' for d in differences)} "
                  "against MXFP4 (same seeds)" + verdict)
 
