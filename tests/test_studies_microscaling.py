@@ -245,7 +245,9 @@ def test_block_scaled_training_facts():
         "train_steps": 8, "train_seed_spread": 0.5, "train_lo": -0.25, "train_hi": 0.25,
         "train_consistent": "`mxfp4` and `nvfp4` ended on the same side of BF16 in every seed.",
         "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
-                                "(same seeds): at this size the recipe did not pay for itself in the loss.",
+                                "(same seeds): worse in every seed, a sign that 3 seeds give by chance alone one "
+                                "time in 4: at this size, weak evidence that the recipe does not pay for itself in "
+                                "the loss.",
         "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 0, +0.250 against BF16's loss "
                           "from the same seed at that step, on the same batch (every run of a seed starts from the "
                           "same weights and draws the same batches in the same order). At that step the other "
