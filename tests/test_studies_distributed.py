@@ -150,6 +150,9 @@ def test_fsdp_table_and_facts():
         "two reductions.")
     lower = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.125})
     assert "ends **1.2e-01** lower than" in D.reduce_compare_sentence(lower)
+    # a difference below the fifth decimal prints as many digits as tell the two apart
+    close = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.2500054})
+    assert "(**3.250005** against **3.250000**)" in D.reduce_compare_sentence(close)
     same = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.25})
     assert "ends with exactly the FP32-reduce run's loss" in D.reduce_compare_sentence(same)
     apart = _study(eval_losses={**study.eval_losses, "FSDP2, FP32 (no policy)": 3.5000001})

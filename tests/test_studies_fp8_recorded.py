@@ -227,7 +227,8 @@ def test_small_product_note_says_what_launch_bound_sizes_measure_and_keeps_the_s
     assert R.small_product_note(THROUGHPUT, GPU, up_to=1024) == (
         "Up to n = 512 both products took 25 to 40 us whatever the size, where Test GPU's datasheet peaks would "
         "need at most 9% of that: those sizes measure launch overhead, not tensor cores, and a ratio there compares "
-        "the two kernels' fixed costs. The roofline below assumes 2 µs per kernel at least; these measured products "
+        "the two kernels' fixed costs. The roofline model of the figure above assumes 2 µs per kernel at least; these "
+        "measured products "
         "took 12 to 20 times that (each timing includes the launch and the timer's own overhead): the model's floor "
         "is an assumption, and the small products measured here are slower still. Up to 1024, with the spread of both timings (BF16's time over FP8's, from "
         "their interquartile ranges), FP8's product was faster at 256 (1.02-1.40); slower at 512 (0.69-0.82); "

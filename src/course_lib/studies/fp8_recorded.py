@@ -263,7 +263,8 @@ def small_product_note(throughput: MatmulThroughput | None, gpu: GPUPeaks | None
                      "kernels' fixed costs.")
         floor_us = 1e6 * LAUNCH_SECONDS
         if min(times) > floor_us:
-            parts.append(f"The roofline below assumes {floor_us:g} µs per kernel at least; these measured products "
+            parts.append(f"The roofline model of the figure above assumes {floor_us:g} µs per kernel at least; these "
+                         "measured products "
                          f"took {min(times) / floor_us:.0f} to {max(times) / floor_us:.0f} times that (each timing "
                          "includes the launch and the timer's own overhead): the model's floor is an assumption, and "
                          "the small products measured here are slower still.")
