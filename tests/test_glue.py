@@ -97,3 +97,16 @@ def test_percent_text_never_rounds_a_nonzero_share_to_zero():
         percent_text(-0.1)
     with pytest.raises(TypeError, match="real number"):
         percent_text("0.1")
+
+
+def test_percent_places_never_rounds_a_share_to_100_or_0_that_is_not():
+    from course_lib.glue import percent_places
+    assert percent_places(99.8046875) == "99.80%" and percent_places(100.0) == "100.00%"
+    assert percent_places(99.998) == "99.998%" and percent_places(99.99951) == "99.9995%"
+    assert percent_places(0.001) == "0.001%" and percent_places(0.0) == "0.00%"
+    assert percent_places(12.345, 1) == "12.3%"
+    for bad in (100.5, -1.0, float("nan"), True):
+        with pytest.raises(ValueError, match="pct must be a percentage"):
+            percent_places(bad)
+    with pytest.raises(ValueError, match="places must be"):
+        percent_places(50.0, -1)

@@ -32,7 +32,9 @@ def test_sweep_facts_read_scale_1_the_initial_scale_and_both_plateaus():
                      "survive_init": 99.8046875, "normal_at_1": 25.0, "normal_init": 87.3046875,
                      "plateau_lo": 1, "plateau_hi": 2, "normal_lo": 2, "normal_hi": 2, "normal_best": 100.0,
                      "plateau_range": "2\u00b9 to 2\u00b2", "normal_range": "2\u00b2 to 2\u00b2",
-                     "normal_best_at": "2\u00b2", "init_scale_text": "2\u00b9"}
+                     "normal_best_at": "2\u00b2", "init_scale_text": "2\u00b9",
+                     "survive_best_text": "**100.00%**", "survive_init_text": "**99.80%**",
+                     "normal_init_text": "**87.30%**", "normal_best_text": "**100.00%**"}
     assert P.power_of_two_text(-126) == "2\u207b\u00b9\u00b2\u2076" and P.power_of_two_text(16) == "2\u00b9\u2076"
     with pytest.raises(TypeError, match="exponent must be an int"):
         P.power_of_two_text(2.0)

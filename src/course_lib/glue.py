@@ -62,6 +62,20 @@ def percent_text(fraction: float) -> str:
     return "0%" if fraction == 0 else f"{sig3(100 * fraction)}%"
 
 
+def percent_places(pct: float, places: int = 2) -> str:
+    """A percentage (``99.998`` of 100) to ``places`` decimals, with more where fewer would print a share that
+    is not 100% as ``100.00%`` or a nonzero one as ``0.00%`` (up to ten decimals)."""
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not (math.isfinite(pct) and 0 <= pct <= 100):
+        raise ValueError(f"pct must be a percentage from 0 to 100, got {pct!r}")
+    if isinstance(places, bool) or not isinstance(places, int) or places < 0:
+        raise ValueError(f"places must be a non-negative int, got {places!r}")
+    text = f"{pct:.{places}f}"
+    while places < 10 and ((pct < 100 and float(text) >= 100) or (pct > 0 and float(text) == 0)):
+        places += 1
+        text = f"{pct:.{places}f}"
+    return f"{text}%"
+
+
 def bold(text: object) -> str:
     """A computed number inside glued Markdown (a :class:`Prose`), bold as ``{glue:text}`` shows a glued
     number, so that the book's rule "a number in bold was computed" holds for both."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..glue import Prose, and_list, count_word, plural, power_of_two_text
+from ..glue import Prose, and_list, bold, count_word, percent_places, plural, power_of_two_text
 from ..gradients import ScaleSweep
 from ..results import RecordedResult, describe_records
 from ..scaling import (
@@ -74,6 +74,10 @@ def sweep_facts(sweep: ScaleSweep, init_scale: float, tolerance: float = 0.005) 
         "normal_lo": int(math.log2(normal_lo)),
         "normal_hi": int(math.log2(normal_hi)),
         "normal_best": max(sweep.survive_normal) * 100,
+        # as text too: a share just under 100% must not print as 100.00% beside the explorer's 99.998%
+        **{f"{k}_text": Prose(bold(percent_places(100 * v))) for k, v in (
+            ("survive_best", max(sweep.survive)), ("survive_init", sweep.survive[at_init]),
+            ("normal_init", sweep.survive_normal[at_init]), ("normal_best", max(sweep.survive_normal)))},
         "plateau_range": Prose(f"{power_of_two_text(int(math.log2(plateau_lo)))} to "
                                f"{power_of_two_text(int(math.log2(plateau_hi)))}"),
         "normal_range": Prose(f"{power_of_two_text(int(math.log2(normal_lo)))} to "
