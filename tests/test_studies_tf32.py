@@ -66,18 +66,18 @@ ROUNDED = {"TF32": 4e-4, "BF16": 4e-3}
 def test_precision_phrase_judges_each_setting_against_a_product_in_its_backend_s_format():
     same = T.precision_phrase({"highest": 0.0, "high": 0.0, "medium": 0.0}, ROUNDED, ALLOWED, "mkldnn")
     assert isinstance(same, Prose)
-    assert same.startswith('"high" gives the same bits as "highest" (a product of TF32-rounded operands '
+    assert same.startswith('"high" gives the same bits as "highest" (where a product of TF32-rounded operands '
                            "differs by 4.0e-04): this device's kernel computed full FP32 products under it")
     used = T.precision_phrase({"high": 3e-4, "medium": 4e-3}, ROUNDED, ALLOWED, "mkldnn")
-    assert ('"high" moves the product by up to 3.0e-04 of its largest entry, of the order of a product of '
-            "TF32-rounded operands differs by 4.0e-04 (0.75 times that): consistent with TF32 products") in used
+    assert ('"high" moves the product by up to 3.0e-04 of its largest entry, 0.75 times the 4.0e-04 by which a '
+            "product of TF32-rounded operands differs: consistent with TF32 products") in used
     assert "consistent with BF16 products" in used
     # on a GPU "medium" allows TF32, as "high" does: it is judged against TF32's product, never BF16's
     gpu = T.precision_phrase({"high": 3e-4, "medium": 3e-4}, ROUNDED, ALLOWED, "cuda")
     assert "BF16" not in gpu and gpu.count("consistent with TF32 products") == 2
     # the CPU the review read: "medium" moved the product by 6.3e-07, far below BF16's 4.3e-03
     unused = T.precision_phrase({"high": 0.0, "medium": 6.3e-7}, {"TF32": 5e-4, "BF16": 4.3e-3}, ALLOWED, "mkldnn")
-    assert unused.endswith("far less than a product of BF16-rounded operands differs by 4.3e-03: the setting "
+    assert unused.endswith("far less than the 4.3e-03 by which a product of BF16-rounded operands differs: the setting "
                            "allows BF16 inside the product, but this device's kernel did not compute BF16 "
                            "products here (a difference that small comes from another kernel: another "
                            "summation order, or each FP32 operand split into several BF16 parts)")

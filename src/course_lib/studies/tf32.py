@@ -179,13 +179,13 @@ def precision_phrase(errors: Mapping[str, float], rounded: Mapping[str, float],
             return f'"{p}" allows only full FP32 on {BACKENDS[backend]}' + (
                 "" if errors[p] == 0 else f" (it moved the product by {errors[p]:.1e}: another kernel)")
         e, r = errors[p], rounded[f]
-        against = f"a product of {f}-rounded operands differs by {r:.1e}"
+        against = f"the {r:.1e} by which a product of {f}-rounded operands differs"
         if e == 0:
-            return (f'"{p}" gives the same bits as "highest" ({against}): this device\'s kernel computed full '
-                    f"FP32 products under it")
+            return (f'"{p}" gives the same bits as "highest" (where a product of {f}-rounded operands differs by '
+                    f"{r:.1e}): this device's kernel computed full FP32 products under it")
         if e >= match * r:
-            return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, of the order of {against} '
-                    f"({e / r:.2g} times that): consistent with {f} products")
+            return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, {e / r:.2g} times {against}: '
+                    f"consistent with {f} products")
         return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, far less than {against}: the '
                 f"setting allows {f} inside the product, but this device's kernel did not compute {f} products "
                 "here (a difference that small comes from another kernel: another summation order, or each FP32 "
