@@ -317,15 +317,17 @@ def test_a_ratio_inside_the_step_time_noise_is_a_tie_and_one_rung_locates_nothin
     one = dataclasses.replace(base, runs=noisy.runs[2:])
     text = PROSE.mixed_precision_verdict(one)
     assert "One rung ran here, so this run cannot say where along the ladder" in text
-    assert "at gpt2_medium BF16 paid (1.923x, step-time quartiles apart)" in text
+    assert ("at gpt2_medium BF16 paid (1.923x, step-time quartiles apart: BF16's upper quartile 131 ms against "
+            "TF32's lower one 250 ms).") in text
     one_noisy = dataclasses.replace(base, runs=noisy.runs[:2])
     assert "at gpt2_small BF16 did not pay by 1.1x or more beyond the step-time quartiles" in \
         PROSE.mixed_precision_verdict(one_noisy)
     # faster beyond the quartiles, but by less than the margin (the CPU page's 1.097x): said with its ratio
     short = dataclasses.replace(base, runs=(run("gpt2_small", "tf32", (10.9, 10.97, 11.0)),
                                             run("gpt2_small", "bf16_autocast", (9.9, 10.0, 10.1))))
-    assert ("at gpt2_small BF16 was faster beyond the step-time quartiles, but by 1.097x, short of 1.1x." in
-            PROSE.mixed_precision_verdict(short))
+    said = PROSE.mixed_precision_verdict(short)
+    assert "at gpt2_small BF16 was faster beyond the step-time quartiles: BF16's upper quartile " in said
+    assert "ms, but by 1.097x, short of 1.1x." in said
 
 
 def test_the_page_says_which_rungs_it_runs_from_the_registry():

@@ -77,12 +77,14 @@ def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, marg
     start = next((i for i in range(len(names)) if all(pays[n] for n in names[i:])), None)
     if len(names) == 1:
         one = names[0]
+        gap = _quartile_gap(ladder.run_of(one, baseline_recipe(ladder), compiled),
+                            ladder.run_of(one, "bf16_autocast", compiled)) if apart[one] else ""
         text += (" One rung ran here, so this run cannot say where along the ladder mixed precision starts "
-                 "to pay: " + (f"at {one} BF16 paid ({ratios[one]:.3f}x, step-time quartiles apart)." if pays[one]
-                               else f"at {one} BF16 was slower than {base}, beyond the step-time quartiles."
+                 "to pay: " + (f"at {one} BF16 paid ({ratios[one]:.3f}x, step-time quartiles apart{gap})." if pays[one]
+                               else f"at {one} BF16 was slower than {base}, beyond the step-time quartiles{gap}."
                                if one in loses else
-                               f"at {one} BF16 was faster beyond the step-time quartiles, but by {ratios[one]:.3f}x, "
-                               f"short of {margin:g}x." if apart[one] and ratios[one] > 1 else
+                               f"at {one} BF16 was faster beyond the step-time quartiles{gap}, but by "
+                               f"{ratios[one]:.3f}x, short of {margin:g}x." if apart[one] and ratios[one] > 1 else
                                f"at {one} BF16 did not pay by {margin:g}x or more beyond the step-time quartiles."))
         ties = loses = []
     elif start is None:
@@ -97,6 +99,16 @@ def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, marg
     if base == "FP32" and ladder.device == "cpu":
         text += " TF32 does not exist on a CPU, so FP32 is the baseline here."
     return Prose(text)
+
+
+def _quartile_gap(a: LadderRun | None, b: LadderRun | None) -> str:
+    """Where two runs' step-time quartiles part, to four digits (the table's three can make them look as if
+    they touch): the faster run's upper quartile against the slower run's lower one."""
+    if a is None or b is None:
+        return ""
+    fast, slow = sorted((a, b), key=lambda r: r.median_step_seconds)
+    return (f": {RECIPE_LABELS[fast.recipe]}'s upper quartile {1e3 * fast.step_quartiles[1]:.4g} ms against "
+            f"{RECIPE_LABELS[slow.recipe]}'s lower one {1e3 * slow.step_quartiles[0]:.4g} ms")
 
 
 def _quartiles_apart(a: LadderRun | None, b: LadderRun | None) -> bool:
