@@ -252,6 +252,7 @@ def test_the_figure_draws_a_line_per_run_and_fp16s_limit():
     # readable at the book's column: a narrow figure whose legend and limit label are at least 10 points
     assert fig.get_figwidth() <= 6.5
     assert min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 10
-    assert any("FP16's largest value" in t.get_text() and t.get_fontsize() >= 10 for t in ax.texts)
+    assert any("FP16's largest value, 65,504" in t.get_text() for t in ax.get_legend().get_texts())
+    assert ax.get_yscale() == "log" and ax.get_ylim()[1] > FP16_MAX
     assert any(line.get_ydata()[0] == FP16_MAX for line in ax.get_lines() if len(line.get_ydata()) == 2
                and line.get_ydata()[0] == line.get_ydata()[1])

@@ -188,7 +188,7 @@ def plot_qk_growth(divergence) -> Figure:
     """The largest attention product ``|q . k|`` before the scale (the largest over layers) against the step,
     one line per run of a :class:`~course_lib.studies.fp16_divergence.Fp16Divergence` (colour: seed; solid:
     attention written out, dashed: any other kind), FP16's largest value as a line, and a cross where a
-    run's loss turned non-finite. Narrow (6 inches) with one legend column: the book scales a figure to its
+    run's loss turned non-finite, on a log axis. Narrow (6 inches) with one legend column: the book scales a figure to its
     column (about 672 px), where a 10-point label reads about 15 px tall."""
     fp16_max = float(np.finfo(np.float16).max)
     fig, ax = plt.subplots(figsize=(6.0, 5.6))
@@ -204,10 +204,15 @@ def plot_qk_growth(divergence) -> Figure:
         if run.first_nonfinite is not None and len(peak) and np.isfinite(peak[-1]):
             ax.plot([run.first_nonfinite], [peak[-1]], "X", color=colour, ms=10, mec="#000000", mew=0.8,
                     alpha=0.9)
-    ax.axhline(fp16_max, color="#000000", lw=1.2)
-    ax.text(0, fp16_max * 1.02, f" FP16's largest value, {fp16_max:,.0f}", fontsize=10, va="bottom")
-    ax.set_ylim(bottom=0)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.axhline(fp16_max, color="#000000", lw=1.2, label=f"FP16's largest value, {fp16_max:,.0f}")
+    # a log axis: the products grow by orders of magnitude, and a run past FP16's range (a fused one can reach
+    # several times it) would otherwise squash the written-out runs below the line
+    ax.set_yscale("log")
+    peaks = [p for run in divergence.runs for p in run.peaks() if np.isfinite(p) and p > 0]
+    later = [p for run in divergence.runs for p in run.peaks()[1:] if np.isfinite(p) and p > 0]
+    # from half the smallest product after the first probe: step 0's untrained products sit far below the rest
+    ax.set_ylim(min(later or peaks or [fp16_max]) / 2, max([fp16_max, *peaks]) * 4)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
     ax.tick_params(labelsize=10)
     ax.set_xlabel("training step", fontsize=11)
     ax.set_ylabel("largest |q . k| before the 1/sqrt(d) scale", fontsize=11)
