@@ -1,4 +1,5 @@
 import dataclasses
+import io
 import math
 
 import matplotlib.pyplot as plt
@@ -258,6 +259,26 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     assert lines["FP32"].get_zorder() < lines["BF16 one"].get_zorder()
     with pytest.raises(ValueError, match="finals has no values for BF16 two"):
         plots.plot_seeded_runs(res, reference="FP32", finals={"FP32": (1.0, 2.0), "BF16 one": (1.0, 1.0)})
+
+
+def test_a_long_row_name_ends_inside_the_seeded_panel():
+    # lesson 5's case: the zero line in the panel's left part, a long name starting right of it
+    from course_lib.studies.fp8 import Fp8Training
+
+    names = ("FP32", "BF16 + FP32 master weights", "BF16, round to nearest (no master)", "BF16, stochastic rounding",
+             "BF16, Kahan-compensated")
+    curves = {k: ((3.0, 2.0), (3.0, 2.5)) for k in names}
+    finals = {"FP32": (1.0, 1.0), names[1]: (1.0, 1.0), names[2]: (1.045, 1.046), names[3]: (0.999, 1.001),
+              names[4]: (1.0, 1.0)}
+    fig = plots.plot_seeded_runs(Fp8Training(names, (0, 1), 2, 16, curves), reference="FP32", finals=finals,
+                                 final_label="evaluation loss (FP32 arithmetic)")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg(fig)   # drawn as the page saves it
+    fig.savefig(io.BytesIO(), format="png", bbox_inches="tight")
+    renderer = fig.canvas.get_renderer()
+    panel = fig.axes[1].get_window_extent(renderer)
+    labels = [t for t in fig.axes[1].texts if t.get_gid() == "row-label"]
+    assert len(labels) == 4 and all(t.get_window_extent(renderer).x1 <= panel.x1 + 1 for t in labels)
 
 def assert_legends_clear_of_panels(fig):
     """Every figure-level legend lies below every panel, its labels and ticks included."""

@@ -287,11 +287,18 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
     lo, hi = right.get_xlim()
     zero = (0.0 - lo) / (hi - lo)
     start = zero + 0.02 if 0.0 <= zero < 0.45 else 0.02
-    for i, recipe in enumerate(others):
-        right.text(start, i - 0.22, recipe, transform=right.get_yaxis_transform(), ha="left", va="bottom",
-                   fontsize=9.5, color="#222222", gid="row-label", zorder=4,
-                   bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none"))
+    names = [right.text(start, i - 0.22, recipe, transform=right.get_yaxis_transform(), ha="left", va="bottom",
+                        fontsize=9.5, color="#222222", gid="row-label", zorder=4,
+                        bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none"))
+             for i, recipe in enumerate(others)]
     right.set_ylim(len(others) - 0.5, -0.75)   # the first recipe on top, as in the legend; room for its name
+    # a name that would run past the panel's right edge ends at it instead, on its opaque patch
+    fig.canvas.draw()
+    edge = right.get_window_extent().x1
+    for name in names:
+        if name.get_window_extent().x1 > edge:
+            name.set_x(0.98)
+            name.set_horizontalalignment("right")
     right.set_xlabel(textwrap.fill(f"{final_label or 'final loss'} minus {reference}'s (same seed; one dot per "
                                    "seed)", 32, break_on_hyphens=False))
     right.grid(alpha=0.3, axis="x")
