@@ -697,3 +697,26 @@ def test_recorded_size_names_the_older_model_of_a_record_made_before_the_re_size
     model = {"d_model": 512, "n_layers": 8, "n_heads": 8, "context": 256, "batch": 64}
     new = _record("training_throughput", _study(), parameters={"size": "full", "course_model": model})
     assert P.recorded_size(new) == "at full size"
+
+
+def test_probe_against_sweep_reconciles_the_banner_with_the_sweep():
+    from course_lib.bench import CapabilityProbe, MatmulPoint, MatmulSweep
+    from course_lib.bench.timing import Timing
+    from course_lib.studies import timing_prose as TP
+
+    def point(dtype, n, seconds):
+        return MatmulPoint(dtype, n, n, n, Timing((seconds,), 1))
+
+    sweep = MatmulSweep("cpu", (point("fp32", 256, 2.0), point("bf16", 256, 1.36), point("fp16", 256, 2.5),
+                                point("fp32", 512, 1.0)), {})
+    probe = CapabilityProbe("cpu", 256, {"fp32": 1.0, "bf16": 2.83, "fp16": 0.83}, {})
+    text = TP.probe_against_sweep(probe, sweep, noise_pct=22.2)
+    assert text.startswith("At n = 256, FP32's throughput times: BF16 2.83 times in the probe against 1.47 in the "
+                           "sweep and FP16 0.83 times in the probe against 0.80 in the sweep. For BF16 the two "
+                           "differ by more than the 22.2% a repeated median moved in the timing section")
+    close = CapabilityProbe("cpu", 256, {"fp32": 1.0, "bf16": 1.5, "fp16": 0.8}, {})
+    assert TP.probe_against_sweep(close, sweep, noise_pct=22.2).endswith(
+        "The two agree within the 22.2% a repeated median moved in the timing section.")
+    assert TP.probe_against_sweep(CapabilityProbe("cpu", 128, probe.tflops, {}), sweep, noise_pct=1.0) == ""
+    with pytest.raises(ValueError, match="noise_pct"):
+        TP.probe_against_sweep(probe, sweep, noise_pct=math.nan)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..bench import MatmulPoint
-from ..glue import Prose
+from ..bench import CapabilityProbe, MatmulPoint, MatmulSweep
+from ..glue import Prose, and_list, ratio_text
 from ..results import RecordedResult
 from ..tables import markdown_table
 from .performance import MatmulThroughput
@@ -103,3 +103,30 @@ def recorded_cross_check(record: RecordedResult) -> Prose:
         [(d, f"{1e3 * c.harness_s:.4f}", f"{1e3 * c.torch_timer_s:.4f}",
           f"{100 * (c.harness_s / c.torch_timer_s - 1):+.1f}%") for d, c in result.cross_check.items()])
     return Prose(f"Recorded on **{record.label}** at n = {result.cross_check_n}:\n\n" + table)
+
+
+def probe_against_sweep(probe: CapabilityProbe, sweep: MatmulSweep, *, noise_pct: float) -> Prose:
+    """The capability probe's 16-bit speeds against FP32 beside the sweep's at the probe's size, where the sweep
+    has it, and whether they differ by more than ``noise_pct`` (how far a repeated median moved, the timing
+    section's): the probe keeps each dtype's best round, the sweep each size's median. Empty where the sweep
+    has no point at the probe's size."""
+    if not (math.isfinite(noise_pct) and noise_pct >= 0):
+        raise ValueError(f"noise_pct must be a finite non-negative percentage, got {noise_pct!r}")
+    n, fp32 = probe.n, sweep.tflops("fp32").get(probe.n)
+    pairs: list[tuple[str, float, float]] = []
+    for d in ("bf16", "fp16"):
+        a, b = probe.relative(d), sweep.tflops(d).get(n)
+        if a is not None and b is not None and fp32:
+            pairs.append((d, a, b / fp32))
+    if not pairs:
+        return Prose("")
+    listed = and_list([f"{d.upper()} {ratio_text(a)} times in the probe against {ratio_text(b)} in the sweep"
+                       for d, a, b in pairs])
+    apart = [d.upper() for d, a, b in pairs if max(a, b) / min(a, b) > 1 + noise_pct / 100]
+    verdict = (f"For {and_list(apart)} the two differ by more than the {noise_pct:.1f}% a repeated median moved "
+               "in the timing section: the probe keeps each dtype's best round (so that a burst of load cannot set "
+               "the banner's line), the sweep each size's median, and on this machine a dtype's speed moved more "
+               "than that between and within the measurements. A speed ratio measured here is good to that much, "
+               "not to its last digit." if apart else
+               f"The two agree within the {noise_pct:.1f}% a repeated median moved in the timing section.")
+    return Prose(f"At n = {n}, FP32's throughput times: {listed}. {verdict}")
