@@ -387,6 +387,7 @@ def test_rule_table_and_rule_facts():
                                            "per-tensor-norm clipping in every seed; any other pair's ranges overlap.")
     assert facts["clip_value_spike_norm"] == 7.0 and facts["clip_agc_changed"] == 100.0
     assert facts["clip_agc_floor"] == pytest.approx(0.05 * CM.AGC_EPS)
+    assert (facts["clip_agc_eps"], facts["clip_agc_lambda"]) == (CM.AGC_EPS, 0.05)
     with pytest.raises(ValueError, match="no clipping rule"):
         CP.rule_facts(_runs({C.NO_SPIKES: (1.0, 1.0), C.NO_CLIPPING: (2.0, 2.0)}))
 

@@ -261,6 +261,7 @@ def rule_facts(runs: SpikyRuns) -> dict[str, object]:
     if AGC in runs.rules:
         facts["clip_agc_changed"] = 100 * runs.changed_share(AGC)
         facts["clip_agc_floor"] = runs.thresholds[AGC] * AGC_EPS
+        facts["clip_agc_eps"], facts["clip_agc_lambda"] = AGC_EPS, runs.thresholds[AGC]
     return facts
 
 

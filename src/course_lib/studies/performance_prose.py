@@ -24,7 +24,7 @@ from ..models import GPTConfig
 from ..results import RecordedResult, describe_records
 from ..tables import MarkdownTable, markdown_table
 from .timing_prose import (   # noqa: F401 - lesson 6 reads the timing section's facts from here too
-    _recorded_matmul,
+    recorded_matmul,
     recorded_cross_check,
     spread_against_quartiles,
     timer_comparison,
@@ -53,7 +53,7 @@ def matmul_panels(sweep: MatmulSweep, live_title: str,
     peaks: dict[str, dict[str, float]] = {}
     if record is not None:
         title = f"recorded: {record.label}"
-        panels[title] = _recorded_matmul(record).tflops()
+        panels[title] = recorded_matmul(record).tflops()
         entry = find_gpu_peaks(record.provenance.device_name)
         if entry:
             peaks[title] = {d: p for d in MATMUL_DTYPES if (p := entry.peak(d))}
@@ -126,7 +126,7 @@ def recorded_matmul_note(record: RecordedResult) -> Prose:
     """What a recorded ``matmul_throughput`` sweep shows: BF16 at its largest size (against the datasheet
     peak where known, and against FP32), FP8 there, the cost of one element less than the largest aligned
     size with a misaligned neighbour, and the smallest size; then the record's provenance."""
-    g = _recorded_matmul(record).tflops()
+    g = recorded_matmul(record).tflops()
     entry = find_gpu_peaks(record.provenance.device_name)
     bf16, fp32 = g["bf16"], g["fp32"]
     top, small = max(bf16), min(bf16)

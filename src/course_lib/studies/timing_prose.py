@@ -88,7 +88,8 @@ def spread_against_quartiles(low_median: float, high_median: float, q25: float, 
                  "the repeats")
 
 
-def _recorded_matmul(record: RecordedResult) -> MatmulThroughput:
+def recorded_matmul(record: RecordedResult) -> MatmulThroughput:
+    """A recorded ``matmul_throughput`` run's result (refused with ``TypeError`` where it is another kind)."""
     if not isinstance(record.result, MatmulThroughput):
         raise TypeError(f"expected a recorded MatmulThroughput, got {type(record.result).__name__}")
     return record.result
@@ -97,7 +98,7 @@ def _recorded_matmul(record: RecordedResult) -> MatmulThroughput:
 def recorded_cross_check(record: RecordedResult) -> Prose:
     """A recorded ``matmul_throughput`` run's check of the harness against ``torch.utils.benchmark.Timer``:
     per dtype, both medians (ms) and how far apart they are."""
-    result = _recorded_matmul(record)
+    result = recorded_matmul(record)
     table = markdown_table(
         ("dtype", "harness median (ms)", "torch Timer median (ms)", "harness against Timer"),
         [(d, f"{1e3 * c.harness_s:.4f}", f"{1e3 * c.torch_timer_s:.4f}",
