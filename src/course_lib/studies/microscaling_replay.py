@@ -130,10 +130,11 @@ def replay_sentence(r: GapReplay) -> Prose:
         if not open_again:
             return Prose(text + ": the last update, made from block-scaled gradients, made most of the jump.")
         worst_k, worst = max(open_again, key=lambda kl: kl[1])
-        return Prose(text + f", but {len(open_again)} of the {len(r.replays) - 1} longer replays do not close half "
-                     f"the gap (the last {worst_k} steps exact: {worst:.3f}): the loss at this step moves far with "
-                     "small changes to the weights, whatever the arithmetic, so one replay cannot pin the jump on "
-                     "the last update.")
+        verb = "does" if len(open_again) == 1 else "do"
+        return Prose(text + f", but {len(open_again)} of the {len(r.replays) - 1} longer replays {verb} not close "
+                     f"half the gap (the last {worst_k} steps exact: {worst:.3f}): the loss at this step moves far "
+                     "with small changes to the weights, whatever the arithmetic, so one replay cannot pin the jump "
+                     "on the last update.")
     if one is not None:
         text += f" With the last step's products exact it is still {one:.3f}."
     if first is None:
