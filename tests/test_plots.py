@@ -738,3 +738,17 @@ def test_rounding_error_figure_stops_fp16_below_its_overflow_and_marks_its_large
     verticals = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert verticals == [65504.0]      # FP16's largest finite value; BF16's lies off the axis
     plt.close(fig)
+
+
+def test_a_peak_two_dtypes_share_is_drawn_in_both_colours():
+    panel = {"fp32": {256: 10.0, 512: 12.0}, "bf16": {256: 20.0, 512: 30.0}, "fp16": {256: 21.0, 512: 31.0}}
+    fig = plots.plot_matmul_throughput({"GPU": panel}, peaks={"GPU": {"fp32": 60.0, "bf16": 990.0, "fp16": 990.0}})
+    ax = fig.axes[0]
+    flat = [ln for ln in ax.get_lines() if len(set(ln.get_ydata())) == 1 and len(ln.get_ydata()) == 2]
+    at_990 = [ln for ln in flat if ln.get_ydata()[0] == 990.0]
+    # one line per dtype, in its own colour, dashes offset so that the two alternate along the line
+    assert len(at_990) == 2 and len({ln.get_color() for ln in at_990}) == 2
+    offsets = sorted(ln.get_dashes()[0] if hasattr(ln, "get_dashes") else ln._dash_pattern[0] for ln in at_990)
+    assert offsets[0] != offsets[1]
+    alone = [ln for ln in flat if ln.get_ydata()[0] == 60.0]
+    assert len(alone) == 1 and alone[0].get_linestyle() == "--"

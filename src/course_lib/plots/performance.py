@@ -45,6 +45,9 @@ def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure
         raise ValueError("nothing to plot: panels is empty")
     fig, axes = plt.subplots(1, len(panels), figsize=(8.5 if len(panels) == 1 else 11, 5.4), squeeze=False)
     for ax, (title, by_dtype) in zip(axes[0], panels.items()):
+        # dtypes that share a peak (BF16 and FP16) draw it in turns, dash by dash, so each shows its colour
+        here = {d: p for d in by_dtype if (p := (peaks or {}).get(title, {}).get(d))}
+        sharing = {d: [e for e in here if here[e] == here[d]] for d in here}
         for j, (dtype, points) in enumerate(by_dtype.items()):
             colour = _DTYPE_COLOURS.get(dtype, "#555555")
             aligned = sorted((n, t) for n, t in points.items() if n % 8 == 0)
@@ -53,9 +56,9 @@ def plot_matmul_throughput(panels: dict, *, peaks: dict | None = None) -> Figure
                 ax.plot(*zip(*aligned), "o-", color=colour, lw=1.8, ms=4, label=_DTYPE_NAMES.get(dtype, dtype))
             if odd:
                 ax.plot(*zip(*odd), "o", mfc="none", color=colour, ms=7, mew=1.5)
-            peak = (peaks or {}).get(title, {}).get(dtype)
-            if peak:
-                ax.axhline(peak, color=colour, ls="--", lw=1)
+            if dtype in here:
+                m, i = len(sharing[dtype]), sharing[dtype].index(dtype)
+                ax.axhline(here[dtype], color=colour, lw=1, ls="--" if m == 1 else (4 * i, (4, 4 * (m - 1))))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("n (square n x n x n product, log2 axis)")
