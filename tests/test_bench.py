@@ -171,7 +171,7 @@ def test_capability_probe_is_measured_and_cached(monkeypatch):
     slow = B.CapabilityProbe("cpu", 64, {"fp32": 1.0, "bf16": 2.345, "fp8": 0.0032}, {"tf32": "no TF32"})
     assert slow.summary() == ("matmul speed against FP32 at n=64: BF16 x2.35, FP8 x0.0032 (a CPU has no FP8 "
                               "matrix unit: torch converts the codes to FP32 and multiplies there, so this times "
-                              "that conversion and an FP32 product, not FP8 arithmetic)")
+                              "that conversion and an FP32 product, not FP8 hardware)")
     gpu = B.CapabilityProbe("cuda", 64, {"fp32": 1.0, "fp8": 4.0}, {})
     assert gpu.summary() == "matmul speed against FP32 at n=64: FP8 x4.00"
     # the lesson's table: every dtype tried, measured or why not, in one order
@@ -179,11 +179,11 @@ def test_capability_probe_is_measured_and_cached(monkeypatch):
         "| dtype | TFLOP/s at n=64 | against FP32 | note |", "|---|---|---|---|",
         "| FP32 (TF32 off) | 1 | x1.00 |  |", "| TF32 | not measured |  | no TF32 |", "| BF16 | 2.35 | x2.35 |  |",
         "| FP8 E4M3 (_scaled_mm) | 0.0032 | x0.0032 | a CPU has no FP8 matrix unit: torch converts the codes "
-        "to FP32 and multiplies there, so this times that conversion and an FP32 product, not FP8 arithmetic |"]
+        "to FP32 and multiplies there, so this times that conversion and an FP32 product, not FP8 hardware |"]
     # where torch hands the product to oneDNN (measured by hardware.cpu_fp8_kernel), the note says so
     monkeypatch.setattr(BM, "cpu_fp8_kernel", lambda: "onednn")
-    assert slow.summary().endswith("(a CPU has no FP8 matrix unit: torch hands this product to oneDNN's FP8 kernel "
-                                   "here, so this times that kernel, not FP8 arithmetic)")
+    assert slow.summary().endswith("(a CPU has no FP8 matrix unit: torch hands this product to oneDNN's FP8 "
+                                   "software kernel here, so this times that kernel, not FP8 hardware)")
     assert gpu.table().splitlines()[-1] == "| FP8 E4M3 (_scaled_mm) | 4 | x4.00 |  |"
     # one rule for a ratio in the banner, the table and the prose (tables.ratio_text, glue's too)
     from course_lib import glue

@@ -112,11 +112,11 @@ def test_profile_uses_the_simulated_backend_where_scaled_mm_does_not_run(monkeyp
 
 def test_profile_facts_per_device():
     cpu = fp8_prose.layer_profile_facts(layer_profile(), cpu_kernel="reference")
-    assert "with no FP8 arithmetic, `_scaled_mm` converts the codes back to FP32 and multiplies there." \
+    assert "It has no FP8 matrix unit: `_scaled_mm` converts the codes back to FP32 and multiplies there." \
         in cpu["prof_verdict"]
     onednn = fp8_prose.layer_profile_facts(layer_profile(), cpu_kernel="onednn")["prof_verdict"]
-    assert "torch hands `_scaled_mm`'s products with per-tensor scales and one FP8 format (the forward's) to " \
-        "oneDNN's FP8 kernel" in onednn
+    assert "torch hands the products whose operands share one FP8 format and per-tensor scales (the forward's) " \
+        "to oneDNN's FP8 software kernel" in onednn
     # by default the kernel is this CPU's, measured
     from course_lib import hardware
     assert fp8_prose.layer_profile_facts(layer_profile())["prof_verdict"] == fp8_prose.layer_profile_facts(

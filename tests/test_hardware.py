@@ -169,10 +169,10 @@ def test_the_cpu_fp8_kernel_is_found_by_comparing_with_onednn_switched_off(monke
 
 
 def test_the_cpu_fp8_note_names_the_kernel_it_timed():
-    assert "oneDNN's FP8 kernel" in HW.cpu_fp8_note("onednn")
+    assert "oneDNN's FP8 software kernel" in HW.cpu_fp8_note("onednn")
     assert "converts the codes to FP32" in HW.cpu_fp8_note("reference")
     for note in map(HW.cpu_fp8_note, HW.CPU_FP8_KERNELS):
-        assert note.startswith("a CPU has no FP8 matrix unit") and note.endswith("not FP8 arithmetic")
+        assert note.startswith("a CPU has no FP8 matrix unit") and note.endswith("not FP8 hardware")
     with pytest.raises(ValueError, match="kernel must be one of"):
         HW.cpu_fp8_note(None)
 

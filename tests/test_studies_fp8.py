@@ -484,13 +484,13 @@ def test_linear_speed_table_and_facts():
         "| 128 | 2.000 ms | 2.500 ms |\n")
     cpu = fp8_prose.linear_speed_facts(speed(), bf16_relative=0.02, cpu_kernel="reference")
     assert cpu == {"cpu_fp8_ratio": "0.25 to 0.80", "speed_device": "CPU", "speed_note": (
-        "A CPU has no FP8 arithmetic: `_scaled_mm` converts the codes back to FP32 and multiplies there, so these "
-        "timings say nothing about a GPU.")}
+        "A CPU has no FP8 matrix unit: here `_scaled_mm` converts the codes back to FP32 and multiplies there, so "
+        "these timings say nothing about a GPU.")}
     # a CPU where torch hands FP8 products to oneDNN (hardware.cpu_fp8_kernel) is told apart
     assert fp8_prose.linear_speed_facts(speed(), cpu_kernel="onednn")["speed_note"] == (
-        "A CPU has no FP8 arithmetic: on this one torch hands `_scaled_mm`'s products with per-tensor scales and "
-        "one FP8 format (the forward's) to oneDNN's FP8 kernel and converts the others' codes to FP32 before "
-        "multiplying, so these timings say nothing about a GPU.")
+        "A CPU has no FP8 matrix unit: here torch hands the products whose operands share one FP8 format and "
+        "per-tensor scales (the forward's) to oneDNN's FP8 software kernel, and multiplies the others in FP32 after "
+        "converting their codes, so these timings say nothing about a GPU.")
     # FP8 faster than BF16 on a CPU: BF16 is the slow side where the probe measured it slower than FP32
     fast = Fp8LinearSpeed("cpu", (64, 128), {"BF16 nn.Linear": {64: 0.004, 128: 0.002},
                                              COURSE: {64: 0.001, 128: 0.0025}}, {})

@@ -215,10 +215,11 @@ def test_same_side_sentence():
 
 
 @pytest.mark.parametrize("differences, ending", [
-    ([0.042, 0.029, 0.015], ": worse in every seed, a sign that 3 seeds give by chance alone one time in 4: at "
-                            "this size, weak evidence that the recipe does not pay for itself in the loss."),
-    ([-0.01, -0.02], ": better in every seed, a sign that 2 seeds give by chance alone one time in 2: at this size, "
-                     "weak evidence that the recipe pays for itself in the loss."),
+    ([0.042, 0.029, 0.015], ": worse in every seed, one sign in all 3 seeds, which chance alone gives one time in 4 "
+                            "(either sign counted): at this size, weak evidence that the recipe does not pay for "
+                            "itself in the loss."),
+    ([-0.01, -0.02], ": better in every seed, one sign in all 2 seeds, which chance alone gives one time in 2 (either "
+                     "sign counted): at this size, weak evidence that the recipe pays for itself in the loss."),
     ([0.01], ": worse in every seed: one seed, which cannot say whether the recipe pays for itself."),
     ([0.01, -0.02], ", no consistent difference."),
 ])
@@ -245,9 +246,9 @@ def test_block_scaled_training_facts():
         "train_steps": 8, "train_seed_spread": 0.5, "train_lo": -0.25, "train_hi": 0.25,
         "train_consistent": "`mxfp4` and `nvfp4` ended on the same side of BF16 in every seed.",
         "train_nvfp4_vs_mxfp4": "NVFP4, with every piece of its recipe, ended +0.125, +0.125, +0.125 against MXFP4 "
-                                "(same seeds): worse in every seed, a sign that 3 seeds give by chance alone one "
-                                "time in 4: at this size, weak evidence that the recipe does not pay for itself in "
-                                "the loss.",
+                                "(same seeds): worse in every seed, one sign in all 3 seeds, which chance alone "
+                                "gives one time in 4 (either sign counted): at this size, weak evidence that the "
+                                "recipe does not pay for itself in the loss.",
         "train_step_gap": "The widest gap at any one step: `nvfp4`, seed 0, at step 0, +0.250 against BF16's loss "
                           "from the same seed at that step, on the same batch (every run of a seed starts from the "
                           "same weights and draws the same batches in the same order). At that step the other "

@@ -117,7 +117,7 @@ def test_replay_sentence_places_a_jump_built_over_many_steps():
     text = R.replay_sentence(_replay(LESSON))
     assert isinstance(text, Prose)
     assert text == (
-        "Retrained from its seed, `mxfp4`'s loss at step 15 (seed 1) came out at 3.673 again. With exact products "
+        "Retrained from its seed, `mxfp4`'s loss at step 15 (seed 1) came out at 3.673 as in the run above. With exact products "
         "on the same weights it is 3.700, still +0.405 from BF16's: the jump is in the weights the run had reached, "
         "not in that step's rounding of the forward pass. With the last step's products exact it is still 3.589. "
         "The largest change from one more exact step is step 7's: replayed from step 8 on, the loss there is "

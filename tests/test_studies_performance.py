@@ -711,8 +711,8 @@ def test_probe_against_sweep_reconciles_the_banner_with_the_sweep():
                                 point("fp32", 512, 1.0)), {})
     probe = CapabilityProbe("cpu", 256, {"fp32": 1.0, "bf16": 2.83, "fp16": 0.83}, {})
     text = TP.probe_against_sweep(probe, sweep, noise_pct=22.2)
-    assert text.startswith("At n = 256, FP32's throughput times: BF16 2.83 times in the probe against 1.47 in the "
-                           "sweep and FP16 0.83 times in the probe against 0.80 in the sweep. For BF16 the two "
+    assert text.startswith("At n = 256, as multiples of FP32's throughput: BF16 2.83 in the probe and 1.47 in the "
+                           "sweep and FP16 0.83 in the probe and 0.80 in the sweep. For BF16 the two "
                            "differ by more than the 22.2% a repeated median moved in the timing section")
     close = CapabilityProbe("cpu", 256, {"fp32": 1.0, "bf16": 1.5, "fp16": 0.8}, {})
     assert TP.probe_against_sweep(close, sweep, noise_pct=22.2).endswith(

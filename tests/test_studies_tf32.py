@@ -72,6 +72,9 @@ def test_precision_phrase_judges_each_setting_against_a_product_in_its_backend_s
     assert ('"high" moves the product by up to 3.0e-04 of its largest entry, 0.75 times the 4.0e-04 by which a '
             "product of TF32-rounded operands differs: consistent with TF32 products") in used
     assert "consistent with BF16 products" in used
+    # a difference the size of the rounded product's is said to be about it, not "1 times" it
+    near = T.precision_phrase({"high": 4.1e-4, "medium": 4e-3}, ROUNDED, ALLOWED, "mkldnn")
+    assert '"high" moves the product by up to 4.1e-04 of its largest entry, about the 4.0e-04 by which' in near
     # on a GPU "medium" allows TF32, as "high" does: it is judged against TF32's product, never BF16's
     gpu = T.precision_phrase({"high": 3e-4, "medium": 3e-4}, ROUNDED, ALLOWED, "cuda")
     assert "BF16" not in gpu and gpu.count("consistent with TF32 products") == 2

@@ -152,11 +152,11 @@ def cpu_fp8_kernel() -> str | None:
 def cpu_fp8_note(kernel: str | None) -> str:
     """What a CPU's FP8 product time measures, for the kernel :func:`cpu_fp8_kernel` found."""
     if kernel == "onednn":
-        return ("a CPU has no FP8 matrix unit: torch hands this product to oneDNN's FP8 kernel here, so this "
-                "times that kernel, not FP8 arithmetic")
+        return ("a CPU has no FP8 matrix unit: torch hands this product to oneDNN's FP8 software kernel here, so "
+                "this times that kernel, not FP8 hardware")
     if kernel == "reference":
         return ("a CPU has no FP8 matrix unit: torch converts the codes to FP32 and multiplies there, so this "
-                "times that conversion and an FP32 product, not FP8 arithmetic")
+                "times that conversion and an FP32 product, not FP8 hardware")
     raise ValueError(f"kernel must be one of {CPU_FP8_KERNELS}, got {kernel!r}")
 
 

@@ -225,8 +225,9 @@ def cpu_fp8_products(cpu_kernel: str | None) -> str:
     :func:`~course_lib.hardware.cpu_fp8_kernel` found oneDNN, torch hands it the per-tensor products with both
     operands in one FP8 format (a forward's) and converts the rest."""
     if cpu_kernel == "onednn":
-        return ("on this one torch hands `_scaled_mm`'s products with per-tensor scales and one FP8 format (the "
-                "forward's) to oneDNN's FP8 kernel and converts the others' codes to FP32 before multiplying")
+        return ("torch hands the products whose operands share one FP8 format and per-tensor scales (the "
+                "forward's) to oneDNN's FP8 software kernel, and multiplies the others in FP32 after converting "
+                "their codes")
     return "`_scaled_mm` converts the codes back to FP32 and multiplies there"
 
 
@@ -244,8 +245,8 @@ def linear_speed_facts(speed: Fp8LinearSpeed, *, bf16_relative: float | None = N
         cpu_kernel = cpu_fp8_kernel()
     note = ("These are eager layers: each cast is a separate kernel, the overhead the roofline charges."
             if device == "cuda" else
-            f"A CPU has no FP8 arithmetic: {cpu_fp8_products(cpu_kernel)}, so these timings say nothing about a "
-            "GPU." + (" " + faster_on_cpu_reason(bf16_relative, cpu_kernel) if max(ratios) > 1 else ""))
+            f"A CPU has no FP8 matrix unit: here {cpu_fp8_products(cpu_kernel)}, so these timings say nothing "
+            "about a GPU." + (" " + faster_on_cpu_reason(bf16_relative, cpu_kernel) if max(ratios) > 1 else ""))
     return {"cpu_fp8_ratio": Prose(f"{ratio_text(min(ratios))} to {ratio_text(max(ratios))}"),
             "speed_device": device.upper(),
             "speed_note": Prose(note)}
@@ -337,8 +338,8 @@ def layer_profile_facts(profile: Fp8LayerProfile, *, cpu_kernel: str | None = No
     casting = 100 - matmul
     if not profile.device.startswith("cuda"):
         how = cpu_fp8_products(cpu_fp8_kernel() if cpu_kernel is None else cpu_kernel)
-        verdict = (f"On this CPU the FP8 products themselves take {matmul:.0f}% of the layer's time: with no FP8 "
-                   f"arithmetic, {how}. The amax, scale and "
+        verdict = (f"On this CPU the FP8 products themselves take {matmul:.0f}% of the layer's time. It has no "
+                   f"FP8 matrix unit: {how}. The amax, scale and "
                    f"cast steps this breakdown is about, and the rest, take the other {casting:.0f}%; what they "
                    "cost on a GPU, only a GPU profile can say.")
     elif slower > 1:

@@ -85,7 +85,10 @@ def mixed_precision_verdict(ladder: ScaleLadder, *, compiled: bool = False, marg
                                if one in loses else
                                f"at {one} BF16 was faster beyond the step-time quartiles{gap}, but by "
                                f"{ratios[one]:.3f}x, short of {margin:g}x." if apart[one] and ratios[one] > 1 else
-                               f"at {one} BF16 did not pay by {margin:g}x or more beyond the step-time quartiles."))
+                               f"at {one} BF16 was slower than {base} beyond the step-time quartiles{gap}, at "
+                               f"{ratios[one]:.3f}x its speed, within {margin:g}x." if apart[one] else
+                               f"at {one} BF16's step-time quartiles overlap {base}'s ({ratios[one]:.3f}x its speed): "
+                               "no difference beyond the step-to-step noise."))
         ties = loses = []
     elif start is None:
         text += f" Mixed precision does not pay at any rung measured here (by {margin:g}x or more, beyond noise)."

@@ -498,8 +498,8 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
     n = len(differences)
 
     def chance(pays: str) -> str:   # one sign over n seeds, by chance alone: 2 / 2**n
-        return (f", a sign that {n} seeds give by chance alone one time in {2 ** (n - 1)}: at this size, weak "
-                f"evidence that the recipe {pays} for itself in the loss." if n > 1 else
+        return (f", one sign in all {n} seeds, which chance alone gives one time in {2 ** (n - 1)} (either sign "
+                f"counted): at this size, weak evidence that the recipe {pays} for itself in the loss." if n > 1 else
                 ": one seed, which cannot say whether the recipe pays for itself.")
     verdict = (": worse in every seed" + chance("does not pay") if min(differences) > 0 else
                ": better in every seed" + chance("pays") if max(differences) < 0 else ", no consistent difference.")

@@ -106,7 +106,7 @@ def replay_sentence(r: GapReplay) -> Prose:
     where = f"`{r.recipe}`'s loss at step {r.step} (seed {r.seed})"
     again = abs(r.as_run - r.recorded) <= 0.05 * abs(r.recorded - r.baseline)
     text = (f"Retrained from its seed, {where} came out at {r.as_run:.3f} " +
-            ("again. " if again else f"against {r.recorded:.3f} in the run above: this machine did not repeat the "
+            ("as in the run above. " if again else f"against {r.recorded:.3f} in the run above: this machine did not repeat the "
              "run exactly, and what follows is about the retrained one. "))
     if r.gap <= 0:
         return Prose(text + "The retrained run was not above BF16 there, so there is no jump to place.")

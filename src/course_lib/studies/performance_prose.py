@@ -103,15 +103,16 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
 
 def misaligned_16bit_phrase(ratios: dict[str, float], *, noise_pct: float = 0.0) -> Prose:
     """BF16's and FP16's throughput at the misaligned size over their own at the aligned one (``ratios`` by
-    dtype), and whether misalignment slowed them, said of this device: a slowdown counts only beyond
-    ``noise_pct``, how far a repeated median of one product moved here (the timing section's)."""
+    dtype), and whether misalignment slowed them, said of this device: a slowdown counts only where the share
+    of throughput lost exceeds ``noise_pct``, how far a repeated median of one product moved here (the timing
+    section's)."""
     if not ratios or any(not (isinstance(r, float | int) and math.isfinite(r) and r > 0) for r in ratios.values()):
         raise ValueError(f"ratios must map dtypes to positive finite throughput ratios, got {ratios!r}")
     if not (math.isfinite(noise_pct) and noise_pct >= 0):
         raise ValueError(f"noise_pct must be a finite non-negative percentage, got {noise_pct!r}")
     said = " and ".join(DTYPE_LABELS[d] for d in ratios)
     values = " and ".join(ratio_text(r) for r in ratios.values())
-    slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if r * (1 + noise_pct / 100) < 1]
+    slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if 100 * (1 - r) > noise_pct]
     within = [DTYPE_LABELS[d] for d, r in ratios.items() if r < 1 and DTYPE_LABELS[d] not in slowed]
     noise = f" the {noise_pct:.1f}% a repeated median of one product moved here"
     verdict = ("misalignment did not slow them here" if not slowed and not within else
@@ -227,9 +228,9 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
                   "above, measured once per process and reused); the "
                   "ladder's MFU divides by the probe's fastest dtype, which need not be FP32; and the roofline's "
                   "ceiling is the best median of this page's sweep. The probe keeps each dtype's best round and "
-                  "the sweep each size's median, and on a shared machine the two can differ widely (compare the "
-                  "probe's table with the sweep's figure at the probe's size): an MFU here is a share of one "
-                  "measured rate, not of the machine's peak.")
+                  "the sweep each size's median, and on a shared machine the two can differ (the sentence after "
+                  "the probe's table compares them at the probe's size): an MFU here is a share of one measured "
+                  "rate, not of the machine's peak.")
     elif compiled:
         caveat = (f"The live runs compile {and_list([f'`{r}`' for r in compiled])} with `torch.compile` (one "
                   "seed, blue in the figure); `python -m course_lib.gpu_session` records every recipe compiled in the model "

@@ -184,7 +184,8 @@ def precision_phrase(errors: Mapping[str, float], rounded: Mapping[str, float],
             return (f'"{p}" gives the same bits as "highest" (where a product of {f}-rounded operands differs by '
                     f"{r:.1e}): this device's kernel computed full FP32 products under it")
         if e >= match * r:
-            return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, {e / r:.2g} times {against}: '
+            size = "about" if 0.8 <= e / r <= 1.25 else f"{e / r:.2g} times"
+            return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, {size} {against}: '
                     f"consistent with {f} products")
         return (f'"{p}" moves the product by up to {e:.1e} of its largest entry, far less than {against}: the '
                 f"setting allows {f} inside the product, but this device's kernel did not compute {f} products "

@@ -121,7 +121,7 @@ def probe_against_sweep(probe: CapabilityProbe, sweep: MatmulSweep, *, noise_pct
             pairs.append((d, a, b / fp32))
     if not pairs:
         return Prose("")
-    listed = and_list([f"{d.upper()} {ratio_text(a)} times in the probe against {ratio_text(b)} in the sweep"
+    listed = and_list([f"{d.upper()} {ratio_text(a)} in the probe and {ratio_text(b)} in the sweep"
                        for d, a, b in pairs])
     apart = [d.upper() for d, a, b in pairs if max(a, b) / min(a, b) > 1 + noise_pct / 100]
     verdict = (f"For {and_list(apart)} the two differ by more than the {noise_pct:.1f}% a repeated median moved "
@@ -130,4 +130,4 @@ def probe_against_sweep(probe: CapabilityProbe, sweep: MatmulSweep, *, noise_pct
                "than that between and within the measurements. A speed ratio measured here is good to that much, "
                "not to its last digit." if apart else
                f"The two agree within the {noise_pct:.1f}% a repeated median moved in the timing section.")
-    return Prose(f"At n = {n}, FP32's throughput times: {listed}. {verdict}")
+    return Prose(f"At n = {n}, as multiples of FP32's throughput: {listed}. {verdict}")
