@@ -103,6 +103,11 @@ def test_timer_comparison_judges_the_gap_by_the_repeated_medians_spread():
                            "the noise of a median here: the two tools agree within this machine's noise")
     assert "cache" not in within and "consistently" not in within
     assert "agree" in P.timer_comparison(1.2, 1.2, 3)
+    # every repeated median on one side: said, as a lean one Timer measurement cannot tell from noise
+    assert P.timer_comparison(3.0, 11.5, 3, one_side=True).endswith(
+        "the two tools agree within this machine's noise, though all 3 repeated medians lie higher than Timer's, a "
+        "lean that one Timer measurement cannot tell from noise")
+    assert "lean" not in P.timer_comparison(3.0, 11.5, 3)
     with pytest.raises(ValueError, match="spread_pct"):
         P.timer_comparison(1.0, float("nan"), 3)
     with pytest.raises(ValueError, match="diff_pct"):

@@ -34,18 +34,22 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
             "t_repeats": t.repeats, "t_tflops": point.tflops,
             "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
-            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread, len(points)),
+            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread, len(points),
+                                           one_side=all(m > timer_seconds for m in medians)
+                                           or all(m < timer_seconds for m in medians)),
             "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
 
 
-def timer_comparison(diff_pct: float, spread_pct: float, measurements: int) -> Prose:
+def timer_comparison(diff_pct: float, spread_pct: float, measurements: int, *, one_side: bool = False) -> Prose:
     """The harness's median against ``torch.utils.benchmark.Timer``'s, ``diff_pct`` percent apart (positive:
     the harness reads higher), judged against ``spread_pct``, how far apart the harness's ``measurements``
     repeated medians of the same product lie (the noise of a median, the right yardstick for a difference of
     medians). Within that spread the phrase says the two agree; beyond it, every repeated median lies on the
     same side of Timer's, so the harness reads consistently higher (or lower) by the gap, and a reason is
     offered only as a possibility and only where its sign fits: per-call synchronisation and rotated buffers
-    can make the harness slower than Timer's blocks of calls on one reused buffer, never faster."""
+    can make the harness slower than Timer's blocks of calls on one reused buffer, never faster. ``one_side``:
+    whether every repeated median lies on the same side of Timer's; within the spread it is then said, since
+    one Timer measurement cannot tell such a lean from noise."""
     if not (math.isfinite(spread_pct) and spread_pct >= 0):
         raise ValueError(f"spread_pct must be a finite non-negative percentage, got {spread_pct!r}")
     if not math.isfinite(diff_pct):
@@ -57,8 +61,10 @@ def timer_comparison(diff_pct: float, spread_pct: float, measurements: int) -> P
     noise = (f"the {spread_pct:.1f}% by which its own {measurements} repeated medians of this product spread "
              "(given below), the noise of a median here")
     if abs(diff_pct) <= spread_pct:
+        lean = (f", though all {measurements} repeated medians lie {side} than Timer's, a lean that one Timer "
+                "measurement cannot tell from noise" if one_side else "")
         return Prose(f"within {abs(diff_pct):.1f}% of {timer} ({side}), no more than {noise}: the two tools agree "
-                     "within this machine's noise")
+                     f"within this machine's noise{lean}")
     gap = (f"{abs(diff_pct):.1f}% {side} than {timer}, more than {noise}: every repeated median lies {side} "
            f"than Timer's, so the harness reads consistently {side} than Timer here, by about "
            f"{abs(diff_pct):.1f}%")
