@@ -499,6 +499,9 @@ def test_linear_speed_table_and_facts():
         "(the banner's probe), and FP8 is multiplied in FP32.")
     assert fp8_prose.linear_speed_facts(fast, bf16_relative=0.017, cpu_kernel="onednn")["speed_note"].endswith(
         "and FP8 partly runs in oneDNN's FP8 kernel.")
+    # no _scaled_mm on this CPU (no kernel found): the simulated backend multiplies in FP32, not in oneDNN
+    from course_lib.studies.fp8_speed_prose import faster_on_cpu_reason
+    assert faster_on_cpu_reason(0.5, None).endswith("and FP8 is multiplied in FP32.")
     for unknown in (None, 1.5):
         assert fp8_prose.linear_speed_facts(fast, bf16_relative=unknown)["speed_note"].endswith(
             "Where FP8 came out faster, that is not FP8 arithmetic, which a CPU does not have.")

@@ -213,8 +213,8 @@ def faster_on_cpu_reason(bf16_relative: float | None, cpu_kernel: str | None = "
     below 1, BF16 is the slow side; otherwise only that it is not FP8 arithmetic. ``cpu_kernel``: which kernel
     ran the FP8 products (:func:`~course_lib.hardware.cpu_fp8_kernel`)."""
     if bf16_relative is not None and bf16_relative < 1:
-        how = ("FP8 is multiplied in FP32" if cpu_kernel == "reference" else
-               "FP8 partly runs in oneDNN's FP8 kernel")
+        how = ("FP8 partly runs in oneDNN's FP8 kernel" if cpu_kernel == "onednn" else
+               "FP8 is multiplied in FP32")
         return (f"Where FP8 came out faster, BF16 is the slow side: this CPU multiplies BF16 at "
                 f"{ratio_text(bf16_relative)} times its FP32 rate (the banner's probe), and {how}.")
     return "Where FP8 came out faster, that is not FP8 arithmetic, which a CPU does not have."
