@@ -114,6 +114,30 @@ def test_fp8_speed_and_monitor_overhead_records_read_back():
     assert cost.result.seconds[10] == cost.record.values["seconds"]["10"] and cost.result.rounds == {}
 
 
+def test_older_code_agrees_with_what_lessons_7_and_9_say_of_their_records():
+    """The registry's code changes flag the same records as the lessons' own notes: lesson 9's monitor record
+    without a transfer count, and lesson 7's layer record from before the one-pass casts."""
+    from course_lib.studies.fp8_speed_prose import linear_record_note
+    from course_lib.studies.monitoring_prose import before_batching
+
+    for cost in E.recorded_results("monitor_overhead"):
+        assert bool(E.get_experiment("monitor_overhead").older_code(cost)) == before_batching(cost)
+    for speed in E.recorded_results("fp8_linear_speed"):
+        flagged = linear_record_note(speed.label, speed.provenance.date) != "."
+        assert bool(E.get_experiment("fp8_linear_speed").older_code(speed)) == flagged
+    assert E.get_experiment("fp8_linear_speed").older_code(speed)      # the record in results/ is older
+    with pytest.raises(ValueError, match="a 'monitor_overhead' record is not a 'fp8_linear_speed' record"):
+        E.get_experiment("fp8_linear_speed").older_code(cost)
+
+
+@pytest.mark.parametrize("since, what, message", [("25 Nov 2026", "x", "since must be an ISO date"),
+                                                   (None, "x", "since must be an ISO date"),
+                                                   ("2026-11-25", "", "must say what changed")])
+def test_a_code_change_needs_a_date_and_a_description(since, what, message):
+    with pytest.raises(ValueError, match=message):
+        E.CodeChange(since, what)
+
+
 def test_a_new_record_round_trips_into_the_result_type(tmp_path, monkeypatch):
     parity = Parity(("fp32", "bf16_autocast"), (0, 1), {"fp32": (2.0, 2.1), "bf16_autocast": (2.0, math.inf)},
                     {"fp32": (3.0, 2.0), "bf16_autocast": (3.0, 2.5)})

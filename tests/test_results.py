@@ -240,6 +240,25 @@ def test_records_status_lists_every_experiment_and_its_records(tmp_path):
     assert "record model_magnitudes --out" in describe_records([], "model_magnitudes")
 
 
+def test_records_status_marks_records_of_code_changed_since(tmp_path):
+    """A record dated before a registered change to the code it measured is flagged with what it measured;
+    one made on or after the change's day is not."""
+    import dataclasses
+
+    from course_lib.experiments import get_experiment
+    from course_lib.record import records_status_markdown
+
+    change = get_experiment("monitor_overhead").code_changes[0]
+    for day in ("2026-11-21", change.since):
+        rec = dataclasses.replace(make_record(date=f"{day}T10:00:00+00:00"), experiment="monitor_overhead",
+                                  parameters={"course_model": {}})
+        save_record(rec, tmp_path / day)
+    old_row = records_status_markdown(tmp_path / "2026-11-21").split("`monitor_overhead`")[1].split("\n")[0]
+    new_row = records_status_markdown(tmp_path / change.since).split("`monitor_overhead`")[1].split("\n")[0]
+    assert f"(older code: {change.what})" in old_row and "one transfer per sampled step" in old_row
+    assert "older code" not in new_row and change.since in new_row
+
+
 def _write_with_provenance(tmp_path, **changes):
     """A saved record whose provenance JSON is then edited: a field set to a value, or removed (``...``)."""
     path = save_record(make_record(), tmp_path)

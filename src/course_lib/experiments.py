@@ -17,6 +17,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ from .studies.fp8 import (
     scaling_lab_study,
 )
 from .studies.fp8_speed import Fp8CompiledSpeed, compiled_speed_parameters, fp8_compiled_speed
+from .studies.fp8_speed_prose import ONE_PASS_CASTS_SINCE
 from .studies.clipping import SpikyRuns, clipping_sizes, spiky_clipping_runs
 from .studies.loss_scaling import FlightRecording, record_grad_scaler_run
 from .studies.microscaling import (
@@ -71,6 +73,7 @@ from .studies.microscaling import (
     mx_block_study,
 )
 from .studies.monitoring import MonitorFaults, MonitorOverhead, monitor_faults, monitor_overhead
+from .studies.monitoring_prose import BATCHED_MONITOR_SINCE
 from .studies.performance import (
     MatmulThroughput,
     ProfiledSteps,
@@ -101,9 +104,28 @@ class ExperimentOutput:
 
 
 @dataclass(frozen=True)
+class CodeChange:
+    """A change to the code an experiment times or counts, made on ``since`` (ISO date): records dated before
+    it measured the earlier code, which ``what`` describes ("... timed ...")."""
+
+    since: str
+    what: str
+
+    def __post_init__(self) -> None:
+        try:
+            date.fromisoformat(self.since)
+        except (TypeError, ValueError):
+            raise ValueError(f"since must be an ISO date such as '2026-11-25', got {self.since!r}") from None
+        if not self.what:
+            raise ValueError("a code change must say what changed")
+
+
+@dataclass(frozen=True)
 class Experiment:
     """A registered experiment: ``study(profile, device, **parameters(profile, device))`` returns a
-    ``result_type``; ``legacy(parameters, values)`` turns a version-1 record into that type's JSON form."""
+    ``result_type``; ``legacy(parameters, values)`` turns a version-1 record into that type's JSON form;
+    ``code_changes`` are the changes to the measured code that make older records of it records of older
+    code."""
 
     name: str
     description: str
@@ -112,6 +134,15 @@ class Experiment:
     parameters: Parameters = _no_parameters
     requires_cuda: bool = False
     legacy: Callable[[dict, dict], Any] | None = None
+    code_changes: tuple[CodeChange, ...] = ()
+
+    def older_code(self, record: Record | RecordedResult) -> list[str]:
+        """What changed in the measured code since ``record`` of this experiment was made: the ``what`` of
+        each of :attr:`code_changes` its date precedes (empty for a record of today's code)."""
+        rec = record.record if isinstance(record, RecordedResult) else record
+        if rec.experiment != self.name:
+            raise ValueError(f"a {rec.experiment!r} record is not a {self.name!r} record")
+        return [c.what for c in self.code_changes if rec.provenance.date[:10] < c.since]
 
     def parameters_for(self, profile: SizeProfile, device: torch.device | str) -> dict[str, Any]:
         """The registry's parameters for ``profile`` on ``device`` (the recipes it runs depend on it)."""
@@ -148,12 +179,14 @@ EXPERIMENTS: dict[str, Experiment] = {}
 
 
 def register(name: str, description: str, *, result_type: Any, parameters: Parameters = _no_parameters,
-             requires_cuda: bool = False, legacy: Callable[[dict, dict], Any] | None = None):
+             requires_cuda: bool = False, legacy: Callable[[dict, dict], Any] | None = None,
+             code_changes: tuple[CodeChange, ...] = ()):
     """Decorator registering a study function ``(profile, device, **parameters) -> result_type``."""
     def wrap(study: Callable[..., Any]) -> Callable[..., Any]:
         if name in EXPERIMENTS:
             raise ValueError(f"experiment {name!r} is registered twice")
-        EXPERIMENTS[name] = Experiment(name, description, study, result_type, parameters, requires_cuda, legacy)
+        EXPERIMENTS[name] = Experiment(name, description, study, result_type, parameters, requires_cuda, legacy,
+                                       tuple(code_changes))
         return study
     return wrap
 
@@ -443,6 +476,8 @@ def _fp8_speed_legacy(parameters: dict, values: dict) -> dict[str, Any]:
           "Forward+backward time of a square linear layer in BF16 and in FP8 (the course's layer on "
           "torch._scaled_mm, and torchao's Float8Linear when it imports), over sizes (lesson 7).",
           result_type=Fp8LinearSpeed, legacy=_fp8_speed_legacy,
+          code_changes=(CodeChange(ONE_PASS_CASTS_SINCE, "timed an older, slower course FP8 layer, before it "
+                                   "cast in one pass without a host read per quantize"),),
           parameters=lambda profile, device: {"sizes": fp8_speed_sizes(profile),
                                               "budget_s": profile.pick(small=0.05, full=0.3)})
 def _fp8_linear_speed(profile: SizeProfile, device: torch.device, *, sizes: tuple[int, ...],
@@ -548,6 +583,8 @@ def _overhead_legacy(parameters: dict, values: dict) -> dict[str, Any]:
           "Mean optimizer-step time of the course model without a gradient monitor and with one sampling "
           "every step and every 10 steps, alternated in blocks within one run (lesson 9).",
           result_type=MonitorOverhead, legacy=_overhead_legacy,
+          code_changes=(CodeChange(BATCHED_MONITOR_SINCE, "timed the monitor when it read each statistic back "
+                                   "on its own, before it brought them to the host in one transfer per sampled step"),),
           parameters=lambda profile, device: {"everies": (1, 10), "steps": profile.pick(small=10, full=50),
                                               "rounds": profile.pick(small=6, full=3)})
 def _monitor_overhead(profile: SizeProfile, device: torch.device, **parameters: Any) -> MonitorOverhead:

@@ -142,7 +142,8 @@ def parse_overrides(exp: Experiment, items: list[str], profile: SizeProfile, dev
 
 def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTable:
     """Markdown table: every registered experiment, whether it needs CUDA, and the GPU records of it (a full-size
-    record of the course model before its re-size marked as such: its model was narrower than today's)."""
+    record of the course model before its re-size marked as such: its model was narrower than today's; a record
+    made before a change to the code it measured marked with what it measured instead)."""
     records = load_records(results_dir=results_dir, device_type="cuda") if results_dir is not None \
         else load_records(device_type="cuda")
     rows = []
@@ -150,6 +151,7 @@ def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTa
         mine = [r for r in records if r.experiment == name]
         where = "; ".join(f"{r.label}, {r.provenance.date[:10]}"
                           + (f" (before {EARLIER_FULL_UNTIL}: the narrower course model)" if r.earlier_full_model else "")
+                          + "".join(f" (older code: {what})" for what in EXPERIMENTS[name].older_code(r))
                           for r in mine) or "not yet"
         rows.append((f"`{name}`", "yes" if EXPERIMENTS[name].requires_cuda else "no", where))
     return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)

@@ -233,6 +233,11 @@ def _has_rounds(recorded: RecordedResult) -> bool:
     return len(rounds.get(0, ())) >= 2 and all(len(rounds.get(k, ())) >= 1 for k in (1, 10))
 
 
+# the day the monitor began to bring its statistics to the host in one transfer per sampled step (commit 0e8e43e);
+# records of it before then do not say how many transfers it made
+BATCHED_MONITOR_SINCE = "2026-11-25"
+
+
 def before_batching(recorded: RecordedResult) -> bool:
     """Whether a ``monitor_overhead`` record measured the earlier monitor, which brought each statistic of each
     parameter back to the host with a ``float()`` of its own (``tests/test_monitor_batched.py`` counts them on
