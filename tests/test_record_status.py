@@ -118,3 +118,19 @@ def test_param_needs_exactly_one_experiment(ladder, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "name exactly one experiment" in err and "has no parameter 'nope'" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_course_models_table_gives_each_profiles_model_and_the_earlier_full_one():
+    from course_lib.device import SizeProfile
+    from course_lib.models import gpt_config_for
+    from course_lib.record import course_models_markdown
+    from course_lib.results import EARLIER_FULL_MODEL
+
+    rows = {line.split(" | ")[0].strip("| `"): line for line in course_models_markdown().splitlines()[2:]}
+    full = gpt_config_for(SizeProfile("full"))
+    assert rows["full"] == (f"| `full` | {full.d_model} | {full.n_layers} | {full.n_heads} | {full.context} | 64 | "
+                            f"{full.parameter_count() / 1e6:.2f} M |")
+    assert rows["small"].startswith("| `small` | 64 | 2 | 2 | 64 | 16 | ")
+    earlier = rows["full` before 2026-11-25"]
+    assert f"| {EARLIER_FULL_MODEL['d_model']} | {EARLIER_FULL_MODEL['n_layers']} |" in earlier
+    assert earlier.endswith("| not recorded |")

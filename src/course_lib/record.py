@@ -28,7 +28,8 @@ from pathlib import Path
 from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, Experiment, get_experiment, record_command, record_experiment
 from .tables import MarkdownTable, markdown_table
-from .results import EARLIER_FULL_UNTIL, load_records
+from .models import gpt_config_for, profile_model
+from .results import EARLIER_FULL_MODEL, EARLIER_FULL_UNTIL, load_records
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +156,23 @@ def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTa
                           for r in mine) or "not yet"
         rows.append((f"`{name}`", "yes" if EXPERIMENTS[name].requires_cuda else "no", where))
     return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)
+
+
+def course_models_markdown() -> MarkdownTable:
+    """Markdown table: the course model at each size profile (width, blocks, heads, context, sequences per step
+    and parameters, counted from the shape), and the full profile's narrower shape that records made before
+    :data:`EARLIER_FULL_UNTIL` trained."""
+    rows = []
+    for name in ("small", "full"):
+        profile = SizeProfile(name)
+        dims, params = profile_model(profile), gpt_config_for(profile).parameter_count()
+        rows.append((f"`{name}`", dims["d_model"], dims["n_layers"], dims["n_heads"], dims["context"],
+                     dims["batch"], f"{params / 1e6:.2f} M"))
+    m = EARLIER_FULL_MODEL
+    rows.append((f"`full` before {EARLIER_FULL_UNTIL}", m["d_model"], m["n_layers"], m["n_heads"], m["context"],
+                 m["batch"], "not recorded"))
+    return markdown_table(("profile", "width", "blocks", "heads", "context", "sequences per step", "parameters"),
+                          rows)
 
 
 def _iso(stamp: str) -> datetime:
