@@ -411,6 +411,37 @@ def test_time_to_target_facts_and_the_recorded_note():
         "comparable with each other.")
 
 
+
+def test_fp16_against_parity_record_says_the_runs_differ_and_where_the_parity_run_failed():
+    from course_lib.studies.bf16 import Parity
+
+    nan = math.nan
+    scaler = "fp16_autocast_scaler"
+    ones = (1.0,) * 4
+    study = ThroughputStudy("recorded", (RecipeRun(scaler, 0, False, (5.0, 4.0, 3.0, 2.0), ones, 100, 1),
+                                         RecipeRun(scaler, 1, False, (5.0, 4.0, 3.5, 2.5), ones, 100, 1)), 1e9, {}, "")
+
+    def parity(curve, finals=(nan, 2.9, nan)):
+        return _record("convergence_parity", Parity((scaler,), (0, 1, 2), {scaler: finals}, {scaler: curve}))
+    late = P.fp16_against_parity_record(study, parity((3.0,) * 6 + (nan,) * 4))
+    assert late == ("Every eager `fp16_autocast_scaler` run of this record stayed finite over its 4 steps, yet "
+                    "{doc}`05_bf16_vs_fp16`'s parity record on " + H100_LABEL + " ended that recipe with a NaN "
+                    "loss in 2 of 3 seeds. They are different runs: the parity runs trained 10 steps, and seed 0, "
+                    "whose curve the record keeps, first failed at step 6 (counting from 0), after the last step "
+                    "these runs trained.")
+    early = P.fp16_against_parity_record(study, parity((3.0,) * 2 + (nan,) * 8))
+    assert "first failed at step 2 (counting from 0), within the steps these runs trained, where this record's " \
+           "seeds did not fail." in early
+    assert "does not say at which step" in P.fp16_against_parity_record(study, parity((3.0,) * 10, (2.9, nan, 3.0)))
+    # nothing to reconcile: no parity record, no NaN seed there, or a failed run in this record too
+    assert P.fp16_against_parity_record(study, None) == ""
+    assert P.fp16_against_parity_record(study, parity((3.0,) * 10, (2.9, 2.8, 3.0))) == ""
+    broken = ThroughputStudy("recorded", (RecipeRun(scaler, 0, False, (5.0, nan), (1.0, 1.0), 100, 1),), 1e9, {}, "")
+    assert P.fp16_against_parity_record(broken, parity((3.0,) * 6 + (nan,) * 4)) == ""
+    with pytest.raises(TypeError, match="recorded convergence_parity"):
+        P.fp16_against_parity_record(study, _record("training_throughput", study))
+
+
 # ---- profiler ----------------------------------------------------------------------------------------
 
 STEPS = {"fp32": ProfiledStep("fp32", "cpu", (("aten::mm", 1780.0, 19), ("aten::copy_", 430.0, 154)), 2000.0, 100.0),

@@ -30,6 +30,7 @@ from .timing_prose import (   # noqa: F401 - lesson 6 reads the timing section's
     timer_comparison,
     timing_facts,
 )
+from .bf16 import Parity
 from .performance_errata import gpt2_rates_erratum, lower_precision_erratum, normalisation_erratum
 from .performance import (
     bf16_ridge,
@@ -367,6 +368,36 @@ def recorded_time_to_target_note(study: ThroughputStudy) -> Prose:
                  + "; ".join(parts) + ". Compiled runs are left out here: their first steps include "
                  "compilation, which a compile cache warmed by the previous recipe shortens, so their "
                  "times to target are not comparable with each other.")
+
+
+def fp16_against_parity_record(study: ThroughputStudy, parity: RecordedResult | None,
+                               recipe: str = "fp16_autocast_scaler") -> Prose:
+    """Where lesson 5's ``convergence_parity`` record (``parity``) ended ``recipe`` with a NaN loss in some
+    seeds while every eager run of it in the recorded ``study`` stayed finite: that they are different runs, how
+    many steps each trained, and where the parity record's first seed, whose curve it keeps, failed. Empty
+    where there is nothing to reconcile."""
+    if parity is None:
+        return Prose("")
+    result = parity.result
+    if not isinstance(result, Parity):
+        raise TypeError(f"parity must be a recorded convergence_parity (Parity), got {type(result).__name__}")
+    runs = [r for r in study.runs if r.recipe == recipe and not r.compiled]
+    failed = sum(not math.isfinite(v) for v in result.final_losses.get(recipe, ()))
+    if not runs or not failed or not all(math.isfinite(v) for r in runs for v in r.losses):
+        return Prose("")
+    steps = max(len(r.losses) for r in runs)
+    curve = result.curves.get(recipe, ())
+    first = next((i for i, v in enumerate(curve) if not math.isfinite(v)), None)
+    if first is None:
+        when = "the record keeps the curve of a seed that did not fail, so it does not say at which step the others did"
+    else:
+        when = (f"seed {result.seeds[0]}, whose curve the record keeps, first failed at step {first:,} "
+                + ("(counting from 0), after the last step these runs trained" if first >= steps else
+                   "(counting from 0), within the steps these runs trained, where this record's seeds did not fail"))
+    return Prose(f"Every eager `{recipe}` run of this record stayed finite over its {steps:,} steps, yet "
+                 f"{{doc}}`05_bf16_vs_fp16`'s parity record on {parity.label} ended that recipe with a NaN loss in "
+                 f"{failed} of {len(result.seeds)} seeds. They are different runs: the parity runs trained "
+                 f"{result.steps:,} steps, and {when}.")
 
 
 def _reached_ranges(times: Mapping[str, Sequence[float | None]]) -> list[tuple[str, list[float]]]:
