@@ -28,6 +28,8 @@ Where each call site is reached (``file:function``, the call -> the test):
 * train.py:Recipe.unsupported_reason, ``is_available``/``get_device_capability`` ->
   test_train.py::test_recipes_refused_by_compute_capability_not_by_emulated_bf16,
   test_train.py::test_cuda_recipe_without_a_gpu_is_a_clear_error
+* device.py:allocated_bytes, ``torch.cuda.memory_allocated`` (studies/performance.py:account_training_memory's
+  baseline) -> test_studies_ladder.py::test_allocated_bytes_reads_the_allocator_on_a_gpu_only
 * train.py:TrainState, ``GradScaler(device.type)``; train.py:train, ``reset_peak_memory_stats``,
   ``synchronize``, ``max_memory_allocated``, CUDA autocast -> test_training_loop_on_a_gpu
 * checkup.py:_run_recipe, ``GradScaler(device.type)``, ``synchronize``, recipe refusal; checkup.py:_audit_loop,

@@ -184,6 +184,15 @@ def test_peak_allocated_bytes_reads_and_resets_the_allocator_on_a_gpu(monkeypatc
     assert LADDER.peak_allocated_bytes(torch.device("cpu")) is None
 
 
+def test_allocated_bytes_reads_the_allocator_on_a_gpu_only(monkeypatch):
+    from course_lib.device import allocated_bytes
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: calls.append(device) or 678)
+    assert allocated_bytes("cuda") == 678 and calls == [torch.device("cuda")]
+    assert allocated_bytes("cpu") is None and len(calls) == 1
+
+
 # ---- merging records, the prose, the figure -----------------------------------------------------------------
 
 def _synthetic(step_ms: dict, *, device_name="GPU X", stamp=0.0) -> LADDER.ScaleLadder:

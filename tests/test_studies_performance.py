@@ -23,6 +23,7 @@ from course_lib.memory import MemoryBreakdown
 from course_lib.models import gpt_config_for
 from course_lib.results import Provenance, Record, RecordedResult, describe_records
 from course_lib.studies import performance_errata as E
+from course_lib.studies import memory_prose as M
 from course_lib.studies import performance_prose as P
 from course_lib.studies.performance import (
     ActivationSweep,
@@ -513,41 +514,78 @@ BREAKDOWNS = [_breakdown("fp32", 40, 40, 80, 0, 0, 1000), _breakdown("bf16_autoc
 
 
 def test_memory_facts_per_parameter_and_transient():
-    assert P.memory_facts(BREAKDOWNS) == {"act_ratio": 0.6, "copies_kib": 2.0, "bpp_fp32": 16.0,
+    assert M.memory_facts(BREAKDOWNS) == {"act_ratio": 0.6, "copies_kib": 2.0, "bpp_fp32": 16.0,
                                           "bpp_autocast": 16.0, "bpp_pure": 8.0, "bpp_master": 20.0}
     with pytest.raises(ValueError, match="no memory breakdown of bf16_master"):
-        P.memory_facts(BREAKDOWNS[:3])
+        M.memory_facts(BREAKDOWNS[:3])
 
 
 def test_recorded_memory_note_counts_against_the_allocator_peak():
     fp32 = MemoryBreakdown("fp32", "cuda", 10, 1, 1, {"weights": 2 ** 30, "activations": 2 ** 30}, 3 * 2 ** 30)
     record = _record("training_memory", TrainingMemory((fp32,), ActivationSweep("bf16_autocast", ())))
-    note = P.recorded_memory_note(record)
+    note = M.recorded_memory_note(record)
     assert note.startswith(f"Recorded on **{H100_LABEL}** at full size: the counted bytes against "
                            "`torch.cuda.max_memory_allocated` for the step.")
     assert note.endswith("\n\n| recipe | counted (MiB) | allocator peak (MiB) | peak over counted |\n|---|---|---|---|\n"
                          "| fp32 | 2,048 | 3,072 | 1.50 |\n\n" + describe_records([record]))
     no_peak = dataclasses.replace(fp32, measured_peak_bytes=None)
     with pytest.raises(ValueError, match="no allocator peak"):
-        P.recorded_memory_note(_record("training_memory", TrainingMemory((no_peak,), ActivationSweep("x", ()))))
+        M.recorded_memory_note(_record("training_memory", TrainingMemory((no_peak,), ActivationSweep("x", ()))))
     with pytest.raises(TypeError, match="expected a recorded MatmulThroughput, got dict"):
         P.recorded_cross_check(_record("matmul_throughput", {"cross_check": {}}))
     with pytest.raises(TypeError, match="expected a recorded TrainingMemory, got dict"):
-        P.recorded_memory_note(_record("training_memory", {"breakdowns": []}))
+        M.recorded_memory_note(_record("training_memory", {"breakdowns": []}))
+
+
+def test_recorded_memory_note_says_when_fewer_counted_bytes_peaked_higher():
+    mib = 2 ** 20
+    pure = MemoryBreakdown("bf16_pure", "cuda", 10, 1, 1, {"weights": 1000 * mib}, 2192 * mib)
+    master = MemoryBreakdown("bf16_master", "cuda", 10, 1, 1, {"weights": 1100 * mib}, 2108 * mib)
+    fp32 = MemoryBreakdown("fp32", "cuda", 10, 1, 1, {"weights": 3000 * mib}, 3200 * mib)
+    assert M.peak_inversions([fp32, pure, master]) == [(pure, master)]
+    assert M.peak_inversions([fp32, master]) == M.peak_inversions([dataclasses.replace(pure, measured_peak_bytes=None),
+                                                                   master]) == []
+
+    def note(*steps):
+        return M.recorded_memory_note(_record("training_memory", TrainingMemory(steps, ActivationSweep("x", ()))))
+    old = note(fp32, pure, master)
+    assert ("Here `bf16_pure` counts fewer bytes than `bf16_master` but peaked higher (2,192 against 2,108 MiB). "
+            "The allocator's peak counts every tensor on the GPU, not only this step's, so it can include tensors an "
+            "earlier recipe left for the garbage collector. This record did not measure what was on the device "
+            "before each recipe") in old
+    assert "on the device before (MiB)" not in old
+    # a record that kept each recipe's baseline shows it, and says what the column is
+    kept = note(*(dataclasses.replace(b, baseline_bytes=(i + 1) * mib) for i, b in enumerate((fp32, pure, master))))
+    assert "| on the device before (MiB) |" in kept and "| bf16_pure | 1,000 | 2,192 | 2.19 | 2 |" in kept
+    assert "The last column shows what was on the device, after a garbage collection, before each recipe" in kept
+    assert "Here" not in note(fp32, master)
+
+
+def test_account_training_memory_collects_garbage_before_reading_what_the_device_holds(monkeypatch):
+    from course_lib.studies import performance as perf
+
+    order = []
+    monkeypatch.setattr(perf.gc, "collect", lambda: order.append("collect") or 0)
+    monkeypatch.setattr(perf, "allocated_bytes", lambda device: order.append("read") or 4096)
+    b = perf.account_training_memory("fp32", SizeProfile("small"), "cpu", batch_size=2, context=16)
+    assert order == ["collect", "read"] and b.baseline_bytes == 4096
+    monkeypatch.undo()
+    assert perf.account_training_memory("fp32", SizeProfile("small"), "cpu", batch_size=2,
+                                        context=16).baseline_bytes is None   # a CPU keeps no such counter
 
 
 def test_persistent_memory_table_and_facts():
-    assert P.persistent_memory_table(("fp32", "bf16_pure"), (1e9, 7e9)).splitlines() == [
+    assert M.persistent_memory_table(("fp32", "bf16_pure"), (1e9, 7e9)).splitlines() == [
         "| recipe | bytes per parameter | 1B params (GB) | 7B params (GB) |", "|---|---|---|---|",
         "| fp32 | 16 | 16 | 112 |", "| bf16_pure | 8 | 8 | 56 |"]
-    assert P.persistent_memory_facts() == {"gb_7b": 112.0}
+    assert M.persistent_memory_facts() == {"gb_7b": 112.0}
 
 
 def test_activation_facts_fit_the_quadratic_term_and_the_checkpoint_ratio():
     # bytes = 10 T + T^2 at batch 8; checkpointing keeps a quarter at the largest shape
     points = ((1, 64, False, 600), (1, 64, True, 150),
               *((8, t, False, 10 * t + t * t) for t in (16, 32, 64)), (8, 16, True, 100), (8, 64, True, 1184))
-    facts = P.activation_facts(ActivationSweep("bf16_autocast", points))
+    facts = M.activation_facts(ActivationSweep("bf16_autocast", points))
     assert facts == {"ckpt_ratio": 4.0, "quad_share": pytest.approx(100 * 4096 / 4736), "quad_t": 64}
     with pytest.raises(ValueError, match=r"checkpointed point at \(8, 64\)"):
         ActivationSweep("x", ((8, 64, False, 10), (8, 32, True, 5))).checkpoint_ratio()
@@ -726,13 +764,13 @@ def test_exercise_facts():
 def test_recorded_size_names_the_older_model_of_a_record_made_before_the_re_size():
     old = _record("training_throughput", _study(peaks={"fp32": 0.5, "bf16_autocast": 2.0}),
                   parameters={"size": "full"})
-    assert P.recorded_size(old) == ("at the full size of its day, the older 384-wide course model (narrower than "
+    assert M.recorded_size(old) == ("at the full size of its day, the older 384-wide course model (narrower than "
                                     "today's)")
     assert P.recorded_throughput_note(old).startswith("Recorded on **") and "older 384-wide" in \
         P.recorded_throughput_note(old)
     model = {"d_model": 512, "n_layers": 8, "n_heads": 8, "context": 256, "batch": 64}
     new = _record("training_throughput", _study(), parameters={"size": "full", "course_model": model})
-    assert P.recorded_size(new) == "at full size"
+    assert M.recorded_size(new) == "at full size"
 
 
 def test_probe_against_sweep_reconciles_the_banner_with_the_sweep():

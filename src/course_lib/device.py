@@ -244,3 +244,12 @@ def peak_allocated_bytes(device: torch.device | str, reset: bool = False) -> int
         torch.cuda.reset_peak_memory_stats(device)
         return None
     return int(torch.cuda.max_memory_allocated(device))
+
+
+def allocated_bytes(device: torch.device | str) -> int | None:
+    """On a GPU the bytes its allocator holds for live tensors now (``torch.cuda.memory_allocated``, every
+    tensor on the device, whoever made it); None on a CPU, where torch keeps no such counter."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.memory_allocated(device))

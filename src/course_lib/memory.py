@@ -40,7 +40,9 @@ def _storage_key(t: torch.Tensor) -> tuple[Any, int]:
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per component of one training step (see :data:`COMPONENTS`), the batch it ran, and, on a
-    GPU, the allocator's peak for the step (``measured_peak_bytes``, None elsewhere)."""
+    GPU, the allocator's peak for the step (``measured_peak_bytes``, None elsewhere) and what the device held
+    before the recipe's model was built, after a garbage collection (``baseline_bytes``: None elsewhere, and
+    in records made before it was kept), which the peak includes."""
 
     recipe: str
     device: str
@@ -49,6 +51,7 @@ class MemoryBreakdown:
     context: int
     components: dict[str, int]
     measured_peak_bytes: int | None = None
+    baseline_bytes: int | None = None
 
     @property
     def total(self) -> int:

@@ -3,6 +3,7 @@ per recipe counted byte by byte."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -20,6 +21,7 @@ from ..bench.matmul import (
 from ..bench.profiling import profiler_activities, quiet_native_stderr, self_time_us
 from ..bench.roofline import RooflineRow, model_flops_per_token, roofline_rows
 from ..data import BatchSampler
+from ..device import allocated_bytes
 from ..hardware import MATMUL_DTYPES, GPUPeaks, find_gpu_peaks
 from ..memory import MemoryBreakdown, saved_tensor_bytes, tensor_bytes
 from ..models import GPTConfig, count_parameters, course_setup
@@ -280,13 +282,18 @@ def account_training_memory(recipe: str, profile, device: torch.device | str = "
 
     Both steps run through :func:`course_lib.train.train`. The first creates the optimizer state; the
     second is counted: the tensors its forward pass saves for backward, its gradients, and the state that
-    exists after its optimizer step; on a GPU, the allocator's peak during that step. ``gradients`` holds
+    exists after its optimizer step; on a GPU, the allocator's peak during that step and what the
+    device held before the recipe's model was built (which that peak includes). ``gradients`` holds
     every gradient tensor the loop keeps (``bf16_master``: the model's BF16 gradient and the FP32 copy of it
     that its master receives), ``master_weights`` the FP32 masters alone: the split of
     :func:`course_lib.memory.bytes_per_parameter`, which times ``n_params`` gives the persistent components.
     """
     device = torch.device(device)
     r = get_recipe(recipe, device)
+    # the allocator's peak counts every tensor on the device: collect what an earlier recipe left for the
+    # garbage collector, and keep what remains (the baseline, None on a CPU) beside the peak
+    gc.collect()
+    baseline = allocated_bytes(device)
     setup = course_setup(profile, device, steps=2, default_steps=(2, 2), seed=seed)
     cfg = setup.config
     b = setup.sampler.batch_size if batch_size is None else batch_size
@@ -318,7 +325,7 @@ def account_training_memory(recipe: str, profile, device: torch.device | str = "
     }
     peak = history.peak_memory_bytes  # train() resets the allocator's peak at the start of the step
     n_params = sum(p.numel() for p in state.params)
-    return MemoryBreakdown(r.name, str(device), n_params, b, t, components, peak)
+    return MemoryBreakdown(r.name, str(device), n_params, b, t, components, peak, baseline)
 
 
 @dataclass(frozen=True)

@@ -31,15 +31,14 @@ from .timing_prose import (   # noqa: F401 - lesson 6 reads the timing section's
     timing_facts,
 )
 from .bf16 import Parity
+from .memory_prose import by_recipe, recorded_size
 from .performance_errata import gpt2_rates_erratum, lower_precision_erratum, normalisation_erratum
 from .performance import (
     bf16_ridge,
     measured_tflops,
-    ActivationSweep,
     ProfiledStep,
     ProfiledSteps,
     ThroughputStudy,
-    TrainingMemory,
 )
 
 
@@ -246,16 +245,6 @@ def throughput_facts(study: ThroughputStudy, *, on_gpu: bool) -> dict[str, objec
             "live_fp32_mfu": Prose(bold(percent_text(fp32["mfu"]))),
             "mfu_source": Prose(study.peak_source),
             "throughput_caveat": Prose(caveat)}
-
-
-def recorded_size(record: RecordedResult) -> str:
-    """``at full size``, or for a record made before the full profile's re-size, that it ran the older,
-    narrower course model (its width from the record), so that a recorded number is read as that model's."""
-    if not record.record.earlier_full_model:
-        return "at full size"
-    model = record.record.course_model or {}
-    return (f"at the full size of its day, the older {model.get('d_model', '?')}-wide course model (narrower "
-            "than today's)")
 
 
 def recorded_seeds_phrase(study: ThroughputStudy | None) -> Prose:
@@ -467,66 +456,6 @@ def recorded_profile_note(record: RecordedResult) -> Prose:
                  + describe_records([record]))
 
 
-# ---- memory --------------------------------------------------------------------------------------------
-
-def _by_recipe(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, MemoryBreakdown]:
-    by = {b.recipe: b for b in breakdowns}
-    missing = [r for r in ("fp32", "bf16_autocast", "bf16_pure", "bf16_master") if r not in by]
-    if missing:
-        raise ValueError(f"no memory breakdown of {', '.join(missing)}")
-    return by
-
-
-def memory_facts(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, object]:
-    """BF16 autocast's activations over FP32's, its weight copies (KiB), and the persistent bytes per
-    parameter of FP32, BF16 autocast, pure BF16 and BF16 with FP32 master weights."""
-    by = _by_recipe(breakdowns)
-    autocast = by["bf16_autocast"]
-    return {"act_ratio": autocast.components["activations"] / by["fp32"].components["activations"],
-            "copies_kib": autocast.components["autocast_weight_copies"] / 1024,
-            "bpp_fp32": by["fp32"].per_parameter(), "bpp_autocast": autocast.per_parameter(),
-            "bpp_pure": by["bf16_pure"].per_parameter(), "bpp_master": by["bf16_master"].per_parameter()}
-
-
-def recorded_memory_note(record: RecordedResult) -> Prose:
-    """A recorded ``training_memory`` run: per recipe the counted bytes against the allocator's peak (MiB),
-    what the count leaves out, and the record's provenance."""
-    if not isinstance(record.result, TrainingMemory):
-        raise TypeError(f"expected a recorded TrainingMemory, got {type(record.result).__name__}")
-    rows = []
-    for b in record.result.breakdowns:
-        if b.measured_peak_bytes is None:
-            raise ValueError(f"the recorded {b.recipe} step has no allocator peak (not a GPU record)")
-        counted, peak = b.total, b.measured_peak_bytes
-        rows.append((b.recipe, f"{counted / 2**20:,.0f}", f"{peak / 2**20:,.0f}", f"{peak / counted:.2f}"))
-    table = markdown_table(("recipe", "counted (MiB)", "allocator peak (MiB)", "peak over counted"), rows)
-    return Prose(f"Recorded on **{record.label}** {recorded_size(record)}: the counted bytes against "
-                 "`torch.cuda.max_memory_allocated` for the step. The peak is higher by what the count "
-                 "leaves out: temporaries such as the logits' gradient, the allocator's rounding and "
-                 "workspaces of the matrix libraries.\n\n" + table.rstrip("\n") + "\n\n" + describe_records([record]))
-
-
-def persistent_memory_table(recipes: Sequence[str], parameter_counts: Sequence[float]) -> MarkdownTable:
-    """Per recipe, the persistent bytes per parameter with AdamW and the GB they come to for each of
-    ``parameter_counts`` (activations excluded)."""
-    return markdown_table(
-        ("recipe", "bytes per parameter", *(f"{n / 1e9:g}B params (GB)" for n in parameter_counts)),
-        [(r, sum(bytes_per_parameter(r).values()),
-          *(f"{estimate_training_memory(n, r)['total'] / 1e9:,.0f}" for n in parameter_counts)) for r in recipes])
-
-
-def persistent_memory_facts() -> dict[str, object]:
-    """The persistent state of a 7B-parameter model under BF16 autocast with AdamW, in GB."""
-    return {"gb_7b": estimate_training_memory(7e9, "bf16_autocast")["total"] / 1e9}
-
-
-def activation_facts(sweep: ActivationSweep) -> dict[str, object]:
-    """How many times less checkpointing keeps at the largest shape, and the share (%) of the bytes at the
-    largest context that the quadratic (attention scores) term of the fit accounts for, with that context."""
-    share, t_max = sweep.quadratic_share()
-    return {"ckpt_ratio": sweep.checkpoint_ratio(), "quad_share": 100 * share, "quad_t": t_max}
-
-
 # ---- errata and exercises ------------------------------------------------------------------------------
 
 def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakdown], study: ThroughputStudy,
@@ -540,7 +469,7 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
     from ``study`` (live, on ``device_label``) and the labelled ``sweeps`` (``{dtype: {n: TFLOP/s}}``) and
     ``studies`` (:func:`lower_precision_erratum`)."""
     a100 = DATASHEET_PEAKS["A100 SXM4 80GB"]
-    by = _by_recipe(breakdowns)
+    by = by_recipe(breakdowns)
     rows = _eager_rows(study)
     autocast = by["bf16_autocast"]
     m, d = batch * config.context, config.d_model
