@@ -110,3 +110,19 @@ def test_percent_places_never_rounds_a_share_to_100_or_0_that_is_not():
             percent_places(bad)
     with pytest.raises(ValueError, match="places must be"):
         percent_places(50.0, -1)
+
+
+def test_one_sign_odds_counts_either_sign_over_independent_pairs():
+    import itertools
+
+    from course_lib.glue import one_sign_odds
+
+    for n in range(1, 7):   # every sign pattern of n pairs, equally likely: the share that has one sign
+        patterns = list(itertools.product((-1, 1), repeat=n))
+        one_sign = sum(len(set(p)) == 1 for p in patterns)
+        assert one_sign_odds(n) == len(patterns) // one_sign
+    assert one_sign_odds(3) == 4
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        one_sign_odds(0)
+    with pytest.raises(TypeError, match="n must be an int, got float"):
+        one_sign_odds(3.0)

@@ -39,6 +39,17 @@ def count_word(count: int) -> str:
     return _WORDS[count] if count < len(_WORDS) else str(count)
 
 
+def one_sign_odds(n: int) -> int:
+    """``k`` of "one time in k": how rarely ``n`` paired differences with no real effect behind them (each sign
+    equally likely, the pairs independent) all land on one side, either side counted: ``2 / 2**n``, so
+    ``2**(n - 1)``. One pair always has one sign (1)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"n must be at least 1 (a pair to compare), got {n}")
+    return 2 ** (n - 1)
+
+
 def sig3(value: float) -> str:
     """Three significant digits, trailing zeros kept, and no exponent: 0.00725, 0.0130, 0.150, 2.90, 49.4,
     653; whole numbers from 100 on with separators (1,234). Zero and negative values as ``:g`` gives them."""

@@ -9,7 +9,7 @@ import torch
 
 from ..bf16 import Advice
 from ..formats import get_format, overflow_boundary, spacing
-from ..glue import Prose, and_list, count_word, plural
+from ..glue import Prose, and_list, count_word, one_sign_odds, plural
 from ..hardware import GPUPeaks
 from ..memory import bytes_per_parameter
 from ..tables import MarkdownTable, markdown_table
@@ -106,8 +106,9 @@ def paired_verdict(parity: Parity) -> Prose:
 
 
 def _one_sign_by_chance(n: int) -> str:
-    """How often ``n`` paired seeds all land on one side of FP32 by chance alone (either side: 2 / 2**n)."""
-    return f"a sign that {count_word(n)} seeds give by chance alone one time in {2 ** (n - 1)}"
+    """How often ``n`` paired seeds all land on one side of FP32 by chance alone (either side:
+    :func:`course_lib.glue.one_sign_odds`)."""
+    return f"a sign that {count_word(n)} seeds give by chance alone one time in {one_sign_odds(n)}"
 
 
 def finite_final_losses(parity: Parity) -> dict[str, list[float]]:

@@ -13,7 +13,7 @@ import torch
 from ..bench import time_function
 from ..formats import all_values
 from ..fp8 import QuantizationError, as_2d, block_amax, resolve_block
-from ..glue import Prose, and_list, power_of_two_text
+from ..glue import Prose, and_list, one_sign_odds, power_of_two_text
 from ..models import course_setup
 from ..mx.blocks import (
     BlockScaling,
@@ -497,8 +497,8 @@ def nvfp4_against_mxfp4(differences: Sequence[float]) -> Prose:
         raise ValueError("nvfp4_against_mxfp4 needs at least one seed")
     n = len(differences)
 
-    def chance(pays: str) -> str:   # one sign over n seeds, by chance alone: 2 / 2**n
-        return (f", one sign in all {n} seeds, which chance alone gives one time in {2 ** (n - 1)} (either sign "
+    def chance(pays: str) -> str:   # one sign over n seeds, by chance alone
+        return (f", one sign in all {n} seeds, which chance alone gives one time in {one_sign_odds(n)} (either sign "
                 f"counted): at this size, weak evidence that the recipe {pays} for itself in the loss." if n > 1 else
                 ": one seed, which cannot say whether the recipe pays for itself.")
     verdict = (": worse in every seed" + chance("does not pay") if min(differences) > 0 else

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..glue import Prose, and_list, count_word
+from ..glue import Prose, and_list, count_word, one_sign_odds
 from ..tables import MarkdownTable, markdown_table
 from .fp8 import FINAL_TAIL, Fp8Training
 
@@ -63,7 +63,7 @@ def seed_facts(result: Fp8Training) -> dict[str, object]:
         chance = "With one seed every recipe ends on one side of BF16, so this is no evidence"
     else:
         chance = (f"With {count_word(n)} seeds, a recipe no different from BF16 would still end on the same side "
-                  f"of it in every seed one time in {count_word(2 ** (n - 1))}, so this is "
+                  f"of it in every seed one time in {count_word(one_sign_odds(n))}, so this is "
                   f"{'weak ' if n < 6 else ''}evidence")
     return {"train_seeds": Prose(count_word(n)), "train_tail": min(FINAL_TAIL, result.steps),
             "train_sign_chance": Prose(chance)}
