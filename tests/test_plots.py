@@ -143,6 +143,25 @@ def test_run_differences():
         plots.plot_runs({"a": [1.0]}, ylabel="y", title="t", controls={})
 
 
+def test_run_marks_ring_skipped_steps_on_the_runs_own_line():
+    fig = plots.plot_runs({"ref": [1.0, 2.0, 3.0, 4.0], "a": [1.0, 2.5, 3.0, 4.0], "b": [1.0, 2.0, 3.5, 4.0]},
+                          ylabel="y", title="t", minus="ref", marks={"a": [1], "b": [2, 3]})
+    rings = [ln for ln in fig.axes[0].get_lines() if ln.get_marker() == "o" and ln.get_linestyle() == "None"]
+    # at the step, on the run's line (its difference from ref), in the run's colour
+    assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in rings] == [([1], [0.5]), ([2, 3], [0.5, 0.0])]
+    runs = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert rings[0].get_markeredgecolor() == runs["a"].get_color()
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()].count("skipped step") == 1
+    # with smoothing, a step before the first smoothed point has no point to ring
+    fig = plots.plot_runs({"a": [1.0, 2.0, 3.0]}, ylabel="y", title="t", smooth=2, marks={"a": [0, 2]})
+    (ring,) = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "None"]
+    assert list(ring.get_xdata()) == [2] and list(ring.get_ydata()) == [2.5]
+    for bad, match in (({"z": [0]}, "marks must map drawn runs"), ({"ref": [0]}, "marks must map drawn runs"),
+                       ({"a": [4]}, r"marks of 'a' must be steps 0 to 3"), ({"a": [True]}, "marks of 'a'")):
+        with pytest.raises(ValueError, match=match):
+            plots.plot_runs({"ref": [1.0] * 4, "a": [1.0] * 4}, ylabel="y", title="t", minus="ref", marks=bad)
+
+
 def test_run_differences_on_a_symlog_axis_keep_small_differences_readable():
     fig = plots.plot_runs({"ref": [1.0] * 4, "a": [1.01, 0.98, 1.0, 1.4]}, ylabel="y", title="t", minus="ref",
                           symlog=0.05)

@@ -93,7 +93,7 @@ def test_recipes_table_lists_every_recipe_and_why_the_cpu_cannot_run_tf32():
     lines = A.recipes_table("cpu").splitlines()
     assert lines[:3] == ["| recipe | what it does | runs here |", "|---|---|---|", "| `fp32` | FP32 everywhere | yes |"]
     assert len(lines) == 2 + len(RECIPES)
-    assert lines[3] == f"| `tf32` | {RECIPES['tf32'].description} | {RECIPES['tf32'].unsupported_reason('cpu')} |"
+    assert lines[3] == f"| `tf32` | {RECIPES['tf32'].description} | no: {RECIPES['tf32'].unsupported_reason('cpu')} |"
     assert RECIPES["tf32"].unsupported_reason("cpu") not in (None, "yes")
 
 

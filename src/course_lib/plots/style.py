@@ -117,7 +117,7 @@ def quantiles(values, qs) -> list[float]:
 
 def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minus: str | None = None,
               smooth: int = 1, controls: dict | None = None, controls_label: str = "controls",
-              symlog: float | None = None) -> Figure:
+              symlog: float | None = None, marks: dict | None = None) -> Figure:
     """Lines of per-step values, one per named run (loss curves, zero fractions, ...).
 
     ``minus``: the name of a run to subtract from every other (drawn as the zero line), to show
@@ -125,7 +125,14 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     ``controls``: more runs, drawn thin and grey over the others (so that where they coincide the grey
     still shows) under one legend entry, ``controls_label``; ``symlog``: a y axis linear within
     ``±symlog`` and logarithmic beyond, so that a few late spikes do not flatten the small differences
-    before them."""
+    before them; ``marks``: per run, the steps to ring on its line (skipped steps), under one legend entry
+    "skipped step"."""
+    if marks is not None:
+        if not isinstance(marks, dict) or any(k not in series or k == minus for k in marks):
+            raise ValueError(f"marks must map drawn runs to steps; runs: {', '.join(k for k in series if k != minus)}")
+        for k, steps in marks.items():
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(series[k]) for i in steps):
+                raise ValueError(f"marks of {k!r} must be steps 0 to {len(series[k]) - 1}, got {list(steps)!r}")
     if symlog is not None and (isinstance(symlog, bool) or not isinstance(symlog, (int, float))
                                or not 0 < symlog < math.inf):
         raise ValueError(f"symlog must be None or a positive finite threshold, got {symlog!r}")
@@ -165,6 +172,11 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
         ax.plot(np.arange(len(values)) + (smooth - 1), values, ls=dash,
                 color=colour,   # never the reference's black, nor vermillion beside orange
                 lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
+        shown = [i for i in (marks or {}).get(label, ()) if i >= smooth - 1]
+        if shown:
+            ax.plot(shown, values[np.asarray(shown) - (smooth - 1)], ls="none", marker="o", ms=11, mfc="none",
+                    mec=colour, mew=1.8, zorder=5, label="skipped step" if not any(
+                        h.get_label() == "skipped step" for h in ax.get_lines()) else None)
     if logy:
         ax.set_yscale("log")
     if symlog is not None:

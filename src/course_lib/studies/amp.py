@@ -311,9 +311,9 @@ def scaler_dtype_note(loop_dtype: torch.dtype, device_type: str) -> dict[str, ob
 
 
 def recipes_table(device: torch.device | str) -> MarkdownTable:
-    """Every precision recipe: its name, what it does, and "yes" or why ``device`` cannot run it."""
+    """Every precision recipe: its name, what it does, and "yes" or "no:" and why ``device`` cannot run it."""
     return markdown_table(["recipe", "what it does", "runs here"],
-                          [(f"`{r.name}`", r.description, r.unsupported_reason(device) or "yes")
+                          [(f"`{r.name}`", r.description, f"no: {why}" if (why := r.unsupported_reason(device)) else "yes")
                            for r in RECIPES.values()])
 
 
