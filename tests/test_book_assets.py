@@ -126,3 +126,21 @@ def test_a_page_drops_what_it_does_not_use():
     assert ext.uses_design('<div class="sd-card">') and not ext.uses_design('<div class="card">')
     launch = SimpleNamespace(html_theme_options={"launch_buttons": {"thebe": True}}, thebe_config={})
     assert ext.uses_thebe(launch, "") and not ext.uses_thebe(SimpleNamespace(), "<p>x</p>")
+
+
+def test_every_citation_label_names_one_source():
+    """The book cites author-year (``_config.yml``) and sphinxcontrib-bibtex adds no 2025a/2025b of its own:
+    two sources with the same first author and year would show the same label in the text."""
+    import re
+    from collections import Counter
+
+    bib = (Path(__file__).resolve().parents[1] / "book" / "references.bib").read_text(encoding="utf-8")
+    entries = re.findall(r"@\w+\{([^,]+),(.*?)\n\}", bib, re.S)
+    assert len(entries) > 30
+    labels = Counter()
+    for key, body in entries:
+        author = re.search(r"author\s*=\s*\{(.*?)\},?\n", body, re.S)
+        year = re.search(r"year\s*=\s*\{?(\w+)\}?", body)
+        assert author and year, f"{key} lacks an author or a year"
+        labels[(author.group(1).split(" and ")[0].strip(), year.group(1))] += 1
+    assert [label for label, n in labels.items() if n > 1] == []
