@@ -11,6 +11,7 @@ from course_lib.glue import Prose
 from course_lib.gradients import GradientCapture, LayerGradient, UnderflowSummary
 from course_lib.overflow import MatmulOverflow, SoftmaxOverflow
 from course_lib.results import Provenance, Record, RecordedResult
+from course_lib.studies import layer_gradients as L
 from course_lib.studies import underflow as S
 from course_lib.tables import MarkdownTable
 
@@ -127,12 +128,20 @@ def test_layer_facts_compare_the_first_and_last_layer():
     capture = GradientCapture((_layer("l0", "activation", 0, [2.0**-26, 1.0, 1.0, 1.0]),
                                _layer("l0", "weight", 0, [8.0]),
                                _layer("l1", "activation", 1, [2.0, 4.0, 4.0])), 1.0)
-    assert S.layer_facts(capture) == {"mlp_first_flushed": 25.0, "mlp_last_flushed": 0.0, "mlp_ratio": 4.0,
-                                      "mlp_ratio_text": "4", "mlp_layers": 2}
+    assert L.layer_facts(capture) == {"mlp_first_flushed": 25.0, "mlp_last_flushed": 0.0, "mlp_ratio": 4.0,
+                                      "mlp_ratio_text": "4", "mlp_layers": 2, "mlp_below_normal": 0,
+                                      "mlp_zero_medians": 0}
+    # medians against FP16's smallest normal (2**-14) and half its smallest subnormal (2**-25), counted from the
+    # first layer on for the zero medians: a later layer back at zero does not extend the run
+    medians = [2.0**-26, 2.0**-25, 2.0**-20, 2.0**-26, 2.0**-14, 1.0]
+    stack = GradientCapture(tuple(_layer(f"l{i}", "activation", i, [m]) for i, m in enumerate(medians)), 1.0)
+    facts = L.layer_facts(stack)
+    assert (facts["mlp_below_normal"], facts["mlp_zero_medians"], facts["mlp_layers"]) == (4, 2, 6)
+    assert L.layer_facts(stack, "BF16")["mlp_below_normal"] == 0 and L.layer_facts(stack, "BF16")["mlp_zero_medians"] == 0
     deep = GradientCapture((_layer("l0", "activation", 0, [1e-6]), _layer("l1", "activation", 1, [0.0666])), 1.0)
-    assert S.layer_facts(deep)["mlp_ratio_text"] == "66,600"   # a plain number, not 6.66e+04
+    assert L.layer_facts(deep)["mlp_ratio_text"] == "66,600"   # a plain number, not 6.66e+04
     with pytest.raises(ValueError, match="no activation gradient"):
-        S.layer_facts(GradientCapture((_layer("l0", "weight", 0, [1.0]),), 1.0))
+        L.layer_facts(GradientCapture((_layer("l0", "weight", 0, [1.0]),), 1.0))
 
 
 def test_gpt_layer_facts_read_the_residual_writers_the_inner_layers_and_the_head():
@@ -142,12 +151,12 @@ def test_gpt_layer_facts_read_the_residual_writers_the_inner_layers_and_the_head
                                _layer("blocks.0.out", "activation", 3, [8e-5]),
                                _layer("blocks.1.out", "activation", 4, [4e-5]),
                                _layer("head", "activation", 5, [1e-8])), 1.0)
-    facts = S.gpt_layer_facts(capture)
+    facts = L.gpt_layer_facts(capture)
     assert facts["gpt_blocks"] == 2 and facts["gpt_writer_spread"] == pytest.approx(4.0)
     assert facts["gpt_inner_place"] == "1 of 2 have a lower median than any layer that writes into the stream"
     assert facts["gpt_head_median"] == pytest.approx(1e-8) and facts["gpt_head_place"] == "the lowest of all"
     with pytest.raises(ValueError, match="not a capture of the course GPT"):
-        S.gpt_layer_facts(GradientCapture((_layer("l0", "activation", 0, [1.0]),), 1.0))
+        L.gpt_layer_facts(GradientCapture((_layer("l0", "activation", 0, [1.0]),), 1.0))
 
 
 # ---- naive FP16 ----------------------------------------------------------------------------------------------
