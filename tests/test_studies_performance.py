@@ -425,8 +425,8 @@ def test_fp16_against_parity_record_says_the_runs_differ_and_where_the_parity_ru
     def parity(curve, finals=(nan, 2.9, nan)):
         return _record("convergence_parity", Parity((scaler,), (0, 1, 2), {scaler: finals}, {scaler: curve}))
     late = P.fp16_against_parity_record(study, parity((3.0,) * 6 + (nan,) * 4))
-    assert late == ("Every eager `fp16_autocast_scaler` run of this record stayed finite over its 4 steps, yet "
-                    "{doc}`05_bf16_vs_fp16`'s parity record on " + H100_LABEL + " ended that recipe with a NaN "
+    assert late == ("Every eager `fp16_autocast_scaler` run of this record stayed finite over its 4 steps, yet the "
+                    "parity record in {doc}`05_bf16_vs_fp16`, on " + H100_LABEL + ", ended that recipe with a NaN "
                     "loss in 2 of 3 seeds. They are different runs: the parity runs trained 10 steps, and seed 0, "
                     "whose curve the record keeps, first failed at step 6 (counting from 0), after the last step "
                     "these runs trained.")

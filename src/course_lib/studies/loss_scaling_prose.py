@@ -469,7 +469,8 @@ def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
     the requested SGD moves the weights kept, ``clip_kept_pct`` and ``correct_kept_pct``),
     when stepping the scheduler on a skipped step (``sched_ratio``) and with the scaler disabled
     (``disabled_ratio``, with its optimizer steps ``disabled_steps``, where present), log2 of the scale the
-    clipping demo ended at, and the optimizer steps of the per-micro-batch demo and of the correct loop."""
+    clipping demo ended at, and the optimizer steps of the per-micro-batch demo (with how far its weights moved,
+    ``micro_ratio``) and of the correct loop."""
     correct = _correct_loop(demos)
     by_name = {d.name: d for d in demos}
     missing = [n for n in ("clip_before_unscale", "scheduler_on_skipped_step", "update_every_microbatch")
@@ -489,6 +490,7 @@ def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
         "correct_kept_pct": _kept_pct(correct),
         "sched_ratio": by_name["scheduler_on_skipped_step"].update_norm / correct.update_norm,
         "micro_steps": by_name["update_every_microbatch"].optimizer_steps,
+        "micro_ratio": by_name["update_every_microbatch"].update_norm / correct.update_norm,
         "correct_steps": correct.optimizer_steps,
         **({"disabled_steps": by_name["disabled_scaler"].optimizer_steps,
             "disabled_ratio": by_name["disabled_scaler"].update_norm / correct.update_norm}

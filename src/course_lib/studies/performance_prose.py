@@ -383,8 +383,8 @@ def fp16_against_parity_record(study: ThroughputStudy, parity: RecordedResult | 
         when = (f"seed {result.seeds[0]}, whose curve the record keeps, first failed at step {first:,} "
                 + ("(counting from 0), after the last step these runs trained" if first >= steps else
                    "(counting from 0), within the steps these runs trained, where this record's seeds did not fail"))
-    return Prose(f"Every eager `{recipe}` run of this record stayed finite over its {steps:,} steps, yet "
-                 f"{{doc}}`05_bf16_vs_fp16`'s parity record on {parity.label} ended that recipe with a NaN loss in "
+    return Prose(f"Every eager `{recipe}` run of this record stayed finite over its {steps:,} steps, yet the parity "
+                 f"record in {{doc}}`05_bf16_vs_fp16`, on {parity.label}, ended that recipe with a NaN loss in "
                  f"{failed} of {len(result.seeds)} seeds. They are different runs: the parity runs trained "
                  f"{result.steps:,} steps, and {when}.")
 
