@@ -194,6 +194,12 @@ def test_throughput_plot_takes_single_seed_rows_and_old_records():
     bars, whiskers = fig.axes[0].containers
     assert len(bars) == 2 and len(whiskers.lines[2][0].get_segments()) == 1   # one range, for the 3-seed row
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["fp32", "fp32 + compile (1 seed)"]
+    # each bar in its dtype's colour, as lesson 6's other figures draw that dtype; a compiled run hatched
+    from matplotlib.colors import to_hex
+    bf16 = {**three, "recipe": "bf16_autocast"}
+    (bars, _) = plots.plot_throughput({"a": [bf16, one]}).axes[0].containers
+    assert [to_hex(b.get_facecolor(), keep_alpha=False) for b in bars] == ["#0072b2", "#000000"]
+    assert [b.get_hatch() for b in bars] in (["", "///"], [None, "///"])
 
 
 # ---- lesson 7 -----------------------------------------------------------------------------------------

@@ -146,9 +146,13 @@ def plot_throughput(panels: dict) -> Figure:
         else:  # rows recorded before the table carried a tokens/s range: derive it from the step times
             lo = np.array([v * r["step_ms"] / r["step_ms_range"][1] for v, r in zip(values, rows)])
             hi = np.array([v * r["step_ms"] / r["step_ms_range"][0] for v, r in zip(values, rows)])
-        colours = ["#0072B2" if r["compiled"] else "#999999" for r in rows]
+        # each recipe in its dtype's colour, as in the matmul and time-to-target figures, light enough that the
+        # black whiskers show across it; a compiled run hatched
         y = np.arange(len(rows))
-        ax.barh(y, values, color=colours)
+        bars = ax.barh(y, values, color=[_DTYPE_COLOURS.get(r["recipe"].split("_")[0], "#999999") for r in rows],
+                       alpha=0.55, edgecolor="#000000", linewidth=0.6)
+        for bar, r in zip(bars, rows):
+            bar.set_hatch("///" if r["compiled"] else "")
         # the seeds' range where there is one: a row of one seed (the compiled runs) has none to draw; a median
         # of an even number of seeds need not lie inside the range by more than rounding
         ranged = np.array([r.get("seeds", 2) > 1 for r in rows], dtype=bool)
@@ -158,7 +162,8 @@ def plot_throughput(panels: dict) -> Figure:
         ax.set_yticks(y, [f"{label} (1 seed)" if not one else label for label, one in zip(labels, ranged)],
                       fontsize=10)
         ax.invert_yaxis()
-        ax.set_xlabel("thousand tokens/s (median; whiskers: range over seeds)")
+        ax.set_xlabel("thousand tokens/s (median; whiskers: range over seeds)"
+                      + ("\nhatched: with torch.compile" if any(r["compiled"] for r in rows) else ""))
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, axis="x")
     return finish_figure(fig)
