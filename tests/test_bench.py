@@ -112,7 +112,7 @@ def test_no_cuda_is_a_reason_not_a_crash(monkeypatch):
 
 def test_dtype_support_on_cpu_and_refusals():
     assert HW.format_unsupported_reason("fp32", "cpu") is None
-    assert "which the course times only there" in HW.format_unsupported_reason("tf32", "cpu")
+    assert "the course trains with it only there" in HW.format_unsupported_reason("tf32", "cpu")
     with pytest.raises(ValueError, match="unknown matmul dtype"):
         HW.format_unsupported_reason("fp64", "cpu")
     with pytest.raises(ValueError, match="cannot time tf32"):

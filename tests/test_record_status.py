@@ -133,4 +133,6 @@ def test_course_models_table_gives_each_profiles_model_and_the_earlier_full_one(
     assert rows["small"].startswith("| `small` | 64 | 2 | 2 | 64 | 16 | ")
     earlier = rows["full` before 2026-11-25"]
     assert f"| {EARLIER_FULL_MODEL['d_model']} | {EARLIER_FULL_MODEL['n_layers']} |" in earlier
-    assert earlier.endswith("| not recorded |")
+    from course_lib.models import GPTConfig
+    shape = {k: EARLIER_FULL_MODEL[k] for k in ("d_model", "n_layers", "n_heads", "context")}
+    assert earlier.endswith(f"| {GPTConfig(**shape).parameter_count() / 1e6:.2f} M |")

@@ -257,6 +257,11 @@ def test_records_status_marks_records_of_code_changed_since(tmp_path):
     new_row = records_status_markdown(tmp_path / change.since).split("`monitor_overhead`")[1].split("\n")[0]
     assert f"(older code: {change.what})" in old_row and "one transfer per sampled step" in old_row
     assert "older code" not in new_row and change.since in new_row
+    # a record both of the narrower model and of older code says both in one parenthesis
+    both = dataclasses.replace(make_record(), experiment="monitor_overhead", parameters={"profile": "full"})
+    save_record(both, tmp_path / "both")
+    row = records_status_markdown(tmp_path / "both").split("`monitor_overhead`")[1].split("\n")[0]
+    assert row.endswith(f" (before 2026-11-25: the narrower course model; older code: {change.what}) |")
 
 
 def _write_with_provenance(tmp_path, **changes):

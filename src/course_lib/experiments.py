@@ -476,8 +476,8 @@ def _fp8_speed_legacy(parameters: dict, values: dict) -> dict[str, Any]:
           "Forward+backward time of a square linear layer in BF16 and in FP8 (the course's layer on "
           "torch._scaled_mm, and torchao's Float8Linear when it imports), over sizes (lesson 7).",
           result_type=Fp8LinearSpeed, legacy=_fp8_speed_legacy,
-          code_changes=(CodeChange(ONE_PASS_CASTS_SINCE, "timed an older, slower course FP8 layer, before it "
-                                   "cast in one pass without a host read per quantize"),),
+          code_changes=(CodeChange(ONE_PASS_CASTS_SINCE, "timed the course FP8 layer from before it cast each "
+                                   "tensor in one pass without waiting for the host to read its finiteness check"),),
           parameters=lambda profile, device: {"sizes": fp8_speed_sizes(profile),
                                               "budget_s": profile.pick(small=0.05, full=0.3)})
 def _fp8_linear_speed(profile: SizeProfile, device: torch.device, *, sizes: tuple[int, ...],

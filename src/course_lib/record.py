@@ -28,7 +28,7 @@ from pathlib import Path
 from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, Experiment, get_experiment, record_command, record_experiment
 from .tables import MarkdownTable, markdown_table
-from .models import gpt_config_for, profile_model
+from .models import GPTConfig, gpt_config_for, profile_model
 from .results import EARLIER_FULL_MODEL, EARLIER_FULL_UNTIL, load_records
 
 
@@ -151,17 +151,23 @@ def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTa
     for name in sorted(EXPERIMENTS):
         mine = [r for r in records if r.experiment == name]
         where = "; ".join(f"{r.label}, {r.provenance.date[:10]}"
-                          + (f" (before {EARLIER_FULL_UNTIL}: the narrower course model)" if r.earlier_full_model else "")
-                          + "".join(f" (older code: {what})" for what in EXPERIMENTS[name].older_code(r))
+                          + _record_notes(r, EXPERIMENTS[name])
                           for r in mine) or "not yet"
         rows.append((f"`{name}`", "yes" if EXPERIMENTS[name].requires_cuda else "no", where))
     return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)
 
 
+def _record_notes(record, experiment: Experiment) -> str:
+    """What sets a record apart from one made today, in one parenthesis: the narrower course model, older code."""
+    notes = ([f"before {EARLIER_FULL_UNTIL}: the narrower course model"] if record.earlier_full_model else []) + [
+        f"older code: {what}" for what in experiment.older_code(record)]
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def course_models_markdown() -> MarkdownTable:
     """Markdown table: the course model at each size profile (width, blocks, heads, context, sequences per step
     and parameters, counted from the shape), and the full profile's narrower shape that records made before
-    :data:`EARLIER_FULL_UNTIL` trained."""
+    :data:`EARLIER_FULL_UNTIL` trained (:data:`course_lib.results.EARLIER_FULL_MODEL`, counted the same way)."""
     rows = []
     for name in ("small", "full"):
         profile = SizeProfile(name)
@@ -169,8 +175,9 @@ def course_models_markdown() -> MarkdownTable:
         rows.append((f"`{name}`", dims["d_model"], dims["n_layers"], dims["n_heads"], dims["context"],
                      dims["batch"], f"{params / 1e6:.2f} M"))
     m = EARLIER_FULL_MODEL
+    earlier = GPTConfig(d_model=m["d_model"], n_layers=m["n_layers"], n_heads=m["n_heads"], context=m["context"])
     rows.append((f"`full` before {EARLIER_FULL_UNTIL}", m["d_model"], m["n_layers"], m["n_heads"], m["context"],
-                 m["batch"], "not recorded"))
+                 m["batch"], f"{earlier.parameter_count() / 1e6:.2f} M"))
     return markdown_table(("profile", "width", "blocks", "heads", "context", "sequences per step", "parameters"),
                           rows)
 
