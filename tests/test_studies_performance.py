@@ -441,6 +441,8 @@ def test_fp16_against_parity_record_says_the_runs_differ_and_where_the_parity_ru
     assert P.fp16_against_parity_record(broken, parity((3.0,) * 6 + (nan,) * 4)) == ""
     with pytest.raises(TypeError, match="recorded convergence_parity"):
         P.fp16_against_parity_record(study, _record("training_throughput", study))
+    with pytest.raises(TypeError, match="expected a recorded ThroughputStudy, got dict"):
+        P.fp16_against_parity_record({"runs": []}, None)
 
 
 # ---- profiler ----------------------------------------------------------------------------------------

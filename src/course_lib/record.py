@@ -29,7 +29,7 @@ from .device import SizeProfile, describe_hardware, select_device
 from .experiments import EXPERIMENTS, Experiment, get_experiment, record_command, record_experiment
 from .tables import MarkdownTable, markdown_table
 from .models import GPTConfig, gpt_config_for, profile_model
-from .results import EARLIER_FULL_MODEL, EARLIER_FULL_UNTIL, load_records
+from .results import EARLIER_FULL_MODEL, EARLIER_FULL_UNTIL, Record, load_records
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +157,7 @@ def records_status_markdown(results_dir: str | Path | None = None) -> MarkdownTa
     return markdown_table(("experiment", "needs CUDA", "recorded on a GPU"), rows)
 
 
-def _record_notes(record, experiment: Experiment) -> str:
+def _record_notes(record: Record, experiment: Experiment) -> str:
     """What sets a record apart from one made today, in one parenthesis: the narrower course model, older code."""
     notes = ([f"before {EARLIER_FULL_UNTIL}: the narrower course model"] if record.earlier_full_model else []) + [
         f"older code: {what}" for what in experiment.older_code(record)]

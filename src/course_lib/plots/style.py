@@ -165,6 +165,7 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
                 mfc="white", mec="#777777", mew=0.8, label=controls_label if i == 0 else None)
     drawn = [label for label in series if label != minus]
     dashes = ["-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1))]
+    ringed = False
     for j, label in enumerate(drawn):
         values = prepared(series[label])
         # a course recipe has its own colour and dash in every figure; other runs take them in turn
@@ -173,10 +174,10 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
                 color=colour,   # never the reference's black, nor vermillion beside orange
                 lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
         shown = [i for i in (marks or {}).get(label, ()) if i >= smooth - 1]
-        if shown:
+        if shown:   # one legend entry for every run's rings
             ax.plot(shown, values[np.asarray(shown) - (smooth - 1)], ls="none", marker="o", ms=11, mfc="none",
-                    mec=colour, mew=1.8, zorder=5, label="skipped step" if not any(
-                        h.get_label() == "skipped step" for h in ax.get_lines()) else None)
+                    mec=colour, mew=1.8, zorder=5, label=None if ringed else "skipped step")
+            ringed = True
     if logy:
         ax.set_yscale("log")
     if symlog is not None:

@@ -22,9 +22,6 @@ def recorded_size(record: RecordedResult) -> str:
             "than today's)")
 
 
-
-# ---- memory --------------------------------------------------------------------------------------------
-
 def by_recipe(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, MemoryBreakdown]:
     """The breakdowns by recipe name; ``ValueError`` naming any of FP32, BF16 autocast, pure BF16 and BF16 with
     FP32 masters that is missing."""
@@ -60,6 +57,7 @@ def recorded_memory_note(record: RecordedResult) -> Prose:
     kept = all(b.baseline_bytes is not None for b in breakdowns)
     header = ("recipe", "counted (MiB)", "allocator peak (MiB)", "peak over counted",
               *(("on the device before (MiB)",) if kept else ()))
+
     def mib(n: int | None) -> str:
         return f"{(n or 0) / 2**20:,.0f}"
     rows = [(b.recipe, mib(b.total), mib(b.measured_peak_bytes), f"{(b.measured_peak_bytes or 0) / b.total:.2f}",

@@ -365,6 +365,8 @@ def fp16_against_parity_record(study: ThroughputStudy, parity: RecordedResult | 
     seeds while every eager run of it in the recorded ``study`` stayed finite: that they are different runs, how
     many steps each trained, and where the parity record's first seed, whose curve it keeps, failed. Empty
     where there is nothing to reconcile."""
+    if not isinstance(study, ThroughputStudy):
+        raise TypeError(f"expected a recorded ThroughputStudy, got {type(study).__name__}")
     if parity is None:
         return Prose("")
     result = parity.result
