@@ -42,7 +42,8 @@ def test_the_book_config_loads_the_extension():
 
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext", "page_scripts": "book/_ext",
-                                                    "exec_table_status": "book/_ext"}
+                                                    "exec_table_status": "book/_ext",
+                                                    "author_year_bibliography": "book/_ext"}
     assert "django-static-mathjax" in (ROOT / "requirements.txt").read_text()
 
 
@@ -144,3 +145,51 @@ def test_every_citation_label_names_one_source():
         assert author and year, f"{key} lacks an author or a year"
         labels[(author.group(1).split(" and ")[0].strip(), year.group(1))] += 1
     assert [label for label, n in labels.items() if n > 1] == []
+
+
+def test_the_bibliography_lists_each_source_under_the_label_the_text_cites(tmp_path):
+    """A small Sphinx project cites every source of book/references.bib both ways the lessons do ({cite:p} and
+    {cite:t}) and lists them with the book's style: each citation's link text must be its target's label, and
+    the list runs in label order (the plain style numbered it and put organisations after people)."""
+    import re
+    import subprocess
+    import sys
+
+    bib = (ROOT / "book" / "references.bib").read_text(encoding="utf-8")
+    keys = re.findall(r"^@\w+\{([^,]+),", bib, re.M)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "references.bib").write_text(bib, encoding="utf-8")
+    (src / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'book' / '_ext')!r})\n"
+        "extensions = ['sphinxcontrib.bibtex', 'author_year_bibliography']\n"
+        "bibtex_bibfiles = ['references.bib']\nbibtex_reference_style = 'author_year'\n")
+    cites = "\n\n".join(f"Text :cite:p:`{key}` and :cite:t:`{key}`." for key in keys)
+    (src / "index.rst").write_text(f"Sources\n=======\n\n{cites}\n\n.. bibliography::\n   :style: course_author_year\n")
+    out = tmp_path / "html"
+    run = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", str(src), str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    page = (out / "index.html").read_text(encoding="utf-8")
+
+    def text(fragment: str) -> str:
+        return " ".join(re.sub(r"<[^>]+>", "", fragment).split())
+
+    labels = {}
+    for anchor, label in re.findall(r'<div class="citation" id="([^"]+)"[^>]*>\s*<span class="label">(.*?)</span>\s*</span>',
+                                    page, re.S):
+        labels[anchor] = text(label).strip("[]")
+    assert len(labels) == len(keys)
+    links = re.findall(r'<a class="reference internal" href="#([^"]+)"[^>]*>(.*?)</a>', page, re.S)
+    assert len(links) >= 2 * len(keys)
+    for target, shown in links:
+        assert labels[target] in text(shown) or text(shown) in labels[target], (target, shown)
+    cited = [text(shown) for target, shown in links if "," in text(shown)]
+    assert {label for label in labels.values()} == set(cited)
+    order = list(labels.values())
+    # by first author, a source of one author before "et al.", then by year and its letter
+    names = [label.rsplit(", ", 1)[0] for label in order]
+    assert order == sorted(order, key=lambda label: (label.rsplit(", ", 1)[0].replace(" et al.", "").lower(),
+                                                     " et al." in label, label.rsplit(", ", 1)[1]))
+    assert names[0].startswith("Brock") and "NVIDIA et al." in names and "Zhao et al." == names[-1]
+    assert [label for label in order if label.startswith("NVIDIA, 2025")] == [f"NVIDIA, 2025{c}" for c in "abcde"]

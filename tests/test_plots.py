@@ -151,7 +151,17 @@ def test_run_marks_ring_skipped_steps_on_the_runs_own_line():
     assert [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in rings] == [([1], [0.5]), ([2, 3], [0.5, 0.0])]
     runs = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     assert rings[0].get_markeredgecolor() == runs["a"].get_color()
-    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()].count("skipped step") == 1
+    # one legend entry stands for every run's rings, in none of the runs' colours
+    legend = fig.axes[0].get_legend()
+    assert [t.get_text() for t in legend.get_texts()].count(plots.style.RING_LABEL) == 1
+    (key,) = [h for h, t in zip(legend.legend_handles, legend.get_texts()) if t.get_text() == plots.style.RING_LABEL]
+    assert key.get_marker() == "o" and key.get_markeredgecolor() not in {runs["a"].get_color(), runs["b"].get_color()}
+    # a symlog figure puts the legend under the axes, with the same entry; no marks, no entry
+    low = plots.plot_runs({"ref": [1.0, 2.0], "a": [1.0, 9.0]}, ylabel="y", title="t", minus="ref", symlog=0.1,
+                          marks={"a": [1]})
+    assert [t.get_text() for t in low.legends[0].get_texts()] == ["ref", "a", plots.style.RING_LABEL]
+    plain = plots.plot_runs({"a": [1.0, 2.0]}, ylabel="y", title="t")
+    assert plots.style.RING_LABEL not in [t.get_text() for t in plain.axes[0].get_legend().get_texts()]
     # with smoothing, a step before the first smoothed point has no point to ring
     fig = plots.plot_runs({"a": [1.0, 2.0, 3.0]}, ylabel="y", title="t", smooth=2, marks={"a": [0, 2]})
     (ring,) = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "None"]

@@ -9,6 +9,7 @@ import textwrap
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator
 
@@ -28,6 +29,11 @@ TENSOR_COLOUR = "#555555"   # measured tensors: grey, so they never share a form
 
 
 LIMIT_COLOUR = "#D55E00"
+
+# plot_runs' legend entry for the rings on skipped steps: each ring is drawn in its run's colour, so the key's
+# ring is in none of them
+RING_LABEL = "skipped step (ring in its run's colour)"
+RING_KEY_COLOUR = "#000000"
 
 
 FORMAT_COLOURS = ["#000000", "#999999", "#0072B2", "#D55E00", "#CC79A7", "#E69F00", "#56B4E9",
@@ -125,8 +131,8 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     ``controls``: more runs, drawn thin and grey over the others (so that where they coincide the grey
     still shows) under one legend entry, ``controls_label``; ``symlog``: a y axis linear within
     ``±symlog`` and logarithmic beyond, so that a few late spikes do not flatten the small differences
-    before them; ``marks``: per run, the steps to ring on its line (skipped steps), under one legend entry
-    "skipped step"."""
+    before them; ``marks``: per run, the steps to ring on its line (skipped steps) in its colour, under one
+    legend entry, ``RING_LABEL``, whose ring is black: it stands for every run's rings."""
     if marks is not None:
         if not isinstance(marks, dict) or any(k not in series or k == minus for k in marks):
             raise ValueError(f"marks must map drawn runs to steps; runs: {', '.join(k for k in series if k != minus)}")
@@ -174,9 +180,9 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
                 color=colour,   # never the reference's black, nor vermillion beside orange
                 lw=1.4 + 1.2 * (len(drawn) - 1 - j) / max(1, len(drawn) - 1), label=label)
         shown = [i for i in (marks or {}).get(label, ()) if i >= smooth - 1]
-        if shown:   # one legend entry for every run's rings
+        if shown:
             ax.plot(shown, values[np.asarray(shown) - (smooth - 1)], ls="none", marker="o", ms=11, mfc="none",
-                    mec=colour, mew=1.8, zorder=5, label=None if ringed else "skipped step")
+                    mec=colour, mew=1.8, zorder=5)
             ringed = True
     if logy:
         ax.set_yscale("log")
@@ -193,11 +199,14 @@ def plot_runs(series: dict, *, ylabel: str, title: str, logy: bool = False, minu
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    handles, labels = ax.get_legend_handles_labels()
+    if ringed:   # one legend entry for every run's rings, in no run's colour: each ring takes its run's
+        handles.append(Line2D([], [], ls="none", marker="o", ms=11, mfc="none", mec=RING_KEY_COLOUR, mew=1.8))
+        labels.append(RING_LABEL)
     if symlog is None:
-        ax.legend(fontsize=8, handlelength=4)   # long enough samples to show each dash pattern
+        ax.legend(handles, labels, fontsize=8, handlelength=4)   # long enough samples to show each dash pattern
     else:   # a symlog axis has no empty corner: the legend goes under the axes, where it covers no line
-        fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8, handlelength=4,
-                   frameon=False)
+        fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, handlelength=4, frameon=False)
     ax.grid(alpha=0.3)
     return finish_figure(fig)
 
