@@ -84,7 +84,7 @@ def test_granularity_note_separates_the_relative_error_from_the_flushed_share():
     assert R.granularity_note(LIVE) == (
         "On these tensors the granularity of the scales hardly moves the relative error. The share of the gradient "
         "flushed to zero runs from 0.0040% (1 x 32 tiles, E4M3) to 0.060% (per tensor, E4M3), 15 times as much and "
-        "0.056 percentage points apart. However large that ratio, the shares lie under 1 percentage point apart, so "
+        "0.056 percentage points apart. The shares differ by less than 1 percentage point, so whatever their ratio, "
         "the granularity changes little of how much of the gradient is lost.")
     assert R.granularity_note(RECORDED) == (
         "On these tensors the granularity of the scales hardly moves the relative error. The share of the gradient "

@@ -92,9 +92,9 @@ def granularity_note(lab: ScalingLab, *, tensor: str = "gradient") -> Prose:
               f"{percent_text(lo)}% to {percent_text(hi)}%.")
     flushed = (f"The share of the {tensor} flushed to zero does depend on it: from {_flush_range(lab, tensor)}."
                if flush_matters(lab, tensor) else
-               f"The share of the {tensor} flushed to zero runs from {_flush_range(lab, tensor)}. However large "
-               f"that ratio, the shares lie under {FLUSH_MATTERS_POINTS:g} percentage point apart, so the granularity "
-               f"changes little of how much of the {tensor} is lost.")
+               f"The share of the {tensor} flushed to zero runs from {_flush_range(lab, tensor)}. The "
+               f"shares differ by less than {FLUSH_MATTERS_POINTS:g} percentage point, so whatever their ratio, the "
+               f"granularity changes little of how much of the {tensor} is lost.")
     return Prose(f"{errors} {flushed}")
 
 
