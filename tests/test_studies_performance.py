@@ -547,6 +547,14 @@ def test_recorded_memory_note_says_when_fewer_counted_bytes_peaked_higher():
     assert M.peak_inversions([fp32, pure, master]) == [(pure, master)]
     assert M.peak_inversions([fp32, master]) == M.peak_inversions([dataclasses.replace(pure, measured_peak_bytes=None),
                                                                    master]) == []
+    # the same count (BF16 and FP16 autocast): only the one that peaked higher, and never a recipe with itself
+    bf16 = MemoryBreakdown("bf16_autocast", "cuda", 10, 1, 1, {"weights": 2400 * mib}, 2679 * mib)
+    fp16 = MemoryBreakdown("fp16_autocast_scaler", "cuda", 10, 1, 1, {"weights": 2400 * mib}, 2848 * mib)
+    assert M.peak_inversions([bf16, fp16]) == [(fp16, bf16)]
+    assert M.peak_inversions([bf16, dataclasses.replace(fp16, measured_peak_bytes=2679 * mib)]) == []
+    assert ("Here `fp16_autocast_scaler` counts the same bytes as `bf16_autocast` but peaked higher (2,848 against "
+            "2,679 MiB) and `bf16_pure` counts fewer bytes than `bf16_master`") in M.recorded_memory_note(
+        _record("training_memory", TrainingMemory((bf16, fp16, pure, master), ActivationSweep("x", ()))))
 
     def note(*steps):
         return M.recorded_memory_note(_record("training_memory", TrainingMemory(steps, ActivationSweep("x", ()))))

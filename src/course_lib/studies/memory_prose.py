@@ -46,7 +46,7 @@ def memory_facts(breakdowns: Sequence[MemoryBreakdown]) -> dict[str, object]:
 def recorded_memory_note(record: RecordedResult) -> Prose:
     """A recorded ``training_memory`` run: per recipe the counted bytes against the allocator's peak (MiB), and
     what the device held before the recipe where the record kept it; what the count leaves out; where a recipe
-    that counts fewer bytes than another peaked higher, that the record cannot say why (:func:`peak_inversions`);
+    that counts no more bytes than another peaked higher, that the record cannot say why (:func:`peak_inversions`);
     and the record's provenance."""
     if not isinstance(record.result, TrainingMemory):
         raise TypeError(f"expected a recorded TrainingMemory, got {type(record.result).__name__}")
@@ -69,7 +69,8 @@ def recorded_memory_note(record: RecordedResult) -> Prose:
             "workspaces of the matrix libraries.")
     inversions = peak_inversions(breakdowns)
     if inversions:
-        pairs = and_list([f"`{lo.recipe}` counts fewer bytes than `{hi.recipe}` but peaked higher "
+        pairs = and_list([f"`{lo.recipe}` counts {'the same bytes as' if lo.total == hi.total else 'fewer bytes than'} "
+                          f"`{hi.recipe}` but peaked higher "
                           f"({mib(lo.measured_peak_bytes)} against {mib(hi.measured_peak_bytes)} MiB)"
                           for lo, hi in inversions])
         why = ("The last column shows what was on the device, after a garbage collection, before each recipe: its "
@@ -83,11 +84,13 @@ def recorded_memory_note(record: RecordedResult) -> Prose:
 
 
 def peak_inversions(breakdowns: Sequence[MemoryBreakdown]) -> list[tuple[MemoryBreakdown, MemoryBreakdown]]:
-    """The pairs ``(a, b)`` of recipes where ``a`` counts fewer bytes than ``b`` and yet its allocator peak
-    is higher (steps without a peak left out), in the breakdowns' order."""
+    """The pairs ``(a, b)`` of recipes where ``a`` counts no more bytes than ``b`` (fewer, or the same: FP16
+    and BF16 autocast count alike) and yet its allocator peak is higher (steps without a peak left out), in the
+    breakdowns' order."""
     peaked = [b for b in breakdowns if b.measured_peak_bytes is not None]
     return [(a, b) for a in peaked for b in peaked
-            if a.total < b.total and a.measured_peak_bytes > b.measured_peak_bytes]  # type: ignore[operator]
+            if a is not b and a.total <= b.total
+            and a.measured_peak_bytes > b.measured_peak_bytes]  # type: ignore[operator]
 
 
 def persistent_memory_table(recipes: Sequence[str], parameter_counts: Sequence[float]) -> MarkdownTable:
