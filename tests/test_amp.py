@@ -96,7 +96,10 @@ def test_exceptions_custom_function_and_checkpointing():
     assert not any(k.startswith("torch.ones") for k in ex)
     assert ex["a @ b inside autocast(enabled=False)"] == "float32"
     custom = custom_function_demo("cpu", torch.bfloat16)
-    assert custom["forward input"] == "float32" and custom["autocast inside forward"] == "False"
+    assert list(custom) == ["activation before the op", "input inside forward (after cast_inputs)",
+                            "autocast inside forward", "op output", "backward grad", "autocast inside backward"]
+    assert custom["input inside forward (after cast_inputs)"] == "float32"
+    assert custom["autocast inside forward"] == "False"
     assert custom["activation before the op"] == "bfloat16" and custom["op output"] == "float32"
     # custom_bwd runs the backward with the forward's autocast state: off, under cast_inputs
     assert custom["autocast inside backward"] == "False" and custom["backward grad"] == "float32"

@@ -225,7 +225,7 @@ def test_banner_on_a_gpu_measures_what_its_capability_allows(fake_gpu, monkeypat
     fake_gpu(V100)
     banner = D.describe_hardware().banner_markdown()
     assert banner.startswith(f"**Ran on:** GPU {V100[0]} (compute capability 7.0, CUDA 12.8)")
-    assert banner.endswith("by a short probe when the page ran (on a shared machine it moves from page to page): "
+    assert banner.endswith("by a short probe when the page ran (on a shared machine these speeds vary from page to page): "
                            "matmul speed against FP32 at n=4096: FP16 x16.00.")   # a V100: FP16 only, at the GPU's size
     assert measured == [("fp32", 4096, "cuda"), ("fp16", 4096, "cuda")] * BM.PROBE_ROUNDS   # interleaved rounds
     probe = B.capability_probe("cuda")

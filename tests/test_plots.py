@@ -278,7 +278,9 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
                                                                 "BF16 two": (1.0, 1.0)}, final_label="eval")
     dots = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o"]
     assert [list(d.get_xdata()) for d in dots] == [[0.5, 0.0], [0.0, -1.0]]
-    assert [list(d.get_ydata()) for d in dots] == [[0, 0], [1, 1]]
+    # each seed a step below the one before, centred on its row: equal values stay two dots
+    step = plots.style.SEED_ROW_STEP
+    assert [list(d.get_ydata()) for d in dots] == [[-step / 2, step / 2], [1 - step / 2, 1 + step / 2]]
     # the outermost dots (at -1.0 and +0.5) lie inside the panel with room to spare, not cut by its edges
     lo, hi = fig.axes[1].get_xlim()
     assert lo < -1.0 - 0.1 * 1.5 and hi > 0.5 + 0.1 * 1.5
@@ -772,6 +774,10 @@ def test_rounding_error_figure_stops_fp16_below_its_overflow_and_marks_its_large
     assert np.isfinite(np.asarray(lines["BF16 median"].get_data()[1], dtype=float)).all()
     verticals = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert verticals == [65504.0]      # FP16's largest finite value; BF16's lies off the axis
+    # the axis reaches down to a labelled decade under FP16's median (about 1.6e-4): 1e-4 is a tick shown
+    fig.canvas.draw()
+    shown = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+    assert min(shown) <= np.nanmin(fp16) and min(shown) == 1e-4
     plt.close(fig)
 
 

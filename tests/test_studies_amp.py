@@ -306,8 +306,8 @@ def test_skip_note_names_the_skipped_steps_and_their_scales():
     assert note == ("`fp16_autocast_scaler` skipped step 2 (its scaled gradients overflowed FP16 at a scale "
                     "of 2\u00b9\u2076). A gradient's norm does not size the update here: every run clips its "
                     "gradients to a norm of 1 before the optimizer's step, and AdamW moves each weight by about its "
-                    "learning rate whatever the gradient's size. A skipped step is a missing step of full size, and "
-                    "the table's final loss, the last step's loss on one batch, can show it.")
+                    "learning rate whatever the gradient's size. A skipped step is a whole update missing, and "
+                    "the table's final loss (one step's loss, on one batch) may reflect it.")
     assert A.skip_note({"fp32": clean})["recipe_skips"] == "No run skipped a step here."
     # with losses: the skipped step's gap and the next one, beside a same-prefix run that skipped nothing
     ran.losses, clean.losses = [3.0, 2.8, 2.9, 2.7], [3.0, 2.8, 2.6, 2.5]
@@ -331,7 +331,7 @@ def test_skip_note_names_the_skipped_steps_and_their_scales():
             "clipping, were `fp16_autocast_scaler` inf (the overflow that made the skip) and 11; `fp32` 1.01 and 1; "
             "`fp16_autocast_no_scaler` 14.5 and 1. A gradient's norm does not size the update here: every run clips "
             "its gradients to a norm of 0.5 before the optimizer's step, and AdamW moves each weight by about its "
-            "learning rate, 0.003, whatever the gradient's size. A skipped step is a missing step of full size") in note
+            "learning rate, 0.003, whatever the gradient's size. A skipped step is a whole update missing") in note
     assert "how large the update was" not in note and "where the other runs took a large one" not in note
     assert "clips" not in A.skip_note({"fp16_autocast_scaler": ran}, clip_norm=None)["recipe_skips"]
     with pytest.raises(ValueError, match="clip_norm must be None or a positive"):
@@ -368,9 +368,9 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
     # the skipped run's first loss after the skip (step 2), against the yardstick's widest draw there (0.02):
     # beyond it, but the run was already beyond the draws (0.08) at the skipped step, before the skip could act
     assert ("At step 2, the first loss after the skip, the yardstick's draws were within 0.020 of `fp32` and "
-            "`fp16_autocast_scaler` was +0.200: beyond the yardstick, but at step 1, before the skip could act, it "
-            "was already +0.300 against the draws' 0.080: the run was apart before it skipped, and this page cannot "
-            "tell the skip's share of the gap.") in note
+            "`fp16_autocast_scaler` was +0.200, beyond the yardstick. But at step 1, before the skip could act, it "
+            "was already +0.300, against the draws' 0.080. So the run had drifted apart before it skipped, and this "
+            "page cannot tell how much of the gap the skip caused.") in note
     # draws as far apart as the run at the skipped step, near fp32 after it: the skip's cost shows through
     note = note_with([3.0, 2.35, 2.5, 2.4], [3.0, 2.0, 2.52, 2.4])
     assert ("the yardstick's draws were within 0.020 of `fp32` and `fp16_autocast_scaler` was +0.200: beyond the "

@@ -83,9 +83,12 @@ def test_paired_verdict_reads_the_signs_seed_by_seed_not_the_spread():
     # above FP32 in every seed by far less than the spread over seeds: still a sign, and said as a hint
     sided = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.001, 3.002, 4.003), fp16_autocast_scaler=(1.9, 2.9, 3.95))
     assert P.paired_verdict(sided) == (
-        "and `bf16_autocast` above it in every seed (+0.0010 to +0.0030) and `fp16_autocast_scaler` below it in "
-        "every seed (-0.1000 to -0.0500): a sign that three seeds give by chance alone one time in 4, so it is a "
+        "and `bf16_autocast` above it in every seed (+0.001 to +0.003) and `fp16_autocast_scaler` below it in "
+        "every seed (-0.1 to -0.05): three seeds land on one side by chance alone one time in 4, so it is a "
         "hint to test with more seeds, not yet a difference")
+    # a difference four decimals would print as +0.0000 keeps its digits
+    tiny = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.000003, 3.0009, 4.00002))
+    assert "(+3e-06 to +0.0009)" in P.paired_verdict(tiny)
     # a NaN seed or a single seed says nothing about a sign
     assert "no recipe kept" in P.paired_verdict(parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.1, NAN, 4.1)))
     assert "no recipe kept" in P.paired_verdict(Parity(("fp32", "x"), (0,), {"fp32": (1.0,), "x": (2.0,)}, {}))
@@ -99,6 +102,8 @@ def _recorded_parity(no_scaler=(3.1, 3.2, 3.3), scaler=(NAN, 2.9, NAN)):
 
 
 def test_recorded_parity_note_has_table_and_both_notes():
+    assert P.recorded_parity_note(_recorded_parity(), "H100", "an earlier full profile").startswith(
+        "On **H100** (an earlier full profile):\n\n|")
     note = P.recorded_parity_note(_recorded_parity(), "H100 (sm 9.0)")
     assert isinstance(note, Prose)
     assert note == (
@@ -151,8 +156,8 @@ def test_bf16_paired_note_reads_the_mean_gap_seed_by_seed():
     below = P.bf16_paired_note(_with_bf16((2.4, 2.7, 2.6)))
     assert "0.000 below" not in below and "ahead of FP32" in below
     one_side = P.bf16_paired_note(_with_bf16((2.6, 2.7, 2.8)))
-    assert one_side.endswith("every seed on the same side, a sign that three seeds give by chance alone one time "
-                             "in 4: a hint to test with more seeds, not yet a difference.")
+    assert one_side.endswith("every seed on the same side (three seeds land on one side by chance alone one time "
+                             "in 4): a hint to test with more seeds, not yet a difference.")
     assert P.bf16_paired_note(_with_bf16((NAN, 2.7, 2.8))) == ""       # the NaN notes speak to that
     assert P.bf16_paired_note(_recorded_parity()) == ""                 # no BF16 run recorded
 
@@ -181,10 +186,10 @@ def _updates(evals=None):
 def test_update_gap_table_lists_each_rule_against_fp32():
     assert P.update_gap_table(_updates()).splitlines() == [
         "| weights and update | evaluation loss minus FP32's, per seed | range |", "|---|---|---|",
-        f"| {MASTER} | +0.0010, -0.0010 | -0.0010 to +0.0010 |",
-        f"| {NEAREST} | +0.0500, +0.0600 | +0.0500 to +0.0600 |",
-        f"| {STOCHASTIC} | +0.0020, +0.0000 | +0.0000 to +0.0020 |",
-        f"| {KAHAN} | -0.0010, +0.0010 | -0.0010 to +0.0010 |"]
+        f"| {MASTER} | +0.00100, -0.00100 | -0.00100 to +0.00100 |",
+        f"| {NEAREST} | +0.05000, +0.06000 | +0.05000 to +0.06000 |",
+        f"| {STOCHASTIC} | +0.00200, +0.00000 | +0.00000 to +0.00200 |",
+        f"| {KAHAN} | -0.00100, +0.00100 | -0.00100 to +0.00100 |"]
 
 
 def test_update_facts_from_a_hand_built_comparison():

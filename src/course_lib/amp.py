@@ -245,7 +245,7 @@ def make_fp32_function(device_type: str):
         @staticmethod
         @torch.amp.custom_fwd(device_type=device_type, cast_inputs=torch.float32)
         def forward(ctx, x):
-            seen["forward input"] = _name(x)
+            seen["input inside forward (after cast_inputs)"] = _name(x)
             seen["autocast inside forward"] = str(torch.is_autocast_enabled(device_type))
             ctx.save_for_backward(x)
             return x * x
@@ -269,11 +269,11 @@ def custom_function_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bf
     x = torch.randn(4, 4, device=device_type)
     with torch.autocast(device_type, dtype=dtype):
         h = x @ w                       # low precision
-        y = square.apply(h)
         seen["activation before the op"] = _name(h)
+        y = square.apply(h)
         seen["op output"] = _name(y)
     y.float().sum().backward()
-    return dict(seen)
+    return dict(seen)   # in the order things happened: the activation, the forward, its output, the backward
 
 
 def checkpointing_demo(device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> dict[str, object]:

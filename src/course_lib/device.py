@@ -156,8 +156,8 @@ class HardwareInfo:
         dtype (``measure``: run the cached capability probe), and, where it applies, the caveat."""
         text = f"**Ran on:** {self.summary}."
         if measure:
-            text += (" Measured here, by a short probe when the page ran (on a shared machine it moves from page "
-                     f"to page): {capability_probe(self.device_type).summary()}.")
+            text += (" Measured here, by a short probe when the page ran (on a shared machine these speeds vary from "
+                     f"page to page): {capability_probe(self.device_type).summary()}.")
         return text + (f"\n\n*{self.caveat}*" if self.caveat else "")
 
 

@@ -198,6 +198,7 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
     edges = np.logspace(math.log10(lo), math.log10(hi), 61)
     centres = np.sqrt(edges[:-1] * edges[1:])
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    lowest = math.inf
     for name in formats:
         f = get_format(name)
         r = round_to_format(x, f, overflow="inf" if f.has_inf else "saturate")
@@ -212,12 +213,15 @@ def plot_rounding_error_vs_magnitude(formats=("BF16", "FP16"), *, lo: float = 1e
             if in_bin.size and np.isfinite(in_bin).all():
                 med[b], top[b] = np.median(in_bin), in_bin.max()
         colour = format_colour(f)
+        lowest = min(lowest, np.nanmin(med))
         ax.plot(centres, med, color=colour, lw=2, label=f"{f.name} median")
         ax.plot(centres, top, color=colour, lw=1, ls="--", label=f"{f.name} max")
         if f.max_finite < hi:
             ax.axvline(f.max_finite, color=colour, lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # down to the decade under the lowest median, so that every line lies above a labelled tick
+    ax.set_ylim(bottom=10.0 ** math.floor(math.log10(lowest)) / 1.5)
     ax.set_xlabel("magnitude of the value (log scale)")
     ax.set_ylabel("relative rounding error (log scale)")
     ax.set_title("Precision against range: the same values rounded to each format")

@@ -255,6 +255,9 @@ def recipe_colour(j: int) -> str:
     return palette[j % len(palette)]
 
 
+SEED_ROW_STEP = 0.12   # plot_seeded_runs: how far below the previous seed's dot a seed's dot sits, in rows
+
+
 def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | None = None,
                      final_label: str | None = None) -> Figure:
     """Left: loss curves per recipe (mean over seeds as a line, min-max over seeds as a band), the legend
@@ -297,7 +300,10 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
     ref_final = final(reference)
     for i, recipe in enumerate(others):
         diffs = [a - b for a, b in zip(final(recipe), ref_final)]
-        right.plot(diffs, [i] * len(diffs), "o", color=colours[recipe], ms=7, alpha=0.85)
+        # each seed a little lower than the one before: seeds that end close together (closer than a dot's
+        # width on an axis another row stretches) stay one dot each
+        rows = i + SEED_ROW_STEP * (np.arange(len(diffs)) - (len(diffs) - 1) / 2)
+        right.plot(diffs, rows, "o", color=colours[recipe], ms=7, alpha=0.85, mec="white", mew=0.6)
     right.axvline(0.0, color="#000000", lw=1)
     right.margins(x=0.12)   # the outermost dots whole, not cut by the panel's edge
     # each row's name on one line inside the panel, above its dots: as tick labels beside the panel, long
@@ -322,6 +328,6 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
             name.set_x(0.98)
             name.set_horizontalalignment("right")
     right.set_xlabel(textwrap.fill(f"{final_label or 'final loss'} minus {reference}'s (same seed; one dot per "
-                                   "seed)", 32, break_on_hyphens=False))
+                                   "seed, each seed a little lower)", 32, break_on_hyphens=False))
     right.grid(alpha=0.3, axis="x")
     return finish_figure(fig)

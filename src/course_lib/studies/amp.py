@@ -442,15 +442,15 @@ def _skip_against_yardstick(name: str, run: History, reference: str, ref: Histor
     yard, g = against(step)
     yard_before, g_before = against(step - 1)
     if abs(g) <= yard:
-        verdict = "within the yardstick, so this page cannot tell the skip's cost from the run's sensitivity"
+        verdict = ": within the yardstick, so this page cannot tell the skip's cost from the run's sensitivity"
     elif abs(g_before) > yard_before:
-        verdict = (f"beyond the yardstick, but at step {step - 1}, before the skip could act, it was already "
-                   f"{g_before:+.3f} against the draws' {yard_before:.3f}: the run was apart before it skipped, and "
-                   "this page cannot tell the skip's share of the gap")
+        verdict = (f", beyond the yardstick. But at step {step - 1}, before the skip could act, it was already "
+                   f"{g_before:+.3f}, against the draws' {yard_before:.3f}. So the run had drifted apart before it "
+                   "skipped, and this page cannot tell how much of the gap the skip caused")
     else:
-        verdict = "beyond the yardstick, so the skip's cost shows through the run's sensitivity"
+        verdict = ": beyond the yardstick, so the skip's cost shows through the run's sensitivity"
     return (f". At step {step}, the first loss after the skip, the yardstick's draws were within {yard:.3f} of "
-            f"`{reference}` and `{name}` was {g:+.3f}: {verdict}")
+            f"`{reference}` and `{name}` was {g:+.3f}{verdict}")
 
 
 def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
@@ -513,8 +513,8 @@ def skip_note(histories: Mapping[str, History], reference: str = "fp32", *,
     rate = "its learning rate" + ("" if step_lr is None else f", {step_lr:g},")
     return {"recipe_skips": Prose(
         ". ".join(parts) + f". A gradient's norm does not size the update here: {clipping}AdamW moves each weight "
-        f"by about {rate} whatever the gradient's size. A skipped step is a missing step of full size, and the "
-        "table's final loss, the last step's loss on one batch, can show it.")}
+        f"by about {rate} whatever the gradient's size. A skipped step is a whole update missing, and the "
+        "table's final loss (one step's loss, on one batch) may reflect it.")}
 
 
 def weight_casts(device_type: str, dtype: torch.dtype, *, calls: int = 3) -> tuple[int, int]:

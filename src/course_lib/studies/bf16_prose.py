@@ -95,7 +95,8 @@ def paired_verdict(parity: Parity) -> Prose:
     for r in parity.recipes:
         d = [a - b for a, b in zip(parity.final_losses[r], parity.final_losses["fp32"])]
         if r != "fp32" and len(d) > 1 and all(math.isfinite(x) for x in d) and (min(d) > 0 or max(d) < 0):
-            sided.append(f"`{r}` {'above' if min(d) > 0 else 'below'} it in every seed ({min(d):+.4f} to {max(d):+.4f})")
+            # two significant digits: a difference the table's four decimals round to 0.0000 still shows its sign
+            sided.append(f"`{r}` {'above' if min(d) > 0 else 'below'} it in every seed ({min(d):+.2g} to {max(d):+.2g})")
     if not sided:
         keeps_up = (". On a run this short even FP16 without a scaler can keep up"
                     if "fp16_autocast_no_scaler" in parity.recipes else "")
@@ -108,7 +109,7 @@ def paired_verdict(parity: Parity) -> Prose:
 def _one_sign_by_chance(n: int) -> str:
     """How often ``n`` paired seeds all land on one side of FP32 by chance alone (either side:
     :func:`course_lib.glue.one_sign_odds`)."""
-    return f"a sign that {count_word(n)} seeds give by chance alone one time in {one_sign_odds(n)}"
+    return f"{count_word(n)} seeds land on one side by chance alone one time in {one_sign_odds(n)}"
 
 
 def finite_final_losses(parity: Parity) -> dict[str, list[float]]:
@@ -142,7 +143,8 @@ def bf16_paired_note(parity: Parity, recipe: str = "bf16_autocast") -> Prose:
     gap = parity.mean(recipe) - parity.mean("fp32")
     diffs = and_list([f"{x:+.3f}" for x in d])
     if min(d) > 0 or max(d) < 0:
-        verdict = f"every seed on the same side, {_one_sign_by_chance(n)}: a hint to test with more seeds, not yet a difference"
+        verdict = (f"every seed on the same side ({_one_sign_by_chance(n)}): a hint to test with more seeds, not yet "
+                   "a difference")
     else:
         verdict = (f"the mean's gap comes from seeds that disagree in sign, so `{recipe}` is not consistently "
                    f"{'behind' if gap > 0 else 'ahead of'} FP32")
@@ -208,9 +210,10 @@ def nan_seeds_note(parity: Parity) -> Prose:
                  + forward_nan_where(on_lesson_5=True))
 
 
-def recorded_parity_note(parity: Parity, label: str) -> Prose:
-    """A recorded parity run on ``label`` (the hardware): its table, then the notes that apply to it."""
-    parts = [f"On **{label}**:\n\n" + recorded_parity_table(parity).rstrip("\n"),
+def recorded_parity_note(parity: Parity, label: str, size: str = "") -> Prose:
+    """A recorded parity run on ``label`` (the hardware) at ``size`` (:func:`course_lib.results.record_size_text`:
+    said first, so that its numbers are read as that model's): its table, then the notes that apply to it."""
+    parts = [f"On **{label}**{f' ({size})' if size else ''}:\n\n" + recorded_parity_table(parity).rstrip("\n"),
              bf16_paired_note(parity), fp16_behind_note(parity), nan_seeds_note(parity), survivors_behind_note(parity)]
     return Prose("\n\n".join(p for p in parts if p))
 
@@ -226,9 +229,10 @@ def eval_gaps(updates: UpdateComparison) -> dict[str, list[float]]:
 
 
 def update_gap_table(updates: UpdateComparison) -> MarkdownTable:
-    """Per update rule: each seed's evaluation loss minus FP32's, and the range of those differences."""
+    """Per update rule: each seed's evaluation loss minus FP32's, and the range of those differences, to five
+    decimals: the prose compares rules that end within a few 1e-5 of each other."""
     return markdown_table(("weights and update", "evaluation loss minus FP32's, per seed", "range"),
-                          [(k, ", ".join(f"{d:+.4f}" for d in v), f"{min(v):+.4f} to {max(v):+.4f}")
+                          [(k, ", ".join(f"{d:+.5f}" for d in v), f"{min(v):+.5f} to {max(v):+.5f}")
                            for k, v in eval_gaps(updates).items()])
 
 
