@@ -570,3 +570,32 @@ def test_held_bytes_count_the_fp32_gradient_of_master_weights():
                                           "master_weights": 40}
     plain = SimpleNamespace(params=[p], masters=None, optimizer=SimpleNamespace(state={}))
     assert worker._held_bytes(plain)["gradients"] == 20 and worker._held_bytes(plain)["master_weights"] == 0
+
+
+def test_shard_with_policy_shards_every_block_under_one_policy(tmp_path):
+    """The call lesson 10 shows, in a one-rank gloo group: every block and the root sharded, the parameters
+    stored as FP32 shards and gathered in the policy's dtype for the forward."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from course_lib.models import GPTConfig, build_gpt
+
+    with pytest.raises(TypeError, match="ModuleList of blocks"):
+        D.shard_with_policy(torch.nn.Linear(2, 2))
+    model = build_gpt(GPTConfig(vocab_size=16, context=8, d_model=64, n_layers=2, n_heads=2))
+    with pytest.raises(TypeError, match="param_dtype must be None or a floating torch.dtype"):
+        D.shard_with_policy(model, param_dtype="bfloat16")
+    with pytest.raises(TypeError, match="reduce_dtype"):
+        D.shard_with_policy(model, reduce_dtype=torch.int8)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.FileStore(str(tmp_path / "store"), 1))
+    try:
+        D.shard_with_policy(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        params = list(model.parameters())
+        assert params and all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params)
+        logits = model(torch.randint(0, 16, (2, 8)))[0]
+        assert logits.dtype == torch.bfloat16    # computed in the gathered BF16 parameters
+        logits.float().sum().backward()
+        assert all(isinstance(p.grad, DTensor) and p.grad.dtype == torch.float32 for p in params)
+        # reduce_dtype on the wire: test_fsdp_collectives_carry_the_policy_dtypes_bytes, through the worker
+    finally:
+        dist.destroy_process_group()

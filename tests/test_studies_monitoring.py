@@ -49,7 +49,7 @@ def test_underflow_trend_facts_name_the_growing_gradient_the_biases_and_the_qkv_
         "trend_steps": 4, "trend_every": 5, "trend_grow_name": "`head:grad_output`", "trend_grow_first": 0.0, "trend_grow_last": 50.0,
         "trend_grow_alert": "at step 10", "trend_loss_first": 5.5, "trend_loss_last": 2.75,
         "trend_bias": "`blocks.0.attn.qkv.bias` and `blocks.1.attn.qkv.bias`", "trend_bias_share": 50.0,
-        "trend_bias_shares": "up to 37.5% of their values at step 0 and at most 50.0% at step 5",
+        "trend_bias_shares": "up to 37.5% of their values at step 0, and 50.0% at their peak, step 5",
         "trend_qkv_name": "`blocks.0.attn.qkv:grad_output`", "trend_qkv_first": 12.5, "trend_qkv_first_step": 0,
         "trend_qkv_peak": 75.0, "trend_qkv_peak_step": 5, "trend_qkv_last": 25.0,
         "trend_threshold": pytest.approx(10.0), "trend_default_threshold": 25.0,   # the run's, the monitor's
@@ -282,8 +282,8 @@ def test_overhead_sentence_for_an_unresolved_and_a_shorter_step():
         "step 50.0% longer, a cost by "
         "that rule; "
         "watching every 10 steps changed the mean step time by +20.0%, more than that noise overall, but the step "
-        "was longer by more than the noise in only 2 of 3 rounds (a cost must show in every round): not a cost by "
-        "that rule, nor shown to be free.")
+        "was longer by more than the noise in only 2 of 3 rounds, where a cost must show in 3: inconclusive, "
+        "neither a cost by that rule nor shown to be free.")
     assert P.overhead_sentence(FASTER).endswith(
         "watching every 10 steps made the mean step 20.0% shorter, by more than that noise in every round; a "
         "monitor only adds work, so the machine's load changed during the run.")
@@ -437,8 +437,8 @@ def test_a_comparison_with_the_noise_prints_enough_decimals_to_be_checked():
     sentence = P.overhead_sentence(CLOSE)
     assert "moved by a median 4.00% from one round" in sentence
     assert sentence.endswith("changed the mean step time by -4.04%, more than that noise overall, but the step was "
-                             "shorter by more than the noise in only 4 of 6 rounds (a cost must show in every round but at most "
-                             "one): not a cost by that rule, nor shown to be free.")
+                             "shorter by more than the noise in only 4 of 6 rounds, where a cost must show in 5: "
+                             "inconclusive, neither a cost by that rule nor shown to be free.")
     assert P.overhead_table(CLOSE).splitlines()[1:] == ["|---|---|---|", "| none | 1040.0 |  |",
                                                        "| every step | 1560.0 | +50.00% |",
                                                        "| every 10 steps | 998.0 | -4.04% |"]

@@ -55,6 +55,7 @@ from .worker import (
     load_rank_history,
     run_worker,
     setup_for_run,
+    shard_with_policy,
     rank_threads,
     single_process_run,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "RankHistory",
     "DistributedResult",
     "setup_for_run",
+    "shard_with_policy",
     "flatten_params",
     "rank_threads",
     "single_process_run",

@@ -371,14 +371,9 @@ def _train_rank(run: DistRun, profile, device: torch.device, rank: int, world_si
             wrapped.register_comm_hook(None, compress_hook(run.comm_hook, backend=_backend_of(device)))
         state = TrainState(wrapped, recipe, config, device)
     elif run.wrapper == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         model.to(device)
-        policy = MixedPrecisionPolicy(param_dtype=_dtype(run.param_dtype, "param_dtype"),
-                                      reduce_dtype=_dtype(run.reduce_dtype, "reduce_dtype"))
-        for block in model.blocks:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+        shard_with_policy(model, param_dtype=_dtype(run.param_dtype, "param_dtype"),
+                          reduce_dtype=_dtype(run.reduce_dtype, "reduce_dtype"))
         state = TrainState(model, recipe, config, device)
         if plant_step is not None:
             monitor = _AfterBackward(state.params, plant_step)
@@ -511,6 +506,27 @@ def choose_backend(requested: str, local_world_size: int) -> str:
         return requested
     every_rank_has_a_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size
     return "nccl" if every_rank_has_a_gpu else "gloo"
+
+
+def shard_with_policy(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
+                      reduce_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """FSDP2 as the course's runs apply it, inside an initialised process group: every block, then the whole
+    model, sharded under one ``MixedPrecisionPolicy``. ``param_dtype``: the dtype parameters are gathered
+    and computed in (None: their own); ``reduce_dtype``: the dtype gradients are reduce-scattered in (None:
+    ``param_dtype``). The shards stay in the model's own dtype, which the optimizer updates."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, torch.nn.Module) or not isinstance(blocks, torch.nn.ModuleList):
+        raise TypeError(f"expected a model with a ModuleList of blocks, got {type(model).__name__}")
+    for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+        if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
+            raise TypeError(f"{name} must be None or a floating torch.dtype, got {value!r}")
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
 
 
 def run_worker(runs: list[DistRun], *, size: str, backend: str, out: Path | None, max_steps: int | None,

@@ -364,7 +364,7 @@ def qkv_peak_gradient(trend: UnderflowTrend) -> str:
 def _bias_facts(trend: UnderflowTrend, bias: Sequence[str]) -> dict[str, object]:
     """``trend_bias_share``, the largest share of the ``bias`` parameters' values flushed at any sampled step
     (percent), and ``trend_bias_shares``, a phrase on their largest share at the first sampled step and, where
-    it is larger later, at its peak (``"up to 32.8% of their values at step 0 and at most 35.4% at step 5"``)."""
+    it is larger later, at its peak (``"up to 32.8% of their values at step 0, and 35.4% at their peak, step 5"``)."""
     if not bias:
         return {"trend_bias_share": 0.0, "trend_bias_shares": Prose("no share")}
     first = max(trend.flush[n][0] for n in bias)
@@ -372,7 +372,7 @@ def _bias_facts(trend: UnderflowTrend, bias: Sequence[str]) -> dict[str, object]
     their = "its" if len(bias) == 1 else "their"
     text = f"{'' if len(bias) == 1 else 'up to '}{100 * first:.1f}% of {their} values at step {trend.steps[0]}"
     if top > first:
-        text += f" and at most {100 * top:.1f}% at step {trend.steps[-at]}"
+        text += f", and {100 * top:.1f}% at {their} peak, step {trend.steps[-at]}"
     return {"trend_bias_share": 100 * top, "trend_bias_shares": Prose(text)}
 
 

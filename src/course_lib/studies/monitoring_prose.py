@@ -125,6 +125,11 @@ def _rule(rounds: int) -> str:
     return "every round" if rounds < 5 else "every round but at most one"
 
 
+def _needed(rounds: int) -> int:
+    """How many of ``rounds`` rounds an overhead must clear the noise in (:func:`_rule`)."""
+    return rounds - (1 if rounds >= 5 else 0)
+
+
 def overhead_verdict(cost: MonitorOverhead, every: int) -> str:
     """One of :data:`OVERHEAD_VERDICTS` for sampling every ``every`` steps: a cost only when the overhead, and
     that of every single round (all but one, from five rounds on), is larger than
@@ -132,7 +137,7 @@ def overhead_verdict(cost: MonitorOverhead, every: int) -> str:
     only when they are all shorter by more than it."""
     noise = cost.noise()
     each = cost.round_overheads(every)
-    needed = len(each) - (1 if len(each) >= 5 else 0)
+    needed = _needed(len(each))
     overall = cost.overhead(every)
     if overall > noise and sum(o > noise for o in each) >= needed:
         return "cost"
@@ -150,7 +155,8 @@ def _clause(cost: MonitorOverhead, every: int, decimals: int) -> str:
         "within noise": f"changed the mean step time by {signed}, within that noise: no cost this run can tell "
                         "from zero",
         "unresolved": f"changed the mean step time by {signed}, more than that noise overall, but the step was "
-                      f"{_beyond(cost, every)} (a cost must show in {rule}): not a cost by that rule, nor shown to be free",
+                      f"{_beyond(cost, every)}, where a cost must show in {_needed(len(cost.round_overheads(every)))}: "
+                      "inconclusive, neither a cost by that rule nor shown to be free",
         "faster": f"made the mean step {size} shorter, by more than that noise in {rule}; a monitor only adds "
                   "work, so the machine's load changed during the run",
     }[overhead_verdict(cost, every)]
