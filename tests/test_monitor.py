@@ -503,6 +503,8 @@ def test_diagnose_walks_the_procedure_to_the_planted_overflow():
     assert "`blocks.0.fc` in the forward pass" in answers["Where is the first non-finite value?"]
     assert answers["Does BF16 autocast run it?"].startswith("Yes")
     assert "blocks.0.fc" in result.verdict and "BF16" in result.verdict
+    # the fix as code a reader can paste (Markdown would curl the quotes of plain text)
+    assert "(`monitor.keep_in_fp32(model, 'blocks.0.fc')`: autocast off, FP32 inputs)" in result.verdict
     healthy = mon.diagnose(lambda: setup.model(0), lambda m, b: m(*b)[1], (x, y))
     assert "runs this step" in healthy.verdict
     with pytest.raises(ValueError, match="dtype"):

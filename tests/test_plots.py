@@ -442,6 +442,9 @@ def test_monitoring_figures_draw_their_data():
         assert [list(ln.get_xdata()) for ln in faded] == ([[1]] if ax is fig.axes[2] else [[0, 1]]), ax
     solid = [ln for ln in fig.axes[1].get_lines() if ln.get_color() == "#0072B2" and ln.get_alpha() is None]
     assert [list(ln.get_xdata()) for ln in solid] == [[0, 1, 2]]
+    # scales drawn as a staircase: a fall shows at the first step that used the lower scale
+    scale_lines = [ln for ln in fig.axes[1].get_lines() if ln.get_marker() == "o" and ln.get_linestyle() == "-"]
+    assert scale_lines and all(ln.get_drawstyle() == "steps-post" for ln in scale_lines)
     assert "abandoned attempt, rolled back" in [t.get_text() for t in fig.legends[0].get_texts()]
     assert_legends_clear_of_panels(fig)   # the legend under the panels covers no step of either run
     assert not fig.axes[1].texts          # the last scale (1) has its tick

@@ -545,10 +545,11 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
     assert rows[1][1] == ("Of overflows in the scaled gradients. An FP16 forward overflow made it skip 2 of 3 steps "
                           "and drive the scale to 0.5; the run never recovered on its own.")
     assert rows[2][1] == ("It checks backward outputs for NaN only: a backward pass whose gradient is inf passed "
-                          "without an error under it here, one whose gradient is NaN raised. A forward overflow is "
-                          "flagged only if its infs later turn into a NaN in some backward output, and then late, "
-                          "where that NaN appears: the recovery section's FP16 forward overflow, planted under it, "
-                          "was reported at `LogSoftmaxBackward0`, not at the layer that overflowed.")
+                          "without an error under it here (`anomaly_mode_raises`, in the folded cell above), one whose "
+                          "gradient is NaN raised. A forward overflow is flagged only if its infs later turn into a NaN "
+                          "in some backward output, and then late, where that NaN appears: the recovery section's FP16 "
+                          "forward overflow, re-run for one step under it (the folded cell above this table), was "
+                          "reported at `LogSoftmaxBackward0`, not at the layer that overflowed.")
     silent = P.errata_rows(FWD, _demo(), COST, [], inf_raises=False, nan_raises=True, overflow_anomaly=None)
     assert silent[2][1].endswith("raised nothing: its infs never became a NaN in a backward output.")
     assert rows[3][1] == ("Every step: +25.0% here, beyond the timing noise in every round; every 10 steps: +5.0%, "
@@ -563,7 +564,8 @@ def test_errata_rows_say_what_was_measured_with_and_without_a_record():
                           inf_raises=True, nan_raises=False, overflow_anomaly=OVERFLOW_ANOMALY)
     assert other[0][1].endswith("reported as nothing, the backward function at the loss; the locator named nothing.")
     assert other[2][1].startswith("In this torch it raised on inf but not on NaN: a backward pass whose gradient "
-                                  "is inf raised under it here, one whose gradient is NaN passed.")
+                                  "is inf raised under it here (`anomaly_mode_raises`, in the folded cell above), one "
+                                  "whose gradient is NaN passed.")
     both = P.errata_rows(FWD, _demo(), COST, [], inf_raises=True, nan_raises=True, overflow_anomaly=OVERFLOW_ANOMALY)
     assert both[2][1].startswith("In this torch it raised on inf as well as NaN:")
     assert other[3][1] == ("Every step: +25.0% here, beyond the timing noise in every round; every 10 steps: +5.0%, "

@@ -89,7 +89,7 @@ def diagnose(build_model, loss_fn, batch, *, dtype: torch.dtype = torch.float16,
     elif locator.report is not None and bf_fine:
         verdict = (f"{'an' if name == 'FP16' else 'a'} {name} overflow in `{locator.report.module}` "
                    f"({locator.report.phase} pass): train in BF16, or keep that module in FP32 "
-                   f"(monitor.keep_in_fp32(model, {locator.report.module!r}): autocast off, FP32 inputs)")
+                   f"(`monitor.keep_in_fp32(model, {locator.report.module!r})`: autocast off, FP32 inputs)")
     elif locator.report is not None:
         verdict = f"a non-finite value made in `{locator.report.module}` that BF16 does not fix: a bug there"
     else:

@@ -41,7 +41,9 @@ def plot_recovery(demo) -> Figure:
         faded = dict(color=colour, ms=8, mfc="none", mew=1.6, ls="none", alpha=0.8, zorder=5)
         order = np.flatnonzero(kept)
         top.plot(steps[order], shown[order], "o-", label=label, **solid)
-        mid.plot(steps[order], scales[order], "o-", **solid)
+        # a scale holds for its whole step and changes between steps: drawn as a staircase, so that a fall
+        # shows at the step that first used the lower scale, not as a slope from the step before
+        mid.plot(steps[order], scales[order], "o-", drawstyle="steps-post", **solid)
         for k, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
             gone = [i for i in range(a, b) if not kept[i]]
             if not gone:

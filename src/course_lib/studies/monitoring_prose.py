@@ -431,11 +431,11 @@ _ANOMALY_LEAD = {(False, True): "It checks backward outputs for NaN only",
 def _forward_overflow_text(message: str | None) -> str:
     """What anomaly mode said of an FP16 overflow in the forward pass (its error's first line, or None)."""
     if message is None:
-        return ("The recovery section's FP16 forward overflow, planted under it, raised nothing: its infs "
-                "never became a NaN in a backward output.")
+        return ("The recovery section's FP16 forward overflow, re-run for one step under it (the folded cell "
+                "above this table), raised nothing: its infs never became a NaN in a backward output.")
     return (f"A forward overflow is flagged only if its infs later turn into a NaN in some backward output, and "
-            f"then late, where that NaN appears: the recovery section's FP16 forward overflow, planted under it, "
-            f"was reported at {_code(anomaly_function(message) or message)}, not at the layer that "
+            f"then late, where that NaN appears: the recovery section's FP16 forward overflow, re-run for one "
+            f"step under it (the folded cell above this table), was reported at {_code(anomaly_function(message) or message)}, not at the layer that "
             f"overflowed.")
 
 
@@ -475,7 +475,8 @@ def errata_rows(forward: NanHunt, demo: RecoveryDemo, cost: MonitorOverhead, rec
          "its own."),
         ("`detect_anomaly` catches overflows.",
          f"{_ANOMALY_LEAD[(inf_raises, nan_raises)]}: a backward pass whose gradient is inf "
-         f"{'raised' if inf_raises else 'passed without an error'} under it here, one whose gradient is NaN "
+         f"{'raised' if inf_raises else 'passed without an error'} under it here (`anomaly_mode_raises`, in the "
+         f"folded cell above), one whose gradient is NaN "
          f"{'raised' if nan_raises else 'passed'}. {_forward_overflow_text(overflow_anomaly)}"),
         ("Gradient monitoring is too slow to leave on.",
          f"{measured} (the unmonitored loop alone moved by a median {_unsigned(100 * noise, d)} between "
