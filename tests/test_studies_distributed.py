@@ -153,6 +153,11 @@ def test_fsdp_table_and_facts():
     # a difference below the fifth decimal prints as many digits as tell the two apart
     close = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.2500040})
     assert "(**3.250004** against **3.250000**)" in D.reduce_compare_sentence(close)
+    # the lesson's case: at six decimals 3.793943 - 3.793938 reads 5.0e-06 where the gap is 5.4e-06
+    six = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, FP32 reduce": 3.793938,
+                              "FSDP2, BF16 params, BF16 reduce": 3.7939434})
+    assert "ends **5.4e-06** higher than the FP32-reduce run (**3.7939434** against **3.7939380**)" in \
+        D.reduce_compare_sentence(six)
     same = _study(eval_losses={**study.eval_losses, "FSDP2, BF16 params, BF16 reduce": 3.25})
     assert "ends with exactly the FP32-reduce run's loss" in D.reduce_compare_sentence(same)
     apart = _study(eval_losses={**study.eval_losses, "FSDP2, FP32 (no policy)": 3.5000001})

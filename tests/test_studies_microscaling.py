@@ -506,8 +506,8 @@ def test_mx_errata_rows():
     rows = ms.mx_errata_rows(comparison(0.125, 0.15), scale_errors(), fidelity(), bias=bias, torchao_agrees=True)
     assert rows == [
         ("MX scales are chosen so that nothing overflows.",
-         "The spec's rule (FLOOR) saturates the largest value of 25% of this activation's FP4 blocks; RCEIL, "
-         "NVIDIA's rule, saturates none {cite:p}`ocp2023mx,torchao_mx`."),
+         "Under the spec's rule (FLOOR), the clamp to E2M1's largest value changes the largest value of 25% of this "
+         "activation's FP4 blocks; under RCEIL, NVIDIA's rule, of none {cite:p}`ocp2023mx,torchao_mx`."),
         ("NVFP4 is MXFP4 with smaller blocks.",
          "The scale differs too: E4M3 rather than a power of two, under an FP32 tensor scale. Without the tensor "
          "scale, 100% of the course model's gradient flushes to zero; with it, the weight's error is 9.4% against "
@@ -523,7 +523,7 @@ def test_mx_errata_rows():
     ]
     other = ms.mx_errata_rows(comparison(0.125, 0.15, rceil_saturated=0.0625), scale_errors(), fidelity(),
                               bias=bias, torchao_agrees=False)
-    assert other[0][1].endswith("RCEIL, NVIDIA's rule, saturates that of 6% {cite:p}`ocp2023mx,torchao_mx`.")
+    assert other[0][1].endswith("under RCEIL, NVIDIA's rule, of 6% {cite:p}`ocp2023mx,torchao_mx`.")
     assert other[3][1].endswith("The course's emulation did not agree with torchao's reference quantisation on "
                                 "this page's check.")
 
@@ -675,7 +675,7 @@ def test_layer_breakdown_table_and_sentence():
         "layers the choice leaves as they were, were further from the exact ones on every batch. `blocks.0`, 37.5% "
         "of the exact gradient's squared norm on average, carries 67% of the rise in the summed squared error. "
         "The forward pass's output probabilities were further from the exact ones on 2 of 2 batches with "
-        "`blocks.1` in high precision: quantised, its error partly cancelled the error of the blocks before it in "
+        "`blocks.1` in high precision, which suggests that, quantised, its error partly cancelled the error of the blocks before it in "
         "the forward pass instead of adding to it. Why the errors cancel, and why the gradient of `blocks.0` "
         "moved most, this page does not show: at this size the result is unexplained, and a measurement, not a "
         "rule of thumb, says which layers to keep.")

@@ -38,6 +38,11 @@ def test_hadamard_effect_matches_the_recipe_and_keeps_the_product():
         mm.hadamard_sentence(better)
     assert "lowered the error of their product, the weight gradient, from 6.0% to 3.0% (2.0 times lower)" in \
         mm.hadamard_sentence(better)
+    # the numbers a reader checks are the printed ones: 9.64 - 8.66 is 0.98 but prints as 9.6 - 8.7 = 0.9;
+    # 7.54 / 3.16 is 2.39 but prints as 7.5 / 3.2 = 2.34 (the lesson's case)
+    printed = mm.hadamard_sentence(mm.HadamardEffect(16, 0.0866, 0.2, 0.0754, 0.0964, 0.2, 0.0316, 1e-8))
+    assert "by at most 0.9 points (gradient 8.7% without, 9.6% with" in printed
+    assert "from 7.5% to 3.2% (2.3 times lower)" in printed
     worse = mm.HadamardEffect(16, 0.1, 0.1, 0.02, 0.1, 0.1, 0.03, 1e-8)
     assert "raised the error of their product, the weight gradient, from 2.0% to 3.0%." in mm.hadamard_sentence(worse)
     # it says how this measurement differs from the recipe's whole-model ablation
@@ -79,6 +84,10 @@ def test_rounding_bias_sentence_reads_its_numbers():
     text = mm.rounding_bias_sentence(unbiased)
     assert "13.6" not in text and "16.0% off, more than rounding to nearest's 10.0%" in text
     assert "the mean of 16 copies is 4.0% off" in text and "no bias shows" in text and unbiased.bias_share == 1.0
+    # the ratio from the printed errors: 1.5% / (13.6% / 16) = 1.76, where the unrounded ones give 1.71
+    printed = mm.rounding_bias_sentence(mm.RoundingBias((1, 16, 256), (0.1364, 0.05, 0.01455), 0.1, 0.0))
+    assert "13.6% off" in printed and "the mean of 256 copies is 1.5% off" in printed
+    assert "(1.8 times what 1/sqrt(256) predicts)" in printed
     biased = mm.RoundingBias((1, 4, 16), (0.16, 0.1, 0.08), 0.1, 0.025)
     assert biased.bias_share == pytest.approx(2.0)
     assert "a bias remains" in mm.rounding_bias_sentence(biased) and "2.5% of the values" in \

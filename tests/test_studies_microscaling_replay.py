@@ -139,9 +139,13 @@ def test_replay_sentence_other_outcomes():
     one_off = R.replay_sentence(_replay([(1, 3.30), (2, 3.31), (11, 5.45), (15, 3.29)]))
     assert "but 1 of the 3 longer replays does not close half the gap" in one_off
     assert touchy.endswith("With only the last step's products exact, the loss there is 3.300, but 2 of the 4 "
-                           "longer replays do not close half the gap (the last 11 steps exact: 5.450): the loss at "
+                           "longer replays do not close half the gap (the last 11 steps exact: 5.450, beyond the run "
+                           "as it ran, 3.673: it widened the gap): the loss at "
                            "this step moves far with small changes to the weights, whatever the arithmetic, so one "
                            "replay cannot pin the jump on the last update.")
+    # a replay that stays between the baseline and the run only failed to close it
+    short = R.replay_sentence(_replay([(1, 3.30), (2, 3.31), (11, 3.60), (15, 3.29)]))
+    assert "(the last 11 steps exact: 3.600): the loss" in short
     # nothing closes it, not even FP32: a drift between any two roundings
     none = R.replay_sentence(_replay([(1, 3.60), (2, 3.65), (15, 3.66)]))
     assert "No replay closed half the gap, not even an FP32 run from the same seed (3.660)" in none

@@ -512,6 +512,10 @@ def test_the_outlier_reads_on_light_and_dark_and_the_code_row_is_explained(page_
         assert _contrast(rgb, (255, 255, 255)) >= 3 and _contrast(rgb, (41, 49, 61)) >= 3, (value, fill)
     label = page.locator("[data-role=plot] text", has_text="outlier")
     assert label.get_attribute("fill") == "currentColor"
+    # the chart's only key reads as text (the page's colour), not as the faint grey of the axis labels
+    for key in (page.locator("[data-role=plot] text", has_text="tick: stored value"),
+                page.locator("[data-role=code-legend]")):
+        assert key.get_attribute("fill") == "currentColor"
     code = page.locator("[data-role=code-label]")
     assert code.text_content().startswith("code(hex)")
     assert "8 is −0" in code.locator("title").text_content()

@@ -145,7 +145,7 @@ def _draw_gradient_fidelity(fig, left, middle, right, result, reference: str) ->
                           (reference + "_no_sr", f"{reference}_no_sr\n(round to nearest)")):
         if recipe in result.averaged:
             for per_model in result.averaged[recipe]:
-                right.plot(ks, np.asarray(per_model) * 100, "-", color=colours[recipe], lw=0.8, alpha=0.5)
+                right.plot(ks, np.asarray(per_model) * 100, "-", color=colours[recipe], lw=1.2, alpha=0.7)   # visible on white
             right.plot(ks, np.asarray(result.mean_averaged(recipe)) * 100, "o-", color=colours[recipe], lw=2,
                        label=label)
     first = result.mean_averaged(reference)[0] * 100

@@ -526,8 +526,10 @@ def reduce_compare_sentence(study: DataParallelStudy) -> Prose:
     if bf16 == fp32:
         compare = "ends with exactly the FP32-reduce run's loss"
     else:
-        d = next((d for d in range(5, 10) if f"{bf16:.{d}f}" != f"{fp32:.{d}f}"), 9)   # digits that tell them apart
-        compare = (f"ends {bold(f'{abs(bf16 - fp32):.1e}')} {'lower' if bf16 < fp32 else 'higher'} than the "
+        # enough digits that the printed losses give the printed difference, to its two digits
+        gap = f"{abs(bf16 - fp32):.1e}"
+        d = next((d for d in range(5, 12) if f"{abs(round(bf16, d) - round(fp32, d)):.1e}" == gap), 12)
+        compare = (f"ends {bold(gap)} {'lower' if bf16 < fp32 else 'higher'} than the "
                    f"FP32-reduce run ({bold(f'{bf16:.{d}f}')} against {bold(f'{fp32:.{d}f}')})")
     return Prose(f"The BF16-reduce run {compare}. That is one run of each, {bold(study.steps)} steps long, "
                  f"from one seed, with no spread measured: it cannot rank the two reductions.")

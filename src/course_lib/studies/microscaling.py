@@ -576,9 +576,9 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
     sr_one, nearest_one = fidelity.mean_error("nvfp4"), fidelity.mean_error("nvfp4_no_sr")
     return [
         ("MX scales are chosen so that nothing overflows.",
-         f"The spec's rule (FLOOR) saturates the largest value of {100 * modes.top_saturated['floor']:.0f}% of "
-         f"this activation's FP4 blocks; RCEIL, NVIDIA's rule, saturates "
-         + ("none" if rceil == 0 else f"that of {100 * rceil:.0f}%") + " {cite:p}`ocp2023mx,torchao_mx`."),
+         f"Under the spec's rule (FLOOR), the clamp to E2M1's largest value changes the largest value of "
+         f"{100 * modes.top_saturated['floor']:.0f}% of this activation's FP4 blocks; under RCEIL, NVIDIA's rule, "
+         + ("of none" if rceil == 0 else f"of {100 * rceil:.0f}%") + " {cite:p}`ocp2023mx,torchao_mx`."),
         ("NVFP4 is MXFP4 with smaller blocks.",
          f"The scale differs too: E4M3 rather than a power of two, under an FP32 tensor scale. Without the tensor "
          f"scale, {100 * scale_errors['gradient'][no_tensor_scale].flushed:.0f}% of the course model's gradient "

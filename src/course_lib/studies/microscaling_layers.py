@@ -247,8 +247,8 @@ def layer_breakdown_sentence(bd: LayerBreakdown) -> Prose:
         if top != bd.kept:
             out = bd.higher_with_kept(None)
             text += (f" The forward pass's output probabilities were further from the exact ones on {_of(out, n)} "
-                     f"batches with {kept} in high precision: quantised, its error partly cancelled the error of "
-                     "the blocks before it in the forward pass instead of adding to it." if out == n else
+                     f"batches with {kept} in high precision, which suggests that, quantised, its error partly cancelled "
+                     "the error of the blocks before it in the forward pass instead of adding to it." if out == n else
                      f" The forward pass's output probabilities were further from the exact ones on only "
                      f"{_of(out, n)} batches with {kept} in high precision.")
             text += (f" Why the errors cancel, and why the gradient of `{top}` moved most, this page does not "

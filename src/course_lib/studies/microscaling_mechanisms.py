@@ -67,14 +67,21 @@ def hadamard_effect(gradient: torch.Tensor, activation: torch.Tensor, *, seed: i
                           _relative(g_h.double() @ x_h.double().t(), exact))
 
 
+def _shown(fraction: float) -> float:
+    """A fraction as the sentences print it: a percentage to one decimal."""
+    return round(100 * fraction, 1)
+
+
 def hadamard_sentence(effect: HadamardEffect) -> Prose:
     """What the transform did to each operand's own error and to the product's, in percent, and which way."""
     moved = ("lowered" if effect.rht_product < effect.plain_product else
              "raised" if effect.rht_product > effect.plain_product else "left")
-    ratio = effect.plain_product / effect.rht_product if effect.rht_product > 0 else math.inf
+    # the differences and the ratio are of the percentages as printed, so that a reader's arithmetic agrees
+    plain_product, rht_product = _shown(effect.plain_product), _shown(effect.rht_product)
+    ratio = plain_product / rht_product if rht_product > 0 else math.inf
     by = f" ({ratio:.1f} times lower)" if moved == "lowered" else ""
-    moved_most = 100 * max(abs(effect.rht_gradient - effect.plain_gradient),
-                            abs(effect.rht_activation - effect.plain_activation))
+    moved_most = max(abs(_shown(effect.rht_gradient) - _shown(effect.plain_gradient)),
+                     abs(_shown(effect.rht_activation) - _shown(effect.plain_activation)))
     return Prose(
         f"On this layer's gradient and activation, quantised in blocks along the tokens as the weight-gradient "
         f"product reads them, the transform changes each operand's own error by at most "
@@ -159,8 +166,10 @@ def rounding_bias_sentence(bias: RoundingBias) -> Prose:
             + ("more than" if first > nearest else "no more than") + f" rounding to nearest's {nearest:.1f}%; "
             f"the mean of {k} copies is {last:.1f}% off, while rounding to nearest stays {nearest:.1f}% off however "
             "many times it is repeated, since every copy is the same. ")
-    share = bias.bias_share
-    if share < 1.5:
+    # the ratio as a reader computes it from the two printed errors, one copy's and the mean's
+    share = (_shown(bias.stochastic[-1]) / (_shown(bias.stochastic[0]) / math.sqrt(k)) if _shown(bias.stochastic[0])
+             else bias.bias_share)
+    if bias.bias_share < 1.5:
         text += (f"The mean's error fell about as 1/sqrt(k) ({share:.1f} times what 1/sqrt({k}) predicts): "
                  "no bias shows at this many copies, where rounding to nearest's whole error is bias.")
     else:

@@ -131,8 +131,10 @@ def replay_sentence(r: GapReplay) -> Prose:
             return Prose(text + ": the last update, made from block-scaled gradients, made most of the jump.")
         worst_k, worst = max(open_again, key=lambda kl: kl[1])
         verb = "does" if len(open_again) == 1 else "do"
+        # a replay that lands beyond the run as it ran widened the gap: say so, not only that it did not close it
+        widened = (f", beyond the run as it ran, {r.as_run:.3f}: it widened the gap" if worst > r.as_run else "")
         return Prose(text + f", but {len(open_again)} of the {len(r.replays) - 1} longer replays {verb} not close "
-                     f"half the gap (the last {worst_k} steps exact: {worst:.3f}): the loss at this step moves far "
+                     f"half the gap (the last {worst_k} steps exact: {worst:.3f}{widened}): the loss at this step moves far "
                      "with small changes to the weights, whatever the arithmetic, so one replay cannot pin the jump "
                      "on the last update.")
     if one is not None:

@@ -315,11 +315,12 @@ export function mount(root, config) {
     }
     nodes.push(svg("text", { x: LEFT + (index + 0.5) * SLOT, y: bottom + 30, "text-anchor": "middle", fill: "currentColor",
       "font-weight": "bold", text: "outlier" }));
-    const legend = svg("text", { x: LEFT, y: HEIGHT - 18, fill: COLOURS.axis },
+    // the key in the page's text colour: the only key to the chart, it must read as text, not as a faint axis
+    const legend = svg("text", { x: LEFT, y: HEIGHT - 18, fill: "currentColor" },
       "bars: |value| (blue +, orange −) · tick: stored value · ",
       svg("tspan", { fill: COLOURS.flushed, text: "× / red: flushed to 0" }), " · ",
       svg("tspan", { fill: COLOURS.saturated, text: "purple: saturated" }), " · green: what the scale can hold");
-    nodes.push(legend, svg("text", { x: LEFT, y: HEIGHT - 4, fill: COLOURS.axis, "data-role": "code-legend" },
+    nodes.push(legend, svg("text", { x: LEFT, y: HEIGHT - 4, fill: "currentColor", "data-role": "code-legend" },
       `code: the element's ${f.bits} bits in hex; ${minusZero} is −0 (the sign bit alone), what a negative value flushed to 0 keeps`,
       svg("title", { text: codeHelp })));
     picture.replaceChildren(...nodes);
