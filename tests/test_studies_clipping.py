@@ -345,6 +345,17 @@ def test_spike_facts_verdict_branches(none, glob, verdict, vs_ref):
     assert verdict in facts["clip_verdict"] and facts["clip_vs_ref"].startswith(vs_ref)
 
 
+def test_separated_ranges_judge_the_gap_against_the_seeds_spread():
+    # the nearest two 1.9 apart against spreads of 1.0 and 0.2: beyond seed noise
+    assert CP.separated_ranges([3.0, 4.0], [0.9, 1.1]) == (
+        "every seed without clipping ended above every seed with it, the nearest two 1.9 apart, more than either "
+        "rule's seeds lie apart among themselves (1 at most): a difference beyond seed noise at this size")
+    # separated, but by less than the seeds spread: three seeds a side do that by chance one time in ten
+    close = CP.separated_ranges([3.0, 3.5, 4.0], [2.1, 2.5, 2.9])
+    assert "only 0.1 apart, within the 1 either rule's seeds span" in close
+    assert "one time in 10, so this is a hint, not yet a difference" in close
+
+
 def test_spike_facts_without_a_passing_spike_and_without_the_needed_rules():
     every = {C.NO_CLIPPING: [[False, False, True, False, False, True, False, False]] * 2}
     facts = CP.spike_facts(_runs(BASE, skipped=every))
@@ -372,7 +383,7 @@ def test_rule_table_and_rule_facts():
     assert facts["clip_rules_verdict"] == (
         "The runs that saw no spikes ended with held-out losses of 1.0000 to 1.2000 over the seeds. Global-norm "
         "clipping (1.1000 to 1.3000, its highest seed 0.1 above) and per-tensor-norm clipping (1.1500 to 1.2500, its "
-        "highest seed 0.05 above) overlapped that range without lying inside it, a difference within seed noise; "
+        "highest seed 0.05 above) overlapped that range and reached past it, a difference within seed noise; "
         "per-value clipping (2.0000 to 2.5000) ended above that range; AGC (0.2000 to 0.3000) ended below that range.")
     wider = CP.rule_facts(_runs({**BASE, C.GLOBAL_NORM: (0.9, 1.3)}))["clip_rules_verdict"]
     assert ("Global-norm clipping (0.9000 to 1.3000, its highest seed 0.1 above and its lowest seed 0.1 below) "

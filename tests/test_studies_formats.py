@@ -110,7 +110,7 @@ def test_tf32_record_text_tabulates_the_first_record():
     text = S.tf32_record_text([_recorded("tf32_matmul_rounding", {"n": 8}, values)])
     assert text == (
         "Recorded on **NVIDIA H100 80GB HBM3 (sm 9.0)** with a 8 x 8 matrix (standard normal values, each scaled "
-        "by 2^k with k from -20 to 19): the share of "
+        "by $2^k$ with $k$ from -20 to 19): the share of "
         "elements of `A @ I` (TF32 on) equal to A rounded by each rule.\n\n"
         "| rule | elements equal |\n|---|---|\n| round to nearest, ties to even | 100.0000% |\n"
         "| round to nearest, ties away | 75.0000% |\n| truncation (toward zero) | 50.0000% |\n\n"
@@ -206,6 +206,9 @@ def test_recorded_magnitude_note_splits_the_gap_between_the_medians():
     assert S.recorded_magnitude_note(live, ("H100", four)).endswith(
         "a factor of 16: the token count accounts for about all of it.")
     assert S.recorded_magnitude_note(live, None) == ""
+    assert f"(H100, after {rec.steps} steps of an earlier full profile) sit" in S.recorded_magnitude_note(
+        live, ("H100", rec), size="of an earlier full profile")
+    assert f"(H100, after {rec.steps} steps at full size) sit" in S.recorded_magnitude_note(live, ("H100", rec))
     with pytest.raises(TypeError, match="TrainingMagnitudes"):
         S.recorded_magnitude_note(live, ("H100", {"histograms": {}}))
 

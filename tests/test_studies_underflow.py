@@ -185,7 +185,7 @@ def test_naive_table_one_row_per_seed():
     assert isinstance(table, MarkdownTable)
     assert table == (
         "| seed | final loss, FP16 minus FP32 | zero gradients (FP32 / FP16) | updates rounded away (FP32 / FP16) | "
-        "Adam's second moment underflowed (FP16) | mean weight change / lr, first 2 steps (FP32 / FP16) |\n"
+        "Adam entries with v = 0 but m ≠ 0 (FP16) | mean weight change / lr, first 2 steps (FP32 / FP16) |\n"
         "|---|---|---|---|---|---|\n"
         "| 0 | +0.250 | 12.5% / 25.0% | 0.000% / 3.00% | 50% | 0.50 / 3.00 |\n"
         "| 1 | +0.500 | 12.5% / 50.0% | 0.000% / 6.25% | 25% | 0.50 / 2.50 |\n")
@@ -266,8 +266,8 @@ def test_softmax_matmul_and_activation_facts():
     facts = S.softmax_facts(sm)
     assert facts == {"fp16_max": 65504.0, "exp_limit": 11.09, "sm_logits": "1, 2.5", "sm_target": "1", "ce_fp16": 0.21,
                      "ce_fp64": 0.2014, "ce_exact_fp16": 0.201416015625,
-                     "ce_rounding": "**4.3%** off, where rounding only the result to FP16 would give **0.2014**: "
-                                    "the kernel rounds intermediate values to FP16 too"}
+                     "ce_rounding": "**4.3%** off. Rounding only the final result to FP16 would give **0.2014**, "
+                                    "so the kernel must round intermediate values to FP16 too"}
     assert S.softmax_facts(dataclasses.replace(sm, target=1))["sm_target"] == "2.5"
     exact = dataclasses.replace(sm, torch_cross_entropy_fp16=0.201416015625)
     assert S.softmax_facts(exact)["ce_rounding"] == "the exact value rounded to FP16: only the result was rounded"

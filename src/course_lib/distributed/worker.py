@@ -523,7 +523,7 @@ def shard_with_policy(model: torch.nn.Module, *, param_dtype: torch.dtype | None
         if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
             raise TypeError(f"{name} must be None or a floating torch.dtype, got {value!r}")
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in model.blocks:
+    for block in blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model

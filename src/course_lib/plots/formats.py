@@ -132,8 +132,8 @@ def plot_format_ranges(formats=None, magnitudes=None, *, recorded=None, limits_o
         tax.set_yticks([p for p, _, _ in rows], [t for _, t, _ in rows], fontsize=10)
         tax.set_ylim(-0.8, n_tensor_rows - 0.2)
         tax.set_xlim(floor, top * 8)
-        tax.set_title("A real model's tensors (bar: 1st-99th percentile, line: min-max,\n"
-                      "dot: median; triangle: cut at the left edge)", fontsize=11)
+        tax.set_title("A real model's tensors, non-zero values (bar: 1st-99th percentile,\n"
+                      "line: min-max, dot: median; triangle: cut at the left edge)", fontsize=11)
         axes.append(tax)
     if limits_of is not None:
         lim = get_format(limits_of)

@@ -21,7 +21,8 @@ def plot_scale_sweep(sweep, *, marks: dict | None = None) -> Figure:
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     lo, hi = sweep.plateau()
     ax.axvspan(lo, hi, color="#009E73", alpha=0.08, label="within 0.5 points of the best survival")
-    ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=2, label="survive (all)")
+    # wide, so that where the dashed normal-survival line runs on it the green still shows along both edges
+    ax.plot(sweep.scales, np.array(sweep.survive) * 100, color="#009E73", lw=3.5, label="survive (all)")
     ax.plot(sweep.scales, np.array(sweep.survive_normal) * 100, color="#0072B2", lw=1.5, ls="--",
             label="survive as normal numbers (full FP16 precision)")
     ax.plot(sweep.scales, np.array(sweep.flushed) * 100, color="#E69F00", lw=1.5, label="flushed to zero")
@@ -178,7 +179,7 @@ def plot_clipping_runs(runs, rules=None, *, reference: str | None = None) -> Fig
     right.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     right.xaxis.set_minor_formatter(NullFormatter())
     right.set_xlabel("held-out loss after training (MSE)")
-    band = f"\ngrey: {reference}, range" if reference is not None else ""
+    band = f"\ngrey band: range of the {reference} runs" if reference is not None else ""
     right.set_title(f"After training (one dot per seed){band}", fontsize=10)
     right.grid(alpha=0.3, axis="x")
     return finish_figure(fig)

@@ -201,7 +201,7 @@ def tf32_record_text(records: Sequence[RecordedResult]) -> Prose:
                            [(TF32_RULES[k], f"{100 * v:.4f}%") for k, v in check.agreement.items()])
     low, high = TF32_SCALE_EXPONENTS
     return Prose(f"Recorded on **{rec.label}** with a {check.n} x {check.n} matrix (standard normal values, each "
-                 f"scaled by 2^k with k from {low} to {high - 1}): the "
+                 f"scaled by $2^k$ with $k$ from {low} to {high - 1}): the "
                  f"share of elements of `A @ I` (TF32 on) equal to A rounded by each rule.\n\n{table}\n"
                  f"{tf32_verdict(check)}\n\n{describe_records(records)}")
 
@@ -250,12 +250,14 @@ def _zero_share(h: LogHistogram) -> float:
     return h.zeros / finite if finite else math.nan
 
 
-def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, TrainingMagnitudes] | None) -> Prose:
+def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, TrainingMagnitudes] | None, *,
+                            size: str = "at full size") -> Prose:
     """What the GPU record (``recorded``: ``(label, magnitudes)``, as :func:`recorded_magnitudes_beside` gives,
     or None) found for the activation gradients against this page's run: its median, the shares below FP16's
     smallest subnormal, rounded to zero and exactly zero; and how much of the gap between the medians the
     tokens per batch explain (the loss is a mean over them, so every activation gradient carries a factor of
-    one over their number). Empty without a record."""
+    one over their number). ``size``: the size the record ran at, after its steps (``"at full size"``, or for an
+    older record :func:`course_lib.results.record_size_text`'s words). Empty without a record."""
     if recorded is None:
         return Prose("")
     label, rec = recorded
@@ -266,7 +268,7 @@ def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, Train
     token_ratio = there / here
     here_median = live.histograms["activation gradients"].quantile(0.5)
     median_ratio = here_median / rec.histograms["activation gradients"].quantile(0.5)
-    text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps at full size) sit further down: "
+    text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps {size}) sit further down: "
             f"the median of the non-zero activation gradients is {f['agrad_median']:.3g}; "
             f"{f['agrad_below_fp16']:.1f}% of the "
             f"activation gradients are non-zero values below FP16's smallest subnormal "

@@ -352,7 +352,7 @@ def naive_table(naive: NaiveFP16Comparison, *, tail: int, early: int) -> Markdow
     step32, step16 = (naive.mean_over_steps("update_size", k, first=early) for k in (fp32, fp16))
     return markdown_table(
         ["seed", "final loss, FP16 minus FP32", "zero gradients (FP32 / FP16)", "updates rounded away (FP32 / FP16)",
-         "Adam's second moment underflowed (FP16)", f"mean weight change / lr, first {early} steps (FP32 / FP16)"],
+         "Adam entries with v = 0 but m ≠ 0 (FP16)", f"mean weight change / lr, first {early} steps (FP32 / FP16)"],
         [(s, f"{d:+.3f}", f"{100 * z32:.1f}% / {100 * z16:.1f}%", f"{100 * u32:.3f}% / {100 * u16:.2f}%",
           f"{100 * v:.0f}%", f"{a:.2f} / {b:.2f}")
          for s, d, z32, z16, u32, u16, v, a, b in zip(naive.seeds, diffs, zero32, zero16, lost32, lost16, v16,
@@ -445,8 +445,8 @@ def softmax_facts(sm: SoftmaxOverflow) -> dict[str, object]:
     exact_fp16 = float(torch.tensor(sm.reference_cross_entropy_fp64, dtype=torch.float16))
     off = abs(sm.torch_cross_entropy_fp16 / sm.reference_cross_entropy_fp64 - 1)
     rounding = ("the exact value rounded to FP16: only the result was rounded" if sm.torch_cross_entropy_fp16
-                == exact_fp16 else f"{bold(f'{100 * off:.2g}%')} off, where rounding only the result to FP16 "
-                f"would give {bold(f'{exact_fp16:.4g}')}: the kernel rounds intermediate values to FP16 too")
+                == exact_fp16 else f"{bold(f'{100 * off:.2g}%')} off. Rounding only the final result to FP16 "
+                f"would give {bold(f'{exact_fp16:.4g}')}, so the kernel must round intermediate values to FP16 too")
     return {"fp16_max": get_format("FP16").max_finite, "exp_limit": sm.largest_safe_exp_input,
             "sm_logits": Prose(", ".join(f"{v:g}" for v in sm.logits)), "sm_target": f"{sm.logits[sm.target or 0]:g}",
             "ce_fp16": sm.torch_cross_entropy_fp16, "ce_fp64": sm.reference_cross_entropy_fp64,
