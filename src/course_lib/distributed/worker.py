@@ -508,21 +508,33 @@ def choose_backend(requested: str, local_world_size: int) -> str:
     return "nccl" if every_rank_has_a_gpu else "gloo"
 
 
-def shard_with_policy(model: torch.nn.Module, *, param_dtype: torch.dtype | None = None,
-                      reduce_dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """FSDP2 as the course's runs apply it, inside an initialised process group: every block, then the whole
-    model, sharded under one ``MixedPrecisionPolicy``. ``param_dtype``: the dtype parameters are gathered
-    and computed in (None: their own); ``reduce_dtype``: the dtype gradients are reduce-scattered in (None:
-    ``param_dtype``). The shards stay in the model's own dtype, which the optimizer updates."""
+def shard_with_policy(model: torch.nn.Module, *,
+                      param_dtype: torch.dtype | None = None,
+                      reduce_dtype: torch.dtype | None = None
+                      ) -> torch.nn.Module:
+    """FSDP2 as the course's runs apply it, in an initialised process
+    group: every block, then the whole model, under one policy.
+
+    param_dtype: the dtype parameters are gathered and computed in
+    (None: their own). reduce_dtype: the dtype gradients are
+    reduce-scattered in (None: param_dtype). The shards stay in the
+    model's own dtype, which the optimizer updates. (Lesson 10 prints
+    this source: its lines fit the page.)"""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     blocks = getattr(model, "blocks", None)
-    if not isinstance(model, torch.nn.Module) or not isinstance(blocks, torch.nn.ModuleList):
-        raise TypeError(f"expected a model with a ModuleList of blocks, got {type(model).__name__}")
-    for name, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
-        if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):
-            raise TypeError(f"{name} must be None or a floating torch.dtype, got {value!r}")
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    if not isinstance(model, torch.nn.Module) or \
+            not isinstance(blocks, torch.nn.ModuleList):
+        raise TypeError("expected a model with a ModuleList of blocks, "
+                        f"got {type(model).__name__}")
+    for name, value in (("param_dtype", param_dtype),
+                        ("reduce_dtype", reduce_dtype)):
+        if value is not None and not (isinstance(value, torch.dtype)
+                                      and value.is_floating_point):
+            raise TypeError(f"{name} must be None or a floating "
+                            f"torch.dtype, got {value!r}")
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype,
+                                  reduce_dtype=reduce_dtype)
     for block in blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
