@@ -599,3 +599,10 @@ def test_shard_with_policy_shards_every_block_under_one_policy(tmp_path):
         # reduce_dtype on the wire: test_fsdp_collectives_carry_the_policy_dtypes_bytes, through the worker
     finally:
         dist.destroy_process_group()
+
+
+def test_shard_with_policy_source_fits_the_page():
+    """Lesson 10 prints this function's source in a code column about 77 characters wide."""
+    import inspect
+
+    assert max(len(line) for line in inspect.getsource(D.shard_with_policy).splitlines()) <= 77

@@ -508,6 +508,7 @@ def choose_backend(requested: str, local_world_size: int) -> str:
     return "nccl" if every_rank_has_a_gpu else "gloo"
 
 
+# lesson 10 prints this function's source: its lines stay short enough for the page's code column
 def shard_with_policy(model: torch.nn.Module, *,
                       param_dtype: torch.dtype | None = None,
                       reduce_dtype: torch.dtype | None = None
@@ -518,8 +519,7 @@ def shard_with_policy(model: torch.nn.Module, *,
     param_dtype: the dtype parameters are gathered and computed in
     (None: their own). reduce_dtype: the dtype gradients are
     reduce-scattered in (None: param_dtype). The shards stay in the
-    model's own dtype, which the optimizer updates. (Lesson 10 prints
-    this source: its lines fit the page.)"""
+    model's own dtype, which the optimizer updates."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     blocks = getattr(model, "blocks", None)
