@@ -354,6 +354,10 @@ def test_separated_ranges_judge_the_gap_against_the_seeds_spread():
     close = CP.separated_ranges([3.0, 3.5, 4.0], [2.1, 2.5, 2.9])
     assert "only 0.1 apart, within the 1 either rule's seeds span" in close
     assert "one time in 10, so this is a hint, not yet a difference" in close
+    with pytest.raises(ValueError, match="at least one final loss on each side"):
+        CP.separated_ranges([], [1.0])
+    with pytest.raises(ValueError, match="not separated"):
+        CP.separated_ranges([1.0, 2.0], [1.5])
 
 
 def test_spike_facts_without_a_passing_spike_and_without_the_needed_rules():

@@ -133,7 +133,12 @@ def separated_ranges(above: Sequence[float], below: Sequence[float]) -> str:
     beyond seed noise, by the size of the gap against the seeds' own spread, not by the count of seeds (three
     seeds a side separate by chance alone one time in ten). Beyond it when the nearest two final losses lie
     further apart than either rule's seeds do among themselves."""
+    if not above or not below:
+        raise ValueError("separated_ranges needs at least one final loss on each side")
     gap = min(above) - max(below)
+    if not gap > 0:
+        raise ValueError(f"the ranges are not separated: the lowest of `above` ({min(above):g}) is not above the "
+                         f"highest of `below` ({max(below):g})")
     spread = max(max(above) - min(above), max(below) - min(below))
     chance = math.comb(len(above) + len(below), len(above)) // 2
     head = "every seed without clipping ended above every seed with it"
