@@ -290,6 +290,9 @@ def test_seeded_runs_take_other_finals_and_keep_colliding_names_apart():
     assert all(not t.get_text() for t in fig.axes[1].get_yticklabels())
     colours = {ln.get_label(): ln.get_color() for ln in fig.axes[0].get_lines()}
     assert len(set(colours.values())) == 3        # "bf16" in both names must not paint them alike
+    assert [colours["BF16 one"], colours["BF16 two"]] == list(plots.style.SEEDED_COLOURS[:2])
+    # lesson 5's four BF16 rules get four hues: not both of the palette's blues
+    assert len({"#0072B2", "#56B4E9"} & set(plots.style.SEEDED_COLOURS[:4])) == 1
     # the reference is drawn wide and underneath, so a recipe that runs on it leaves it visible at its edges
     lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     assert lines["FP32"].get_linewidth() > 2 * lines["BF16 one"].get_linewidth()
@@ -575,6 +578,8 @@ def test_dashboard_leaves_out_empty_panels_and_draws_identical_series_once():
     lines = [ln for ln in fig.axes[1].get_lines() if not ln.get_label().startswith("_")]
     assert len(lines) == 1 and lines[0].get_label() == "3 identical series:\na\nb\nc"
     assert list(lines[0].get_ydata()) == pytest.approx([0.0, 100.0])
+    # a sample holds until the next one: no slope through the unsampled step 1 draws a value nobody measured
+    assert lines[0].get_drawstyle() == "steps-post"
     skipping = mon.MonitorLog(steps=[0, 1], losses=[3.0, 3.0], scales=[2.0, 2.0], skipped=[True, False])
     fig = plots.plot_dashboard(skipping)
     assert len(fig.axes) == 3 and [t.get_text() for t in fig.axes[0].texts] == ["loss scale 2 at every step"]

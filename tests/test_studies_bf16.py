@@ -83,9 +83,11 @@ def test_paired_verdict_reads_the_signs_seed_by_seed_not_the_spread():
     # above FP32 in every seed by far less than the spread over seeds: still a sign, and said as a hint
     sided = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.001, 3.002, 4.003), fp16_autocast_scaler=(1.9, 2.9, 3.95))
     assert P.paired_verdict(sided) == (
-        "and `bf16_autocast` above it in every seed (+0.001 to +0.003) and `fp16_autocast_scaler` below it in "
-        "every seed (-0.1 to -0.05): three seeds land on one side by chance alone one time in 4, so it is a "
-        "hint to test with more seeds, not yet a difference")
+        "and `bf16_autocast` ended above FP32's in every seed (+0.001 to +0.003) and `fp16_autocast_scaler` ended "
+        "below FP32's in every seed (-0.1 to -0.05): three seeds land on one side by chance alone one time in 4, so "
+        "each is a hint to test with more seeds, not yet a difference")
+    assert P.paired_verdict(parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.001, 3.002, 4.003))).endswith(
+        "one time in 4, so it is a hint to test with more seeds, not yet a difference")
     # a difference four decimals would print as +0.0000 keeps its digits
     tiny = parity(fp32=(2.0, 3.0, 4.0), bf16_autocast=(2.000003, 3.0009, 4.00002))
     assert "(+3e-06 to +0.0009)" in P.paired_verdict(tiny)
@@ -200,12 +202,12 @@ def test_update_facts_from_a_hand_built_comparison():
         "train_gap_master": "-0.2500 to +0.2500", "loss_level": 2.75,
         "bf16_spacing_at_loss": "1/64",                 # BF16 spacing in [2, 4): 2^(1-7)
         "lost_nearest": "40.0-50.0%",                   # (0.4 + 0.6) / 2 and (0.3 + 0.5) / 2
-        "gap_nearest": "+0.050 to +0.060", "gap_others": "-0.0010 and +0.0020",
+        "gap_nearest": "+0.050 to +0.060", "gap_others": "-0.00100 and +0.00200",
         "upd_lead": "Only plain round-to-nearest separates from FP32.",
         "upd_separates": "every seed of it lies above every seed of every other rule",
-        "upd_others_note": "FP32 master weights within 0.0010; stochastic rounding within 0.0020; "
-                           "Kahan-compensated within 0.0010 in every seed: small against round-to-nearest's "
-                           "gap of at least 0.0500, and their ranges over seeds overlap",
+        "upd_others_note": "FP32 master weights within 0.00100; stochastic rounding within 0.00200; "
+                           "Kahan-compensated within 0.00100 in every seed: small against round-to-nearest's "
+                           "gap of at least 0.05000, and their ranges over seeds overlap",
         "upd_kahan_master": P.kahan_master_note({MASTER: [0.001, -0.001], KAHAN: [-0.001, 0.001]})}
     assert facts["upd_kahan_master"].startswith("Kahan compensation and FP32 master weights ended within 2.0e-03 of "
                                                 "each other in every seed")
@@ -221,14 +223,20 @@ def test_update_phrases_take_their_other_branches():
     assert P.separation_phrase(overlapping) == "its seeds overlap those of the others"
     assert P.update_lead(overlapping) == "Round-to-nearest separates from FP32 most clearly."
     disjoint = {NEAREST: [0.05, 0.06], MASTER: [-0.003, -0.002], KAHAN: [0.001, 0.002]}
-    assert P.others_note(disjoint) == ("FP32 master weights within 0.0030; Kahan-compensated within 0.0020 in every "
-                                       "seed: small against round-to-nearest's gap of at least 0.0500")
+    assert P.others_note(disjoint) == ("FP32 master weights within 0.00300; Kahan-compensated within 0.00200 in "
+                                       "every seed: small against round-to-nearest's gap of at least 0.05000")
     # the smallest gap is not rounded up past itself: 0.0446 is not "at least 0.045"
-    assert "gap of at least 0.0446," in P.others_note({NEAREST: [0.0446, 0.06], MASTER: [0.001]})
+    assert "gap of at least 0.04460," in P.others_note({NEAREST: [0.0446, 0.06], MASTER: [0.001]})
+    # with the table's five decimals: +0.00153 is not "within 0.0015"
+    assert "stochastic rounding within 0.00153 " in P.others_note({NEAREST: [0.05], STOCHASTIC: [-0.0013, 0.00153]})
     assert P.kahan_master_note({NEAREST: [0.05], MASTER: [0.001]}) == ""
     near = P.kahan_master_note({MASTER: [-0.0006, -0.0002], KAHAN: [-0.00061, -0.00021]})
     assert near.startswith("Kahan compensation and FP32 master weights ended within 1.0e-05 of each other in every "
                            "seed, closer than either is to FP32: both keep")
+    # the distance between printed entries: -0.00026 and -0.00023 are 3.0e-05 apart, although the unrounded
+    # gaps (-0.000256, -0.000234) are 2.2e-05 apart
+    printed = P.kahan_master_note({MASTER: [-0.000256, -0.0001], KAHAN: [-0.000234, -0.0001]})
+    assert "within 3.0e-05 of each other" in printed
     # the hand-built comparison's gap (0.002) is not smaller than their distance from FP32 (0.001): not said
     assert "closer than" not in P.kahan_master_note({MASTER: [0.001, -0.001], KAHAN: [-0.001, 0.001]})
 

@@ -70,7 +70,11 @@ def test_parity_table_and_facts():
                                                                         "run in the loss")
     assert "predates" in D.split_takeaway(_study(split_parity=None))
     assert facts == {"gap_fp32": 5e-7, "gap_bf16": 2e-4, "gap_fp16": 2.5e-5, "wgap_fp32": 1.5e-6, "wgap_bf16": 1e-2,
-                     "precision_gap": gap, "dp_vs_precision": gap / 2e-4}
+                     "precision_gap": gap, "dp_vs_precision": 1.0e-3 / 2e-4}
+    # from the printed gaps: 4.3e-04 / 1.9e-04 = 2.26 (printed 2.3), where the unrounded 4.26e-4 / 1.94e-4 is 2.2
+    uneven = D.parity_facts(_study(parity={**study.parity, "bf16_autocast": (1.94e-4, 0.0)},
+                                   curves={"fp32": ((0, 1), (4.0, 3.0)), "bf16_autocast": ((0, 1), (4.000426, 3.0))}))
+    assert uneven["dp_vs_precision"] == pytest.approx(4.3 / 1.9)
     assert isinstance(split, Prose) and split == (
         "A control separates the two: one process that cuts each batch into the same **2** slices as the ranks "
         "and accumulates their gradients before each step, with no communication at all, reproduces the "

@@ -88,6 +88,12 @@ def test_rounding_bias_sentence_reads_its_numbers():
     printed = mm.rounding_bias_sentence(mm.RoundingBias((1, 16, 256), (0.1364, 0.05, 0.01455), 0.1, 0.0))
     assert "13.6% off" in printed and "the mean of 256 copies is 1.5% off" in printed
     assert "(1.8 times what 1/sqrt(256) predicts)" in printed
+    # the verdict is decided on the printed ratio: 1.0% / (10.5% / 16) = 1.52 prints 1.5, a bias, although the
+    # unrounded errors give 0.98 / (10.49 / 16) = 1.49
+    edge = mm.RoundingBias((1, 16, 256), (0.1049, 0.05, 0.0098), 0.2, 0.0)
+    assert edge.bias_share < 1.5 and "(1.5 times what 1/sqrt(256) predicts): a bias remains" in \
+        mm.rounding_bias_sentence(edge)
+    assert "though some remains" in mm.rounding_takeaway(edge)
     biased = mm.RoundingBias((1, 4, 16), (0.16, 0.1, 0.08), 0.1, 0.025)
     assert biased.bias_share == pytest.approx(2.0)
     assert "a bias remains" in mm.rounding_bias_sentence(biased) and "2.5% of the values" in \

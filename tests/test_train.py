@@ -22,7 +22,7 @@ def test_every_recipe_lowers_the_loss(name):
 def test_recipe_errors_are_clear():
     with pytest.raises(ValueError, match="unknown recipe 'fp64'"):
         get_recipe("fp64")
-    with pytest.raises(ValueError, match="recipe 'tf32' cannot run on cpu: TF32 is a tensor-core mode of NVIDIA GPUs: the course trains with it only there"):
+    with pytest.raises(ValueError, match="recipe 'tf32' cannot run on cpu: TF32 is a tensor-core mode of NVIDIA GPUs, so the course trains with it only there"):
         get_recipe("tf32", "cpu")
     with pytest.raises(TypeError, match="a recipe is a name"):
         get_recipe(3)

@@ -81,7 +81,7 @@ def format_unsupported_reason(fmt: str, device: torch.device | str) -> str | Non
         return why
     if device.type == "cpu":
         if fmt == "tf32":
-            return "TF32 is a tensor-core mode of NVIDIA GPUs: the course trains with it only there"
+            return "TF32 is a tensor-core mode of NVIDIA GPUs, so the course trains with it only there"
         if fmt == "fp8":
             return scaled_mm_unsupported_reason("cpu")
         return None

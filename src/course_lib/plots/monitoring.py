@@ -114,12 +114,14 @@ def plot_underflow_trend(trend, *, top_n: int = 6) -> Figure:
 
 def _ranked_lines(ax, steps, ranked) -> None:
     """One line per :func:`_identical_groups` group of ``ranked`` ``(name, shares)`` in percent, each in its own
-    colour, marker and dash: two series that run close together stay apart where their colours would not."""
+    colour, marker and dash: two series that run close together stay apart where their colours would not. Each
+    sampled value is held until the next sample (a step, not a slope: a straight line from 0% to 100% across
+    an unsampled step drew 50% where nothing was measured)."""
     markers, dashes = ["o", "s", "^", "D", "v", "P"], ["-", "--", "-.", ":"]
     for j, (names, values) in enumerate(_identical_groups(ranked)):
         label = names[0] if len(names) == 1 else f"{len(names)} identical series:\n" + "\n".join(names)
         ax.plot(steps, np.asarray(values) * 100, marker=markers[j % len(markers)], ls=dashes[j % len(dashes)],
-                color=recipe_colour(j), lw=1.6, ms=4, label=label)
+                color=recipe_colour(j), lw=1.6, ms=4, label=label, drawstyle="steps-post")
 
 
 def _identical_groups(ranked):

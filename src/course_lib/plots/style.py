@@ -256,6 +256,9 @@ def recipe_colour(j: int) -> str:
 
 
 SEED_ROW_STEP = 0.12   # plot_seeded_runs: how far below the previous seed's dot a seed's dot sits, in rows
+# plot_seeded_runs' colours where the names do not tell the runs apart: the first four of different hues (the
+# recipe palette puts its two blues three apart, and lesson 5's four BF16 rules are four)
+SEEDED_COLOURS = ("#0072B2", "#E69F00", "#CC79A7", "#009E73", "#882255", "#56B4E9", "#F0E442")
 
 
 def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | None = None,
@@ -274,7 +277,8 @@ def plot_seeded_runs(result, *, reference: str, tail: int = 5, finals: dict | No
                                       gridspec_kw={"width_ratios": [1.1, 1]})
     colours = {reference: "#777777", **{r: fp8_colour(r, j) for j, r in enumerate(others)}}
     if len({colours[r] for r in others} | {colours[reference]}) < len(others) + 1:   # names the map cannot tell apart
-        colours = {reference: "#777777", **{r: recipe_colour(j) for j, r in enumerate(others)}}
+        colours = {reference: "#777777",
+                   **{r: SEEDED_COLOURS[j % len(SEEDED_COLOURS)] for j, r in enumerate(others)}}
     # lines that lie on top of each other stay tellable apart by their dashes; a black recipe's band is
     # hatched, since a faint black fill reads as the reference's grey
     dashes = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (3, 1, 1, 1))]

@@ -96,14 +96,15 @@ def paired_verdict(parity: Parity) -> Prose:
         d = [a - b for a, b in zip(parity.final_losses[r], parity.final_losses["fp32"])]
         if r != "fp32" and len(d) > 1 and all(math.isfinite(x) for x in d) and (min(d) > 0 or max(d) < 0):
             # two significant digits: a difference the table's four decimals round to 0.0000 still shows its sign
-            sided.append(f"`{r}` {'above' if min(d) > 0 else 'below'} it in every seed ({min(d):+.2g} to {max(d):+.2g})")
+            sided.append(f"`{r}` ended {'above' if min(d) > 0 else 'below'} FP32's in every seed "
+                         f"({min(d):+.2g} to {max(d):+.2g})")
     if not sided:
         keeps_up = (". On a run this short even FP16 without a scaler can keep up"
                     if "fp16_autocast_no_scaler" in parity.recipes else "")
         return Prose(f"and no recipe kept one side of FP32 over the {count_word(n)} seed{'s' * (n != 1)}: at this "
                      f"length the recipes have not come apart{keeps_up}")
-    return Prose(f"and {and_list(sided)}: {_one_sign_by_chance(n)}, so it is a hint to test with more seeds, not "
-                 "yet a difference")
+    return Prose(f"and {and_list(sided)}: {_one_sign_by_chance(n)}, so {'each' if len(sided) > 1 else 'it'} is a "
+                 "hint to test with more seeds, not yet a difference")
 
 
 def _one_sign_by_chance(n: int) -> str:
@@ -268,9 +269,10 @@ def others_note(gaps: dict[str, list[float]]) -> Prose:
     others = [k for k in gaps if k != NEAREST]
     worst = {k: max(abs(d) for d in gaps[k]) for k in others}
     overlap = all(min(gaps[a]) <= max(gaps[b]) for a in others for b in others)
-    return Prose("; ".join(f"{k.replace('BF16, ', '').replace('BF16 + ', '')} within {v:.4f}"
+    # five decimals, as the table prints each seed: "within 0.0015" read wrong beside a printed +0.00153
+    return Prose("; ".join(f"{k.replace('BF16, ', '').replace('BF16 + ', '')} within {v:.5f}"
                            for k, v in worst.items())
-                 + f" in every seed: small against round-to-nearest's gap of at least {min(gaps[NEAREST]):.4f}"
+                 + f" in every seed: small against round-to-nearest's gap of at least {min(gaps[NEAREST]):.5f}"
                  + (", and their ranges over seeds overlap" if overlap else ""))
 
 
@@ -279,8 +281,11 @@ def kahan_master_note(gaps: dict[str, list[float]]) -> Prose:
     each update the BF16 weight could not hold. Empty where either is missing."""
     if KAHAN not in gaps or MASTER not in gaps:
         return Prose("")
-    apart = max(abs(a - b) for a, b in zip(gaps[KAHAN], gaps[MASTER]))
-    closer = ", closer than either is to FP32" if apart < min(abs(d) for d in (*gaps[KAHAN], *gaps[MASTER])) else ""
+    # from the gaps as the table prints them (five decimals), so that a reader who subtracts two printed
+    # entries finds no larger distance than the sentence gives
+    kahan, master = ([round(d, 5) for d in gaps[k]] for k in (KAHAN, MASTER))
+    apart = max(abs(a - b) for a, b in zip(kahan, master))
+    closer = ", closer than either is to FP32" if apart < min(abs(d) for d in (*kahan, *master)) else ""
     return Prose(f"Kahan compensation and FP32 master weights ended within {apart:.1e} of each other in every seed"
                  f"{closer}: both keep the part of each update the BF16 weight cannot hold "
                  "(in FP32, or in the BF16 compensation buffer), which is why they can end this close. The two runs "
@@ -311,8 +316,8 @@ def update_facts(updates: UpdateComparison, tail: int = 10) -> dict[str, object]
         "bf16_spacing_at_loss": Prose(f"1/{1 / float(spacing(loss_level, 'BF16')):.0f}"),
         "lost_nearest": Prose(f"{100 * min(lost):.1f}-{100 * max(lost):.1f}%"),
         "gap_nearest": Prose(f"{min(gaps[NEAREST]):+.3f} to {max(gaps[NEAREST]):+.3f}"),
-        "gap_others": Prose(f"{min(min(gaps[k]) for k in others):+.4f} and "
-                            f"{max(max(gaps[k]) for k in others):+.4f}"),
+        "gap_others": Prose(f"{min(min(gaps[k]) for k in others):+.5f} and "     # the table's five decimals
+                            f"{max(max(gaps[k]) for k in others):+.5f}"),
         "upd_lead": update_lead(gaps),
         "upd_separates": separation_phrase(gaps),
         "upd_others_note": others_note(gaps),

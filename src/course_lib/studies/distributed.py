@@ -368,7 +368,8 @@ def parity_facts(study: DataParallelStudy) -> dict[str, object]:
         "wgap_fp32": study.parity["fp32"][1],
         "wgap_bf16": study.parity["bf16_autocast"][1],
         "precision_gap": precision_gap,
-        "dp_vs_precision": precision_gap / dp_gap if dp_gap else math.inf,
+        # the ratio of the two gaps as printed (two digits each), as a reader divides them
+        "dp_vs_precision": float(f"{precision_gap:.1e}") / float(f"{dp_gap:.1e}") if dp_gap else math.inf,
         "split_sentence": split_sentence(study),
         "split_takeaway": split_takeaway(study),
     }

@@ -107,7 +107,7 @@ def rounding_takeaway(bias: RoundingBias) -> Prose:
     """What stochastic rounding did to the bias, in a clause: it reduces it (a bias remains) or none shows at
     the copies measured, by :attr:`RoundingBias.bias_share` as :func:`rounding_bias_sentence` decides."""
     k, mean, nearest = bias.ks[-1], 100 * bias.stochastic[-1], 100 * bias.nearest
-    what = ("shows no bias across steps" if bias.bias_share < 1.5 else
+    what = ("shows no bias across steps" if _printed_share(bias) < 1.5 else
             "reduces the rounding bias across steps, though some remains")
     return Prose(f"stochastic rounding {what} (the mean of {k} copies {mean:.1f}% off, against "
                  f"{nearest:.1f}% for rounding to nearest)")
@@ -156,9 +156,18 @@ def rounding_bias(x: torch.Tensor, *, draws: int = 256, seed: int = 0) -> Roundi
     return RoundingBias(tuple(ks), tuple(errors), _relative(nearest.dequantize(), x), clamped)
 
 
+def _printed_share(bias: RoundingBias) -> float:
+    """:attr:`RoundingBias.bias_share` as a reader computes it from the two printed errors, one copy's and the
+    mean's, to the one decimal the sentence prints: the number the verdict is decided on, so that a printed
+    1.5 never comes with "no bias shows"."""
+    k = bias.ks[-1]
+    first, last = _shown(bias.stochastic[0]), _shown(bias.stochastic[-1])
+    return round(last / (first / math.sqrt(k)) if first else bias.bias_share, 1)
+
+
 def rounding_bias_sentence(bias: RoundingBias) -> Prose:
     """How the mean of stochastic copies approached the tensor, against rounding to nearest, and whether a
-    bias showed (the mean's error more than 1.5 times what ``1/sqrt(k)`` predicts from one copy)."""
+    bias showed (the mean's error, as printed, at least 1.5 times what ``1/sqrt(k)`` predicts from one copy)."""
     k, last, first = bias.ks[-1], 100 * bias.stochastic[-1], 100 * bias.stochastic[0]
     nearest = 100 * bias.nearest
     text = (f"One stochastically rounded copy of the gradient (in blocks along its features, as the input-gradient "
@@ -166,10 +175,8 @@ def rounding_bias_sentence(bias: RoundingBias) -> Prose:
             + ("more than" if first > nearest else "no more than") + f" rounding to nearest's {nearest:.1f}%; "
             f"the mean of {k} copies is {last:.1f}% off, while rounding to nearest stays {nearest:.1f}% off however "
             "many times it is repeated, since every copy is the same. ")
-    # the ratio as a reader computes it from the two printed errors, one copy's and the mean's
-    share = (_shown(bias.stochastic[-1]) / (_shown(bias.stochastic[0]) / math.sqrt(k)) if _shown(bias.stochastic[0])
-             else bias.bias_share)
-    if bias.bias_share < 1.5:
+    share = _printed_share(bias)
+    if share < 1.5:
         text += (f"The mean's error fell about as 1/sqrt(k) ({share:.1f} times what 1/sqrt({k}) predicts): "
                  "no bias shows at this many copies, where rounding to nearest's whole error is bias.")
     else:

@@ -604,7 +604,9 @@ def checkup_speed(report: Checkup) -> Prose:
         return Prose("")
     parts = [f"`{name}` {c.seconds_per_step / ref.seconds_per_step:.2g} times" for name, c in ran.items()]
     slow = [f"`{name}`" for name, c in ran.items() if slower_every_step(c, ref)]
-    verdict = (f"slower than FP32 at every step after the first here: {and_list(slow)}, which that rule turns down on "
-               "this device whatever its loss" if slow else
+    one = len(slow) == 1
+    verdict = (f"{and_list(slow)} {'was' if one else 'were'} slower than FP32 at every step after the first, so that "
+               f"rule turns {'it' if one else 'them'} down on this device whatever {'its' if one else 'their'} loss"
+               if slow else
                "no recipe was slower than FP32 at every step after the first here, so speed turned none down")
     return Prose(f"Here the median step took {and_list(parts)} FP32's; {verdict}.")

@@ -105,12 +105,18 @@ def _interval_name(every: int) -> str:
 
 
 def overhead_table(cost: MonitorOverhead) -> MarkdownTable:
-    """Milliseconds per step with no monitor and with each sampling interval (four significant figures), and
-    the overhead over none (to :func:`percent_decimals`, the decimals of the section's sentences)."""
+    """Milliseconds per step with no monitor and with each sampling interval (four significant figures), the
+    overhead over none, and each round's overhead over the same round's unmonitored block, in the order
+    they ran (to :func:`percent_decimals`, the decimals of the section's sentences): the verdicts count
+    rounds, so the rounds are on the page."""
     decimals, ms = percent_decimals(cost), _ms_decimals(cost.seconds.values())
-    return markdown_table(["monitor", "step (ms)", "overhead"], [
-        (_interval_name(k), f"{1e3 * v:.{ms}f}", "" if k == 0 else _signed(100 * cost.overhead(k), decimals))
-        for k, v in cost.seconds.items()])
+
+    def rounds(k: int) -> str:
+        return "" if k == 0 or k not in cost.rounds else ", ".join(
+            _signed(100 * o, decimals) for o in cost.round_overheads(k))
+    return markdown_table(["monitor", "step (ms)", "overhead", "overhead in each round"], [
+        (_interval_name(k), f"{1e3 * v:.{ms}f}", "" if k == 0 else _signed(100 * cost.overhead(k), decimals),
+         rounds(k)) for k, v in cost.seconds.items()])
 
 
 def _check_intervals(cost: MonitorOverhead) -> None:
