@@ -195,16 +195,20 @@ def test_cast_cost_table_and_facts():
              fp8_studies.CURRENT_SCALING_CAST: 0.0045}
     table = fp8_prose.cast_cost_table(times)
     assert isinstance(table, MarkdownTable)
-    assert table == ("|  | ms | x torch cast |\n|---|---|---|\n| torch cast | 2.00 | 1.00 |\n"
-                     "| scale known (scale, saturate, cast) | 3.00 | 1.50 |\n"
-                     "| current scaling (amax, then cast) | 4.50 | 2.25 |\n")
+    assert table == ("|  | ms | x torch cast | x scale known |\n|---|---|---|---|\n| torch cast | 2.00 | 1.00 | 0.67 |\n"
+                     "| scale known (scale, saturate, cast) | 3.00 | 1.50 | 1.00 |\n"
+                     "| current scaling (amax, then cast) | 4.50 | 2.25 | 1.50 |\n")
+    # both timings, each against its own yardsticks: the prose's second ratio is on the page
+    both = fp8_prose.cast_cost_table(times, {**times, fp8_studies.CURRENT_SCALING_CAST: 0.0054}).splitlines()
+    assert both[2] == "| torch cast, first | 2.00 | 1.00 | 0.67 |"
+    assert both[-1] == "| current scaling (amax, then cast), again | 5.40 | 2.70 | 1.80 |"
     known, current = fp8_studies.KNOWN_SCALE_CAST, fp8_studies.CURRENT_SCALING_CAST
     # the second timing moved the known-scale cast by 10%, current scaling by 2%: noise 10%
     facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02}, device="cpu")
     phrase, where, note = facts.pop("cost_phrase"), facts.pop("cost_where"), facts.pop("cost_device_note")
     assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 10.0})
     assert phrase.startswith("takes 1.50 and 1.62 times as long as the cast with a known scale in the two timings "
-                             "(the table shows the first), each more than the 10% by which two timings of the same "
+                             "(the table shows both), each more than the 10% by which two timings of the same "
                              "cast differed: that is the price of the extra pass")
     # a CPU timing says so where it is quoted, and that a GPU's cast costs differently
     assert where == "Here (on this CPU)" and isinstance(where, Prose)

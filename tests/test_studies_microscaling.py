@@ -84,6 +84,7 @@ def test_block_size_facts():
         "blk_fp4_32": 12.5, "blk_fp4_tensor": 25.0, "blk_fp4_out_32": 37.5, "blk_fp4_out_tensor": 87.5,
         "blk_fp4_out_flushed": 99.21875, "blk_fp4_out_flushed32": 25.0, "blk_fp8_32": 3.125,
         "blk_fp4_flushed32": 12.5, "blk_fp4_1": 6.25, "e4m3_binades": mx.element_format("e4m3").binades,
+        "e4m3_normal_binades": math.log2(448 / 2 ** -6),
         "blk_fp8_out_tensor": 4.6875, "blk_fp8_lo": 1.5625, "blk_fp8_hi": 4.6875, "blk_fp8_flat": 200.0})
     assert verdict == "the block size matters even with these elements"
     flat = {"e2m1": block_study().errors["e2m1"],
@@ -335,9 +336,16 @@ def test_piece_effect_verdicts_count_only_differences_beyond_the_draw_noise():
     # both signs on model 0 and nothing beyond the noise (2 x 0.5) on model 1: the sign depends on the batch
     by_batch = effect((4.0, -4.0), (0.1, 0.2), noise=0.5)
     assert (by_batch.verdict, by_batch.mixed_between, by_batch.models_where(1)) == (P.MIXED, "batches", (0,))
-    # model 1's mean (1.0) is beyond its noise (2 x 0.35) though neither batch is: helped there, hurt on model 0
+    # model 1's mean (1.0) is beyond its noise (2 x 0.35) though neither batch is: helped there, hurt on one batch
+    # of model 0, whose mean (0) does not disagree: the sign changes between batches of different models
     by_model = effect((4.0, -4.0), (1.0, 1.0), noise=0.5)
-    assert (by_model.verdict, by_model.mixed_between, by_model.models_where(1)) == (P.MIXED, "models", (0, 1))
+    assert (by_model.verdict, by_model.mixed_between, by_model.models_where(1)) == (P.MIXED, "batches of models",
+                                                                                    (0, 1))
+    assert P.verdict_phrase(by_model) == ("the sign depends on the batch, on different models (the models' means do "
+                                          "not disagree beyond the noise)")
+    # the reviewer's page: one model's mean helped, another's single batch hurt, its mean within the noise
+    page = effect((6.0, 6.8), (0.5, -0.99), (-0.3, -0.4), noise=0.3)
+    assert page.model_signs == (1, 0, 0) and page.mixed_between == "batches of models"
     # the same differences are a verdict with no noise and nothing beyond it with noise of 0.5 (2 sigma = 1)
     small = ((0.4, 0.9), (-0.3, 0.2))
     assert effect(*small).verdict == P.MIXED and effect(*small, noise=0.5).verdict == P.NOISE

@@ -203,12 +203,16 @@ def margin_facts(plain: SpikeRun, with_margin: SpikeRun, margin: int) -> dict[st
             "ex_m_verdict": Prose(verdict)}
 
 
-def cast_cost_table(times: Mapping[str, float]) -> MarkdownTable:
+def cast_cost_table(times: Mapping[str, float], again: Mapping[str, float] | None = None) -> MarkdownTable:
     """Milliseconds per cast of :func:`~course_lib.studies.fp8.time_scaled_casts`, and each as a multiple
-    of torch's own cast."""
-    base = times[TORCH_CAST]
-    return markdown_table(["", "ms", "x torch cast"], [[k, f"{1e3 * v:.2f}", f"{v / base:.2f}"]
-                                                        for k, v in times.items()])
+    of torch's own cast and of the cast with a known scale (the prose's yardstick); with ``again``, a second
+    timing of the same casts, both timings, each with its ratios."""
+    rows = []
+    for label, t in ((None, times),) if again is None else (("first", times), ("again", again)):
+        base, known = t[TORCH_CAST], t.get(KNOWN_SCALE_CAST)
+        rows += [[k if label is None else f"{k}, {label}", f"{1e3 * v:.2f}", f"{v / base:.2f}",
+                  "" if known is None else f"{v / known:.2f}"] for k, v in t.items()]
+    return markdown_table(["", "ms", "x torch cast", "x scale known"], rows)
 
 
 def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float], *, device: object) -> dict[str, object]:
@@ -227,7 +231,7 @@ def cast_cost_facts(times: Mapping[str, float], again: Mapping[str, float], *, d
     # two significant digits below 10%, so that a nonzero noise never reads 0%
     noise_text = f"{noise:.2g}" if noise < 10 else f"{noise:.0f}"
     took = (f"takes {ratios[0]:.2f} and {ratios[1]:.2f} times as long as the cast with a known scale in the two "
-            "timings (the table shows the first)")
+            "timings (the table shows both)")
     differed = f"the {noise_text}% by which two timings of the same cast differed"
     # a verdict only where both timings agree on it: each ratio beyond the noise, on the same side
     if min(ratios) - 1 > noise / 100:

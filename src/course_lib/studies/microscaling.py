@@ -348,6 +348,8 @@ def block_size_facts(study: BlockSizeStudy) -> dict[str, object]:
             "blk_fp8_32": 100 * fp8["activation"]["32"].relative_error,
             "blk_fp4_flushed32": 100 * act["32"].flushed, "blk_fp4_1": 100 * act["1"].relative_error,
             "e4m3_binades": element_format("e4m3").binades,
+            # the span a clamped block scale has: from E4M3's smallest normal value to its largest
+            "e4m3_normal_binades": math.log2(element_format("e4m3").max_finite / element_format("e4m3").min_normal),
             "blk_fp8_out_tensor": 100 * fp8["activation + outlier"]["tensor"].relative_error,
             "blk_sizes": block_sizes_phrase(study), **_flatness("blk_fp8", fp8),
             "blk_fp8_outlier_lines": outlier_lines_phrase(fp8["activation"], fp8["activation + outlier"]),

@@ -123,10 +123,13 @@ class PieceEffect:
 
     @property
     def mixed_between(self) -> str:
-        """``"models"`` when the piece helped on one model and hurt on another (beyond the noise), else
-        ``"batches"`` (both only within one model)."""
+        """``"models"`` when the models' means disagree in sign beyond the noise; ``"batches of models"`` when
+        the piece helped on one model and hurt on another only on single batches (the means do not disagree);
+        else ``"batches"`` (both signs only within one model)."""
+        if {1, -1} <= set(self.model_signs):
+            return "models"
         helped, hurt = self.models_where(1), self.models_where(-1)
-        return "models" if any(a != b for a in helped for b in hurt) else "batches"
+        return "batches of models" if any(a != b for a in helped for b in hurt) else "batches"
 
 
 @dataclass(frozen=True)
@@ -309,7 +312,9 @@ def effect_range(effect: PieceEffect) -> str:
 
 
 def _mixed(effect: PieceEffect) -> str:
-    return "the model" if effect.mixed_between == "models" else "the batch"
+    return {"models": "the model", "batches": "the batch",
+            "batches of models": "the batch, on different models (the models' means do not disagree beyond the "
+                                 "noise)"}[effect.mixed_between]
 
 
 def _some(effect: PieceEffect, sign: int) -> str:
@@ -483,7 +488,9 @@ def pieces_takeaway(fidelity: GradientFidelity) -> Prose:
     if MIXED in groups:
         between = {fidelity.effect(r).mixed_between for r, name in PIECES.items() if name in groups[MIXED]}
         clauses.append(f"the effect of {and_list(groups[MIXED])} changed sign from "
-                       + ("model to model" if between == {"models"} else "model to model or batch to batch"))
+                       + ("model to model" if between == {"models"} else "batch to batch, the models' means not "
+                          "disagreeing beyond the noise" if "models" not in between else
+                          "model to model or batch to batch"))
     if NOISE in groups:
         clauses.append(f"{and_list(groups[NOISE])} made no difference beyond the draw-to-draw noise")
     if sr_average_only:
