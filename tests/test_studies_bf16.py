@@ -333,7 +333,8 @@ def test_divergence_prose_counts_in_words_and_writes_code_not_tex():
     fused = tuple(run(s, "sdpa", 150_000.0) for s in range(3))
     div = Fp16Divergence(0.05, 3, 2, fused, None, None, None, {})
     assert ("The growth itself did no harm to runs that never hold the raw product in FP16: all three runs with "
-            "fused attention (SDPA) stayed finite, and all three went past FP16's largest value, up to 150,000") \
+            "fused attention (SDPA) stayed finite, and all three went past FP16's largest value (peaks 150,000, "
+            "150,000 and 150,000), up to 150,000") \
         in P.divergence_verdict(div)
     some = Fp16Divergence(0.05, 3, 2, fused[:2] + (run(2, "sdpa", 100.0),), None, None, None, {})
     assert "all three runs with fused attention (SDPA) stayed finite, and two of them went past" in \

@@ -188,17 +188,18 @@ def test_recorded_magnitude_note_splits_the_gap_between_the_medians():
                                final_loss=1.5, device="cuda:0")                # 16 x 128 tokens: a factor 16
     note = S.recorded_magnitude_note(live, ("H100", rec))
     assert note.startswith("The GPU rows of the figure (H100, after 600 steps at full size) sit further down: the "
-                           "median of the non-zero activation gradients is 9.31e-10; 40.0% of the activation gradients "
+                           "median of the non-zero activation gradients is 9.3e-10 (as this page's, log-interpolated within a "
+                           "histogram's bins of one power of two, so two digits); 40.0% of the activation gradients "
                            "are non-zero "
                            "values below FP16's smallest subnormal (40.0% below half of it, so that they round to "
                            "zero in FP16), and another 20.0% are exactly zero already.")
-    assert ("2,048 tokens per batch there against 128 here, a factor of 16, while the medians (1.91e-06 here) differ "
-            "by a factor of 2.05e+03; the other differences between the runs (the model's size, the steps trained) presumably "
+    assert ("2,048 tokens per batch there against 128 here, a factor of 16, while the medians (1.9e-06 here) differ "
+            "by a factor of 2,000; the other differences between the runs (the model's size, the steps trained) presumably "
             "account for the rest, which this page does not measure.") in note
     same = S.TrainingMagnitudes(histograms=_four_kinds(), steps=600, config=GPTConfig(context=128), batch_size=16,
                                 final_loss=1.5, device="cuda:0")
     assert S.recorded_magnitude_note(live, ("H100", same)).endswith(
-        "a factor of 16, while the medians (1.91e-06 here) differ by a factor of 1: less than the token count alone predicts; the "
+        "a factor of 16, while the medians (1.9e-06 here) differ by a factor of 1: less than the token count alone predicts; the "
         "other differences between the runs pull the other way.")
     kinds["activation gradients"] = _hist({-30: 1, -29: 1, -24: 2, -14: 4}, min_nonzero=2.0**-30,
                                           max_abs=1.5 * 2.0**-14)                  # shifted by 4: a factor 16

@@ -359,8 +359,8 @@ def test_speedup_by_size_erratum_separates_the_baselines_and_says_what_is_measur
     assert claim == PROSE.SPEEDUP_BY_SIZE_CLAIM
     over_fp32 = PROSE.predicted_speedups(small_ladder, "H100 SXM5", "fp32")
     over_tf32 = PROSE.predicted_speedups(small_ladder, "H100 SXM5", "tf32")
-    assert f"{over_fp32['course_small']:.1f}x FP32 with TF32 off for `course_small`" in text
-    assert f"{over_fp32['gpt2_large']:.1f}x for `gpt2_large`" in text
+    assert f"{over_fp32['course_small']:.2f}x FP32 with TF32 off for `course_small`" in text
+    assert f"{over_fp32['gpt2_large']:.2f}x for `gpt2_large`" in text
     assert f"{min(over_tf32.values()):.2f}x to {max(over_tf32.values()):.2f}x TF32" in text
     assert text.endswith("so the growth with size is predicted here, not measured.")
     rows = [{"recipe": "fp32", "compiled": False, "tokens_per_s": 100.0},

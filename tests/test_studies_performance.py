@@ -479,10 +479,12 @@ def test_cast_verdict_follows_time_and_share():
     assert "share did not" in P.cast_verdict(step(2000, 100), step(20000, 500))
     # no more cast time than FP32's own copies (the reverse a loaded CPU can show): not the price
     reverse = P.cast_verdict(step(2000, 150), step(2000, 100))
-    assert reverse.startswith("on this machine autocast's conversions took no more than 10% longer")
+    assert reverse.startswith("on this machine autocast's conversions took no longer than FP32's own copies (0.10 "
+                              "against 0.15 ms)")
     assert "does not show there" in reverse and "price it pays" not in reverse
     # within the margin counts as no more; the sentence names the machine it describes
-    assert P.cast_verdict(step(2000, 100), step(2000, 105), where="that GPU").startswith("on that GPU autocast's")
+    assert P.cast_verdict(step(2000, 100), step(2000, 105), where="that GPU").startswith(
+        "on that GPU autocast's conversions took no more than 10% longer")
     with pytest.raises(ValueError, match="margin"):
         P.cast_verdict(step(1, 1), step(1, 1), margin=0.5)
 
@@ -620,7 +622,11 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     assert measured[3] == ("Under torch.amp the persistent state is unchanged (16 bytes per parameter); only "
                            "activations shrink, here to 0.60 of FP32's.")
     assert "(2 KiB during a step of this page's model). For 7B parameters the persistent state is 112 GB." in measured[4]
-    assert measured[5] == "On this machine FP16 autocast trains at 1.25 times FP32's speed."
+    assert measured[5] == "On this machine FP16 autocast trains at 1.25 times FP32's speed."   # one seed: no range
+    two_seeds = dataclasses.replace(_study(), runs=_study().runs + (_run("fp32", 0.3, seed=1),
+                                                                    _run("fp16_autocast_scaler", 0.45, seed=1)))
+    assert P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, two_seeds, batch=64)[5][1].endswith(
+        "the two recipes' token rates over seeds overlap, so this run does not separate them.")
     cpu = P.performance_errata_rows(gpt_config_for(SizeProfile("full")), BREAKDOWNS, _study(), batch=64,
                                     device_label="this CPU", sweeps={"live": {"fp32": {8: 2.0}, "fp16": {8: 1.0}}},
                                     studies={"the recorded GPU": _study()})
@@ -692,13 +698,17 @@ def test_a_gpu_sweeps_launch_bound_gap_is_not_blamed_on_the_bits():
     text = E.lower_precision_erratum(1.0, "this GPU", {"recorded X": sweep}, {})
     assert text.startswith(
         "In the recorded X sweep, FP8 E4M3 (_scaled_mm) ran at 0.60 times the throughput of FP16 at n = 512, but at "
-        "that size the products compared are launch-bound (under 10% of their dtype's best throughput in the sweep): "
-        "fixed per-call costs, not the bits, set their times (FP16 53.7 µs and FP8 E4M3 (_scaled_mm) 89.5 µs per "
-        "product). Between products that were not launch-bound, fewer bits were never slower.")
+        "that size both products are launch-bound (under 10% of its dtype's best throughput in the sweep): "
+        "fixed per-call costs, not the bits, set its time (FP16 53.7 µs and FP8 E4M3 (_scaled_mm) 89.5 µs per "
+        "product). Between pairs in which neither product was launch-bound, fewer bits were never slower.")
+    # one of the pair launch-bound (FP16 at 512 reaches 11% of its best, FP8 3%): only that one is named
+    one = {"fp16": {512: 11.0, 8192: 100.0}, "fp8": {512: 6.0, 8192: 180.0}}
+    assert "but at that size the FP8 E4M3 (_scaled_mm) product is launch-bound (under 10%" in \
+        E.lower_precision_erratum(1.0, "this GPU", {"recorded X": one}, {})
     # a compute-bound gap elsewhere is named after the launch-bound one
     slower = {"fp16": {512: 5.0, 8192: 100.0}, "fp8": {512: 3.0, 8192: 80.0}}
-    assert ("Between products that were not launch-bound, FP8 E4M3 (_scaled_mm) ran furthest below FP16 at "
-            "n = 8192, at 0.80 times its throughput.") in E.lower_precision_erratum(1.0, "this GPU",
+    assert ("Between pairs in which neither product was launch-bound, FP8 E4M3 (_scaled_mm) ran furthest below "
+            "FP16 at n = 8192, at 0.80 times its throughput.") in E.lower_precision_erratum(1.0, "this GPU",
                                                                                    {"recorded X": slower}, {})
     # a CPU's live sweep has no launches to blame: its gap is reported as measured
     assert "fewer bits, slower product" in E.lower_precision_erratum(1.0, "this CPU", {"live": slower}, {})
@@ -718,6 +728,12 @@ def test_lower_precision_erratum_says_when_a_sweep_never_slows():
     with_tf32 = dataclasses.replace(_study(), runs=_study().runs + (_run("tf32", 0.25),))
     assert E.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).startswith(
         "On G, a whole BF16 autocast training step (eager) ran at 1.00 times TF32's token rate.")
+    # the seeds' token rates: overlapping, the live ratio is said to be within the run's noise
+    assert E.lower_precision_erratum(0.95, "this CPU", {}, {}, live_overlap=True) == (
+        "On this CPU FP16 autocast trains at 0.95 times FP32's speed (a CPU, so this is not a GPU's figure); the two "
+        "recipes' token rates over seeds overlap, so this run does not separate them.")
+    assert E.lower_precision_erratum(0.9, "this GPU", {}, {}, live_overlap=False).endswith(
+        "0.90 times FP32's speed; the two recipes' token rates over seeds do not overlap.")
     with pytest.raises(ValueError, match="live_fp16_speed"):
         E.lower_precision_erratum(0.0, "x", {}, {})
 

@@ -44,7 +44,7 @@ PITFALLS = {
                              "BF16 autocast: two formats, two failure modes, and FP16's needs a scaler. "
                              "Use one low-precision dtype (and autocast(enabled=False) for FP32 parts).",
     "unaligned_matmul": "A linear layer's input or output width is not a multiple of 8: on a GPU, FP16/BF16 "
-                        "tensor cores want multiples of 8 (lesson 6 measured the cost of misalignment). Pad "
+                        "tensor cores want multiples of 8 (lesson 6 measures the cost of misalignment). Pad "
                         "the width where the layer is large; a 1- or 10-wide output head costs little.",
     "bf16_without_native_support": "BF16 autocast on a GPU below compute capability 8.0: it has no BF16 "
                                    "tensor cores (torch.cuda.is_bf16_supported() still says True there, and "

@@ -507,9 +507,9 @@ def divergence_verdict(div: Fp16Divergence) -> Prose:
             n = len(survivors)
             if n == 1:
                 which = f"the one run with {kinds} stayed finite and went past FP16's largest value"
-            elif past == n:
+            elif past == n:   # each run's peak printed: one just past the line shows as just past
                 which = (f"all {count_word(n)} runs with {kinds} stayed finite, and all {count_word(n)} went past "
-                         "FP16's largest value")
+                         f"FP16's largest value (peaks {and_list([_fmt_max(p) for p in peaks])})")
             else:
                 which = (f"all {count_word(n)} runs with {kinds} stayed finite, and {count_word(past)} of them went "
                          "past FP16's largest value")

@@ -269,14 +269,15 @@ def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, Train
     here_median = live.histograms["activation gradients"].quantile(0.5)
     median_ratio = here_median / rec.histograms["activation gradients"].quantile(0.5)
     text = (f"The GPU rows of the figure ({label}, after {rec.steps} steps {size}) sit further down: "
-            f"the median of the non-zero activation gradients is {f['agrad_median']:.3g}; "
+            f"the median of the non-zero activation gradients is {f['agrad_median']:.2g} (as this page's, "
+            "log-interpolated within a histogram's bins of one power of two, so two digits); "
             f"{f['agrad_below_fp16']:.1f}% of the "
             f"activation gradients are non-zero values below FP16's smallest subnormal "
             f"({f['agrad_flushed_fp16']:.1f}% below half of it, so that they round to zero in FP16), and another "
             f"{f['agrad_zero']:.1f}% are exactly zero already. The loss is a mean over a batch's tokens, so "
             f"every activation gradient carries a factor of one over their number: {there:,} tokens per batch "
-            f"there against {here:,} here, a factor of {token_ratio:.3g}, while the medians ({here_median:.3g} "
-            f"here) differ by a factor of {median_ratio:.3g}")
+            f"there against {here:,} here, a factor of {token_ratio:.3g}, while the medians ({here_median:.2g} "
+            f"here) differ by a factor of {_two_digits(median_ratio)}")
     if median_ratio > 1.5 * token_ratio:
         text += ("; the other differences between the runs (the model's size, the steps trained) presumably "
                  "account for the rest, which this page does not measure.")
@@ -286,6 +287,11 @@ def recorded_magnitude_note(live: TrainingMagnitudes, recorded: tuple[str, Train
         text += ": less than the token count alone predicts; the other differences between the runs pull the "
         text += "other way."
     return Prose(text)
+
+
+def _two_digits(x: float) -> str:
+    """A positive ratio to two significant digits, written out: 2048 as 2,000, 197 as 200, 1.53 as 1.5."""
+    return f"{float(f'{x:.2g}'):,.0f}" if x >= 10 else f"{x:.2g}"
 
 
 # ---- precision -------------------------------------------------------------------------------------------

@@ -374,7 +374,7 @@ def speedup_by_size_erratum(ladder: ScaleLadder, device: str, studies: Mapping[s
     text = ("A speed-up is one set-up's time over another's, and this claim names neither its baseline nor its "
             f"machine. For the {device}, the roofline (FLOPs and bytes only, so a ceiling; {PURE_BF16_NOTE}) puts "
             f"BF16 at "
-            f"{over_fp32[first]:.1f}x FP32 with TF32 off for `{first}` and {over_fp32[last]:.1f}x for `{last}`")
+            f"{over_fp32[first]:.2f}x FP32 with TF32 off for `{first}` and {over_fp32[last]:.2f}x for `{last}`")
     if over_tf32:
         lo, hi = min(over_tf32.values()), max(over_tf32.values())
         text += (f", and at {lo:.2f}x to {hi:.2f}x TF32 over the same sizes: against FP32 the ceiling grows with "

@@ -132,11 +132,12 @@ def slowest_lower_precision(tflops: Mapping[str, Mapping[int, float]], *,
 
 def lower_precision_erratum(live_fp16_speed: float, device_label: str,
                             sweeps: Mapping[str, Mapping[str, Mapping[int, float]]],
-                            studies: Mapping[str, ThroughputStudy]) -> str:
+                            studies: Mapping[str, ThroughputStudy], *, live_overlap: bool | None = None) -> str:
     """The evidence against "lower precision is always faster": FP16 autocast's measured speed over FP32's
-    on ``device_label``; per labelled sweep, the product where fewer bits ran furthest below more
-    (:func:`slowest_lower_precision`); per labelled study, BF16 autocast's eager token rate over TF32's (or
-    FP32's, where TF32 did not run). Says so where a sweep shows no such product."""
+    on ``device_label``, and whether the two recipes' token rates over seeds overlapped (``live_overlap``: then
+    that ratio is within the run's noise); per labelled sweep, the product where fewer bits ran furthest below
+    more (:func:`slowest_lower_precision`); per labelled study, BF16 autocast's eager token rate over TF32's
+    (or FP32's, where TF32 did not run). Says so where a sweep shows no such product."""
     if not live_fp16_speed > 0:
         raise ValueError(f"live_fp16_speed must be positive, got {live_fp16_speed!r}")
 
@@ -153,18 +154,21 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
                   f"at n = {n}")
         if on_cpu or not (launch_bound(tflops, low, n) or launch_bound(tflops, high, n)):
             return f"In {where}, {slower}: fewer bits, slower product."
-        # a GPU's launch-bound product: every dtype takes about the same fixed time, whatever its bits
+        # a GPU's launch-bound product: fixed per-call costs, not its bits, set its time; named one by one, since
+        # a pair counts as launch-bound where either product is
         times = and_list([f"{DTYPE_LABELS[d]} {product_microseconds(n, pts[n]):.1f} µs"
                           for d, pts in tflops.items() if n in pts])
-        text = (f"In {where}, {slower}, but at that size the products compared are launch-bound (under "
-                f"{LAUNCH_BOUND_SHARE:.0%} of their dtype's best throughput in the sweep): fixed per-call costs, "
-                f"not the bits, set their times ({times} per product).")
+        bound_names = [DTYPE_LABELS[d] for d in (low, high) if launch_bound(tflops, d, n)]
+        which = ("both products are" if len(bound_names) == 2 else f"the {bound_names[0]} product is")
+        text = (f"In {where}, {slower}, but at that size {which} launch-bound (under "
+                f"{LAUNCH_BOUND_SHARE:.0%} of its dtype's best throughput in the sweep): fixed per-call costs, "
+                f"not the bits, set its time ({times} per product).")
         bound = slowest_lower_precision(tflops, skip_launch_bound=True)
         if bound is None:
-            return text + " Between products that were not launch-bound, fewer bits were never slower."
+            return text + " Between pairs in which neither product was launch-bound, fewer bits were never slower."
         b_low, b_high, b_n, b_ratio = bound
-        return (text + f" Between products that were not launch-bound, {DTYPE_LABELS[b_low]} ran furthest below "
-                f"{DTYPE_LABELS[b_high]} at n = {b_n}, at {ratio_text(b_ratio)} times its throughput.")
+        return (text + f" Between pairs in which neither product was launch-bound, {DTYPE_LABELS[b_low]} ran "
+                f"furthest below {DTYPE_LABELS[b_high]} at n = {b_n}, at {ratio_text(b_ratio)} times its throughput.")
 
     # the GPU evidence (records) first; this machine's after it, a CPU's said to be one
     parts = [sweep_part(label, tflops) for label, tflops in sweeps.items() if label != "live"]
@@ -175,7 +179,10 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
             ratio = rows["bf16_autocast"]["tokens_per_s"] / rows[base]["tokens_per_s"]
             parts.append(f"On {label}, a whole BF16 autocast training step (eager) ran at {ratio:.2f} times "
                          f"{base.upper()}'s token rate.")
+    noise = ("" if live_overlap is None else
+             "; the two recipes' token rates over seeds overlap, so this run does not separate them" if live_overlap
+             else "; the two recipes' token rates over seeds do not overlap")
     parts.append(f"On {device_label} FP16 autocast trains at {live_fp16_speed:.2f} times FP32's speed"
-                 + (" (a CPU, so this is not a GPU's figure)" if "CPU" in device_label else "") + ".")
+                 + (" (a CPU, so this is not a GPU's figure)" if "CPU" in device_label else "") + noise + ".")
     parts += [sweep_part(label, tflops) for label, tflops in sweeps.items() if label == "live"]
     return " ".join(parts)

@@ -202,6 +202,11 @@ def speedup_facts(vs_tf32: Mapping[str, RooflineRow], vs_fp32: Mapping[str, Roof
 
 # ---- training throughput, time to a target -------------------------------------------------------------
 
+def _overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two (low, high) ranges share a point."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
 def _eager_rows(study: ThroughputStudy) -> dict[str, dict]:
     rows = {row["recipe"]: row for row in study.table() if not row["compiled"]}
     missing = [r for r in ("fp32", "bf16_autocast", "fp16_autocast_scaler") if r not in rows]
@@ -439,6 +444,10 @@ def cast_verdict(fp32: ProfiledStep, bf16: ProfiledStep, *, margin: float = 1.1,
     if more_time:
         return Prose(f"autocast's conversions add time, but the step's other operators grew more, so their share "
                      f"did not: on {where} the low-precision operators, not the casts, are the cost")
+    if bf16.cast_us <= fp32.cast_us:
+        return Prose(f"on {where} autocast's conversions took no longer than FP32's own copies "
+                     f"({bf16.cast_us / 1e3:.2f} against {fp32.cast_us / 1e3:.2f} ms), so the price of casting does "
+                     "not show there")
     return Prose(f"on {where} autocast's conversions took no more than {100 * (margin - 1):.0f}% longer than "
                  "FP32's own copies, so the price of casting does not show there")
 
@@ -500,7 +509,9 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
          f"during a step of this page's model). For 7B parameters the persistent state is "
          f"{estimate_training_memory(7e9, 'bf16_autocast')['total'] / 1e9:.0f} GB."),
         ("Lower precision is always faster.",
-         lower_precision_erratum(speed, device_label, sweeps or {}, studies or {})),
+         lower_precision_erratum(speed, device_label, sweeps or {}, studies or {}, live_overlap=None if min(
+             rows[r]["seeds"] for r in ("fp32", "fp16_autocast_scaler")) < 2 else _overlap(
+             rows["fp16_autocast_scaler"]["tokens_per_s_range"], rows["fp32"]["tokens_per_s_range"]))),
         *([normalisation_erratum(ops)] if ops else []),
         gpt2_rates_erratum(),
     ]
