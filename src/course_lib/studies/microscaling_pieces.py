@@ -488,8 +488,8 @@ def pieces_takeaway(fidelity: GradientFidelity) -> Prose:
     if MIXED in groups:
         between = {fidelity.effect(r).mixed_between for r, name in PIECES.items() if name in groups[MIXED]}
         clauses.append(f"the effect of {and_list(groups[MIXED])} changed sign from "
-                       + ("model to model" if between == {"models"} else "batch to batch, the models' means not "
-                          "disagreeing beyond the noise" if "models" not in between else
+                       + ("model to model" if between == {"models"} else "batch to batch (the models' means do "
+                          "not disagree beyond the noise)" if "models" not in between else
                           "model to model or batch to batch"))
     if NOISE in groups:
         clauses.append(f"{and_list(groups[NOISE])} made no difference beyond the draw-to-draw noise")
