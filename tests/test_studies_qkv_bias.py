@@ -12,6 +12,8 @@ def test_the_key_third_of_the_qkv_bias_gradient_is_what_fp16_flushes():
     assert list(shares) == ["blocks.0.attn.qkv.bias", "blocks.1.attn.qkv.bias"]
     for s in shares.values():
         assert s["key"] > 90 and s["query"] < 1 and s["value"] < 1
+    with pytest.raises(TypeError, match="seed must be an int"):
+        Q.qkv_bias_thirds(SizeProfile("small"), seed=0.5)
     text = Q.qkv_thirds_sentence(shares)
     assert isinstance(text, Prose) and text.endswith("what flushes in each is mostly the key third")
 

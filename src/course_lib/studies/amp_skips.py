@@ -16,6 +16,7 @@ from ..glue import Prose, and_list, count_word, power_of_two_text
 from ..models import course_setup
 from ..train import History, TrainConfig, TrainState, get_recipe, train
 
+
 @dataclass(frozen=True)
 class PerturbedRuns:
     """``recipe`` trained again from initial weights each multiplied by ``1 + scale * N(0, 1)``, one run per

@@ -202,9 +202,13 @@ def speedup_facts(vs_tf32: Mapping[str, RooflineRow], vs_fp32: Mapping[str, Roof
 
 # ---- training throughput, time to a target -------------------------------------------------------------
 
-def _overlap(a: Sequence[float], b: Sequence[float]) -> bool:
-    """Whether two (low, high) ranges share a point."""
-    return a[0] <= b[1] and b[0] <= a[1]
+def _seeds_overlap(a: Mapping, b: Mapping) -> bool | None:
+    """Whether two eager rows' token rates over seeds (``tokens_per_s_range``) share a point; None where either
+    ran one seed, whose range is no spread."""
+    if min(a["seeds"], b["seeds"]) < 2:
+        return None
+    (a_lo, a_hi), (b_lo, b_hi) = a["tokens_per_s_range"], b["tokens_per_s_range"]
+    return a_lo <= b_hi and b_lo <= a_hi
 
 
 def _eager_rows(study: ThroughputStudy) -> dict[str, dict]:
@@ -509,9 +513,8 @@ def performance_errata_rows(config: GPTConfig, breakdowns: Sequence[MemoryBreakd
          f"during a step of this page's model). For 7B parameters the persistent state is "
          f"{estimate_training_memory(7e9, 'bf16_autocast')['total'] / 1e9:.0f} GB."),
         ("Lower precision is always faster.",
-         lower_precision_erratum(speed, device_label, sweeps or {}, studies or {}, live_overlap=None if min(
-             rows[r]["seeds"] for r in ("fp32", "fp16_autocast_scaler")) < 2 else _overlap(
-             rows["fp16_autocast_scaler"]["tokens_per_s_range"], rows["fp32"]["tokens_per_s_range"]))),
+         lower_precision_erratum(speed, device_label, sweeps or {}, studies or {},
+                                 live_overlap=_seeds_overlap(rows["fp16_autocast_scaler"], rows["fp32"]))),
         *([normalisation_erratum(ops)] if ops else []),
         gpt2_rates_erratum(),
     ]
