@@ -8,6 +8,7 @@ import torch
 
 from course_lib import bench as B
 from course_lib.studies import performance as PERF
+from course_lib.studies import performance_prose as PERF_PROSE
 from course_lib import models as MODELS
 from course_lib import hardware as HW
 from course_lib.device import SizeProfile
@@ -154,6 +155,47 @@ def test_measure_matmul_and_sweep_on_cpu():
     assert sweep.best("fp32") == max(sweep.tflops("fp32").values())
     with pytest.raises(ValueError, match="sizes must not be empty"):
         B.matmul_sweep("cpu", ())
+
+
+def test_size_limit_forecasts_a_point_from_the_last_size_by_the_cube_and_names_what_it_leaves_out():
+    limit = B.SizeLimit(2.0, budget_s=0.1, warmup=3, min_repeats=5)
+    assert limit.allows(64) and limit.forecast_s(64) is None          # the first size is always timed
+    limit.timed(64, B.Timing((0.01, 0.02, 0.03), warmup=3))           # median 0.02 s a call
+    # at 128 a call is forecast at 0.02 * 8 = 0.16 s: 3 warm-up calls and 5 timed ones (0.8 s > the budget)
+    assert limit.forecast_s(128) == pytest.approx(8 * 0.16)
+    assert limit.allows(128)
+    limit.timed(128, B.Timing((0.16,), warmup=3))
+    assert limit.forecast_s(256) == pytest.approx(8 * 1.28) and not limit.allows(256) and not limit.allows(512)
+    assert limit.note == ("n = 256 and 512, left out because one call at n = 128 took 0.16 s here, so a point at "
+                          "n = 256 would take about 10 s (the cube of the size ratio), past the limit of 2 s a point")
+    # a fast call costs the budget, not its repeats: forecast = warm-up calls + budget
+    fast = B.SizeLimit(1.0, budget_s=0.1)
+    fast.timed(16, B.Timing((1e-5,), warmup=3))
+    assert fast.forecast_s(32) == pytest.approx(3 * 8e-5 + 0.1) and fast.allows(32) and fast.note is None
+    free = B.SizeLimit(None, budget_s=0.1)                            # no limit: nothing is left out
+    free.timed(16, B.Timing((100.0,), warmup=3))
+    assert free.allows(4096) and free.note is None
+    for bad in (0, -1.0, math.inf, math.nan, True, "2"):
+        with pytest.raises(ValueError, match="limit_s must be a positive number"):
+            B.SizeLimit(bad, budget_s=0.1)
+    with pytest.raises(ValueError, match="budget_s must be a positive number"):
+        B.SizeLimit(1.0, budget_s=0)
+
+
+def test_the_sweep_leaves_out_the_sizes_forecast_past_its_point_limit_and_says_so():
+    # a limit below the budget refuses every size after each dtype's first: the sweep says so per dtype
+    sweep = B.matmul_sweep("cpu", (16, 32, 48), dtypes=("fp32", "bf16"), budget_s=0.002, point_limit_s=0.001)
+    assert set(sweep.tflops("fp32")) == set(sweep.tflops("bf16")) == {16}
+    assert set(sweep.left_out) == {"fp32", "bf16"}
+    assert sweep.left_out["fp32"].startswith("n = 32 and 48, left out because one call at n = 16 took ")
+    wide = B.matmul_sweep("cpu", (16, 32), dtypes=("fp32",), budget_s=0.002, point_limit_s=60.0)
+    assert set(wide.tflops("fp32")) == {16, 32} and wide.left_out == {}
+    # the prose names a dtype's left-out sizes beside the dtypes not run at all
+    facts = PERF_PROSE.matmul_facts(B.MatmulSweep("cpu", tuple(
+        B.MatmulPoint(d, n, n, n, B.Timing((1e-3,), 3)) for d in ("fp32", "bf16", "fp16") for n in (7, 8)),
+        {"tf32": "no TF32 here"}, {"fp8": "n = 512, left out because it would take long"}), (7, 8), None)
+    assert facts["skipped"] == ("TF32 (no TF32 here); FP8 E4M3 (_scaled_mm) at n = 512, left out because it "
+                                "would take long")
 
 
 def test_torch_timer_cross_check_runs():
@@ -364,6 +406,8 @@ def test_lesson6_experiments_run_on_the_cpu_at_small_size():
     assert all(set(by_n) == set(out.sizes) for d, by_n in out.tflops().items() if d != "fp8")
     assert "tf32" in out.skipped and out.copy_bandwidth_gbs > 0
     assert set(out.cross_check) == {"fp32", "bf16"} and out.cross_check_n == 512
+    untimed = [n for n in out.sizes if n % 16 == 0 and n not in out.tflops().get("fp8", {})]
+    assert not untimed or out.left_out["fp8"].startswith(f"n = {untimed[0]}")
     mem = run_experiment("training_memory", SizeProfile("small"), "cpu")
     assert [b.recipe for b in mem.breakdowns] == ["fp32", "bf16_autocast", "fp16_autocast_scaler", "bf16_pure",
                                                   "bf16_master"]

@@ -3,6 +3,7 @@ calls (course_lib.studies.fp8), each against results built by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -138,7 +139,6 @@ def test_spike_facts_reads_the_history_length_from_the_recipe():
 
 
 def test_recent_bumps_note_ties_each_bump_to_the_amax_growing():
-    import dataclasses
     run = spike_run(spike_at=0)
     recent = "delayed, most recent"
     # steps 2..5 after the spike at 0; step 4 errs 4x the others' and its amax grew 1.2x
@@ -163,7 +163,6 @@ def test_spike_facts_refuses_a_spike_without_neighbours_or_a_max_history():
 
 
 def test_margin_facts_compare_the_spike_and_the_quiet_steps():
-    import dataclasses
     plain = spike_run()
     key = "delayed, max of 2"
     # with a margin: nothing saturates at the spike; quiet steps (0 and 1) err 0.05 and 0.1 against 0.02 and 0.0625
@@ -542,6 +541,31 @@ def test_recorded_linear_speed_table_and_summary():
         "tensor in one pass without waiting for the host to read its finiteness check. " + tail)
     assert fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}, "2026-11-25T00:00:00") == (
         fp8_prose.recorded_linear_speed_summary(speed(), "H100", {}))
+
+
+def test_a_size_left_out_shows_in_the_table_and_its_reason_in_the_note():
+    why = "n = 128, left out because one call at n = 64 took 0.2 s here"
+    cut = Fp8LinearSpeed("cpu", (64, 128), {"BF16 nn.Linear": {64: 0.001, 128: 0.002}, COURSE: {64: 0.004}}, {},
+                         {COURSE: why})
+    assert fp8_prose.linear_speed_table(cut) == (
+        f"| n | BF16 nn.Linear | {COURSE} |\n|---|---|---|\n| 64 | 1.000 ms | 4.000 ms |\n"
+        "| 128 | 2.000 ms | left out |\n")
+    assert fp8_prose.linear_speed_facts(cut, cpu_kernel="reference")["speed_note"].endswith(
+        f"say nothing about a GPU. Not timed: {COURSE} at {why}.")
+    assert fp8_prose.linear_speed_facts(speed(), cpu_kernel="reference")["speed_note"].count("Not timed") == 0
+    assert fp8_prose.recorded_linear_speed_table(dataclasses.replace(cut, device="cuda")).endswith(
+        "| 128 | 2.000 | left out |  |\n")
+    summary = fp8_prose.recorded_linear_speed_summary(dataclasses.replace(cut, device="cuda"), "H100", {})
+    assert summary.startswith("On H100 the course's FP8 layer ran at 0.25 to 0.25 times BF16's speed (below 1: "
+                              f"slower), at every size it timed. Not timed: {COURSE} at {why}. This record")
+
+
+def test_the_speed_study_leaves_out_the_fp8_sizes_forecast_past_its_limit():
+    # a limit below the budget: each implementation is timed at its first size only, and the study says so
+    run = fp8_studies.fp8_linear_speed((16, 32), "cpu", budget_s=0.002, point_limit_s=0.001)
+    assert all(set(times) == {16} for times in run.seconds.values()) and set(run.left_out) == set(run.seconds)
+    assert all(note.startswith("n = 32, left out because one call at n = 16 took ") for note in run.left_out.values())
+    assert fp8_studies.fp8_linear_speed((16, 32), "cpu", budget_s=0.002).left_out == {}
 
 
 def test_recorded_summary_flags_a_bf16_time_that_falls_with_size():

@@ -117,8 +117,8 @@ def test_a_lesson_records_what_it_runs_where_the_gpu_session_asks(course, tmp_pa
     lesson = course / "lessons" / "04_records.md"
     lesson.write_text(HEADER + _cell("from course_lib.device import SizeProfile\n"
                                      "from course_lib.experiments import run_experiment\n"
-                                     "memory = run_experiment('training_memory', SizeProfile('small'), 'cpu')")
-                      + _cell("assert type(memory).__name__ == 'TrainingMemory', memory"))
+                                     "rec = run_experiment('scaler_flight_recording', SizeProfile('small'), 'cpu')")
+                      + _cell("assert type(rec).__name__ == 'FlightRecording', rec"))
     out = tmp_path / "records"
     assert time_lesson(lesson, FULL, limit_s=120, device_type="cpu").passed
     assert not out.exists()
@@ -127,9 +127,9 @@ def test_a_lesson_records_what_it_runs_where_the_gpu_session_asks(course, tmp_pa
     timed = time_lesson(lesson, FULL, limit_s=120, device_type="cpu")
     assert timed.passed, timed.error
     (record,) = load_records(results_dir=out)
-    assert record.experiment == "training_memory" and record.parameters["size"] == "small"
-    assert record.provenance.command == ("python -m course_lib.record lesson_times --out x "
-                                         "(executing lessons/04_records.md: run_experiment('training_memory'))")
+    assert record.experiment == "scaler_flight_recording" and record.parameters["size"] == "small"
+    assert record.provenance.command == ("python -m course_lib.record lesson_times --out x (executing "
+                                         "lessons/04_records.md: run_experiment('scaler_flight_recording'))")
 
 
 def test_a_lesson_time_is_a_frozen_record():

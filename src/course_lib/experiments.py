@@ -479,10 +479,12 @@ def _fp8_speed_legacy(parameters: dict, values: dict) -> dict[str, Any]:
           code_changes=(CodeChange(ONE_PASS_CASTS_SINCE, "timed the course FP8 layer from before it cast each "
                                    "tensor in one pass without waiting for the host to read its finiteness check"),),
           parameters=lambda profile, device: {"sizes": fp8_speed_sizes(profile),
-                                              "budget_s": profile.pick(small=0.05, full=0.3)})
+                                              "budget_s": profile.pick(small=0.05, full=0.3),
+                                              # seconds a size may be forecast to take: see SizeLimit
+                                              "point_limit_s": profile.pick(small=5.0, full=60.0)})
 def _fp8_linear_speed(profile: SizeProfile, device: torch.device, *, sizes: tuple[int, ...],
-                      budget_s: float) -> Fp8LinearSpeed:
-    return fp8_linear_speed(sizes, device, budget_s=budget_s)
+                      budget_s: float, point_limit_s: float | None = None) -> Fp8LinearSpeed:
+    return fp8_linear_speed(sizes, device, budget_s=budget_s, point_limit_s=point_limit_s)
 
 
 @register("fp8_compiled_speed",

@@ -40,7 +40,7 @@ from .roofline import (
     roofline_rows,
     transformer_op_costs,
 )
-from .timing import CudaEventTimer, HostTimer, Timing, make_timer, time_function
+from .timing import CudaEventTimer, HostTimer, SizeLimit, Timing, make_timer, time_function
 
 __all__ = [
     "Timing",
@@ -55,6 +55,7 @@ __all__ = [
     "measure_matmul",
     "MatmulSweep",
     "matmul_sweep",
+    "SizeLimit",
     "torch_timer_matmul_seconds",
     "measure_copy_bandwidth",
     "CapabilityProbe",

@@ -5,7 +5,7 @@ device's matmul speed per dtype against FP32, measured once per process). TFLOP/
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -19,7 +19,7 @@ from ..hardware import (
     tf32_matmuls,
 )
 from ..tables import MarkdownTable, markdown_table, ratio_text
-from .timing import Timing, time_function
+from .timing import SizeLimit, Timing, time_function
 
 DTYPE_LABELS = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16",
                 "fp8": "FP8 E4M3 (_scaled_mm)"}
@@ -113,11 +113,12 @@ def measure_matmul(dtype: str, m: int, n: int, k: int, device: torch.device | st
 @dataclass(frozen=True)
 class MatmulSweep:
     """Square matmuls of several sizes in several dtypes on one device; ``skipped[dtype]`` says why a
-    dtype was not run."""
+    dtype was not run, ``left_out[dtype]`` which of its sizes were not and why (:class:`SizeLimit`)."""
 
     device: str
     points: tuple[MatmulPoint, ...]
     skipped: dict[str, str]
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def tflops(self, dtype: str) -> dict[int, float]:
         return {p.n: p.tflops for p in self.points if p.dtype == dtype}
@@ -128,24 +129,30 @@ class MatmulSweep:
 
 
 def matmul_sweep(device: torch.device | str, sizes: Sequence[int], dtypes: Sequence[str] = MATMUL_DTYPES, *,
-                 budget_s: float = 0.1, buffers: int = 3) -> MatmulSweep:
+                 budget_s: float = 0.1, buffers: int = 3, point_limit_s: float | None = None) -> MatmulSweep:
     """Throughput of square ``n x n x n`` products for every size and dtype the device supports.
 
-    Sizes FP8 cannot take (not divisible by 16) are left out of its line only.
+    Sizes FP8 cannot take (not divisible by 16) are left out of its line only. With ``point_limit_s``, a
+    dtype's sizes whose timing is forecast to take longer than that are left out (:class:`SizeLimit`; a CPU's
+    software FP8 kernel can take seconds a product), and ``left_out`` says so.
     """
     if not sizes:
         raise ValueError("sizes must not be empty")
-    points, skipped = [], {}
+    points, skipped, left_out = [], {}, {}
     for dtype in dtypes:
         reason = format_unsupported_reason(dtype, device)
         if reason:
             skipped[dtype] = reason
             continue
+        limit = SizeLimit(point_limit_s, budget_s=budget_s)
         for n in sizes:
-            if dtype == "fp8" and n % 16:
+            if (dtype == "fp8" and n % 16) or not limit.allows(n):
                 continue
             points.append(measure_matmul(dtype, n, n, n, device, budget_s=budget_s, buffers=buffers))
-    return MatmulSweep(str(torch.device(device)), tuple(points), skipped)
+            limit.timed(n, points[-1].timing)
+        if limit.note:
+            left_out[dtype] = limit.note
+    return MatmulSweep(str(torch.device(device)), tuple(points), skipped, left_out)
 
 
 def torch_timer_matmul_seconds(dtype: str, n: int, device: torch.device | str, *, min_run_time: float = 0.2) -> float:

@@ -137,3 +137,58 @@ def time_function(fn: Callable[..., Any], rotation: Sequence[tuple] = ((),), *, 
     repeats = int(min(max_repeats, max(min_repeats, budget_s // per_call)))
     samples += [timer.time_call(call) for _ in range(repeats - 1)]
     return Timing(tuple(samples), warmup)
+
+
+class SizeLimit:
+    """Leaves out the sizes of a sweep that would take too long to time, by a forecast from the last size timed.
+
+    A square product's work grows with the cube of its size ``n``, so one call at ``n`` is forecast as the
+    median call at the last size timed times the cube of the size ratio, and a point as the seconds
+    :func:`time_function` spends on such calls (``warmup`` of them, then ``budget_s`` or ``min_repeats`` calls,
+    whichever takes longer). A size whose point is forecast past ``limit_s`` is left out; :attr:`note` says
+    which sizes and why. ``limit_s=None`` leaves nothing out. The first size is always timed."""
+
+    def __init__(self, limit_s: float | None, *, budget_s: float, warmup: int = 3, min_repeats: int = 5):
+        if limit_s is not None and (isinstance(limit_s, bool) or not isinstance(limit_s, (int, float))
+                                    or not limit_s > 0 or not math.isfinite(limit_s)):
+            raise ValueError(f"limit_s must be a positive number of seconds or None, got {limit_s!r}")
+        if not budget_s > 0 or not math.isfinite(budget_s):
+            raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s}")
+        self.limit_s, self.budget_s, self.warmup, self.min_repeats = limit_s, budget_s, warmup, min_repeats
+        self._last: tuple[int, float] | None = None      # (size, median seconds of one call) last timed
+        self._left_out: list[int] = []
+        self._why = ""
+
+    def forecast_s(self, n: int) -> float | None:
+        """Seconds a point at size ``n`` is forecast to take (None before any size is timed)."""
+        if self._last is None:
+            return None
+        call = self._last[1] * (n / self._last[0]) ** 3
+        return self.warmup * call + max(self.budget_s, self.min_repeats * call)
+
+    def allows(self, n: int) -> bool:
+        """Whether to time size ``n``; a size it refuses is remembered for :attr:`note`."""
+        forecast = self.forecast_s(n)
+        if self.limit_s is None or forecast is None or forecast <= self.limit_s:
+            return True
+        if not self._left_out:
+            assert self._last is not None
+            last_n, call = self._last
+            self._why = (f"one call at n = {last_n} took {call:.2g} s here, so a point at n = {n} would take about "
+                         f"{forecast:.2g} s (the cube of the size ratio), past the limit of {self.limit_s:g} s a "
+                         "point")
+        self._left_out.append(n)
+        return False
+
+    def timed(self, n: int, timing: Timing) -> None:
+        """Record that size ``n`` was timed as ``timing``: later forecasts start from it."""
+        self._last = (n, timing.median)
+
+    @property
+    def note(self) -> str | None:
+        """Which sizes were left out and why ("n = 256 and 512, left out because ..."), or None where none was."""
+        if not self._left_out:
+            return None
+        sizes = [str(n) for n in self._left_out]
+        listed = sizes[0] if len(sizes) == 1 else ", ".join(sizes[:-1]) + " and " + sizes[-1]
+        return f"n = {listed}, left out because {self._why}"

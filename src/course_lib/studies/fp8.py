@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
-from ..bench import time_function
+from ..bench import SizeLimit, time_function
 from ..data import BatchSampler
 from ..fp8.casts import as_2d, cast_saturating
 from ..fp8.linear import Fp8Linear, convert_to_fp8, torchao_float8
@@ -395,12 +395,14 @@ def scaling_lab_study(tensors: LinearTensors, block: int) -> Fp8ScalingLab:
 @dataclass(frozen=True)
 class Fp8LinearSpeed:
     """Median seconds of one linear layer's forward + backward (``[n, n] @ [n, n]``) per implementation
-    and size; ``skipped[implementation]`` says why one did not run."""
+    and size; ``skipped[implementation]`` says why one did not run, ``left_out[implementation]`` which of its
+    sizes did not, and why (:class:`~course_lib.bench.SizeLimit`)."""
 
     device: str
     sizes: tuple[int, ...]
     seconds: dict[str, dict[int, float]]
     skipped: dict[str, str]
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def speedup(self, implementation: str, baseline: str = "BF16 nn.Linear") -> dict[int, float]:
         return {n: self.seconds[baseline][n] / s for n, s in self.seconds.get(implementation, {}).items()
@@ -423,15 +425,19 @@ def _linear_implementations(n: int, device: torch.device):
     return out
 
 
-def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2) -> Fp8LinearSpeed:
+def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2,
+                     point_limit_s: float | None = None) -> Fp8LinearSpeed:
     """Time forward + backward of a square linear layer in BF16 and in FP8 (the course's layer on
-    ``torch._scaled_mm``, and torchao's when it imports), with :func:`course_lib.bench.time_function`."""
+    ``torch._scaled_mm``, and torchao's when it imports), with :func:`course_lib.bench.time_function`.
+    With ``point_limit_s``, an implementation's sizes forecast to take longer than that to time are left out
+    (:class:`~course_lib.bench.SizeLimit`: a CPU's software FP8 kernel can take seconds a product)."""
     device = torch.device(device)
     sizes = tuple(int(n) for n in sizes)
     if not sizes or any(n < 16 or n % 16 for n in sizes):
         raise ValueError(f"sizes must be multiples of 16 (FP8 matmuls need them), got {sizes}")
     seconds: dict[str, dict[int, float]] = {}
     skipped: dict[str, str] = {}
+    limits: dict[str, SizeLimit] = {}
     for n in sizes:
         gen = torch.Generator().manual_seed(n)
         x = torch.randn(n, n, generator=gen).to(device)
@@ -441,6 +447,9 @@ def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2
                 skipped[entry[0]] = entry[1]
                 continue
             name, module, dtype = entry
+            limit = limits.setdefault(name, SizeLimit(point_limit_s, budget_s=budget_s))
+            if not limit.allows(n):
+                continue
             xi = x.to(dtype).requires_grad_(True)
             gi = grad.to(dtype)
 
@@ -449,10 +458,14 @@ def fp8_linear_speed(sizes, device: torch.device | str, *, budget_s: float = 0.2
                 out.backward(gi.to(out.dtype))
 
             try:
-                seconds.setdefault(name, {})[n] = time_function(step, device=device, budget_s=budget_s).median
+                timing = time_function(step, device=device, budget_s=budget_s)
             except (RuntimeError, ValueError) as exc:
                 skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    return Fp8LinearSpeed(str(device), sizes, seconds, skipped)
+            else:
+                seconds.setdefault(name, {})[n] = timing.median
+                limit.timed(n, timing)
+    left_out = {name: limit.note for name, limit in limits.items() if limit.note}
+    return Fp8LinearSpeed(str(device), sizes, seconds, skipped, left_out)
 
 
 def describe_tensors(tensors: Mapping[str, torch.Tensor], *, name_width: int, stats=("median", "max"),

@@ -200,11 +200,24 @@ def crossing_phrase(ratio: float | None) -> Prose:
     return Prose(f"breaks even ({ratio:.2f}) at" if kind == "break-even" else f"first passes 1 ({ratio:.2f}) at")
 
 
+def _ms_cell(times: Mapping[int, float], n: int, unit: str = "") -> str:
+    """A table cell of milliseconds, or "left out" where ``n`` was not timed (``Fp8LinearSpeed.left_out``)."""
+    return f"{1e3 * times[n]:.3f}{unit}" if n in times else "left out"
+
+
 def linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
-    """Milliseconds of each implementation's forward and backward per size."""
+    """Milliseconds of each implementation's forward and backward per size ("left out" where a size was not
+    timed: :func:`left_out_sentence` says why)."""
     names = list(speed.seconds)
-    return markdown_table(["n", *names], [[n, *(f"{1e3 * speed.seconds[k][n]:.3f} ms" for k in names)]
+    return markdown_table(["n", *names], [[n, *(_ms_cell(speed.seconds[k], n, " ms") for k in names)]
                                           for n in speed.sizes])
+
+
+def left_out_sentence(left_out: Mapping[str, str]) -> str:
+    """Which sizes of which implementation a speed study did not time, and why ("" where it timed them all)."""
+    if not left_out:
+        return ""
+    return "Not timed: " + "; ".join(f"{name} at {note}" for name, note in left_out.items()) + "."
 
 
 def faster_on_cpu_reason(bf16_relative: float | None, cpu_kernel: str | None = "reference") -> str:
@@ -247,6 +260,8 @@ def linear_speed_facts(speed: Fp8LinearSpeed, *, bf16_relative: float | None = N
             if device == "cuda" else
             f"A CPU has no FP8 matrix unit: here {cpu_fp8_products(cpu_kernel)}, so these timings say nothing "
             "about a GPU." + (" " + faster_on_cpu_reason(bf16_relative, cpu_kernel) if max(ratios) > 1 else ""))
+    if speed.left_out:
+        note += " " + left_out_sentence(speed.left_out)
     return {"cpu_fp8_ratio": Prose(f"{ratio_text(min(ratios))} to {ratio_text(max(ratios))}"),
             "speed_device": device.upper(),
             "speed_note": Prose(note)}
@@ -259,8 +274,9 @@ def recorded_linear_speed_table(speed: Fp8LinearSpeed) -> MarkdownTable:
     others = [k for k in speed.seconds if k != BF16_LAYER]
     return markdown_table(
         ["n", f"{BF16_LAYER} (ms)", *(f"{k} (ms)" for k in others), *(f"{k}: BF16's time / its time" for k in others)],
-        [[n, f"{1e3 * base[n]:.3f}", *(f"{1e3 * speed.seconds[k][n]:.3f}" for k in others),
-          *(f"{base[n] / speed.seconds[k][n]:.2f}" for k in others)] for n in base])
+        [[n, f"{1e3 * base[n]:.3f}", *(_ms_cell(speed.seconds[k], n) for k in others),
+          *(f"{base[n] / speed.seconds[k][n]:.2f}" if n in speed.seconds[k] else "" for k in others)]
+         for n in base])
 
 
 BF16_NEIGHBOURS = 2   # how many larger sizes a BF16 time must exceed to be flagged as not the layer's
@@ -310,8 +326,10 @@ def recorded_linear_speed_summary(speed: Fp8LinearSpeed, label: str,
     older = (" The record timed an older, slower version of the layer than this page's, from before the layer "
              "cast each tensor in one pass without waiting for the host to read its finiteness check."
              if date and date[:10] < ONE_PASS_CASTS_SINCE else "")
+    every = "at every size it timed" if COURSE_LAYER in speed.left_out else "at every size"
+    not_timed = f" {left_out_sentence(speed.left_out)}" if speed.left_out else ""
     return Prose(f"On {label} the course's FP8 layer ran at {min(ours):.2f} to {max(ours):.2f} times BF16's speed "
-                 f"(below 1: slower), at every size{product}.{flag}{older} This record times the whole layer, forward and "
+                 f"(below 1: slower), {every}{product}.{not_timed}{flag}{older} This record times the whole layer, forward and "
                  "backward, and does not say where the extra time goes; the layer is written for clarity (each "
                  "operand's amax, scale, clamp and cast as separate eager operations), not speed. Profile a layer "
                  f"before concluding anything about FP8 from it (`torch.profiler`, lesson 6). {torchao}")

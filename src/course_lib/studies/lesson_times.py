@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import jupytext  # type: ignore[import-untyped]
 import torch
-from nbclient import NotebookClient  # type: ignore[import-untyped]
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError  # type: ignore[import-untyped]
 
 from ..device import PROFILES, SIZE_ENV_VAR, SizeProfile
 
@@ -124,6 +121,16 @@ def time_lesson(path: str | Path, profile: SizeProfile, *, limit_s: float, devic
         raise TypeError(f"profile must be a SizeProfile, got {type(profile).__name__}")
     if isinstance(limit_s, bool) or not isinstance(limit_s, (int, float)) or not limit_s > 0:
         raise ValueError(f"limit_s must be a positive number of seconds, got {limit_s!r}")
+    # Imported here, not with the module: jupytext and nbclient import nbformat's JSON-schema checker, about
+    # 2 s, and every lesson imports course_lib.experiments, which imports this module.
+    import jupytext  # type: ignore[import-untyped]
+    from nbclient import NotebookClient  # type: ignore[import-untyped]
+    from nbclient.exceptions import (  # type: ignore[import-untyped]
+        CellExecutionError,
+        CellTimeoutError,
+        DeadKernelError,
+    )
+
     nb = jupytext.read(path)
     env = {**os.environ, SIZE_ENV_VAR: profile.name, LESSON_ENV: path.name}
     if device_type == "cpu":

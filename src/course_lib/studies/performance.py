@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -457,7 +457,8 @@ class TimerCrossCheck:
 @dataclass(frozen=True)
 class MatmulThroughput:
     """The registered ``matmul_throughput``: the sweep over ``sizes`` per dtype (``skipped``: why a dtype did
-    not run), the harness against torch's Timer at ``cross_check_n``, and the copy bandwidth (GB/s)."""
+    not run; ``left_out``: which of a dtype's sizes did not, and why), the harness against torch's Timer at
+    ``cross_check_n``, and the copy bandwidth (GB/s)."""
 
     sizes: tuple[int, ...]
     cross_check_n: int
@@ -465,6 +466,7 @@ class MatmulThroughput:
     skipped: dict[str, str]
     cross_check: dict[str, TimerCrossCheck]
     copy_bandwidth_gbs: float
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def tflops(self) -> dict[str, dict[int, float]]:
         """``{dtype: {n: TFLOP/s}}``, as :func:`measured_tflops`-style panels of the throughput figure."""
@@ -485,12 +487,20 @@ def matmul_sweep_budget(profile) -> float:
     return profile.pick(small=0.04, full=0.2)
 
 
+def matmul_point_limit(profile) -> float:
+    """Seconds a point of the matmul sweep may be forecast to take (:class:`~course_lib.bench.SizeLimit`):
+    far above what any GPU or any 16-bit CPU product here needs, below a CPU's software FP8 kernel at the
+    larger sizes, which can take seconds a product."""
+    return profile.pick(small=1.5, full=60.0)
+
+
 def matmul_throughput(profile, device: torch.device | str = "cpu") -> MatmulThroughput:
     """The sweep (:func:`~course_lib.bench.matmul_sweep` at :func:`matmul_sweep_sizes`), the harness against
     ``torch.utils.benchmark.Timer`` for FP32 and BF16, and the copy bandwidth."""
     device = torch.device(device)
     sizes = matmul_sweep_sizes(profile)
-    sweep = matmul_sweep(device, sizes, budget_s=matmul_sweep_budget(profile))
+    sweep = matmul_sweep(device, sizes, budget_s=matmul_sweep_budget(profile),
+                         point_limit_s=matmul_point_limit(profile))
     points = tuple(MatmulPointSummary(p.dtype, p.n, p.tflops, p.timing.median, p.timing.q25, p.timing.q75,
                                       p.timing.repeats) for p in sweep.points)
     check_n, budget = profile.pick(small=512, full=4096), profile.pick(small=0.1, full=0.5)
@@ -499,7 +509,7 @@ def matmul_throughput(profile, device: torch.device | str = "cpu") -> MatmulThro
                                     torch_timer_matmul_seconds(dtype, check_n, device, min_run_time=budget))
              for dtype in ("fp32", "bf16") if dtype not in sweep.skipped}
     bandwidth = measure_copy_bandwidth(device, profile.pick(small=64 << 20, full=1 << 30))
-    return MatmulThroughput(sizes, check_n, points, dict(sweep.skipped), cross, bandwidth)
+    return MatmulThroughput(sizes, check_n, points, dict(sweep.skipped), cross, bandwidth, dict(sweep.left_out))
 
 
 def measured_tflops(sweep: MatmulSweep) -> dict[str, dict[int, float]]:

@@ -81,7 +81,7 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
     """The sweep at its largest multiple of 8 (``live_big``) and its largest size that is not one
     (``live_odd``): FP32's TFLOP/s at both, BF16's and FP16's throughput over FP32's at ``live_big`` (as
     :func:`glue.ratio_text` writes a speed ratio, the rule of every ratio on lesson 6's page); the
-    CPU estimate's sentence; the dtypes not run, and why. ``noise_pct``: see :func:`misaligned_16bit_phrase`."""
+    CPU estimate's sentence; the dtypes and sizes not run, and why. ``noise_pct``: see :func:`misaligned_16bit_phrase`."""
     live = measured_tflops(sweep)
     missing = [d for d in ("fp32", "bf16", "fp16") if d not in live]
     if missing:
@@ -90,7 +90,8 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
     if not aligned or not misaligned:
         raise ValueError(f"sizes need a multiple of 8 and a size that is not one, got {tuple(sizes)}")
     big, odd = max(aligned), max(misaligned)
-    skipped = "; ".join(f"{DTYPE_LABELS[d]} ({why})" for d, why in sweep.skipped.items()) or "none"
+    skipped = "; ".join([*(f"{DTYPE_LABELS[d]} ({why})" for d, why in sweep.skipped.items()),
+                         *(f"{DTYPE_LABELS[d]} at {note}" for d, note in sweep.left_out.items())]) or "none"
     return {"live_big": big, "live_odd": odd,
             "live_fp32_big": live["fp32"][big], "live_fp32_odd": live["fp32"][odd],
             "live_bf16_ratio": Prose(bold(ratio_text(live["bf16"][big] / live["fp32"][big]))),
