@@ -84,6 +84,17 @@ def test_timing_facts_from_three_measurements():
         P.timing_facts([first, first], 0.0)
 
 
+def test_timing_percentages_are_of_the_printed_medians():
+    # 1.1638 ms against Timer's 1.0004 ms is 16.3% apart; printed to 3 decimals (1.164 and 1.000), 16.4%: the
+    # page gives what a reader computes from what it prints
+    first = MatmulPoint("fp32", 4, 4, 4, Timing((1.1638e-3,), 1))
+    facts = P.timing_facts([first, _point("fp32", 4, 1.1638e-3)], timer_seconds=1.0004e-3)
+    assert facts["t_vs_timer"].startswith("16.4% higher") and facts["t_median_ms"] == pytest.approx(1.1638)
+    # a product of microseconds rounds to 0.000 ms: then the unrounded medians decide
+    tiny = MatmulPoint("fp32", 4, 4, 4, Timing((2e-7,), 1))
+    assert P.timing_facts([tiny, _point("fp32", 4, 2e-7)], timer_seconds=1e-7)["t_vs_timer"].startswith("100.0% higher")
+
+
 def test_timer_comparison_judges_the_gap_by_the_repeated_medians_spread():
     # the review's numbers: 4.6% apart, repeated medians 1.2% apart (one measurement's quartiles 8.1%)
     beyond = P.timer_comparison(4.6, 1.2, 3)

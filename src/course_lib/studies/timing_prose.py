@@ -21,7 +21,8 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     %), and a phrase that says whether that range is wider than the first measurement's quartiles; and the
     first median against ``torch.utils.benchmark.Timer``'s, ``timer_seconds``, as a phrase that judges the gap
     against the spread of the repeated medians (a difference of medians is judged by how far a median moves,
-    not by how far single calls spread)."""
+    not by how far single calls spread). Both percentages are of the medians as the page prints them (ms, three
+    decimals)."""
     if len(points) < 2:
         raise ValueError("timing_facts needs at least two measured points: their medians' spread is the noise "
                          "a median's gap is judged by")
@@ -30,11 +31,16 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     point = points[0]
     t = point.timing
     medians = [p.timing.median for p in points]
+    # the page prints medians in ms to 3 decimals: the percentages are of those printed values, so that a
+    # reader's own arithmetic gives the page's, unless one rounds to zero (a GPU's product of microseconds)
+    printed = [round(1e3 * m, 3) for m in (*medians, timer_seconds)]
+    if min(printed) > 0:
+        *medians, timer_seconds = (ms / 1e3 for ms in printed)
     spread = 100 * (max(medians) / min(medians) - 1)
     return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
             "t_repeats": t.repeats, "t_tflops": point.tflops,
             "t_min_ms": 1e3 * min(medians), "t_max_ms": 1e3 * max(medians), "t_runs_spread": spread,
-            "t_vs_timer": timer_comparison(100 * (t.median / timer_seconds - 1), spread, len(points),
+            "t_vs_timer": timer_comparison(100 * (medians[0] / timer_seconds - 1), spread, len(points),
                                            one_side=all(m > timer_seconds for m in medians)
                                            or all(m < timer_seconds for m in medians)),
             "t_spread_vs_quartiles": spread_against_quartiles(min(medians), max(medians), t.q25, t.q75)}
