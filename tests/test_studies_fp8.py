@@ -202,13 +202,20 @@ def test_cast_cost_table_and_facts():
     assert both[2] == "| torch cast, first | 2.00 | 1.00 | 0.67 |"
     assert both[-1] == "| current scaling (amax, then cast), again | 5.40 | 2.70 | 1.80 |"
     known, current = fp8_studies.KNOWN_SCALE_CAST, fp8_studies.CURRENT_SCALING_CAST
-    # the second timing moved the known-scale cast by 10%, current scaling by 2%: noise 10%
-    facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.1, current: 0.0045 / 1.02}, device="cpu")
+    # the known-scale cast's two timings print as 3.00 and 2.70 ms (11% apart), current scaling's as 4.50 and
+    # 4.40 (2%): the noise is the larger, of the printed values, and names its cast
+    facts = fp8_prose.cast_cost_facts(times, {**times, known: 0.0027, current: 0.0044}, device="cpu")
     phrase, where, note = facts.pop("cost_phrase"), facts.pop("cost_where"), facts.pop("cost_device_note")
-    assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 10.0})
-    assert phrase.startswith("takes 1.50 and 1.62 times as long as the cast with a known scale in the two timings "
-                             "(the table shows both), each more than the 10% by which two timings of the same "
-                             "cast differed: that is the price of the extra pass")
+    assert facts == pytest.approx({"cost_current": 1.5, "cost_noise": 100 / 9})
+    assert phrase.startswith("takes 1.50 and 1.63 times as long as the cast with a known scale in the two timings "
+                             "(the table shows both), each more than the 11% by which the two timings of one cast "
+                             f"differed at most ({known}): that is the price of the extra pass")
+    # the torch cast counts too, and a pair's percentage is the same whichever timing a reader starts from
+    torch_moved = fp8_prose.cast_cost_facts({**times, fp8_studies.TORCH_CAST: 0.0019},
+                                            {**times, fp8_studies.TORCH_CAST: 0.0016}, device="cpu")
+    assert torch_moved["cost_noise"] == pytest.approx(100 * (1.9 / 1.6 - 1))
+    assert f"the 19% by which the two timings of one cast differed at most ({fp8_studies.TORCH_CAST})" in (
+        torch_moved["cost_phrase"])
     # a CPU timing says so where it is quoted, and that a GPU's cast costs differently
     assert where == "Here (on this CPU)" and isinstance(where, Prose)
     assert note.startswith("A GPU's cast is bound by memory bandwidth") and "this CPU timing" in note
@@ -228,7 +235,7 @@ def test_cast_cost_table_and_facts():
     assert "cannot cause" in faster["cost_phrase"]
     # a noise below 1% keeps its digits: it never prints as 0%
     small = fp8_prose.cast_cost_facts(times, {**times, known: 0.003 / 1.004}, device="cpu")["cost_phrase"]
-    assert "more than the 0.4% by which" in small
+    assert "more than the 0.33% by which" in small
     with pytest.raises(ValueError, match="again lacks"):
         fp8_prose.cast_cost_facts(times, {}, device="cpu")
     with pytest.raises(ValueError, match="device must name"):
@@ -311,7 +318,8 @@ def test_seed_consistency(above, below, mixed, sentence):
 
 def test_tile_note_says_why_the_tile_is_not_deepseeks():
     assert fp8_prose.tile_note(128, 512) == "the same 128"
-    assert fp8_prose.tile_note(32, 64) == "32, because 128 does not divide the model's width of 64"
+    assert fp8_prose.tile_note(32, 64) == "32, because 128 is wider than the model's width of 64"
+    assert fp8_prose.tile_note(64, 192) == "64, because 128 does not divide the model's width of 192"
     assert fp8_prose.tile_note(64, 256) == "64"
     assert fp8_studies.lab_block(SizeProfile("small")) == 32 and fp8_studies.lab_block(
         SizeProfile("full", forced=True)) == fp8_studies.DEEPSEEK_TILE

@@ -25,6 +25,7 @@ from course_lib.results import Provenance, Record, RecordedResult, describe_reco
 from course_lib.studies import performance_errata as E
 from course_lib.studies import memory_prose as M
 from course_lib.studies import performance_prose as P
+from course_lib.studies import timing_prose as T
 from course_lib.studies.performance import (
     ActivationSweep,
     MatmulPointSummary,
@@ -93,6 +94,32 @@ def test_timing_percentages_are_of_the_printed_medians():
     # a product of microseconds rounds to 0.000 ms: then the unrounded medians decide
     tiny = MatmulPoint("fp32", 4, 4, 4, Timing((2e-7,), 1))
     assert P.timing_facts([tiny, _point("fp32", 4, 2e-7)], timer_seconds=1e-7)["t_vs_timer"].startswith("100.0% higher")
+
+
+def test_the_sweeps_point_of_the_timed_product_widens_the_noise_when_it_drifted():
+    repeats = [_point("fp32", 4, t) for t in (1.301e-3, 1.300e-3, 1.281e-3)]
+    def sweep(t):
+        return MatmulSweep("cpu", (_point("fp32", 4, t), _point("bf16", 4, 1e-3)), {})
+
+    # the review's numbers: repeats 1.281 to 1.301 ms (1.6%), the sweep's 1.160 ms: 12.2% from the slowest
+    drift = T.sweep_drift(repeats, sweep(1.16e-3))
+    assert drift["noise_pct"] == pytest.approx(100 * (1.301 / 1.16 - 1))
+    assert drift["sweep_drift"] == (
+        "The sweep timed the timing section's product (FP32, n = 4) at a median of 1.160 ms, outside the 1.281 to "
+        "1.301 ms of that section's repeats: all four medians lie 12.2% apart, more than the 1.6% of the repeats in "
+        "a row. This machine's speed drifted between the two sections, so the page reads every later difference of "
+        "medians against that 12.2%.")
+    inside = T.sweep_drift(repeats, sweep(1.29e-3))
+    assert inside["noise_pct"] == pytest.approx(100 * (1.301 / 1.281 - 1))
+    assert inside["sweep_drift"].endswith("inside the range of that section's repeats, so the page reads a "
+                                          "difference of medians against their 1.6%.")
+    # no point of that product in the sweep: the repeats alone, and no sentence
+    none = T.sweep_drift(repeats, MatmulSweep("cpu", (_point("bf16", 4, 1e-3),), {}))
+    assert none["sweep_drift"] == "" and none["noise_pct"] == pytest.approx(100 * (1.301 / 1.281 - 1))
+    with pytest.raises(ValueError, match="at least two"):
+        T.sweep_drift(repeats[:1], sweep(1e-3))
+    with pytest.raises(ValueError, match="all be of one product"):
+        T.sweep_drift([repeats[0], _point("fp32", 8, 1e-3)], sweep(1e-3))
 
 
 def test_timer_comparison_judges_the_gap_by_the_repeated_medians_spread():
@@ -201,12 +228,12 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
     assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 1.5}).endswith("misalignment slowed BF16 only")
     # a slowdown inside the noise of a repeated median does not count
     assert P.misaligned_16bit_phrase({"bf16": 0.49, "fp16": 0.93}, noise_pct=22.2).endswith(
-        "misalignment slowed BF16 only beyond the 22.2% a repeated median of one product moved here (FP16 lost less "
+        "misalignment slowed BF16 only beyond the 22.2% the medians of one product moved here (FP16 lost less "
         "than that)")
     assert P.misaligned_16bit_phrase({"bf16": 0.95, "fp16": 0.93}, noise_pct=22.2).endswith(
-        "neither slowed beyond the 22.2% a repeated median of one product moved here")
+        "neither slowed beyond the 22.2% the medians of one product moved here")
     assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 0.5}, noise_pct=10.0).endswith(
-        "misalignment slowed BF16 and FP16 beyond the 10.0% a repeated median of one product moved here")
+        "misalignment slowed BF16 and FP16 beyond the 10.0% the medians of one product moved here")
     with pytest.raises(ValueError, match="noise_pct"):
         P.misaligned_16bit_phrase({"bf16": 0.5}, noise_pct=-1.0)
     for bad in ({}, {"bf16": math.nan}, {"bf16": 0.0}):
@@ -644,7 +671,7 @@ def test_errata_rows_from_the_full_config_breakdowns_and_speeds():
     assert cpu[5][1] == ("On the recorded GPU, a whole BF16 autocast training step (eager) ran at 2.00 times FP32's "
                          "token rate. On this CPU FP16 autocast trains at 1.25 times FP32's speed (a CPU, so this is "
                          "not a GPU's figure). In the live sweep on this CPU (its FP8 product, an "
-                         "emulation, left out), FP16 ran at 0.50 times the throughput of FP32 (TF32 off) at n = 8: "
+                         "emulation, not compared), FP16 ran at 0.50 times the throughput of FP32 (TF32 off) at n = 8: "
                          "fewer bits, slower product.")
 
 
@@ -734,7 +761,7 @@ def test_lower_precision_erratum_says_when_a_sweep_never_slows():
                                                       "recorded X": {"fp32": {8: 1.0}, "bf16": {8: 2.0}}}, {})
     assert text == ("In the recorded X sweep, fewer bits were never slower. On this CPU FP16 autocast trains at 0.50 "
                     "times FP32's speed (a CPU, so this is not a GPU's figure). In the live sweep on "
-                    "this CPU (its FP8 product, an emulation, left out), BF16 ran at 0.50 times the throughput of FP32 "
+                    "this CPU (its FP8 product, an emulation, not compared), BF16 ran at 0.50 times the throughput of FP32 "
                     "(TF32 off) at n = 8: fewer bits, slower product.")
     with_tf32 = dataclasses.replace(_study(), runs=_study().runs + (_run("tf32", 0.25),))
     assert E.lower_precision_erratum(1.0, "this GPU", {}, {"G": with_tf32}).startswith(
@@ -824,10 +851,10 @@ def test_probe_against_sweep_reconciles_the_banner_with_the_sweep():
     text = TP.probe_against_sweep(probe, sweep, noise_pct=22.2)
     assert text.startswith("At n = 256, as multiples of FP32's throughput: BF16 2.83 in the probe and 1.47 in the "
                            "sweep and FP16 0.83 in the probe and 0.80 in the sweep. For BF16 the two "
-                           "differ by more than the 22.2% a repeated median moved in the timing section")
+                           "differ by more than the 22.2% the medians of one product moved here")
     close = CapabilityProbe("cpu", 256, {"fp32": 1.0, "bf16": 1.5, "fp16": 0.8}, {})
     assert TP.probe_against_sweep(close, sweep, noise_pct=22.2).endswith(
-        "The two agree within the 22.2% a repeated median moved in the timing section.")
+        "The two agree within the 22.2% the medians of one product moved here.")
     assert TP.probe_against_sweep(CapabilityProbe("cpu", 128, probe.tflops, {}), sweep, noise_pct=1.0) == ""
     with pytest.raises(ValueError, match="noise_pct"):
         TP.probe_against_sweep(probe, sweep, noise_pct=math.nan)

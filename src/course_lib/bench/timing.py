@@ -174,9 +174,13 @@ class SizeLimit:
         if not self._left_out:
             assert self._last is not None
             last_n, call = self._last
-            self._why = (f"one call at n = {last_n} took {call:.2g} s here, so a point at n = {n} would take about "
-                         f"{forecast:.2g} s (the cube of the size ratio), past the limit of {self.limit_s:g} s a "
-                         "point")
+            cube = (n / last_n) ** 3
+            calls = (f"{self.warmup} warm-up and {self.min_repeats} timed calls"
+                     if self.min_repeats * call * cube >= self.budget_s else
+                     f"{self.warmup} warm-up calls and {self.budget_s:g} s of timed ones")
+            self._why = (f"one call at n = {last_n} took {call:.2g} s here, so one at n = {n} is forecast at "
+                         f"{call * cube:.2g} s (the size ratio cubed, {cube:.3g}, times as long) and a point there, "
+                         f"{calls}, at about {forecast:.2g} s, past the limit of {self.limit_s:g} s a point")
         self._left_out.append(n)
         return False
 

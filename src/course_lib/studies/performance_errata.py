@@ -145,7 +145,7 @@ def lower_precision_erratum(live_fp16_speed: float, device_label: str,
         where = f"the {label} sweep"
         on_cpu = label == "live" and "CPU" in device_label
         if on_cpu:   # speed_evidence leaves a CPU's emulated FP8 out
-            where += f" on {device_label} (its FP8 product, an emulation, left out)"
+            where += f" on {device_label} (its FP8 product, an emulation, not compared)"
         worst = slowest_lower_precision(tflops)
         if worst is None:
             return f"In {where}, fewer bits were never slower."

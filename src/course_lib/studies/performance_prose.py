@@ -105,8 +105,8 @@ def matmul_facts(sweep: MatmulSweep, sizes: Sequence[int], estimate: CPUPeakEsti
 def misaligned_16bit_phrase(ratios: dict[str, float], *, noise_pct: float = 0.0) -> Prose:
     """BF16's and FP16's throughput at the misaligned size over their own at the aligned one (``ratios`` by
     dtype), and whether misalignment slowed them, said of this device: a slowdown counts only where the share
-    of throughput lost exceeds ``noise_pct``, how far a repeated median of one product moved here (the timing
-    section's)."""
+    of throughput lost exceeds ``noise_pct``, how far the medians of one product moved here
+    (:func:`~course_lib.studies.timing_prose.sweep_drift`)."""
     if not ratios or any(not (isinstance(r, float | int) and math.isfinite(r) and r > 0) for r in ratios.values()):
         raise ValueError(f"ratios must map dtypes to positive finite throughput ratios, got {ratios!r}")
     if not (math.isfinite(noise_pct) and noise_pct >= 0):
@@ -115,7 +115,7 @@ def misaligned_16bit_phrase(ratios: dict[str, float], *, noise_pct: float = 0.0)
     values = " and ".join(ratio_text(r) for r in ratios.values())
     slowed = [DTYPE_LABELS[d] for d, r in ratios.items() if 100 * (1 - r) > noise_pct]
     within = [DTYPE_LABELS[d] for d, r in ratios.items() if r < 1 and DTYPE_LABELS[d] not in slowed]
-    noise = f" the {noise_pct:.1f}% a repeated median of one product moved here"
+    noise = f" the {noise_pct:.1f}% the medians of one product moved here"
     verdict = ("misalignment did not slow them here" if not slowed and not within else
                f"neither slowed beyond{noise}" if not slowed else
                f"misalignment slowed {' and '.join(slowed)}" + ("" if len(slowed) == len(ratios) else " only")

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from ..bench import CapabilityProbe, MatmulPoint, MatmulSweep
-from ..glue import Prose, and_list, ratio_text
+from ..glue import Prose, and_list, count_word, ratio_text
 from ..results import RecordedResult
 from ..tables import markdown_table
 from .performance import MatmulThroughput
@@ -118,10 +118,43 @@ def recorded_cross_check(record: RecordedResult) -> Prose:
     return Prose(f"Recorded on **{record.label}** at n = {result.cross_check_n}:\n\n" + table)
 
 
+def sweep_drift(points: Sequence[MatmulPoint], sweep: MatmulSweep) -> dict[str, object]:
+    """The timing section's product (``points``, its repeated measurements) against the sweep's point of the
+    same dtype and size: ``noise_pct``, how far apart all those medians lay (the largest over the smallest, of the
+    values as printed, ms to three decimals), the yardstick of every later difference of medians on the page;
+    ``sweep_drift``, the sentence that says where it comes from (empty where the sweep has no such point)."""
+    if len(points) < 2:
+        raise ValueError("sweep_drift needs the timing section's repeated measurements, at least two")
+    first = points[0]
+    if any((p.dtype, p.m, p.n, p.k) != (first.dtype, first.m, first.n, first.k) for p in points):
+        raise ValueError("the repeated measurements must all be of one product")
+    repeats = [round(1e3 * p.timing.median, 3) for p in points]
+    if min(repeats) <= 0:
+        repeats = [1e3 * p.timing.median for p in points]
+    spread = 100 * (max(repeats) / min(repeats) - 1)
+    match = [p for p in sweep.points if (p.dtype, p.m, p.n, p.k) == (first.dtype, first.m, first.n, first.k)]
+    if not match:
+        return {"noise_pct": spread, "sweep_drift": Prose("")}
+    ms = round(1e3 * match[0].timing.median, 3) or 1e3 * match[0].timing.median
+    every = [*repeats, ms]
+    noise = 100 * (max(every) / min(every) - 1)
+    start = (f"The sweep timed the timing section's product ({first.dtype.upper()}, n = {first.n}) at a median of "
+             f"{ms:.3f} ms")
+    if noise <= spread:
+        text = (f"{start}, inside the range of that section's repeats, so the page reads a difference of medians "
+                f"against their {spread:.1f}%.")
+    else:
+        text = (f"{start}, outside the {min(repeats):.3f} to {max(repeats):.3f} ms of that section's repeats: "
+                f"all {count_word(len(every))} medians lie {noise:.1f}% apart, more than the {spread:.1f}% of the repeats in a row. This "
+                f"machine's speed drifted between the two sections, so the page reads every later difference of "
+                f"medians against that {noise:.1f}%.")
+    return {"noise_pct": noise, "sweep_drift": Prose(text)}
+
+
 def probe_against_sweep(probe: CapabilityProbe, sweep: MatmulSweep, *, noise_pct: float) -> Prose:
     """The capability probe's 16-bit speeds against FP32 beside the sweep's at the probe's size, where the sweep
-    has it, and whether they differ by more than ``noise_pct`` (how far a repeated median moved, the timing
-    section's): the probe keeps each dtype's best round, the sweep each size's median. Empty where the sweep
+    has it, and whether they differ by more than ``noise_pct`` (how far the medians of one product moved here,
+    :func:`sweep_drift`): the probe keeps each dtype's best round, the sweep each size's median. Empty where the sweep
     has no point at the probe's size."""
     if not (math.isfinite(noise_pct) and noise_pct >= 0):
         raise ValueError(f"noise_pct must be a finite non-negative percentage, got {noise_pct!r}")
@@ -136,10 +169,10 @@ def probe_against_sweep(probe: CapabilityProbe, sweep: MatmulSweep, *, noise_pct
     listed = and_list([f"{d.upper()} {ratio_text(a)} in the probe and {ratio_text(b)} in the sweep"
                        for d, a, b in pairs])
     apart = [d.upper() for d, a, b in pairs if max(a, b) / min(a, b) > 1 + noise_pct / 100]
-    verdict = (f"For {and_list(apart)} the two differ by more than the {noise_pct:.1f}% a repeated median moved "
-               "in the timing section: the probe keeps each dtype's best round (so that a burst of load cannot set "
+    verdict = (f"For {and_list(apart)} the two differ by more than the {noise_pct:.1f}% the medians of one "
+               "product moved here: the probe keeps each dtype's best round (so that a burst of load cannot set "
                "the banner's line), the sweep each size's median, and on this machine a dtype's speed moved more "
                "than that between and within the measurements. A speed ratio measured here is good to that much, "
                "not to its last digit." if apart else
-               f"The two agree within the {noise_pct:.1f}% a repeated median moved in the timing section.")
+               f"The two agree within the {noise_pct:.1f}% the medians of one product moved here.")
     return Prose(f"At n = {n}, as multiples of FP32's throughput: {listed}. {verdict}")
