@@ -76,8 +76,8 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
     # beyond it, but the run was already beyond the draws (0.08) at the skipped step, before the skip could act
     assert ("At step 2, the first loss after the skip, the yardstick's draws were within 0.020 of `fp32` and "
             "`fp16_autocast_scaler` was +0.200, beyond the yardstick. But at step 1, before the skip could act, it "
-            "was already +0.300, against the draws' 0.080: the run had drifted apart before it skipped, and this "
-            "page cannot tell how much of the gap the skip caused.") in note
+            "was already +0.300, while the yardstick's draws were within 0.080 of `fp32` there: the run had drifted "
+            "apart before it skipped, and this page cannot tell how much of the gap the skip caused.") in note
     # a same-kind run that skipped nothing, as far apart at the skipped step and back within the yardstick after
     # it: the closer control, which points to the skip for the gap that stayed; one that drifted less is none
     def with_peer(losses):
@@ -87,10 +87,11 @@ def test_skip_note_says_a_rise_every_autocast_run_shares():
         return A.skip_note({"fp32": fp32, "fp16_autocast_scaler": scaler, "fp16_autocast_no_scaler": peer},
                            controls=A.PerturbedRuns("fp32", 1e-4, runs))["recipe_skips"]
 
-    assert ("it was already +0.300, against the draws' 0.080: the run had drifted apart before it skipped. "
-            "`fp16_autocast_no_scaler` had drifted as far at step 1 (+0.320) and skipped nothing, and at step 2 it "
-            "was back within the yardstick (+0.010), while `fp16_autocast_scaler` stayed +0.200: beside it, the gap "
-            "that stayed points to the skip (one pair of runs, on one batch).") in with_peer([3.0, 2.32, 2.51, 2.4])
+    assert ("it was already +0.300, while the yardstick's draws were within 0.080 of `fp32` there: the run had "
+            "drifted apart before it skipped. `fp16_autocast_no_scaler` had drifted as far at step 1 (+0.320) and "
+            "skipped nothing, and at step 2 it was back within the yardstick (+0.010), while `fp16_autocast_scaler` "
+            "stayed +0.200: compared with that run, which came back, the gap that stayed points to the skip (one "
+            "pair of runs, on one batch).") in with_peer([3.0, 2.32, 2.51, 2.4])
     for losses in ([3.0, 2.2, 2.51, 2.4], [3.0, 2.32, 2.6, 2.4]):   # drifted less far; not back after the skip
         assert "page cannot tell how much of the gap the skip caused." in with_peer(losses)
     # draws as far apart as the run at the skipped step, near fp32 after it: the skip's cost shows through

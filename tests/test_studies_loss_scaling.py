@@ -102,7 +102,8 @@ def test_nan_collapse_note_covers_finite_all_skipped_and_partly_skipped_runs():
         "was NaN (the forward pass itself produced non-finite values in FP16) at every step, all 3 of the 3 steps "
         "from step 2 on were skipped, and the scale halved at each skipped step down to 1.4e-45, the smallest "
         "positive float32 number, before reaching zero at step 5; the recorder stops there. Loss scaling protects the backward pass from "
-        "underflow and overflow; it cannot repair a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
+        "underflow, and the scaler skips a step and backs off when the scaled gradients overflow; neither repairs "
+        "a non-finite forward pass ({doc}`05_bf16_vs_fp16` records the "
         "same failure over seeds). " + P.forward_nan_where())
     # the caveat points at where the operation is located, and names the suspect without claiming it
     assert P.forward_nan_where().startswith("Lesson 5's {ref}`fp16-divergence` trains the course model with FP16 "

@@ -527,7 +527,7 @@ def test_mx_errata_rows():
          "10.9% for E8M0 scales on the same 16-element blocks."),
         ("Stochastic rounding makes each gradient more accurate.",
          "Not each: a single NVFP4 gradient was 18.8% off with it and 18.8% without, and the mean of 8 draws 12.5%. "
-         "What it removes is bias, measured on one tensor: the mean of 16 stochastically rounded copies of the "
+         "What it reduces is bias, measured on one tensor: the mean of 16 stochastically rounded copies of the "
          "gradient is 5.0% off, where rounding to nearest stays 10.0% off however often it is repeated."),
         ("FP4 training needs Blackwell.",
          "FP4 *speed* does; FP4 numerics run anywhere, as here: the elements and scales exactly, the sums in "

@@ -317,9 +317,15 @@ REC = _record({"0": 0.04, "1": 0.09, "10": 0.044})
 
 
 def test_recorded_overhead_facts_with_and_without_a_record():
+    # a record of today's full-size model (it stores the model's shape) is that model, not "of its day"
+    today = _record({"0": 0.04, "1": 0.09, "10": 0.044}, parameters={"profile": "full", "course_model": {
+        "d_model": 512, "n_layers": 8, "n_heads": 8, "context": 256, "batch": 64}})
+    assert P.recorded_overhead_facts([today])["gpu_cost"].startswith(
+        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.00 ms")
     facts = P.recorded_overhead_facts([REC])
     assert facts["gpu_cost"] == (
-        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model: 40.00 ms a step without a monitor, "
+        "Recorded on NVIDIA H100 80GB HBM3 (sm 9.0) with the full-size model of its day (the older 384-wide course "
+        "model, narrower than today's): 40.00 ms a step without a monitor, "
         "90.00 ms watched every step (+125.0%) and 44.00 ms every 10 steps (+10.0%). The record keeps one median per "
         "setting and not its rounds, so it cannot say how much of the +10.0% every 10 steps is noise. This record "
         "is of the monitor as it was before this page's: it brought each statistic of each parameter back to the "

@@ -128,8 +128,8 @@ def _skip_against_yardstick(name: str, run: History, reference: str, ref: Histor
         verdict = ": within the yardstick, so this page cannot tell the skip's cost from the run's sensitivity"
     elif abs(g_before) > yard_before:
         verdict = (f", beyond the yardstick. But at step {step - 1}, before the skip could act, it was already "
-                   f"{g_before:+.3f}, against the draws' {yard_before:.3f}: the run had drifted apart before it "
-                   "skipped")
+                   f"{g_before:+.3f}, while the yardstick's draws were within {yard_before:.3f} of `{reference}` "
+                   "there: the run had drifted apart before it skipped")
         back = [(n, p.losses[step - 1] - ref.losses[step - 1], p.losses[step] - ref.losses[step])
                 for n, p in peers if len(p.losses) > step]
         back = [(n, before, after) for n, before, after in back if abs(before) >= abs(g_before) and abs(after) <= yard]
@@ -137,7 +137,8 @@ def _skip_against_yardstick(name: str, run: History, reference: str, ref: Histor
             n, before, after = back[0]
             verdict += (f". `{n}` had drifted as far at step {step - 1} ({before:+.3f}) and skipped nothing, and at "
                         f"step {step} it was back within the yardstick ({after:+.3f}), while `{name}` stayed "
-                        f"{g:+.3f}: beside it, the gap that stayed points to the skip (one pair of runs, on one batch)")
+                        f"{g:+.3f}: compared with that run, which came back, the gap that stayed points to the skip "
+                        "(one pair of runs, on one batch)")
         else:
             verdict += ", and this page cannot tell how much of the gap the skip caused"
     else:

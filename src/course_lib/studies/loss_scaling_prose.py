@@ -147,8 +147,9 @@ def nan_collapse_note(recording: FlightRecording) -> Prose:
         f"The recorded full-size run did not end well. It skipped {plural(before, 'step')} before step {first_nan}; "
         f"{how} {every}{skipped_after} of the {remaining} steps from step {first_nan} on were skipped, and the "
         f"scale halved at each skipped step down to {recording.scales[-1]:.3g}{smallest} before reaching zero at step "
-        f"{recording.steps}; the recorder stops there. Loss scaling protects the backward pass from underflow "
-        f"and overflow; it cannot repair a non-finite forward pass ({{doc}}`05_bf16_vs_fp16` records the same "
+        f"{recording.steps}; the recorder stops there. Loss scaling protects the backward pass from underflow, "
+        f"and the scaler skips a step and backs off when the scaled gradients overflow; neither repairs a non-finite "
+        f"forward pass ({{doc}}`05_bf16_vs_fp16` records the same "
         f"failure over seeds). " + forward_nan_where())
 
 

@@ -590,7 +590,7 @@ def mx_errata_rows(modes: ModeComparison, scale_errors: Mapping[str, Mapping[str
         ("Stochastic rounding makes each gradient more accurate.",
          ("Not each" if sr_one >= nearest_one else "Here it did, on average") + f": a single NVFP4 gradient was "
          f"{100 * sr_one:.1f}% off with it and {100 * nearest_one:.1f}% without, and the mean of "
-         f"{fidelity.ks[-1]} draws {100 * averaged[-1]:.1f}%. What it removes is bias, measured on one tensor: "
+         f"{fidelity.ks[-1]} draws {100 * averaged[-1]:.1f}%. What it reduces is bias, measured on one tensor: "
          f"the mean of {bias.ks[-1]} stochastically rounded copies of the gradient is "
          f"{100 * bias.stochastic[-1]:.1f}% off, where rounding to nearest stays {100 * bias.nearest:.1f}% off "
          "however often it is repeated."),

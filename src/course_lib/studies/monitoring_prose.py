@@ -258,10 +258,14 @@ def before_batching(recorded: RecordedResult) -> bool:
 
 
 def _model_size(recorded: RecordedResult) -> str:
-    """The model a record timed, from its size profile: ``"the full-size model"``."""
+    """The model a record timed, from its size profile: ``"the full-size model"``, or for a record made before
+    the full profile's re-size, the older, narrower model of its day (its width from the record)."""
     profile = recorded.record.parameters.get("profile")
     if profile is None:
         return "a model size the record does not give"
+    if recorded.record.earlier_full_model:
+        width = (recorded.record.course_model or {}).get("d_model", "?")
+        return f"the full-size model of its day (the older {width}-wide course model, narrower than today's)"
     return "the full-size model" if profile == "full" else f"the {profile!r} profile's model"
 
 
