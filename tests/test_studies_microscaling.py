@@ -341,8 +341,11 @@ def test_piece_effect_verdicts_count_only_differences_beyond_the_draw_noise():
     by_model = effect((4.0, -4.0), (1.0, 1.0), noise=0.5)
     assert (by_model.verdict, by_model.mixed_between, by_model.models_where(1)) == (P.MIXED, "batches of models",
                                                                                     (0, 1))
-    assert P.verdict_phrase(by_model) == ("the sign depends on the batch, on different models (the models' means do "
-                                          "not disagree beyond the noise)")
+    assert P.verdict_phrase(by_model) == ("the sign depends on the batch, on different models (no two models' means "
+                                          "lie on opposite sides of zero beyond the noise)")
+    # the average over such an effect is said to be over what disagreed in sign: models, or batches
+    assert [P._disagreeing(e) for e in (mixed, by_batch, by_model)] == ["models", "batches",
+                                                                         "batches of different models"]
     # the reviewer's page: one model's mean helped, another's single batch hurt, its mean within the noise
     page = effect((6.0, 6.8), (0.5, -0.99), (-0.3, -0.4), noise=0.3)
     assert page.model_signs == (1, 0, 0) and page.mixed_between == "batches of models"

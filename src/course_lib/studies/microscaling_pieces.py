@@ -313,8 +313,14 @@ def effect_range(effect: PieceEffect) -> str:
 
 def _mixed(effect: PieceEffect) -> str:
     return {"models": "the model", "batches": "the batch",
-            "batches of models": "the batch, on different models (the models' means do not disagree beyond the "
-                                 "noise)"}[effect.mixed_between]
+            "batches of models": "the batch, on different models (no two models' means lie on opposite sides of "
+                                 "zero beyond the noise)"}[effect.mixed_between]
+
+
+def _disagreeing(effect: PieceEffect) -> str:
+    """What a mixed effect's average is over, as the sign disagreed: models, or batches (of one or several)."""
+    return {"models": "models", "batches": "batches",
+            "batches of models": "batches of different models"}[effect.mixed_between]
 
 
 def _some(effect: PieceEffect, sign: int) -> str:
@@ -409,7 +415,8 @@ def last_block_sentence(fidelity: GradientFidelity) -> Prose:
     largest = largest_piece(fidelity)
     if largest == "nvfp4_no_hp_last":
         text += (f" On average over models and batches its effect ({nv.mean:+.2f} points) is the largest of the "
-                 "pieces'" + (", an average over models that disagree in sign." if nv.verdict == MIXED else "."))
+                 "pieces'" + (f", an average over {_disagreeing(nv)} that disagree in sign." if nv.verdict == MIXED
+                              else "."))
     elif largest is not None:
         text += (f" On average over models and batches ({nv.mean:+.2f} points) it is not the largest piece: "
                  f"{PIECES[largest]} is ({fidelity.effect(largest).mean:+.2f}).")
