@@ -174,8 +174,8 @@ def _naive() -> S.NaiveFP16Comparison:
                         ((2.9, 2.6, 2.25, 1.75), (3.0, 2.5, 2.0, 1.5))),
         zero_grad_fraction=per_seed(((0.125,) * 4, (0.125,) * 4), ((0.25,) * 4, (0.5,) * 4)),
         unchanged_fraction=per_seed(((0.0,) * 4, (0.0,) * 4), ((0.03,) * 4, (0.0625,) * 4)),
-        moment_underflow=per_seed(((0.0,) * 4, (0.0,) * 4), ((0.5,) * 4, (0.25,) * 4)),
-        # the last two steps are outside the early window: counting them would move every mean
+        # the last two steps are outside the early window: counting them would move every mean (below too)
+        moment_underflow=per_seed(((0.0,) * 4, (0.0,) * 4), ((0.5, 0.5, 0.0, 0.0), (0.25, 0.25, 1.0, 1.0))),
         update_size=per_seed(((0.5, 0.5, 9.0, 9.0), (0.5, 0.5, 9.0, 9.0)), ((3.0, 3.0, 9.0, 9.0), (2.5, 2.5, 9.0, 9.0))),
     )
 
@@ -185,7 +185,8 @@ def test_naive_table_one_row_per_seed():
     assert isinstance(table, MarkdownTable)
     assert table == (
         "| seed | final loss, FP16 minus FP32 | zero gradients (FP32 / FP16) | updates rounded away (FP32 / FP16) | "
-        "Adam entries with v = 0 but m ≠ 0 (FP16) | mean weight change / lr, first 2 steps (FP32 / FP16) |\n"
+        "Adam entries with v = 0 but m ≠ 0, first 2 steps (FP16) | mean weight change / lr, first 2 steps "
+        "(FP32 / FP16) |\n"
         "|---|---|---|---|---|---|\n"
         "| 0 | +0.250 | 12.5% / 25.0% | 0.000% / 3.00% | 50% | 0.50 / 3.00 |\n"
         "| 1 | +0.500 | 12.5% / 50.0% | 0.000% / 6.25% | 25% | 0.50 / 2.50 |\n")

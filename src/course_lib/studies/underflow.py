@@ -341,18 +341,19 @@ def _check_window(naive: NaiveFP16Comparison, tail: int, early: int) -> None:
 
 def naive_table(naive: NaiveFP16Comparison, *, tail: int, early: int) -> MarkdownTable:
     """One row per seed: the final loss (mean of the last ``tail`` steps) in FP16 minus FP32; the means over
-    steps of the zero gradients, the updates rounded away (FP32 / FP16) and the underflowed second moments
-    (FP16), in percent; and the mean step over the learning rate during the first ``early`` steps."""
+    steps of the zero gradients and the updates rounded away (FP32 / FP16), in percent; and over the first
+    ``early`` steps, the underflowed second moments (FP16, percent) and the mean step over the learning rate."""
     _check_window(naive, tail, early)
     fp32, fp16 = naive.recipes
     diffs = [b - a for a, b in zip(naive.final(fp32, tail), naive.final(fp16, tail))]
     zero32, zero16 = (naive.mean_over_steps("zero_grad_fraction", k) for k in (fp32, fp16))
     lost32, lost16 = (naive.mean_over_steps("unchanged_fraction", k) for k in (fp32, fp16))
-    v16 = naive.mean_over_steps("moment_underflow", fp16)
+    v16 = naive.mean_over_steps("moment_underflow", fp16, first=early)   # the window whose steps it explains
     step32, step16 = (naive.mean_over_steps("update_size", k, first=early) for k in (fp32, fp16))
     return markdown_table(
         ["seed", "final loss, FP16 minus FP32", "zero gradients (FP32 / FP16)", "updates rounded away (FP32 / FP16)",
-         "Adam entries with v = 0 but m ≠ 0 (FP16)", f"mean weight change / lr, first {early} steps (FP32 / FP16)"],
+         f"Adam entries with v = 0 but m ≠ 0, first {early} steps (FP16)",
+         f"mean weight change / lr, first {early} steps (FP32 / FP16)"],
         [(s, f"{d:+.3f}", f"{100 * z32:.1f}% / {100 * z16:.1f}%", f"{100 * u32:.3f}% / {100 * u16:.2f}%",
           f"{100 * v:.0f}%", f"{a:.2f} / {b:.2f}")
          for s, d, z32, z16, u32, u16, v, a, b in zip(naive.seeds, diffs, zero32, zero16, lost32, lost16, v16,
@@ -400,7 +401,7 @@ def naive_facts(naive: NaiveFP16Comparison, *, tail: int, early: int) -> dict[st
         "lost16_range": value_span(naive.mean_over_steps("unchanged_fraction", fp16), ".2f"),
         # below 1e-5 the three-decimal percentages would all print 0.000%
         "lost32_range": Prose("under 0.001%") if max(lost32) < 1e-5 else value_span(lost32, ".3f"),
-        "v16_range": value_span(naive.mean_over_steps("moment_underflow", fp16), ".0f"),
+        "v16_range": value_span(naive.mean_over_steps("moment_underflow", fp16, first=early), ".0f"),
         "step32_range": value_span(naive.mean_over_steps("update_size", fp32, first=early), ".2f", "", 1),
         "step16_range": value_span(naive.mean_over_steps("update_size", fp16, first=early), ".2f", "", 1),
         "naive_lead": Prose(f"FP16's loss was below FP32's at {value_span(lead, 'd', '', 1)} of the {len(lead_steps)} "
