@@ -451,7 +451,11 @@ def test_adam_update_change_is_epsilons_share_only():
 
 def test_pitfall_setting_facts_name_the_loop_the_demos_run():
     assert P.pitfall_setting_facts() == {"pit_micro": "two", "pit_width": 8, "pit_capability": "7.5",
-                                         "pit_no_scaler": "two"}
+                                         "pit_no_scaler": "two", "pit_init_scale": "2\u00b9\u00b2\u2070",
+                                         "pit_backoff": "2\u207b\u00b9\u2070\u2070"}
+    # lesson 3's account of the clipping row's scale: the initial scale, backed off once at the planted skip
+    from course_lib.scaling import DEMO_BACKOFF, DEMO_INIT_SCALE
+    assert run_pitfall_demo("clip_before_unscale").final_scale == DEMO_INIT_SCALE * DEMO_BACKOFF
     # a step per micro-batch takes DEMO_ACCUMULATION times the correct loop's optimizer steps
     every_micro, correct = run_pitfall_demo("update_every_microbatch"), run_pitfall_demo(None)
     assert every_micro.optimizer_steps == DEMO_ACCUMULATION * correct.optimizer_steps

@@ -23,6 +23,8 @@ from __future__ import annotations
 from .pitfalls import (
     AUTOCAST_PITFALLS_DTYPE,
     DEMO_ACCUMULATION,
+    DEMO_BACKOFF,
+    DEMO_INIT_SCALE,
     DEMO_WIDTH,
     LOW_PRECISION_DTYPES,
     NO_SCALER_PITFALLS,
@@ -71,6 +73,8 @@ __all__ = [
     "run_pitfall_demo",
     "AUTOCAST_PITFALLS_DTYPE",
     "DEMO_ACCUMULATION",
+    "DEMO_BACKOFF",
+    "DEMO_INIT_SCALE",
     "DEMO_WIDTH",
     "NO_SCALER_PITFALLS",
     "OLD_GPU_CAPABILITY",

@@ -302,6 +302,10 @@ class PitfallDemo:
 # (a T4's), and the rows that run without a scaler
 DEMO_ACCUMULATION = 2
 DEMO_WIDTH = 8
+# the FP32 loops' GradScaler: the first step overflows (2**120 times a loss of about 1e4 exceeds float32's
+# 3.4e38), then one back-off takes the scale to 2**20, where every later step is finite
+DEMO_INIT_SCALE = 2.0 ** 120
+DEMO_BACKOFF = 2.0 ** -100
 OLD_GPU_CAPABILITY = (7, 5)
 NO_SCALER_PITFALLS = ("fp16_autocast_without_scaler", "bf16_without_native_support")
 
@@ -381,9 +385,7 @@ def run_pitfall_demo(name: str | None, *, iterations: int = 4,
             # GradScaler's defaults and a loss of about 1 (no planted first-step overflow)
             scaler = torch.amp.GradScaler(scaler_device)
         else:
-            # the first step overflows (2**120 times a loss of about 1e4 exceeds float32's 3.4e38), then
-            # the scale backs off to 2**20, where every later step is finite
-            scaler = torch.amp.GradScaler(scaler_device, init_scale=2.0**120, backoff_factor=2.0**-100,
+            scaler = torch.amp.GradScaler(scaler_device, init_scale=DEMO_INIT_SCALE, backoff_factor=DEMO_BACKOFF,
                                           growth_interval=1000)
     accumulation = DEMO_ACCUMULATION
     sched_steps, error = [0], None

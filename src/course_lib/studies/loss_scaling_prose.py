@@ -12,6 +12,8 @@ from ..scaling import (
     AUTOCAST_PITFALLS_DTYPE,
     DEFAULT_GROWTH_INTERVAL,
     DEMO_ACCUMULATION,
+    DEMO_BACKOFF,
+    DEMO_INIT_SCALE,
     DEMO_WIDTH,
     NO_SCALER_PITFALLS,
     OLD_GPU_CAPABILITY,
@@ -458,10 +460,14 @@ def _kept_pct(demo: PitfallDemo) -> float:
 def pitfall_setting_facts() -> dict[str, object]:
     """The pitfall demo loop's settings as the page names them: micro-batches per step (``pit_micro``, a
     word), the autocast loops' width (``pit_width``), the compute capability the old-GPU row fakes
-    (``pit_capability``, ``"7.5"``) and how many rows run without a scaler (``pit_no_scaler``, a word)."""
+    (``pit_capability``, ``"7.5"``), how many rows run without a scaler (``pit_no_scaler``, a word), and the FP32
+    loops' GradScaler: its initial scale and back-off factor as powers of two (``pit_init_scale``,
+    ``pit_backoff``)."""
     major, minor = OLD_GPU_CAPABILITY
     return {"pit_micro": count_word(DEMO_ACCUMULATION), "pit_width": DEMO_WIDTH,
-            "pit_capability": f"{major}.{minor}", "pit_no_scaler": count_word(len(NO_SCALER_PITFALLS))}
+            "pit_capability": f"{major}.{minor}", "pit_no_scaler": count_word(len(NO_SCALER_PITFALLS)),
+            "pit_init_scale": Prose(power_of_two_text(round(math.log2(DEMO_INIT_SCALE)))),
+            "pit_backoff": Prose(power_of_two_text(round(math.log2(DEMO_BACKOFF))))}
 
 
 def pitfall_facts(demos: Sequence[PitfallDemo]) -> dict[str, object]:
