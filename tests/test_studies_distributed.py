@@ -59,9 +59,17 @@ def test_parity_table_and_facts():
     study = _study()
     table = D.parity_table(study)
     assert isinstance(table, MarkdownTable)
-    assert table.splitlines() == ["| recipe | largest loss gap at any step | largest weight gap |", "|---|---|---|",
-                                  "| `fp32` | 5.0e-07 | 1.5e-06 |", "| `bf16_autocast` | 2.0e-04 | 1.0e-02 |",
-                                  "| `fp16_autocast_scaler` | 2.5e-05 | 2.5e-03 |"]
+    assert table.splitlines() == [
+        "| runs compared | largest loss gap at any step | largest weight gap |", "|---|---|---|",
+        "| `fp32`: 2 ranks against one process | 5.0e-07 | 1.5e-06 |",
+        "| `bf16_autocast`: 2 ranks against one process | 2.0e-04 | 1.0e-02 |",
+        "| `fp16_autocast_scaler`: 2 ranks against one process | 2.5e-05 | 2.5e-03 |",
+        # the two yardsticks the prose reads the gaps by: the control, and BF16 against FP32 in one process
+        "| `bf16_autocast`: 2 ranks against one process on the ranks' slices (the control) | 0 (bit for bit) | "
+        "0 (bit for bit) |",
+        "| one process: `bf16_autocast` against `fp32` | 1.0e-03 | not compared |"]
+    # a record from before the control has no control row
+    assert "the control" not in D.parity_table(_study(split_parity=None))
     facts = D.parity_facts(study)
     gap = max(abs(4.0005 - 4.0), abs(2.999 - 3.0))
     split, takeaway = facts.pop("split_sentence"), facts.pop("split_takeaway")

@@ -346,11 +346,26 @@ def _need(mapping: Mapping[str, Any], keys, what: str) -> None:
         raise ValueError(f"the study has no {what} {missing}; it has {list(mapping)}")
 
 
+def _gap(value: float) -> str:
+    return "0 (bit for bit)" if value == 0 else f"{value:.1e}"
+
+
 def parity_table(study: DataParallelStudy) -> MarkdownTable:
     """Per recipe, the largest loss gap at any step and the largest weight gap between the data-parallel
-    run and one process."""
-    rows = [(f"`{recipe}`", f"{loss:.1e}", f"{weight:.1e}") for recipe, (loss, weight) in study.parity.items()]
-    return markdown_table(["recipe", "largest loss gap at any step", "largest weight gap"], rows)
+    run and one process; then the control (one process on the ranks' slices of each batch, under BF16 autocast)
+    against the data-parallel run, where the study ran it, and BF16 autocast against FP32 in one process (its
+    loss gap; the weights are not compared), the two yardsticks the page reads the gaps by."""
+    ranks = f"{study.world_size} ranks"
+    rows = [(f"`{recipe}`: {ranks} against one process", _gap(loss), _gap(weight))
+            for recipe, (loss, weight) in study.parity.items()]
+    if study.split_parity is not None:
+        loss, weight = study.split_parity
+        rows.append((f"`bf16_autocast`: {ranks} against one process on the ranks' slices (the control)",
+                     _gap(loss), _gap(weight)))
+    if "fp32" in study.curves and "bf16_autocast" in study.curves:
+        gap = max(abs(a - b) for a, b in zip(study.curves["bf16_autocast"][1], study.curves["fp32"][1]))
+        rows.append(("one process: `bf16_autocast` against `fp32`", _gap(gap), "not compared"))
+    return markdown_table(["runs compared", "largest loss gap at any step", "largest weight gap"], rows)
 
 
 def parity_facts(study: DataParallelStudy) -> dict[str, object]:
