@@ -365,7 +365,7 @@ def test_piece_effect_verdicts_count_only_differences_beyond_the_draw_noise():
 def test_piece_sentence_follows_the_verdict_and_the_size():
     assert P.piece_sentence("Square weight blocks", effect((0.5, 0.75), (0.25, 1.0)), 12.0, plural=True) == (
         "Square weight blocks help a little on every batch of every model (without them, +0.25 to +1.00 points, "
-        "under a tenth of the full recipe's 12.0% error).")
+        "at most 8.3% of the full recipe's 12.0% error).")
     assert P.piece_sentence("Square weight blocks", effect((-0.5, -3.0), (-2.0, -2.5)), 12.0, plural=True) == (
         "Square weight blocks hurt on every batch of every model (without them, -3.00 to -0.50 points).")
     assert P.piece_sentence("The Hadamard transform", effect((1.0, -0.5), (2.0, 1.0)), 12.0) == (
@@ -373,9 +373,9 @@ def test_piece_sentence_follows_the_verdict_and_the_size():
         "+2.00 points).")
     assert P.piece_sentence("The Hadamard transform", effect((2.0, 0.5), (0.3, 0.1), noise=0.5), 30.0) == (
         "The Hadamard transform helps a little on 1 of 2 models and is within the draw-to-draw noise on the other "
-        "(without it, +0.10 to +2.00 points, under a tenth of the full recipe's 30.0% error).")
+        "(without it, +0.10 to +2.00 points, at most 6.7% of the full recipe's 30.0% error).")
     assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05)), 12.0) == (
-        "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
+        "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, at most 1% of the full "
         "recipe's 12.0% error, and the sign depends on the model; per model the mean is -0.01 ± 0.00, +0.03 ± 0.00 "
         "(2 standard errors), beyond the noise for model 1 (higher error with it) and model 2 (lower error with "
         "it): no consistent effect.")
@@ -393,7 +393,7 @@ def test_piece_sentence_follows_the_verdict_and_the_size():
     quiet = P.PieceEffect(((1.5, -1.5),), ((0.1, 0.1),))
     assert "no model's mean lies beyond its noise" in P.model_means_phrase(quiet)
     assert P.piece_sentence("The Hadamard transform", effect((0.1, -0.125), (0.0, 0.05), noise=0.1), 12.0) == (
-        "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, under a tenth of the full "
+        "Without the Hadamard transform, the error changes by only -0.12 to +0.10 points, at most 1% of the full "
         "recipe's 12.0% error, within the draw-to-draw noise of stochastic rounding on every batch: no consistent "
         "effect.")
 
@@ -445,9 +445,9 @@ def test_pieces_sentences_and_takeaway_say_what_every_model_showed():
         "bring the gradient closer; the per-layer breakdown below looks at where the error went.")
     facts = ms.fidelity_facts(fid)
     assert facts["gf_2d"] == ("Square weight blocks help a little on every batch of every model (without them, +0.39 "
-                              "to +0.78 points, under a tenth of the full recipe's 15.6% error).")
+                              "to +0.78 points, at most 5% of the full recipe's 15.6% error).")
     assert facts["gf_rht"] == ("Without the Hadamard transform, the error changes by only -0.78 to +0.78 points, "
-                               "under a tenth of the full recipe's 15.6% error, within the draw-to-draw noise of "
+                               "at most 5% of the full recipe's 15.6% error, within the draw-to-draw noise of "
                                "stochastic rounding on every batch: no consistent effect.")
     # the mean of 8 draws (9.4%) beats rounding to nearest (15.6%) though a single gradient is no better
     assert facts["gf_takeaway"] == (

@@ -351,11 +351,14 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
                    seeds: Sequence[int] | None = None) -> Prose:
     """What removing ``subject`` (a piece of the recipe, as the sentence starts with it) did to the gradient
     error, from the sign of ``effect`` over models and batches beyond the draw-to-draw noise; "a little" (and
-    "only") when its largest difference is under a tenth of ``reference_error``, the full recipe's own error
+    "only", with the share it is of that error) when its largest difference is under a tenth of
+    ``reference_error``, the full recipe's own error
     (percent). ``seeds`` name the models as the page's tables do (see :func:`model_means_phrase`)."""
     s = "" if plural else "s"
     small = effect.largest < reference_error / 10
-    tenth = f", under a tenth of the full recipe's {reference_error:.1f}% error" if small else ""
+    # the share of the printed values (points to two decimals, the error to one), as a reader divides them
+    share = float(f"{effect.largest:.2f}") / float(f"{reference_error:.1f}") if reference_error >= 0.05 else 0.0
+    tenth = f", at most {100 * share:.2g}% of the full recipe's {reference_error:.1f}% error" if small else ""
     span = f"without {'them' if plural else 'it'}, {effect_range(effect)}{tenth}"
     verdict = effect.verdict
     if verdict in (MIXED, NOISE):
