@@ -688,6 +688,16 @@ def test_roofline_labels_nearby_operations_once():
     assert key == ["1: qkv (memory)", "2: mlp (compute)"]
 
 
+def test_roofline_ceilings_use_no_dtypes_colour():
+    from matplotlib.colors import to_hex
+
+    from course_lib.plots.performance import _DTYPE_COLOURS
+
+    fig = plots.plot_roofline([], {"this CPU": (1.0, 50.0), "A100": (312.0, 2039.0), "H100": (989.0, 3350.0)})
+    roofs = {to_hex(ln.get_color()) for ln in fig.axes[0].get_lines() if len(ln.get_xdata()) > 1}
+    assert len(roofs) == 3 and not roofs & {to_hex(c) for c in _DTYPE_COLOURS.values()}
+
+
 def test_seeded_runs_dash_the_recipes_and_hatch_a_black_band():
     from types import SimpleNamespace
 

@@ -14,6 +14,8 @@ from ..studies.performance import TARGET_WINDOW
 from .style import FORMAT_COLOURS, finish_figure
 
 _DTYPE_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16": "#0072B2", "fp16": "#D55E00", "fp8": "#CC79A7"}
+# a roofline's devices: hues no dtype of this lesson's figures uses, so that a ceiling is not read as a dtype
+_DEVICE_COLOURS = ("#009E73", "#882255", "#56B4E9", "#E69F00")
 
 
 _DTYPE_NAMES = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16", "fp8": "FP8 E4M3"}
@@ -85,7 +87,7 @@ def plot_roofline(ops, ceilings: dict) -> Figure:
     fig, ax = plt.subplots(figsize=(8.5, 5))
     ai = np.logspace(-1, 4, 200)
     for i, (label, (peak, bw)) in enumerate(ceilings.items()):
-        colour = FORMAT_COLOURS[(i + 2) % len(FORMAT_COLOURS)]
+        colour = _DEVICE_COLOURS[i % len(_DEVICE_COLOURS)]
         ax.plot(ai, [attainable_tflops(a, peak, bw) for a in ai], color=colour, lw=2,
                 label=f"{label}: ridge {peak * 1e3 / bw:.0f} FLOP/B")
     first_peak, first_bw = next(iter(ceilings.values()))
