@@ -241,6 +241,12 @@ def test_fp8_figures_draw_their_data():
         lo, hi = ax.get_ylim()
         labelled = [y for t in ax.get_yticklabels() if t.get_text() and lo <= (y := t.get_position()[1]) <= hi]
         assert lo <= low and min(labelled) <= low, index
+    # the saturated share: linear up to 0.1% and log above, so 0% draws and 0.2% lies visibly off it
+    middle = fig.axes[1]
+    assert middle.get_yscale() == "symlog" and middle.get_ylim()[0] == 0
+    to_pixels = middle.transData.transform
+    zero, fifth, hundred = (to_pixels((0, v))[1] for v in (0.0, 0.2, 100.0))
+    assert (fifth - zero) > 0.1 * (hundred - zero)
     assert [plots.fp8.tick_floor(v) for v in (0.03, 0.02, 7.0, 1.0, 0.0099)] == [0.02, 0.02, 5.0, 1.0, 0.005]
     with pytest.raises(ValueError, match="positive"):
         plots.fp8.tick_floor(0.0)

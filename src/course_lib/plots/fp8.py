@@ -8,7 +8,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
 from .style import TENSOR_COLOUR, finish_figure, fp8_colour, plot_seeded_runs, recipe_colour
 from ..studies.fp8 import FINAL_TAIL
@@ -98,7 +98,14 @@ def plot_delayed_spike(run) -> Figure:
                      **(dict(lw=5, alpha=0.45, zorder=1) if j == 0 else dict(lw=1.8, zorder=2 + j)))
         middle.plot(steps, np.asarray(run.saturated[recipe]) * 100, **style)
         bottom.plot(steps, run.relative_error[recipe], **style)
-    middle.set_ylabel("values saturated (%)")
+    # a log axis above 0.1% (linear below, so that 0% still draws): a fraction of a percent saturated on a
+    # later step lies visibly off zero beside a spike's share near 100%
+    middle.set_yscale("symlog", linthresh=0.1, linscale=0.5)
+    middle.set_ylim(0, 150)
+    middle.yaxis.set_major_locator(FixedLocator([0, 0.1, 1, 10, 100]))
+    middle.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    middle.yaxis.set_minor_locator(NullLocator())
+    middle.set_ylabel("values saturated\n(%, log above 0.1)")
     bottom.set_ylabel("relative error (log)")
     bottom.set_yscale("log")
     label_log_axis(bottom.yaxis)
