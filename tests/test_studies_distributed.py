@@ -243,13 +243,13 @@ def test_errata_rows():
 
 
 def test_ring_chunk_facts_are_gloos_chunks_against_ceil_n_over_ranks():
-    from course_lib.studies import distributed as D
+    from course_lib.studies import distributed_traffic as T
 
-    assert D.ring_chunk_facts() == {"ring_n": 7, "ring_ranks": 3, "ring_gloo": "**4**, **3** and **0**",
+    assert T.ring_chunk_facts() == {"ring_n": 7, "ring_ranks": 3, "ring_gloo": "**4**, **3** and **0**",
                                     "ring_naive": "**3**, **3** and **1**"}
-    assert D.ring_chunk_facts(8, 2)["ring_gloo"] == D.ring_chunk_facts(8, 2)["ring_naive"] == "**4** and **4**"
+    assert T.ring_chunk_facts(8, 2)["ring_gloo"] == T.ring_chunk_facts(8, 2)["ring_naive"] == "**4** and **4**"
     with pytest.raises(ValueError, match="n must be a positive int"):
-        D.ring_chunk_facts(0)
+        T.ring_chunk_facts(0)
 
 
 def test_traffic_facts_measure_the_saving_and_bound_it_by_the_model():

@@ -13,7 +13,7 @@ import torch
 from ..data import BatchSampler
 from ..device import SizeProfile
 from ..distributed.launch import launch_local
-from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean, ring_chunks
+from ..distributed.reduce import REDUCE_CHECK_VALUES, REDUCTION_VARIANTS, reduce_mean
 from ..distributed.worker import (DEFAULT_TIMEOUT_S, DistRun, choose_backend, flatten_params, rank_threads,
                                   single_process_run)
 from ..formats import get_format
@@ -645,20 +645,4 @@ def _split_errata(study: DataParallelStudy) -> str:
         return "was not run for this record"
     loss, _ = study.split_parity
     return "matched the data-parallel run bit for bit" if loss == 0 else f"came within {loss:.1e} of it in the loss"
-
-
-def ring_chunk_facts(n: int = 7, ranks: int = 3, element_size: int = 4) -> dict[str, object]:
-    """gloo's ring chunks of ``n`` values of ``element_size`` bytes on ``ranks`` ranks (:func:`ring_chunks`),
-    against ``ceil(n / ranks)`` values each, as sizes in prose: the example the lesson gives."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive int, got {n!r}")
-    naive = [min(n, (i + 1) * math.ceil(n / ranks)) - min(n, i * math.ceil(n / ranks)) for i in range(ranks)]
-
-    def sizes(values) -> Prose:
-        values = [bold(v) for v in values]
-        return Prose(", ".join(values[:-1]) + " and " + values[-1])
-
-    return {"ring_n": n, "ring_ranks": ranks,
-            "ring_gloo": sizes(end - start for start, end in ring_chunks(n, ranks, element_size)),
-            "ring_naive": sizes(naive)}
 

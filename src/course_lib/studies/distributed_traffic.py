@@ -1,14 +1,16 @@
 """Lesson 10's bytes on the wire under FSDP2: what the lesson's own runs' collectives carried per parameter
 and step (counted where FSDP2 calls ``torch.distributed``), against the arithmetic of
 :func:`course_lib.distributed.traffic.sharded_step_bytes`, and what switching the reduction to BF16 can
-save of a step whose communication is a given share."""
+save of a step whose communication is a given share; and how gloo's ring all-reduce cuts a vector into chunks."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 
+from ..distributed.reduce import ring_chunks
 from ..distributed.traffic import sharded_step_bytes
 from ..glue import Prose, bold, percent_text, sig3
 from .distributed import FSDP_BF16_REDUCE, FSDP_FP32_REDUCE, FSDP_POLICIES, DataParallelStudy
@@ -63,3 +65,19 @@ def traffic_facts(study: DataParallelStudy, *, comm_share: float = EXERCISE_COMM
                                   f"parameter is gathered twice, {percent_text(model_saving[1] * comm_share)} "
                                   "when each is gathered once"),
     }
+
+
+def ring_chunk_facts(n: int = 7, ranks: int = 3, element_size: int = 4) -> dict[str, object]:
+    """gloo's ring chunks of ``n`` values of ``element_size`` bytes on ``ranks`` ranks (:func:`ring_chunks`),
+    against ``ceil(n / ranks)`` values each, as sizes in prose: the example the lesson gives."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    naive = [min(n, (i + 1) * math.ceil(n / ranks)) - min(n, i * math.ceil(n / ranks)) for i in range(ranks)]
+
+    def sizes(values) -> Prose:
+        values = [bold(v) for v in values]
+        return Prose(", ".join(values[:-1]) + " and " + values[-1])
+
+    return {"ring_n": n, "ring_ranks": ranks,
+            "ring_gloo": sizes(end - start for start, end in ring_chunks(n, ranks, element_size)),
+            "ring_naive": sizes(naive)}
