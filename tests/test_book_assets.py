@@ -43,7 +43,8 @@ def test_the_book_config_loads_the_extension():
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     assert config["sphinx"]["local_extensions"] == {"local_mathjax": "book/_ext", "page_scripts": "book/_ext",
                                                     "exec_table_status": "book/_ext",
-                                                    "author_year_bibliography": "book/_ext"}
+                                                    "author_year_bibliography": "book/_ext",
+                                                    "figure_alt": "book/_ext"}
     assert "django-static-mathjax" in (ROOT / "requirements.txt").read_text()
 
 
@@ -193,3 +194,25 @@ def test_the_bibliography_lists_each_source_under_the_label_the_text_cites(tmp_p
                                                      " et al." in label, label.rsplit(", ", 1)[1]))
     assert names[0].startswith("Brock") and "NVIDIA et al." in names and "Zhao et al." == names[-1]
     assert [label for label in order if label.startswith("NVIDIA, 2025")] == [f"NVIDIA, 2025{c}" for c in "abcde"]
+
+
+def test_a_figures_image_is_described_by_its_captions_first_sentence():
+    from docutils import nodes
+
+    ext = _extension("figure_alt")
+    assert ext.first_sentence("Top: amax per step.  Middle:\nthe share. Bottom.") == "Top: amax per step."
+    assert ext.first_sentence("FP16 at 2.5e-5 is not a sentence end") == "FP16 at 2.5e-5 is not a sentence end"
+    long = ext.first_sentence("word " * 100, limit=30)
+    assert len(long) <= 30 and long.endswith("\u2026") and not long[:-1].endswith(" ")
+
+    def figure(alt=None, caption="Loss per step. Grey: FP32."):
+        image = nodes.image(uri="../_images/a.png", **({} if alt is None else {"alt": alt}))
+        return nodes.figure("", image, *([nodes.caption("", caption)] if caption else [])), image
+
+    for alt in (None, "", "../_images/a.png"):        # none, empty, or its own path: replaced
+        fig, image = figure(alt)
+        assert ext.set_alt_from_caption(fig) == 1 and image["alt"] == "Loss per step."
+    fig, image = figure("A chosen description")        # an alt of its own stays
+    assert ext.set_alt_from_caption(fig) == 0 and image["alt"] == "A chosen description"
+    fig, image = figure(None, caption="")              # no caption: nothing to say
+    assert ext.set_alt_from_caption(fig) == 0 and "alt" not in image

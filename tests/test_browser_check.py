@@ -33,6 +33,10 @@ PLANTED = {
     "clean.html": '<p>A figure: <img src="pixel.png" alt="a pixel"> and a sign that fonts have: &plusmn;2.</p>'
                   "<pre>code may say \\( and $$ and {glue:text}`x`</pre>",
     "broken_image.html": '<p><img src="missing.png" alt="gone"></p>',
+    # a figure's image with no alt, and one whose alt is its path (what Sphinx writes when a figure gives none);
+    # an image outside a figure may be decorative (alt="")
+    "undescribed.html": '<figure><img src="pixel.png"></figure><figure><img src="pixel.png" '
+                        'alt="../_images/pixel.png"><figcaption>x</figcaption></figure><p><img src="pixel.png" alt=""></p>',
     "console_error.html": '<script>console.error("planted console error")</script><p>text</p>',
     "thrown.html": '<script>throw new Error("planted exception")</script><p>text</p>',
     "raw_tex.html": '<p>Spacing \\(2^{-m-1}\\) and</p><div class="math notranslate">\\[x^2\\]</div>',
@@ -133,6 +137,12 @@ def test_a_page_above_the_weight_limit_fails_naming_its_heaviest_resources(plant
 def test_a_broken_image_fails(planted_results):
     problems = _problems(planted_results, "broken_image.html")
     assert "image not loaded: missing.png" in problems and "HTTP 404" in problems
+
+
+@needs_browser
+def test_a_figure_image_without_a_text_alternative_fails(planted_results):
+    problems = planted_results["undescribed.html"].problems
+    assert problems == ["figure image without a text alternative (alt): pixel.png"] * 2
 
 
 @needs_browser

@@ -231,8 +231,14 @@ _IMAGES_JS = """async () => {
   images.forEach(i => { i.loading = 'eager'; });
   await Promise.all(images.map(i => i.complete ? null : new Promise(r => {
     i.addEventListener('load', r); i.addEventListener('error', r); setTimeout(r, 10000); })));
+  // a figure's image needs a text alternative: none, or its own path (what the HTML writer puts there when
+  // a figure gives none), says nothing to a screen reader
+  const undescribed = [...document.querySelectorAll('figure img')].filter(i => {
+    const alt = (i.getAttribute('alt') || '').trim();
+    return !alt || /\.(png|svg|jpe?g|gif|webp)$/i.test(alt); }).map(i => i.getAttribute('src'));
   return {count: images.length,
-          missing: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src'))};
+          missing: images.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute('src')),
+          undescribed};
 }"""
 
 _MATH_JS = """async () => {
@@ -358,6 +364,7 @@ def check_page(context, base_url: str, page_path: str, screenshots: Path | None)
         images = page.evaluate(_IMAGES_JS)
         result.images = images["count"]
         problems += [f"image not loaded: {src}" for src in images["missing"]]
+        problems += [f"figure image without a text alternative (alt): {src}" for src in images["undescribed"]]
         math = page.evaluate(_MATH_JS)
         result.formulas = math["formulas"]
         if math.get("error"):
