@@ -167,8 +167,9 @@ def test_size_limit_forecasts_a_point_from_the_last_size_by_the_cube_and_names_w
     limit.timed(128, B.Timing((0.16,), warmup=3))
     assert limit.forecast_s(256) == pytest.approx(8 * 1.28) and not limit.allows(256) and not limit.allows(512)
     assert limit.note == ("n = 256 and 512, left out because one call at n = 128 took 0.16 s here, so one at "
-                          "n = 256 is forecast at 1.3 s (the size ratio cubed, 8, times as long) and a point there, "
-                          "3 warm-up and 5 timed calls, at about 10 s, past the limit of 2 s a point")
+                          "n = 256 is forecast at 1.28 s (the size ratio cubed, 8, times as long) and a point there, "
+                          "3 warm-up and 5 timed calls, at about 10 s, past the limit of 2 s a point; a larger size "
+                          "takes longer still")
     # a limit below the budget: the forecast point is warm-up calls plus the budget, and the sentence says so
     tight = B.SizeLimit(0.05, budget_s=0.1)
     tight.timed(16, B.Timing((1e-4,), warmup=3))

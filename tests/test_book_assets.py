@@ -202,6 +202,10 @@ def test_a_figures_image_is_described_by_its_captions_first_sentence():
     ext = _extension("figure_alt")
     assert ext.first_sentence("Top: amax per step.  Middle:\nthe share. Bottom.") == "Top: amax per step."
     assert ext.first_sentence("FP16 at 2.5e-5 is not a sentence end") == "FP16 at 2.5e-5 is not a sentence end"
+    # a cross-reference's "Fig. 22" ends no sentence (alts read "The run of Fig." before)
+    assert ext.first_sentence("The run of Fig. 12 again, as in Fig. 3. Right: more.") == (
+        "The run of Fig. 12 again, as in Fig. 3.")
+    assert ext.first_sentence("Loss (e.g. BF16) per step. Grey: FP32.") == "Loss (e.g. BF16) per step."
     long = ext.first_sentence("word " * 100, limit=30)
     assert len(long) <= 30 and long.endswith("\u2026") and not long[:-1].endswith(" ")
 

@@ -225,10 +225,10 @@ def test_matmul_facts_at_the_largest_aligned_and_misaligned_sizes():
     # this CPU's case: the 16-bit products faster at n - 1, and a mixed one
     assert P.misaligned_16bit_phrase({"bf16": 1.31, "fp16": 1.5}).endswith(
         "1.31 and 1.50 times their own throughput at the aligned size: misalignment did not slow them here")
-    assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 1.5}).endswith("misalignment slowed BF16 only")
+    assert P.misaligned_16bit_phrase({"bf16": 0.5, "fp16": 1.5}).endswith("misalignment slowed only BF16")
     # a slowdown inside the noise of a repeated median does not count
     assert P.misaligned_16bit_phrase({"bf16": 0.49, "fp16": 0.93}, noise_pct=22.2).endswith(
-        "misalignment slowed BF16 only beyond the 22.2% the medians of one product moved here (FP16 lost less "
+        "misalignment slowed only BF16 beyond the 22.2% the medians of one product moved here (FP16 lost less "
         "than that)")
     assert P.misaligned_16bit_phrase({"bf16": 0.95, "fp16": 0.93}, noise_pct=22.2).endswith(
         "neither slowed beyond the 22.2% the medians of one product moved here")

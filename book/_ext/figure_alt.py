@@ -16,12 +16,20 @@ from sphinx.transforms.post_transforms import SphinxPostTransform
 MAX_CHARS = 200
 
 
+# abbreviations a caption uses before a number or a name ("as in Fig. 22"): no sentence ends there
+ABBREVIATIONS = ("Fig.", "Figs.", "Eq.", "e.g.", "i.e.", "vs.", "cf.", "approx.")
+
+
 def first_sentence(text: str, limit: int = MAX_CHARS) -> str:
-    """The first sentence of ``text`` (up to a full stop followed by a space or the end), on one line, cut
-    at a word boundary to at most ``limit`` characters with an ellipsis where it was longer."""
+    """The first sentence of ``text`` (up to a full stop, ! or ? followed by a space and a capital letter, or
+    the end; not after one of :data:`ABBREVIATIONS`), on one line, cut at a word boundary to at most ``limit``
+    characters with an ellipsis where it was longer."""
     text = " ".join(text.split())
-    match = re.search(r"(?<=[.!?])\s", text)
-    sentence = text[:match.start()] if match else text
+    sentence = text
+    for match in re.finditer(r"[.!?](?= [A-Z(])", text):
+        if not text[:match.end()].endswith(ABBREVIATIONS):
+            sentence = text[:match.end()]
+            break
     if len(sentence) <= limit:
         return sentence
     cut = sentence[:limit - 1].rsplit(" ", 1)[0].rstrip(",;:")

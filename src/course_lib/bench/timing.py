@@ -178,8 +178,9 @@ class SizeLimit:
             calls = (f"{self.warmup} warm-up and {self.min_repeats} timed calls"
                      if self.min_repeats * call * cube >= self.budget_s else
                      f"{self.warmup} warm-up calls and {self.budget_s:g} s of timed ones")
-            self._why = (f"one call at n = {last_n} took {call:.2g} s here, so one at n = {n} is forecast at "
-                         f"{call * cube:.2g} s (the size ratio cubed, {cube:.3g}, times as long) and a point there, "
+            # three digits for the call times, so that a reader's products of the printed numbers give the page's
+            self._why = (f"one call at n = {last_n} took {call:.3g} s here, so one at n = {n} is forecast at "
+                         f"{call * cube:.3g} s (the size ratio cubed, {cube:.3g}, times as long) and a point there, "
                          f"{calls}, at about {forecast:.2g} s, past the limit of {self.limit_s:g} s a point")
         self._left_out.append(n)
         return False
@@ -195,4 +196,5 @@ class SizeLimit:
             return None
         sizes = [str(n) for n in self._left_out]
         listed = sizes[0] if len(sizes) == 1 else ", ".join(sizes[:-1]) + " and " + sizes[-1]
-        return f"n = {listed}, left out because {self._why}"
+        larger = "; a larger size takes longer still" if len(sizes) > 1 else ""
+        return f"n = {listed}, left out because {self._why}{larger}"

@@ -118,7 +118,7 @@ def misaligned_16bit_phrase(ratios: dict[str, float], *, noise_pct: float = 0.0)
     noise = f" the {noise_pct:.1f}% the medians of one product moved here"
     verdict = ("misalignment did not slow them here" if not slowed and not within else
                f"neither slowed beyond{noise}" if not slowed else
-               f"misalignment slowed {' and '.join(slowed)}" + ("" if len(slowed) == len(ratios) else " only")
+               f"misalignment slowed {'' if len(slowed) == len(ratios) else 'only '}{' and '.join(slowed)}"
                + (f" beyond{noise}" if noise_pct else "")
                + (f" ({' and '.join(within)} lost less than that)" if within else ""))
     return Prose(f"{said} ran at {values} times their own throughput at the aligned size: {verdict}")
