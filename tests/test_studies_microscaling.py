@@ -349,6 +349,10 @@ def test_piece_effect_verdicts_count_only_differences_beyond_the_draw_noise():
     # the reviewer's page: one model's mean helped, another's single batch hurt, its mean within the noise
     page = effect((6.0, 6.8), (0.5, -0.99), (-0.3, -0.4), noise=0.3)
     assert page.model_signs == (1, 0, 0) and page.mixed_between == "batches of models"
+    # the sentence says plainly which model it helped and which one's batch it hurt
+    assert ("and the sign depends on the batch, on different models (no two models' means lie on opposite sides "
+            "of zero beyond the noise): lower error with it on model seed 0, higher on model seed 1; per model") in (
+        P.piece_sentence("The high-precision last block", page, 11.2, seeds=(0, 1, 2)))
     # the same differences are a verdict with no noise and nothing beyond it with noise of 0.5 (2 sigma = 1)
     small = ((0.4, 0.9), (-0.3, 0.2))
     assert effect(*small).verdict == P.MIXED and effect(*small, noise=0.5).verdict == P.NOISE

@@ -15,7 +15,7 @@ from .style import FORMAT_COLOURS, finish_figure
 
 _DTYPE_COLOURS = {"fp32": "#000000", "tf32": "#999999", "bf16": "#0072B2", "fp16": "#D55E00", "fp8": "#CC79A7"}
 # a roofline's devices: hues no dtype of this lesson's figures uses, so that a ceiling is not read as a dtype
-_DEVICE_COLOURS = ("#009E73", "#882255", "#56B4E9", "#E69F00")
+_DEVICE_COLOURS = ("#009E73", "#882255", "#999933", "#44AA99")
 
 
 _DTYPE_NAMES = {"fp32": "FP32 (TF32 off)", "tf32": "TF32", "bf16": "BF16", "fp16": "FP16", "fp8": "FP8 E4M3"}

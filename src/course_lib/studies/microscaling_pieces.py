@@ -323,6 +323,23 @@ def _disagreeing(effect: PieceEffect) -> str:
             "batches of models": "batches of different models"}[effect.mixed_between]
 
 
+def _model_names(effect: PieceEffect, seeds: Sequence[int] | None) -> list[str]:
+    """The models as the page's tables name them ("model seed 0"), else counted from 1."""
+    if seeds is not None and len(seeds) != len(effect.per_model):
+        raise ValueError(f"{len(seeds)} seeds for {len(effect.per_model)} models")
+    return [f"model seed {x}" for x in seeds] if seeds is not None else [f"model {i + 1}"
+                                                                       for i in range(len(effect.per_model))]
+
+
+def _signs_by_model(effect: PieceEffect, *, plural: bool = False, seeds: Sequence[int] | None = None) -> str:
+    """Plainly, where a mixed effect lowered the error and where it raised it: "lower error with it on model
+    seed 0, higher on model seed 2" (a model where a batch or its mean lies beyond the noise)."""
+    names = _model_names(effect, seeds)
+    it = "them" if plural else "it"
+    lower, higher = (and_list([names[i] for i in effect.models_where(sign)]) for sign in (1, -1))
+    return f"lower error with {it} on {lower}, higher on {higher}"
+
+
 def _some(effect: PieceEffect, sign: int) -> str:
     return f"{len(effect.models_where(sign))} of {_models(len(effect.per_model))}"
 
@@ -363,7 +380,12 @@ def piece_sentence(subject: str, effect: PieceEffect, reference_error: float, *,
     verdict = effect.verdict
     if verdict in (MIXED, NOISE):
         lower = subject[0].lower() + subject[1:]
-        how = (f"and the sign depends on {_mixed(effect)}; {model_means_phrase(effect, plural=plural, seeds=seeds)}"
+        # where only single batches of different models disagree, say plainly which models went which way (the
+        # models' means below do not show it)
+        plain = (f": {_signs_by_model(effect, plural=plural, seeds=seeds)}"
+                 if effect.mixed_between == "batches of models" else "")
+        how = (f"and the sign depends on {_mixed(effect)}{plain}; "
+               f"{model_means_phrase(effect, plural=plural, seeds=seeds)}"
                if verdict == MIXED else "within the draw-to-draw noise of stochastic rounding on every batch")
         return Prose(f"Without {lower}, the error changes by {'only ' if small else ''}{effect_range(effect)}"
                      f"{tenth}, {how}: no consistent effect.")
@@ -384,12 +406,10 @@ def model_means_phrase(effect: PieceEffect, *, plural: bool = False, seeds: Sequ
     """Each model's mean difference with :data:`NOISE_SIGMAS` of its standard errors, and which means lie
     beyond them (the page's rule for a difference that counts), with what the piece did there. Models are
     named by their ``seeds`` ("model seed 0", as the tables and figures name them), else counted from 1."""
-    if seeds is not None and len(seeds) != len(effect.per_model):
-        raise ValueError(f"{len(seeds)} seeds for {len(effect.per_model)} models")
+    names = _model_names(effect, seeds)
     sigmas = f"{NOISE_SIGMAS:g} standard errors"
     means = ", ".join(f"{m:+.2f} ± {NOISE_SIGMAS * n:.2f}" for m, n in zip(effect.model_means, effect.model_noise))
     it = "them" if plural else "it"
-    names = [f"model seed {x}" for x in seeds] if seeds is not None else [f"model {i + 1}" for i in range(len(effect.per_model))]
     beyond = [(names[i], sign) for i, sign in enumerate(effect.model_signs) if sign]
     if not beyond:
         return f"per model the mean is {means} ({sigmas}), and no model's mean lies beyond its noise"
