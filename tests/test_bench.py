@@ -187,6 +187,9 @@ def test_size_limit_forecasts_a_point_from_the_last_size_by_the_cube_and_names_w
             B.SizeLimit(bad, budget_s=0.1)
     with pytest.raises(ValueError, match="budget_s must be a positive number"):
         B.SizeLimit(1.0, budget_s=0)
+    for bad in ({"warmup": -1}, {"min_repeats": 0}, {"warmup": 1.5}, {"min_repeats": True}):
+        with pytest.raises(ValueError, match="must be an int of at least"):
+            B.SizeLimit(1.0, budget_s=0.1, **bad)
 
 
 def test_the_sweep_leaves_out_the_sizes_forecast_past_its_point_limit_and_says_so():

@@ -154,6 +154,9 @@ class SizeLimit:
             raise ValueError(f"limit_s must be a positive number of seconds or None, got {limit_s!r}")
         if not budget_s > 0 or not math.isfinite(budget_s):
             raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s}")
+        for name, value, least in (("warmup", warmup, 0), ("min_repeats", min_repeats, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int of at least {least}, got {value!r}")
         self.limit_s, self.budget_s, self.warmup, self.min_repeats = limit_s, budget_s, warmup, min_repeats
         self._last: tuple[int, float] | None = None      # (size, median seconds of one call) last timed
         self._left_out: list[int] = []
@@ -171,8 +174,7 @@ class SizeLimit:
         forecast = self.forecast_s(n)
         if self.limit_s is None or forecast is None or forecast <= self.limit_s:
             return True
-        if not self._left_out:
-            assert self._last is not None
+        if not self._left_out and self._last is not None:
             last_n, call = self._last
             cube = (n / last_n) ** 3
             calls = (f"{self.warmup} warm-up and {self.min_repeats} timed calls"

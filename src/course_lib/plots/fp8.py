@@ -80,6 +80,9 @@ def tick_floor(value: float) -> float:
     return next(s * power for s in (5, 2, 1) if s * power <= value * (1 + 1e-12))
 
 
+SATURATION_LINEAR_PCT = 0.1   # the spike figure's saturated share: linear up to this percentage, log above
+
+
 def plot_delayed_spike(run) -> Figure:
     """Three panels over steps: the tensor's amax (log), each recipe's share of saturated values, and each
     recipe's relative error (log)."""
@@ -98,14 +101,14 @@ def plot_delayed_spike(run) -> Figure:
                      **(dict(lw=5, alpha=0.45, zorder=1) if j == 0 else dict(lw=1.8, zorder=2 + j)))
         middle.plot(steps, np.asarray(run.saturated[recipe]) * 100, **style)
         bottom.plot(steps, run.relative_error[recipe], **style)
-    # a log axis above 0.1% (linear below, so that 0% still draws): a fraction of a percent saturated on a
-    # later step lies visibly off zero beside a spike's share near 100%
-    middle.set_yscale("symlog", linthresh=0.1, linscale=0.5)
+    # a log axis above SATURATION_LINEAR_PCT (linear below, so that 0% still draws): a fraction of a percent
+    # saturated on a later step lies visibly off zero beside a spike's share near 100%
+    middle.set_yscale("symlog", linthresh=SATURATION_LINEAR_PCT, linscale=0.5)
     middle.set_ylim(0, 150)
-    middle.yaxis.set_major_locator(FixedLocator([0, 0.1, 1, 10, 100]))
+    middle.yaxis.set_major_locator(FixedLocator([0, SATURATION_LINEAR_PCT, 1, 10, 100]))
     middle.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     middle.yaxis.set_minor_locator(NullLocator())
-    middle.set_ylabel("values saturated\n(%, log above 0.1)")
+    middle.set_ylabel(f"values saturated\n(%, log above {SATURATION_LINEAR_PCT:g})")
     bottom.set_ylabel("relative error (log)")
     bottom.set_yscale("log")
     label_log_axis(bottom.yaxis)

@@ -15,6 +15,13 @@ from .performance import MatmulThroughput
 
 # ---- timing a matrix product -------------------------------------------------------------------------
 
+def _printed_ms(seconds: Sequence[float]) -> list[float]:
+    """Milliseconds to three decimals, as the page prints medians, so that percentages of them are a reader's
+    own; unrounded where one would print as 0.000 (a GPU's product of microseconds)."""
+    printed = [round(1e3 * s, 3) for s in seconds]
+    return printed if min(printed) > 0 else [1e3 * s for s in seconds]
+
+
 def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[str, object]:
     """The first of ``points`` (repeated measurements of one product, at least two): its size, median and
     quartiles (ms), repeats and TFLOP/s; the range of the medians over all of them (ms, and how far apart in
@@ -31,11 +38,7 @@ def timing_facts(points: Sequence[MatmulPoint], timer_seconds: float) -> dict[st
     point = points[0]
     t = point.timing
     medians = [p.timing.median for p in points]
-    # the page prints medians in ms to 3 decimals: the percentages are of those printed values, so that a
-    # reader's own arithmetic gives the page's, unless one rounds to zero (a GPU's product of microseconds)
-    printed = [round(1e3 * m, 3) for m in (*medians, timer_seconds)]
-    if min(printed) > 0:
-        *medians, timer_seconds = (ms / 1e3 for ms in printed)
+    *medians, timer_seconds = (ms / 1e3 for ms in _printed_ms([*medians, timer_seconds]))
     spread = 100 * (max(medians) / min(medians) - 1)
     return {"t_n": point.n, "t_median_ms": 1e3 * t.median, "t_q25_ms": 1e3 * t.q25, "t_q75_ms": 1e3 * t.q75,
             "t_repeats": t.repeats, "t_tflops": point.tflops,
@@ -128,14 +131,12 @@ def sweep_drift(points: Sequence[MatmulPoint], sweep: MatmulSweep) -> dict[str, 
     first = points[0]
     if any((p.dtype, p.m, p.n, p.k) != (first.dtype, first.m, first.n, first.k) for p in points):
         raise ValueError("the repeated measurements must all be of one product")
-    repeats = [round(1e3 * p.timing.median, 3) for p in points]
-    if min(repeats) <= 0:
-        repeats = [1e3 * p.timing.median for p in points]
+    repeats = _printed_ms([p.timing.median for p in points])
     spread = 100 * (max(repeats) / min(repeats) - 1)
     match = [p for p in sweep.points if (p.dtype, p.m, p.n, p.k) == (first.dtype, first.m, first.n, first.k)]
     if not match:
         return {"noise_pct": spread, "sweep_drift": Prose("")}
-    ms = round(1e3 * match[0].timing.median, 3) or 1e3 * match[0].timing.median
+    (ms,) = _printed_ms([match[0].timing.median])
     every = [*repeats, ms]
     noise = 100 * (max(every) / min(every) - 1)
     start = (f"The sweep timed the timing section's product ({first.dtype.upper()}, n = {first.n}) at a median of "
